@@ -1,0 +1,44 @@
+"""Device names -> `torch.device`, one code path for CPU, CUDA and ROCm (ROCm builds of torch use the cuda API)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from perfmodel.errors import DeviceError
+
+
+def resolve_device(name: str | Any = "cpu") -> Any:
+    """'cpu', 'cuda', 'cuda:N' (also 'rocm', 'rocm:N', 'gpu') -> a torch.device that exists here, else DeviceError."""
+    import torch
+
+    if isinstance(name, torch.device):
+        name = str(name)
+    text = str(name).strip().lower()
+    for alias in ("rocm", "gpu", "hip"):
+        if text == alias or text.startswith(alias + ":"):
+            text = "cuda" + text[len(alias):]
+    if text == "meta":
+        return torch.device("meta")
+    try:
+        device = torch.device(text)
+    except RuntimeError:
+        raise DeviceError(f"unknown device {name!r}: use cpu, cuda or cuda:N") from None
+    if device.type == "cpu":
+        return device
+    if device.type != "cuda":
+        raise DeviceError(f"device type {device.type!r} is not supported: use cpu, cuda or cuda:N")
+    if not torch.cuda.is_available():
+        raise DeviceError(f"device {name!r} requested but torch sees no CUDA/ROCm device on this machine")
+    count = torch.cuda.device_count()
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index >= count:
+        raise DeviceError(f"device {name!r} requested but only {count} CUDA/ROCm device(s) exist")
+    return torch.device("cuda", index)
+
+
+def synchronize(device: Any) -> None:
+    """Wait for queued work on `device` (no-op on CPU)."""
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)

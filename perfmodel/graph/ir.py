@@ -1,0 +1,120 @@
+"""The framework-neutral graph IR: op nodes with canonical kinds, shapes, dtypes, FLOPs and bytes, and edges.
+
+Built from PyTorch (`perfmodel.graph.from_torch`) and from ONNX (`perfmodel.graph.from_onnx`); serialised as JSON
+with `schema_version`. Nodes are in execution (topological) order. Costs are per node for forward and for backward
+(backward is zero for nodes that need no gradient work, and for inference graphs). Totals are explicit sums over
+the nodes (`GraphTotals.from_nodes`).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from perfmodel.graph.opkinds import OpKind
+
+SCHEMA_VERSION = 1
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class TensorMeta(_Frozen):
+    shape: tuple[int, ...]
+    dtype: str  # torch-style name: float32, float16, bfloat16, int64, bool, ...
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+
+class Node(_Frozen):
+    id: str  # unique within the graph
+    op: str  # framework op name: aten.addmm.default, onnx::Gemm
+    kind: OpKind
+    inputs: tuple[str, ...] = ()  # ids of the nodes producing this node's inputs (the graph's edges)
+    input_tensors: tuple[TensorMeta, ...] = ()
+    output_tensors: tuple[TensorMeta, ...] = ()
+    flops_fwd: int = 0
+    flops_bwd: int = 0
+    bytes_read_fwd: int = 0
+    bytes_written_fwd: int = 0
+    bytes_read_bwd: int = 0
+    bytes_written_bwd: int = 0
+    params: int = 0  # parameter elements this node reads (weights, biases)
+    module: str | None = None  # owning nn.Module path or ONNX node name, when known
+
+
+class GraphTotals(_Frozen):
+    nodes: int
+    flops_fwd: int
+    flops_bwd: int
+    bytes_read_fwd: int
+    bytes_written_fwd: int
+    bytes_read_bwd: int
+    bytes_written_bwd: int
+    params: int  # parameter elements of the model (each counted once)
+    param_bytes: int
+    activation_bytes: int  # bytes of the outputs of compute nodes (what training keeps for backward, upper bound)
+    ops_by_kind: dict[str, int]
+    flops_fwd_by_kind: dict[str, int]
+
+    @classmethod
+    def from_nodes(cls, nodes: list[Node] | tuple[Node, ...], params: int, param_bytes: int,
+                   activation_bytes: int) -> "GraphTotals":
+        kinds: Counter[str] = Counter()
+        flops_by_kind: Counter[str] = Counter()
+        for n in nodes:
+            kinds[n.kind.value] += 1
+            flops_by_kind[n.kind.value] += n.flops_fwd
+        return cls(
+            nodes=len(nodes),
+            flops_fwd=sum(n.flops_fwd for n in nodes),
+            flops_bwd=sum(n.flops_bwd for n in nodes),
+            bytes_read_fwd=sum(n.bytes_read_fwd for n in nodes),
+            bytes_written_fwd=sum(n.bytes_written_fwd for n in nodes),
+            bytes_read_bwd=sum(n.bytes_read_bwd for n in nodes),
+            bytes_written_bwd=sum(n.bytes_written_bwd for n in nodes),
+            params=params,
+            param_bytes=param_bytes,
+            activation_bytes=activation_bytes,
+            ops_by_kind=dict(sorted(kinds.items())),
+            flops_fwd_by_kind=dict(sorted(flops_by_kind.items())),
+        )
+
+
+class Graph(_Frozen):
+    schema_version: int = SCHEMA_VERSION
+    name: str
+    source: Literal["torch.export", "onnx"]
+    mode: Literal["train", "inference"] = "train"
+    job_key: str | None = None
+    nodes: tuple[Node, ...]
+    totals: GraphTotals
+    inputs: tuple[TensorMeta, ...] = Field(default=(), description="the graph's user inputs")
+
+    @property
+    def edges(self) -> list[tuple[str, str]]:
+        """(producer id, consumer id) pairs."""
+        return [(src, n.id) for n in self.nodes for src in n.inputs]
+
+    def to_json(self, indent: int | None = None) -> str:
+        return self.model_dump_json(indent=indent)
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> "Graph":
+        import json
+
+        data = json.loads(text)
+        version = data.get("schema_version")
+        if version != SCHEMA_VERSION:
+            from perfmodel.errors import PerfmodelError
+
+            raise PerfmodelError(f"graph IR schema_version {version!r} is not supported (expected {SCHEMA_VERSION})")
+        return cls.model_validate(data)

@@ -1,0 +1,23 @@
+"""Stage 1: what a job is (`JobSpec`) and how its model is built (`build_job`)."""
+
+from perfmodel.jobs.spec import (
+    HFConfigSource,
+    JobSpec,
+    Mode,
+    ModuleSource,
+    OnnxSource,
+    OptimizerName,
+    Precision,
+    ZooSource,
+)
+
+__all__ = [
+    "HFConfigSource",
+    "JobSpec",
+    "Mode",
+    "ModuleSource",
+    "OnnxSource",
+    "OptimizerName",
+    "Precision",
+    "ZooSource",
+]

@@ -1,0 +1,177 @@
+"""Build a job's PyTorch module, example inputs and loss on a device (a real one, or `meta` for graph capture)."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import sys
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from perfmodel.device import resolve_device
+from perfmodel.errors import JobLoadError, PerfmodelError
+from perfmodel.jobs import custom
+from perfmodel.jobs.hf import build_hf_model
+from perfmodel.jobs.spec import HFConfigSource, JobSpec, ModuleSource, OnnxSource, Precision, ZooSource
+from perfmodel.jobs.zoo import InputKind, get_entry
+
+_DTYPES = {Precision.fp16: torch.float16, Precision.bf16: torch.bfloat16}
+
+
+@dataclass(frozen=True)
+class BuiltJob:
+    """A job ready to run: `loss_fn(module(*args, **kwargs))` is one training step's loss."""
+
+    spec: JobSpec
+    module: nn.Module
+    args: tuple
+    kwargs: Mapping[str, Any]
+    loss_fn: Callable[[Any], torch.Tensor] = field(repr=False)
+    family: str
+    device: torch.device
+
+    def forward(self) -> Any:
+        return self.module(*self.args, **self.kwargs)
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        return autocast_context(self.spec.precision, self.device)
+
+
+def autocast_context(precision: Precision, device: torch.device) -> contextlib.AbstractContextManager:
+    """Autocast for `amp` (fp16 on CUDA/ROCm, bf16 on CPU); nothing for the other precisions."""
+    if precision != Precision.amp or device.type == "meta":
+        return contextlib.nullcontext()
+    dtype = torch.float16 if device.type == "cuda" else torch.bfloat16
+    return torch.autocast(device_type=device.type, dtype=dtype)
+
+
+def first_tensor(output: Any) -> torch.Tensor:
+    """The tensor a default loss reduces: the output itself, HF `logits`, or the first tensor inside."""
+    if isinstance(output, torch.Tensor):
+        return output
+    logits = getattr(output, "logits", None)
+    if isinstance(logits, torch.Tensor):
+        return logits
+    values = output.values() if isinstance(output, Mapping) else output if isinstance(output, Sequence) else ()
+    for value in values:
+        try:
+            return first_tensor(value)
+        except TypeError:
+            continue
+    raise TypeError(f"model output of type {type(output).__name__} holds no tensor")
+
+
+def mean_loss(output: Any) -> torch.Tensor:
+    return first_tensor(output).float().mean()
+
+
+def build_job(spec: JobSpec, device: str | torch.device = "cpu", seed: int = 0) -> BuiltJob:
+    """Build the module (in train or eval mode as the spec says), inputs and loss on `device`."""
+    device = resolve_device(device)
+    source = spec.source
+    if isinstance(source, OnnxSource):
+        raise PerfmodelError("an ONNX job has no PyTorch module: its graph and timings come from ONNX Runtime")
+    torch.manual_seed(seed)
+    loss_fn: Callable[[Any], torch.Tensor] = mean_loss
+    build_device = device
+    if isinstance(source, ZooSource) and device.type == "meta" and not get_entry(source.name).builds_on_meta:
+        build_device = torch.device("cpu")
+    with torch.device(build_device):
+        if isinstance(source, ZooSource):
+            entry = get_entry(source.name)
+            module = entry.build()
+            args, kwargs = _zoo_inputs(entry.inputs, module, spec, entry.image_size)
+            family = entry.family
+        elif isinstance(source, HFConfigSource):
+            module = build_hf_model(source.config, source.task)
+            kind = InputKind.seq2seq if module.config.is_encoder_decoder else InputKind.tokens
+            args, kwargs = _zoo_inputs(kind, module, spec, 224)
+            family = f"hf:{source.config.get('model_type')}"
+        else:
+            assert isinstance(source, ModuleSource)
+            module, args, kwargs, user_loss = load_user_module(source.path, spec.batch_size)
+            loss_fn = user_loss or mean_loss
+            family = f"module:{source.path}"
+    module = module.to(device)
+    args = tuple(_to(a, device) for a in args)
+    kwargs = {k: _to(v, device) for k, v in kwargs.items()}
+    if spec.precision in _DTYPES:
+        dtype = _DTYPES[spec.precision]
+        module = module.to(dtype)
+        args = tuple(_cast_float(a, dtype) for a in args)
+        kwargs = {k: _cast_float(v, dtype) for k, v in kwargs.items()}
+    module.train(spec.mode.value == "train")
+    return BuiltJob(spec, module, args, kwargs, loss_fn, family, device)
+
+
+def _zoo_inputs(kind: InputKind, module: nn.Module, spec: JobSpec, image_size: int) -> tuple[tuple, dict]:
+    b, s = spec.batch_size, spec.seq_len
+    if kind == InputKind.image:
+        return (torch.randn(b, 3, image_size, image_size),), {}
+    if kind == InputKind.recsys:
+        dense = torch.randn(b, custom.RECSYS_DENSE_FEATURES)
+        sparse = torch.randint(0, custom.RECSYS_ROWS_PER_TABLE, (b, custom.RECSYS_SPARSE_FEATURES))
+        return (dense, sparse), {}
+    if kind == InputKind.rnn_tokens:
+        return (torch.randint(0, custom.RNN_VOCAB_SIZE, (b, s)),), {}
+    config = module.config
+    limit = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
+    if limit is not None and s > limit:
+        raise PerfmodelError(f"seq_len {s} exceeds the model's max_position_embeddings {limit}")
+    vocab = int(config.vocab_size)
+    ids = torch.randint(0, vocab, (b, s))
+    if kind == InputKind.seq2seq:
+        return (), {"input_ids": ids, "decoder_input_ids": torch.randint(0, vocab, (b, s))}
+    return (), {"input_ids": ids}
+
+
+def _to(value: Any, device: torch.device) -> Any:
+    return value.to(device) if isinstance(value, torch.Tensor) else value
+
+
+def _cast_float(value: Any, dtype: torch.dtype) -> Any:
+    if isinstance(value, torch.Tensor) and value.is_floating_point():
+        return value.to(dtype)
+    return value
+
+
+def load_user_module(path: str, batch_size: int) -> tuple[nn.Module, tuple, dict, Callable | None]:
+    """Import `file.py:NAME`, call NAME(batch_size) -> (module, inputs[, loss_fn]). Inputs: a tensor, a tuple of
+    positional inputs, or a dict of keyword inputs. Any failure is a JobLoadError naming the file."""
+    file, _, name = path.rpartition(":")
+    file_path = Path(file)
+    if not file_path.is_file():
+        raise JobLoadError(f"module file not found: {file_path}")
+    module_name = f"perfmodel_user_{uuid.uuid4().hex[:8]}"
+    try:
+        import_spec = importlib.util.spec_from_file_location(module_name, file_path)
+        if import_spec is None or import_spec.loader is None:
+            raise ImportError("not a Python file")
+        user = importlib.util.module_from_spec(import_spec)
+        sys.modules[module_name] = user
+        import_spec.loader.exec_module(user)
+        factory = getattr(user, name)
+        result = factory(batch_size)
+    except Exception as exc:  # user code: anything it raises is bad input, reported in one line
+        raise JobLoadError(f"could not load {path}: {type(exc).__name__}: {exc}") from None
+    finally:
+        sys.modules.pop(module_name, None)
+    if not isinstance(result, tuple) or len(result) not in (2, 3) or not isinstance(result[0], nn.Module):
+        raise JobLoadError(f"{path} must return (module, example_inputs) or (module, example_inputs, loss_fn)")
+    module, inputs = result[0], result[1]
+    loss_fn = result[2] if len(result) == 3 else None
+    if loss_fn is not None and not callable(loss_fn):
+        raise JobLoadError(f"{path}: loss_fn is not callable")
+    if isinstance(inputs, torch.Tensor):
+        return module, (inputs,), {}, loss_fn
+    if isinstance(inputs, Mapping):
+        return module, (), dict(inputs), loss_fn
+    if isinstance(inputs, (tuple, list)):
+        return module, tuple(inputs), {}, loss_fn
+    raise JobLoadError(f"{path}: example_inputs must be a tensor, a tuple of tensors or a dict")

@@ -1,0 +1,148 @@
+"""The job spec: one model source plus how it is run. Shared by the CLI and the HTTP API."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, model_validator
+
+from perfmodel.errors import PerfmodelError
+
+
+class Precision(str, Enum):
+    fp32 = "fp32"
+    fp16 = "fp16"
+    bf16 = "bf16"
+    amp = "amp"  # autocast: fp16 on CUDA/ROCm, bf16 on CPU; weights stay fp32
+
+
+class OptimizerName(str, Enum):
+    sgd = "sgd"  # momentum 0.9
+    adam = "adam"
+    adamw = "adamw"
+
+
+class Mode(str, Enum):
+    train = "train"
+    inference = "inference"
+
+
+class _Source(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class ZooSource(_Source):
+    kind: Literal["zoo"] = "zoo"
+    name: str = Field(description="a name from `perfmodel zoo list`")
+
+
+class HFConfigSource(_Source):
+    kind: Literal["hf_config"] = "hf_config"
+    config: dict[str, Any] = Field(description="a Hugging Face config (the content of config.json)")
+    task: str | None = Field(
+        default=None,
+        description="head to build: base, causal-lm, masked-lm, seq2seq-lm, sequence-classification; "
+        "default: the config's `architectures`, else base",
+    )
+
+
+class ModuleSource(_Source):
+    kind: Literal["module"] = "module"
+    path: str = Field(description="path/to/file.py:NAME; NAME(batch_size) returns (module, inputs[, loss_fn])")
+
+    @model_validator(mode="after")
+    def _has_callable(self) -> "ModuleSource":
+        file, sep, name = self.path.rpartition(":")
+        if not sep or not file or not name.isidentifier():
+            raise ValueError(f"module path must look like path/to/file.py:NAME, got {self.path!r}")
+        return self
+
+
+class OnnxSource(_Source):
+    kind: Literal["onnx"] = "onnx"
+    path: str = Field(description="path to an .onnx file")
+
+
+ModelSource = Annotated[
+    Union[ZooSource, HFConfigSource, ModuleSource, OnnxSource], Field(discriminator="kind")
+]
+
+DEFAULT_SEQ_LEN = 128
+
+
+class JobSpec(BaseModel):
+    """What to run: a model source, batch size, sequence length (token models), precision, optimizer, mode."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    source: ModelSource
+    batch_size: PositiveInt
+    seq_len: PositiveInt = DEFAULT_SEQ_LEN
+    precision: Precision = Precision.fp32
+    optimizer: OptimizerName = OptimizerName.sgd
+    mode: Mode = Mode.train
+
+    @property
+    def name(self) -> str:
+        """A short human name: the zoo name, the HF model type, the module callable or the ONNX file name."""
+        src = self.source
+        if isinstance(src, ZooSource):
+            return src.name
+        if isinstance(src, HFConfigSource):
+            return f"hf:{src.config.get('model_type', 'model')}"
+        if isinstance(src, ModuleSource):
+            return f"module:{src.path.rpartition(':')[2]}"
+        return f"onnx:{Path(src.path).stem}"
+
+    def key(self) -> str:
+        """Stable content hash: equal specs get equal keys (the store uses it to resume sweeps)."""
+        canonical = json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(canonical.encode()).hexdigest()[:24]
+
+    @classmethod
+    def from_options(
+        cls,
+        *,
+        zoo: str | None = None,
+        hf_config: str | Path | dict | None = None,
+        task: str | None = None,
+        module: str | None = None,
+        onnx: str | Path | None = None,
+        **run: Any,
+    ) -> "JobSpec":
+        """Build a spec from CLI-style options: exactly one model source plus run settings."""
+        given = [s for s in (zoo, hf_config, module, onnx) if s is not None]
+        if len(given) != 1:
+            raise PerfmodelError("give exactly one model source: a zoo name, --hf-config, --module or --onnx")
+        if zoo is not None:
+            source: Any = ZooSource(name=zoo)
+        elif hf_config is not None:
+            source = HFConfigSource(config=load_hf_config(hf_config), task=task)
+        elif module is not None:
+            source = ModuleSource(path=str(module))
+        else:
+            source = OnnxSource(path=str(onnx))
+        run = {k: v for k, v in run.items() if v is not None}
+        return cls(source=source, **run)
+
+
+def load_hf_config(config: str | Path | dict) -> dict:
+    """A config dict, or the path of a config.json (or of a folder holding one)."""
+    if isinstance(config, dict):
+        return config
+    path = Path(config)
+    if path.is_dir():
+        path = path / "config.json"
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise PerfmodelError(f"HF config not found: {path}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise PerfmodelError(f"HF config {path} is not valid JSON: {exc}") from None
+    if not isinstance(data, dict) or "model_type" not in data:
+        raise PerfmodelError(f"HF config {path} has no 'model_type'")
+    return data
