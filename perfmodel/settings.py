@@ -1,0 +1,29 @@
+"""Settings from `PERFMODEL_*` environment variables (pydantic-settings). Read when asked, never at import."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+def _default_home() -> Path:
+    return Path.home() / ".perfmodel"
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="PERFMODEL_", extra="ignore")
+
+    home: Path = Field(default_factory=_default_home, description="where the default SQLite store lives")
+    store_url: str | None = Field(default=None, description="SQLAlchemy URL of the profile store; default: "
+                                  "sqlite:///$PERFMODEL_HOME/perfmodel.db")
+
+    def resolved_store_url(self) -> str:
+        if self.store_url:
+            return self.store_url
+        return f"sqlite:///{self.home / 'perfmodel.db'}"
+
+
+def get_settings() -> Settings:
+    return Settings()
