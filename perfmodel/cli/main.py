@@ -1,2 +1,269 @@
+"""The `perfmodel` command line (typer). Every user error is one line on stderr and exit code 2."""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any, Optional, TypeVar
+
 import typer
-app = typer.Typer()
+from pydantic import ValidationError
+from rich.console import Console
+
+from perfmodel.errors import PerfmodelError
+
+app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
+                  help="perfmodel: what throughput will job X reach on placement Y?")
+zoo_app = typer.Typer(no_args_is_help=True, help="The model zoo (architectures built from code, no weights).")
+profiles_app = typer.Typer(no_args_is_help=True, help="Profiles in the store: list, show, export, import.")
+app.add_typer(zoo_app, name="zoo")
+app.add_typer(profiles_app, name="profiles")
+
+out = Console(soft_wrap=True)
+err = Console(stderr=True)
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def user_errors(fn: F) -> F:
+    """Turn bad input into a one-line message and exit code 2."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        from perfmodel.jobs.sweep import format_validation_error
+
+        try:
+            return fn(*args, **kwargs)
+        except PerfmodelError as exc:
+            err.print(f"error: {exc}", markup=False, highlight=False)
+        except ValidationError as exc:
+            err.print(f"error: {format_validation_error(exc)}", markup=False, highlight=False)
+        raise typer.Exit(2)
+
+    return wrapper  # type: ignore[return-value]
+
+
+# --- job options, shared by every command that takes a job ----------------------------------------------------
+ModelArg = Annotated[Optional[str], typer.Argument(help="zoo model name (see `perfmodel zoo list`)")]
+HFConfigOpt = Annotated[Optional[Path], typer.Option("--hf-config", help="HF config.json (or its folder)")]
+TaskOpt = Annotated[Optional[str], typer.Option(help="HF head: base, causal-lm, masked-lm, seq2seq-lm, "
+                                                     "sequence-classification")]
+ModuleOpt = Annotated[Optional[str], typer.Option("--module", help="path/to/file.py:NAME")]
+OnnxOpt = Annotated[Optional[Path], typer.Option("--onnx", help="an .onnx file")]
+BatchOpt = Annotated[int, typer.Option("--batch-size", "-b", help="batch size")]
+SeqOpt = Annotated[Optional[int], typer.Option("--seq-len", help="sequence length of token models [128]")]
+PrecisionOpt = Annotated[str, typer.Option(help="fp32, fp16, bf16 or amp")]
+OptimizerOpt = Annotated[str, typer.Option(help="sgd (momentum 0.9), adam or adamw")]
+ModeOpt = Annotated[str, typer.Option(help="train or inference")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="machine-readable output")]
+StoreOpt = Annotated[Optional[str], typer.Option("--store", help="store URL [env PERFMODEL_STORE_URL, "
+                                                                   "default SQLite under PERFMODEL_HOME]")]
+
+
+def job_spec(model: str | None, hf_config: Path | None, task: str | None, module: str | None,
+             onnx: Path | None, batch_size: int, seq_len: int | None, precision: str, optimizer: str,
+             mode: str) -> Any:
+    from perfmodel.jobs.spec import JobSpec
+
+    if onnx is not None and not onnx.is_file():
+        raise PerfmodelError(f"ONNX file not found: {onnx}")
+    return JobSpec.from_options(zoo=model, hf_config=hf_config, task=task, module=module,
+                                onnx=str(onnx) if onnx else None, batch_size=batch_size, seq_len=seq_len,
+                                precision=precision, optimizer=optimizer, mode=mode)
+
+
+def print_json(data: Any) -> None:
+    sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
+
+
+# --- zoo ----------------------------------------------------------------------------------------------------------
+@zoo_app.command("list")
+def zoo_list(as_json: JsonOpt = False) -> None:
+    """List the zoo's models with their family and library."""
+    from rich.table import Table
+
+    from perfmodel.jobs.zoo import ZOO
+
+    rows = [{"name": e.name, "family": e.family, "library": e.library, "inputs": e.inputs.value}
+            for e in ZOO.values()]
+    if as_json:
+        print_json(rows)
+        return
+    table = Table("name", "family", "library", "inputs", title=f"{len(rows)} zoo models")
+    for r in rows:
+        table.add_row(*r.values())
+    out.print(table)
+
+
+# --- graph --------------------------------------------------------------------------------------------------------
+@app.command()
+@user_errors
+def graph(model: ModelArg = None, hf_config: HFConfigOpt = None, task: TaskOpt = None, module: ModuleOpt = None,
+          onnx: OnnxOpt = None, batch_size: BatchOpt = 1, seq_len: SeqOpt = None, precision: PrecisionOpt = "fp32",
+          optimizer: OptimizerOpt = "sgd", mode: ModeOpt = "train", as_json: JsonOpt = False) -> None:
+    """Capture a job's graph (no weights allocated) and summarise it; --json prints the IR."""
+    from perfmodel.graph import graph_for_job
+
+    spec = job_spec(model, hf_config, task, module, onnx, batch_size, seq_len, precision, optimizer, mode)
+    g = graph_for_job(spec)
+    if as_json:
+        sys.stdout.write(g.to_json() + "\n")
+        return
+    from perfmodel.cli.render import render_graph_summary
+
+    render_graph_summary(out, g)
+
+
+# --- profile ------------------------------------------------------------------------------------------------------
+@app.command()
+@user_errors
+def profile(model: ModelArg = None, hf_config: HFConfigOpt = None, task: TaskOpt = None,
+            module: ModuleOpt = None, onnx: OnnxOpt = None, batch_size: BatchOpt = 1, seq_len: SeqOpt = None,
+            precision: PrecisionOpt = "fp32", optimizer: OptimizerOpt = "sgd", mode: ModeOpt = "train",
+            device: Annotated[str, typer.Option(help="cpu, cuda or cuda:N (ROCm too)")] = "cpu",
+            warmup: Annotated[int, typer.Option(min=0, help="untimed steps first")] = 3,
+            repeats: Annotated[int, typer.Option(min=1, help="timed steps")] = 10,
+            per_op: Annotated[bool, typer.Option("--per-op/--no-per-op", help="torch.profiler per-op")] = True,
+            onnxrt: Annotated[bool, typer.Option("--onnxrt/--no-onnxrt",
+                                                 help="also export to ONNX and profile in ONNX Runtime")] = False,
+            sweep: Annotated[Optional[Path], typer.Option(help="YAML/JSON file of jobs (see docs)")] = None,
+            force: Annotated[bool, typer.Option(help="profile even what the store already has")] = False,
+            store: StoreOpt = None, as_json: JsonOpt = False) -> None:
+    """Profile one job (or a sweep file of jobs) for real and add it to the store.
+
+    A sweep is resumable: jobs the store already has on this device are skipped (unless --force)."""
+    from perfmodel.device import resolve_device
+    from perfmodel.profilers.run import profile_job
+    from perfmodel.store import ProfileStore
+
+    resolve_device(device)  # fail fast, before any work
+    if sweep is not None:
+        from perfmodel.jobs.sweep import load_sweep
+
+        if model or hf_config or module or onnx:
+            raise PerfmodelError("give either a job or --sweep, not both")
+        specs, _ = load_sweep(sweep)
+    else:
+        specs = [job_spec(model, hf_config, task, module, onnx, batch_size, seq_len, precision, optimizer, mode)]
+
+    from perfmodel.cli.render import profile_as_json, render_profile
+    from perfmodel.profilers.env import capture_environment
+
+    results = []
+    with ProfileStore(store) as profile_store:
+        device_name = capture_environment(resolve_device(device)).device_name
+        with _progress(len(specs), enabled=len(specs) > 1 and not as_json) as advance:
+            for spec in specs:
+                if not force and profile_store.has(spec.key(), device_name=device_name):
+                    advance(f"skip {spec.name} (in store)")
+                    results.append({"job": spec.name, "job_key": spec.key(), "skipped": True})
+                    continue
+                try:
+                    prof = profile_job(spec, device, warmup=warmup, repeats=repeats, per_op=per_op, onnx=onnxrt,
+                                       progress=lambda msg: err.log(msg) if len(specs) == 1 else None)
+                except PerfmodelError as exc:
+                    if len(specs) == 1:
+                        raise
+                    err.print(f"error: {spec.name}: {exc}", markup=False)
+                    results.append({"job": spec.name, "job_key": spec.key(), "error": str(exc)})
+                    advance(f"failed {spec.name}")
+                    continue
+                profile_id = profile_store.add(prof)
+                advance(f"{spec.name} b={spec.batch_size}")
+                if as_json:
+                    results.append({"profile_id": profile_id, **profile_as_json(prof)})
+                else:
+                    render_profile(out, prof, profile_id)
+    if as_json:
+        print_json(results if sweep is not None else results[0])
+    if any("error" in r for r in results):
+        raise typer.Exit(1)
+
+
+class _progress:
+    """A rich progress bar over a sweep (a no-op for a single job)."""
+
+    def __init__(self, total: int, enabled: bool):
+        self.total, self.enabled = total, enabled
+
+    def __enter__(self) -> Callable[[str], None]:
+        if not self.enabled:
+            return lambda _msg: None
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self.bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                            TimeElapsedColumn(), console=err)
+        self.bar.start()
+        task = self.bar.add_task("profiling", total=self.total)
+        return lambda msg: self.bar.update(task, advance=1, description=msg)
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.enabled:
+            self.bar.stop()
+
+
+# --- profiles -----------------------------------------------------------------------------------------------------
+@profiles_app.command("list")
+@user_errors
+def profiles_list(job: Annotated[Optional[str], typer.Option(help="job name")] = None,
+                  device: Annotated[Optional[str], typer.Option(help="device name")] = None,
+                  limit: Annotated[Optional[int], typer.Option(min=1)] = None,
+                  store: StoreOpt = None, as_json: JsonOpt = False) -> None:
+    """List stored profiles, newest first."""
+    from perfmodel.cli.render import render_profile_list
+    from perfmodel.store import ProfileStore
+
+    with ProfileStore(store) as profile_store:
+        rows = profile_store.list(job=job, device=device, limit=limit)
+    if as_json:
+        print_json([r.model_dump(mode="json") if hasattr(r, "model_dump") else r.__dict__ for r in rows])
+    else:
+        render_profile_list(out, rows)
+
+
+@profiles_app.command("show")
+@user_errors
+def profiles_show(profile_id: Annotated[int, typer.Argument(help="profile id (see `profiles list`)")],
+                  top: Annotated[int, typer.Option(help="ops to show")] = 15,
+                  store: StoreOpt = None, as_json: JsonOpt = False) -> None:
+    """Show one stored profile: iteration statistics, environment, top ops."""
+    from perfmodel.cli.render import render_profile
+    from perfmodel.store import ProfileStore
+
+    with ProfileStore(store) as profile_store:
+        prof = profile_store.get(profile_id)
+    if as_json:
+        sys.stdout.write(prof.model_dump_json(indent=2) + "\n")
+    else:
+        render_profile(out, prof, profile_id, top=top)
+
+
+@profiles_app.command("export")
+@user_errors
+def profiles_export(directory: Annotated[Path, typer.Argument(help="folder to write Parquet files to")],
+                    store: StoreOpt = None) -> None:
+    """Export every stored profile to Parquet (for shipping under profiles/)."""
+    from perfmodel.store import ProfileStore
+
+    with ProfileStore(store) as profile_store:
+        counts = profile_store.export_parquet(directory)
+    out.print(", ".join(f"{n} {table}" for table, n in counts.items()) + f" -> {directory}")
+
+
+@profiles_app.command("import")
+@user_errors
+def profiles_import(directory: Annotated[Path, typer.Argument(help="folder holding an export")],
+                    store: StoreOpt = None) -> None:
+    """Import profiles from a Parquet export; profiles the store already has are skipped."""
+    from perfmodel.store import ProfileStore
+
+    with ProfileStore(store) as profile_store:
+        added = profile_store.import_parquet(directory)
+    out.print(f"imported {added} new profile(s) from {directory}")
+
+
+def main() -> None:
+    app()

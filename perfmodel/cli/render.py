@@ -1,0 +1,123 @@
+"""Human-readable rendering of graphs and profiles for the CLI (rich tables). No computation lives here."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from perfmodel.graph.ir import Graph
+from perfmodel.profilers.records import Profile
+from perfmodel.units import human_bytes, human_count
+
+
+def render_graph_summary(console: Console, g: Graph) -> None:
+    t = g.totals
+    console.print(f"[bold]{g.name}[/] ({g.source}, {g.mode}): {t.nodes} ops, {human_count(t.params)} params "
+                  f"({human_bytes(t.param_bytes)}), forward {human_count(t.flops_fwd)}FLOP, backward "
+                  f"{human_count(t.flops_bwd)}FLOP, activations {human_bytes(t.activation_bytes)}")
+    table = Table("kind", "ops", "forward FLOPs", "share", title="ops by kind")
+    total = max(t.flops_fwd, 1)
+    for kind, count in sorted(t.ops_by_kind.items(), key=lambda kv: -t.flops_fwd_by_kind.get(kv[0], 0)):
+        flops = t.flops_fwd_by_kind.get(kind, 0)
+        table.add_row(kind, str(count), human_count(flops), f"{100 * flops / total:.1f}%")
+    console.print(table)
+
+
+def uses_seq_len(spec: Any) -> bool:
+    """Token models (HF configs, zoo text/recurrent models) have a sequence length; image models do not."""
+    from perfmodel.jobs.zoo import InputKind, get_entry
+
+    if spec.source.kind == "zoo":
+        return get_entry(spec.source.name).inputs not in (InputKind.image, InputKind.recsys)
+    return spec.source.kind == "hf_config"
+
+
+def profile_as_json(p: Profile) -> dict[str, Any]:
+    """The figures a script reads: iteration statistics, coverage, per-kind op time; not every op."""
+    it = p.iteration
+    data: dict[str, Any] = {
+        "job": p.job.name,
+        "job_key": p.job_key,
+        "family": p.family,
+        "spec": p.job.model_dump(mode="json"),
+        "device": p.environment.device,
+        "device_name": p.environment.device_name,
+        "iteration": it.model_dump(mode="json", exclude={"samples_ms"}) if it else None,
+    }
+    if p.ops is not None:
+        data["ops"] = {"coverage": p.ops.coverage, "matched_fraction": p.ops.matched_fraction,
+                       "iteration_time_ms": p.ops.iteration_time_ms, "time_ms_by_kind": op_time_by_kind(p),
+                       "time_ms_by_phase": op_time_by_phase(p)}
+    if p.onnx is not None:
+        data["onnx"] = {"provider": p.onnx.provider,
+                        "iteration_time_ms_disabled": p.onnx.iteration_time_ms_disabled,
+                        "iteration_time_ms_enabled": p.onnx.iteration_time_ms_enabled,
+                        "nodes": len(p.onnx.nodes)}
+    return data
+
+
+def op_time_by_kind(p: Profile) -> dict[str, float]:
+    totals: dict[str, float] = defaultdict(float)
+    for op in p.ops.ops if p.ops else ():
+        totals[op.kind.value] += op.self_time_ms
+    return dict(sorted(totals.items(), key=lambda kv: -kv[1]))
+
+
+def op_time_by_phase(p: Profile) -> dict[str, float]:
+    totals: dict[str, float] = defaultdict(float)
+    for op in p.ops.ops if p.ops else ():
+        totals[op.phase] += op.self_time_ms
+    return dict(totals)
+
+
+def render_profile(console: Console, p: Profile, profile_id: int | None = None, top: int = 10) -> None:
+    env, it = p.environment, p.iteration
+    spec = p.job
+    head = f"[bold]{spec.name}[/] {spec.mode.value} b={spec.batch_size}"
+    if uses_seq_len(spec):
+        head += f" seq={spec.seq_len}"
+    head += f" {spec.precision.value} on {env.device_name} ({env.device}, {env.threads} threads)"
+    if profile_id is not None:
+        head += f"  [dim]profile #{profile_id}[/]"
+    console.print(head)
+    if it is not None:
+        if it.outcome.value == "oom":
+            console.print(f"  outcome: [red]out of memory[/] ({it.error})")
+        else:
+            console.print(
+                f"  iteration: median {it.iter_time_ms_median:.2f} ms (p10 {it.iter_time_ms_p10:.2f}, p90 "
+                f"{it.iter_time_ms_p90:.2f}, CV {100 * (it.iter_time_cv or 0):.1f}%, {it.repeats} repeats), "
+                f"{it.throughput_samples_per_s:.1f} samples/s, peak memory "
+                f"{human_bytes(it.peak_memory_bytes or 0)}")
+    if p.ops is not None:
+        console.print(f"  per-op: {len(p.ops.ops)} aten calls/step, coverage {p.ops.coverage:.2f} of "
+                      f"{p.ops.iteration_time_ms:.2f} ms, {100 * p.ops.matched_fraction:.0f}% of forward time "
+                      f"matched to IR nodes")
+        phases = op_time_by_phase(p)
+        console.print("  by phase: " + ", ".join(f"{k} {v:.2f} ms" for k, v in phases.items()))
+        table = Table("kind", "ms/step", "share", title="op time by kind")
+        total = sum(op.self_time_ms for op in p.ops.ops) or 1.0
+        for kind, ms in list(op_time_by_kind(p).items())[:top]:
+            table.add_row(kind, f"{ms:.3f}", f"{100 * ms / total:.1f}%")
+        console.print(table)
+    if p.onnx is not None:
+        o = p.onnx
+        console.print(f"  ONNX Runtime ({o.provider}): {o.iteration_time_ms_disabled:.2f} ms unoptimised, "
+                      f"{o.iteration_time_ms_enabled:.2f} ms optimised, {len(o.nodes)} node records")
+
+
+def render_profile_list(console: Console, rows: list[Any]) -> None:
+    table = Table("id", "job", "family", "device", "b", "seq", "prec", "mode", "outcome", "median ms",
+                  "samples/s", "coverage", "created", title=f"{len(rows)} profiles")
+    for r in rows:
+        table.add_row(str(r.id), r.job_name, r.family, r.device_name, str(r.batch_size), str(r.seq_len),
+                      r.precision, r.mode, r.outcome, _fmt(r.iter_time_ms_median), _fmt(r.throughput_samples_per_s),
+                      _fmt(r.coverage), str(r.created_at)[:19])
+    console.print(table)
+
+
+def _fmt(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}"

@@ -1,0 +1,147 @@
+"""The store's tables (SQLAlchemy 2.0 typed declarative). One row per profiling run, plus its op and ONNX rows.
+
+Units are in the column names. Times are UTC, stored without a zone and returned zone-aware (`UTCDateTime`), so
+SQLite and PostgreSQL behave the same. The full job spec and environment are kept as JSON next to the columns
+that are pulled out of them for querying.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    CheckConstraint,
+    DateTime,
+    Double,
+    ForeignKey,
+    Integer,
+    String,
+    Text,
+    TypeDecorator,
+)
+from sqlalchemy.engine import Dialect
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """A zone-aware datetime stored as naive UTC; naive values given to it are taken to be UTC already."""
+
+    impl = DateTime(timezone=False)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None or value.tzinfo is None:
+            return value
+        return value.astimezone(timezone.utc).replace(tzinfo=None)
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        return None if value is None else value.replace(tzinfo=timezone.utc)
+
+
+# JSON columns whose None is SQL NULL rather than the JSON literal null.
+_JSON = JSON(none_as_null=True)
+
+
+class Base(DeclarativeBase):
+    type_annotation_map = {dict[str, Any]: _JSON, list[Any]: _JSON, datetime: UTCDateTime}
+
+
+class SchemaInfo(Base):
+    """A single row: the schema version the tables follow."""
+
+    __tablename__ = "schema_info"
+    __table_args__ = (CheckConstraint("id = 1", name="schema_info_single_row"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    version: Mapped[int] = mapped_column(Integer)
+
+
+class ProfileRow(Base):
+    """One profiling run of one job on one device (a `Profile`)."""
+
+    __tablename__ = "profiles"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    uid: Mapped[str] = mapped_column(String(32), unique=True)  # uuid4 hex: stable across stores (parquet)
+
+    # the job
+    job_key: Mapped[str] = mapped_column(String(64), index=True)
+    job_name: Mapped[str] = mapped_column(Text)
+    family: Mapped[str] = mapped_column(Text)
+    source_kind: Mapped[str] = mapped_column(String(32))
+    batch_size: Mapped[int] = mapped_column(Integer)
+    seq_len: Mapped[int] = mapped_column(Integer)
+    precision: Mapped[str] = mapped_column(String(16))
+    optimizer: Mapped[str] = mapped_column(String(16))
+    mode: Mapped[str] = mapped_column(String(16))
+    job_json: Mapped[dict[str, Any]]
+
+    # where it ran
+    device: Mapped[str] = mapped_column(String(64))
+    device_name: Mapped[str] = mapped_column(Text)
+    host: Mapped[str] = mapped_column(Text)
+    environment_json: Mapped[dict[str, Any]]
+
+    # iteration stats (all NULL when the run has none)
+    outcome: Mapped[str | None] = mapped_column(String(16))
+    warmup: Mapped[int | None] = mapped_column(Integer)
+    repeats: Mapped[int | None] = mapped_column(Integer)
+    iter_batch_size: Mapped[int | None] = mapped_column(Integer)
+    samples_ms: Mapped[list[Any] | None]
+    iter_time_ms_median: Mapped[float | None] = mapped_column(Double)
+    iter_time_ms_p10: Mapped[float | None] = mapped_column(Double)
+    iter_time_ms_p90: Mapped[float | None] = mapped_column(Double)
+    iter_time_ms_mean: Mapped[float | None] = mapped_column(Double)
+    iter_time_cv: Mapped[float | None] = mapped_column(Double)
+    throughput_samples_per_s: Mapped[float | None] = mapped_column(Double)
+    peak_memory_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    error: Mapped[str | None] = mapped_column(Text)
+
+    # per-op profile (all NULL when the run has none)
+    ops_steps: Mapped[int | None] = mapped_column(Integer)
+    ops_iteration_time_ms: Mapped[float | None] = mapped_column(Double)
+    ops_coverage: Mapped[float | None] = mapped_column(Double)
+    ops_matched_fraction: Mapped[float | None] = mapped_column(Double)
+
+    # ONNX Runtime profile (all NULL when the run has none)
+    onnx_provider: Mapped[str | None] = mapped_column(Text)
+    onnx_runs: Mapped[int | None] = mapped_column(Integer)
+    onnx_iteration_time_ms_disabled: Mapped[float | None] = mapped_column(Double)
+    onnx_iteration_time_ms_enabled: Mapped[float | None] = mapped_column(Double)
+
+    created_at: Mapped[datetime] = mapped_column(index=True)
+
+
+class OpRecordRow(Base):
+    """One aten call of a profiled step; `position` is its index in `OpProfile.ops`."""
+
+    __tablename__ = "op_records"
+
+    profile_id: Mapped[int] = mapped_column(ForeignKey("profiles.id", ondelete="CASCADE"), primary_key=True)
+    position: Mapped[int] = mapped_column(Integer, primary_key=True)
+    seq: Mapped[int] = mapped_column(Integer)
+    phase: Mapped[str] = mapped_column(String(16))
+    name: Mapped[str] = mapped_column(Text)
+    kind: Mapped[str] = mapped_column(String(32))
+    input_shapes: Mapped[list[Any]]
+    self_time_ms: Mapped[float] = mapped_column(Double)
+    ir_node: Mapped[str | None] = mapped_column(Text)
+
+
+class OnnxNodeRow(Base):
+    """One ONNX Runtime node of a profiled session; `position` is its index in `OnnxProfile.nodes`."""
+
+    __tablename__ = "onnx_nodes"
+
+    profile_id: Mapped[int] = mapped_column(ForeignKey("profiles.id", ondelete="CASCADE"), primary_key=True)
+    position: Mapped[int] = mapped_column(Integer, primary_key=True)
+    graph_optimization: Mapped[str] = mapped_column(String(16))
+    node_name: Mapped[str] = mapped_column(Text)
+    op_type: Mapped[str] = mapped_column(String(64))
+    kind: Mapped[str] = mapped_column(String(32))
+    provider: Mapped[str] = mapped_column(Text)
+    time_ms: Mapped[float] = mapped_column(Double)
+    input_shapes: Mapped[list[Any]]
+    output_shapes: Mapped[list[Any]]

@@ -1,0 +1,73 @@
+import json
+
+import pytest
+from pydantic import ValidationError
+
+from perfmodel.errors import PerfmodelError, UnknownNameError
+from perfmodel.jobs.spec import JobSpec, ModuleSource, OptimizerName, Precision, ZooSource
+from perfmodel.jobs.zoo import ZOO, get_entry
+
+
+def test_key_is_stable_and_distinguishes_settings():
+    a = JobSpec(source=ZooSource(name="resnet18"), batch_size=8)
+    b = JobSpec.model_validate_json(a.model_dump_json())
+    assert a == b and a.key() == b.key()
+    assert a.key() != JobSpec(source=ZooSource(name="resnet18"), batch_size=16).key()
+    assert a.key() != JobSpec(source=ZooSource(name="resnet18"), batch_size=8, optimizer="adam").key()
+
+
+@pytest.mark.parametrize("field,value", [("batch_size", 0), ("batch_size", -3), ("precision", "fp8"),
+                                         ("optimizer", "lamb"), ("mode", "eval"), ("seq_len", 0)])
+def test_bad_values_are_rejected_naming_the_field(field, value):
+    with pytest.raises(ValidationError) as info:
+        JobSpec(source=ZooSource(name="resnet18"), **{"batch_size": 8, field: value})
+    assert field in str(info.value)
+
+
+def test_exactly_one_source():
+    with pytest.raises(PerfmodelError):
+        JobSpec.from_options(batch_size=1)
+    with pytest.raises(PerfmodelError):
+        JobSpec.from_options(zoo="resnet18", module="m.py:f", batch_size=1)
+
+
+def test_module_path_needs_a_callable_name():
+    with pytest.raises(ValidationError):
+        ModuleSource(path="model.py")
+    assert ModuleSource(path="dir/model.py:make").path == "dir/model.py:make"
+
+
+def test_hf_config_from_path_and_dict(tmp_path):
+    cfg = {"model_type": "bert", "hidden_size": 64}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    by_path = JobSpec.from_options(hf_config=tmp_path, batch_size=2)
+    by_file = JobSpec.from_options(hf_config=tmp_path / "config.json", batch_size=2)
+    by_dict = JobSpec.from_options(hf_config=cfg, batch_size=2)
+    assert by_path.key() == by_file.key() == by_dict.key()
+    (tmp_path / "bad.json").write_text("{not json")
+    with pytest.raises(PerfmodelError, match="not valid JSON"):
+        JobSpec.from_options(hf_config=tmp_path / "bad.json", batch_size=2)
+    with pytest.raises(PerfmodelError, match="not found"):
+        JobSpec.from_options(hf_config=tmp_path / "missing.json", batch_size=2)
+
+
+def test_enums_cover_the_issue():
+    assert {p.value for p in Precision} == {"fp32", "fp16", "bf16", "amp"}
+    assert {o.value for o in OptimizerName} == {"sgd", "adam", "adamw"}
+
+
+def test_zoo_has_at_least_30_architectures_from_every_library():
+    assert len(ZOO) >= 30
+    libraries = {e.library for e in ZOO.values()}
+    assert {"torchvision", "timm", "transformers", "perfmodel"} <= libraries
+    families = {e.family for e in ZOO.values()}
+    for family in ("resnet", "vgg", "mobilenet", "efficientnet", "densenet", "vit", "convnext", "swin", "bert",
+                   "gpt2", "t5", "llama", "opt", "rnn", "recommender"):
+        assert family in families
+
+
+def test_unknown_zoo_name_lists_close_matches():
+    with pytest.raises(UnknownNameError) as info:
+        get_entry("resnet15")
+    assert "resnet152" in str(info.value) or "resnet18" in str(info.value)
+    assert info.value.close_matches
