@@ -38,9 +38,10 @@ def user_errors(fn: F) -> F:
         try:
             return fn(*args, **kwargs)
         except PerfmodelError as exc:
-            err.print(f"error: {exc}", markup=False, highlight=False)
+            message = str(exc)
         except ValidationError as exc:
-            err.print(f"error: {format_validation_error(exc)}", markup=False, highlight=False)
+            message = format_validation_error(exc)
+        typer.echo("error: " + " ".join(message.split()), err=True)
         raise typer.Exit(2)
 
     return wrapper  # type: ignore[return-value]
@@ -163,11 +164,11 @@ def profile(model: ModelArg = None, hf_config: HFConfigOpt = None, task: TaskOpt
                     continue
                 try:
                     prof = profile_job(spec, device, warmup=warmup, repeats=repeats, per_op=per_op, onnx=onnxrt,
-                                       progress=lambda msg: err.log(msg) if len(specs) == 1 else None)
+                                       progress=_say if len(specs) == 1 and not as_json else None)
                 except PerfmodelError as exc:
                     if len(specs) == 1:
                         raise
-                    err.print(f"error: {spec.name}: {exc}", markup=False)
+                    typer.echo(f"error: {spec.name}: {exc}", err=True)
                     results.append({"job": spec.name, "job_key": spec.key(), "error": str(exc)})
                     advance(f"failed {spec.name}")
                     continue
@@ -181,6 +182,10 @@ def profile(model: ModelArg = None, hf_config: HFConfigOpt = None, task: TaskOpt
         print_json(results if sweep is not None else results[0])
     if any("error" in r for r in results):
         raise typer.Exit(1)
+
+
+def _say(message: str) -> None:
+    err.print(f"[dim]{message}[/]", highlight=False)
 
 
 class _progress:

@@ -88,10 +88,18 @@ _add(_K.view, "view", "reshape", "_reshape_alias", "_unsafe_view", "transpose", 
      "numel", "size", "sym_size", "stride", "empty", "empty_strided", "zeros", "ones", "movedim", "swapaxes",
      "result_type", "item", "_local_scalar_dense", "lift_fresh", "set_", "_has_compatible_shallow_copy_type",
      "is_nonzero", "_assert_tensor_metadata", "_assert_async", "resolve_conj", "resolve_neg", "_unsafe_view")
+# Added with the FLOP table (ops seen in zoo graphs).
+_add(_K.elementwise, "__and__", "__or__", "__xor__", "__invert__", "diff", "logical_and", "logical_or",
+     "isnan", "isinf", "nan_to_num", "xlogy")
+_add(_K.view, "new_empty")
 _add(_K.optimizer, "_foreach_add", "_foreach_mul", "_foreach_addcmul", "_foreach_addcdiv", "_foreach_lerp",
      "_foreach_sqrt", "_foreach_div", "_foreach_mul_", "_foreach_add_", "_foreach_sub", "_foreach_maximum",
      "_foreach_neg", "_fused_adam", "_fused_adamw", "_fused_sgd", "_foreach_copy", "_foreach_pow",
      "_foreach_reciprocal", "_foreach_addcdiv_", "_foreach_sign")
+# unmapped names seen in real profiles (zoo models, train and inference, torch 2.13 CPU)
+_add(_K.attention, "_scaled_dot_product_attention_math")
+_add(_K.elementwise, "isneginf", "isposinf")
+_add(_K.view, "cudnn_is_acceptable", "unsafe_chunk", "unsafe_split", "unsafe_split_with_sizes")
 # --- ATen, backward ---
 _add(_K.conv, "convolution_backward", "mkldnn_convolution_backward", "cudnn_convolution_backward",
      "thnn_conv2d_backward", "_slow_conv2d_backward", "conv_depthwise2d_backward", "miopen_convolution_backward")

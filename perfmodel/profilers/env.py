@@ -7,7 +7,6 @@ import platform
 import shutil
 import socket
 import subprocess
-import sys
 from importlib import metadata
 from pathlib import Path
 
@@ -98,4 +97,3 @@ def _distribution_version(*names: str) -> str | None:
 
 
 __all__ = ["capture_environment", "cpu_model_name", "gpu_driver_version", "physical_cores"]
-_ = sys  # keep the import list honest for platform-specific extensions

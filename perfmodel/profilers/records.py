@@ -55,8 +55,8 @@ class IterationStats(_Frozen):
     """Per-iteration timing of the real step (forward, loss, backward, optimizer step; or inference)."""
 
     outcome: Outcome
-    warmup: int
-    repeats: int
+    warmup: int  # warm-up steps run (fewer than asked only under profile_job's time budget)
+    repeats: int  # timed repeats run (idem); for an oom outcome, the counts asked for
     batch_size: int
     samples_ms: tuple[float, ...] = ()  # every timed repeat, in order
     iter_time_ms_median: float | None = None
@@ -65,7 +65,8 @@ class IterationStats(_Frozen):
     iter_time_ms_mean: float | None = None
     iter_time_cv: float | None = None  # coefficient of variation (std / mean) of the repeats
     throughput_samples_per_s: float | None = None  # batch_size / median
-    peak_memory_bytes: int | None = None  # device allocator peak on GPU; process RSS growth high-water on CPU
+    peak_memory_bytes: int | None = None  # GPU: allocator peak (all tensors); CPU: peak growth of torch's CPU
+    # allocator during the step (tensors created in the step: activations, gradients, temporaries; not weights)
     error: str | None = None  # the OOM message when outcome is oom
 
 
@@ -90,7 +91,7 @@ class OpProfile(_Frozen):
     steps: int  # profiled steps the op times are averaged over
     iteration_time_ms: float  # wall time of one profiled step (median over `steps`)
     ops: tuple[OpRecord, ...]
-    coverage: float  # sum of op self times / iteration_time_ms
+    coverage: float  # total op self time / total wall time of the profiled steps (≈ sum of ops / iteration_time_ms)
     matched_fraction: float  # fraction of forward op time matched to an IR node
 
 

@@ -55,7 +55,7 @@ class SchemaInfo(Base):
     __tablename__ = "schema_info"
     __table_args__ = (CheckConstraint("id = 1", name="schema_info_single_row"),)
 
-    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
     version: Mapped[int] = mapped_column(Integer)
 
 

@@ -1,0 +1,259 @@
+"""The graph of a PyTorch module, captured with `torch.export` on the meta device (no real weights, no compute).
+
+`torch.export.export(..., strict=False)` traces the forward pass into ATen ops (the pre-dispatch "training" IR:
+`aten.linear`, `aten.conv2d`, `aten.scaled_dot_product_attention`, ...). Every `call_function` fx node becomes one
+`Node`: placeholders (inputs, parameters, buffers) and the output are not nodes, `getitem` on a tuple output is a
+`view` node. The backward pass is not traced: for a training graph each node's backward cost is derived from its
+forward op (see `perfmodel.graph.flops`), for the inputs that need a gradient (parameters, and whatever is computed
+from them).
+
+Higher-order ops that wrap a subgraph (`wrap_with_set_grad_enabled`, `wrap_with_autocast`) are inlined: their
+subgraph's nodes appear with ids `<wrapper id>.<node name>`. A `cond` would have both branches inlined (an upper
+bound); no zoo model has one.
+"""
+
+from __future__ import annotations
+
+import operator
+import warnings
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import torch
+from torch import fx, nn
+
+from perfmodel.errors import PerfmodelError
+from perfmodel.graph.flops import OpCall, is_float, op_cost, tensor_bytes
+from perfmodel.graph.ir import Graph, GraphTotals, Node, TensorMeta
+from perfmodel.graph.opkinds import OpKind, kind_of
+from perfmodel.jobs.spec import JobSpec
+
+
+def graph_from_module(module: nn.Module, args: tuple, kwargs: Mapping[str, Any] | None = None, *, name: str,
+                      mode: str = "train", job_key: str | None = None) -> Graph:
+    """Export `module(*args, **kwargs)` and build its graph. Tensors may be real, fake or on the meta device.
+    `mode="train"` adds backward costs; `"inference"` leaves them zero."""
+    if mode not in ("train", "inference"):
+        raise PerfmodelError(f"graph mode must be 'train' or 'inference', got {mode!r}")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            exported = torch.export.export(module, tuple(args), dict(kwargs or {}), strict=False)
+    except PerfmodelError:
+        raise
+    except Exception as exc:  # a model torch.export cannot trace: report it in one line
+        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        raise PerfmodelError(f"torch.export could not capture {name}: {type(exc).__name__}: {first_line}") from exc
+    return graph_from_exported(exported, module, name=name, mode=mode, job_key=job_key)
+
+
+def capture_graph(spec: JobSpec) -> Graph:
+    """The graph of a job, built on the meta device (never allocating weights)."""
+    from perfmodel.jobs.build import build_job
+
+    job = build_job(spec, "meta")
+    return graph_from_module(job.module, job.args, job.kwargs, name=spec.name, mode=spec.mode.value,
+                             job_key=spec.key())
+
+
+def graph_from_exported(exported: torch.export.ExportedProgram, module: nn.Module | None = None, *, name: str,
+                        mode: str = "train", job_key: str | None = None) -> Graph:
+    """Build the graph of an already exported program (`module`, when given, says which parameters are frozen)."""
+    builder = _Builder(exported, module, training=mode == "train")
+    builder.visit(exported.graph_module, prefix="", grad_enabled=True)
+    nodes = builder.nodes
+    activation_bytes = sum(sum(tensor_bytes(t) for t in n.output_tensors) for n in nodes if n.kind != OpKind.view)
+    totals = GraphTotals.from_nodes(nodes, params=builder.param_elements, param_bytes=builder.param_bytes,
+                                    activation_bytes=activation_bytes)
+    return Graph(name=name, source="torch.export", mode=mode, job_key=job_key, nodes=tuple(nodes), totals=totals,
+                 inputs=tuple(builder.user_inputs))
+
+
+# --- internals ---------------------------------------------------------------------------------------------------
+
+
+def tensor_meta(value: Any) -> TensorMeta | None:
+    """TensorMeta of a (fake/meta/real) tensor; None for anything else. Symbolic sizes become their hint."""
+    if not isinstance(value, torch.Tensor):
+        return None
+    return TensorMeta(shape=tuple(_to_int(d) for d in value.shape), dtype=str(value.dtype).removeprefix("torch."))
+
+
+def _to_int(dim: Any) -> int:
+    if isinstance(dim, int):
+        return dim
+    try:
+        return int(dim)
+    except Exception:  # an unbacked SymInt: its hint, else 1
+        hint = getattr(getattr(dim, "node", None), "hint", None)
+        return int(hint) if hint is not None else 1
+
+
+def _flat_metas(value: Any) -> Iterator[TensorMeta]:
+    """The tensors in a node's value (a tensor, or nested tuples/lists holding some)."""
+    if isinstance(value, (tuple, list)):
+        for v in value:
+            yield from _flat_metas(v)
+    else:
+        meta = tensor_meta(value)
+        if meta is not None:
+            yield meta
+
+
+def _op_name(target: Any) -> str:
+    """`aten.addmm.default` for ATen overloads, the function name (`getitem`) for Python callables."""
+    if isinstance(target, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
+        return str(target)
+    return getattr(target, "__name__", None) or str(target)
+
+
+class _Builder:
+    """Walks an exported fx graph once, in order, producing Nodes."""
+
+    def __init__(self, exported: torch.export.ExportedProgram, module: nn.Module | None, training: bool):
+        signature = exported.graph_signature
+        self.training = training
+        self.nodes: list[Node] = []
+        self.user_inputs: list[TensorMeta] = []
+        self.param_elements = 0
+        self.param_bytes = 0
+        # Per fx node (keyed by the node object, so inlined subgraphs cannot collide): its TensorMetas, the id of
+        # the graph Node producing it (None for placeholders), whether it needs a gradient, and whether it is a
+        # parameter or buffer (params of consumer nodes).
+        self.metas: dict[fx.Node, list[TensorMeta]] = {}
+        self.producer: dict[fx.Node, str | None] = {}
+        self.requires_grad: dict[fx.Node, bool] = {}
+        self.weight_elements: dict[fx.Node, int] = {}
+        frozen = set()
+        if module is not None:
+            frozen = {n for n, p in module.named_parameters(remove_duplicate=False) if not p.requires_grad}
+        user_inputs = set(signature.user_inputs)
+        counted: set[int] = set()  # tied parameters (GPT-2's lm_head and wte) are one tensor: count it once
+        for node in exported.graph.nodes:
+            if node.op != "placeholder":
+                continue
+            metas = list(_flat_metas(node.meta.get("val")))
+            self.metas[node] = metas
+            self.producer[node] = None
+            if node.name in signature.inputs_to_parameters:
+                param = signature.inputs_to_parameters[node.name]
+                self.requires_grad[node] = training and param not in frozen
+                self.weight_elements[node] = sum(m.numel for m in metas)
+                tensor = exported.state_dict.get(param)
+                if tensor is None or id(tensor) not in counted:
+                    counted.add(id(tensor))
+                    self.param_elements += sum(m.numel for m in metas)
+                    self.param_bytes += sum(tensor_bytes(m) for m in metas)
+            elif node.name in signature.inputs_to_buffers:
+                self.weight_elements[node] = sum(m.numel for m in metas)
+            elif node.name in user_inputs:
+                self.user_inputs.extend(metas)
+
+    def visit(self, graph_module: fx.GraphModule, prefix: str, grad_enabled: bool) -> None:
+        for fx_node in graph_module.graph.nodes:
+            if fx_node.op == "call_function":
+                subgraphs = [getattr(graph_module, a.target) for a in fx_node.args
+                             if isinstance(a, fx.Node) and a.op == "get_attr"
+                             and isinstance(getattr(graph_module, a.target, None), fx.GraphModule)]
+                if subgraphs:
+                    self._inline(fx_node, subgraphs, prefix, grad_enabled)
+                else:
+                    self._add(fx_node, prefix, grad_enabled)
+
+    def _inline(self, fx_node: fx.Node, subgraphs: list[fx.GraphModule], prefix: str, grad_enabled: bool) -> None:
+        """A higher-order op: its subgraphs' placeholders take the operands after the last subgraph argument."""
+        if fx_node.target is torch.ops.higher_order.wrap_with_set_grad_enabled:
+            grad_enabled = bool(fx_node.args[0])
+        last_sub = max(i for i, a in enumerate(fx_node.args) if isinstance(a, fx.Node) and a.op == "get_attr")
+        operands = list(_flat_nodes(fx_node.args[last_sub + 1:]))
+        outputs: list[fx.Node] = []
+        for sub in subgraphs:
+            placeholders = [n for n in sub.graph.nodes if n.op == "placeholder"]
+            for placeholder, operand in zip(placeholders, operands):
+                self._alias(placeholder, operand)
+            self.visit(sub, prefix=f"{prefix}{fx_node.name}.", grad_enabled=grad_enabled)
+            output = next(n for n in sub.graph.nodes if n.op == "output")
+            outputs.extend(_flat_nodes(output.args))
+        # The wrapper itself: a view node over its subgraph's outputs (getitem nodes on it then index it).
+        node_id = prefix + fx_node.name
+        metas = list(_flat_metas(fx_node.meta.get("val")))
+        self.nodes.append(Node(id=node_id, op=_op_name(fx_node.target), kind=OpKind.view,
+                               inputs=tuple(dict.fromkeys(p for p in (self.producer.get(o) for o in outputs) if p)),
+                               output_tensors=tuple(metas)))
+        self.metas[fx_node] = metas
+        self.producer[fx_node] = node_id
+        self.requires_grad[fx_node] = any(self.requires_grad.get(o, False) for o in outputs)
+
+    def _alias(self, placeholder: fx.Node, operand: fx.Node) -> None:
+        self.metas[placeholder] = self.metas.get(operand, [])
+        self.producer[placeholder] = self.producer.get(operand)
+        self.requires_grad[placeholder] = self.requires_grad.get(operand, False)
+        if operand in self.weight_elements:
+            self.weight_elements[placeholder] = self.weight_elements[operand]
+
+    def _add(self, fx_node: fx.Node, prefix: str, grad_enabled: bool) -> None:
+        op = _op_name(fx_node.target)
+        kind = kind_of(op)
+        node_id = prefix + fx_node.name
+        outputs = tuple(_flat_metas(fx_node.meta.get("val")))
+        arg_nodes = list(_flat_nodes((fx_node.args, fx_node.kwargs)))
+        inputs: list[TensorMeta] = []
+        grad_inputs: list[bool] = []
+        for a in arg_nodes:
+            for meta in self.metas.get(a, ()):
+                inputs.append(meta)
+                grad_inputs.append(self.requires_grad.get(a, False))
+        needs_grad = (self.training and grad_enabled and any(grad_inputs) and any(is_float(t) for t in outputs)
+                      and fx_node.target not in _NO_GRAD_TARGETS)
+        call = OpCall(inputs=tuple(inputs), outputs=outputs, attrs=self._attrs(fx_node),
+                      grad_inputs=tuple(grad_inputs) if needs_grad else None)
+        cost = op_cost(op, call, kind)
+        producers = dict.fromkeys(p for p in (self.producer.get(a) for a in arg_nodes) if p is not None)
+        stack = fx_node.meta.get("nn_module_stack")
+        module_path = next(reversed(stack.values()))[0] if stack else None
+        self.nodes.append(Node(
+            id=node_id, op=op, kind=kind, inputs=tuple(producers), input_tensors=tuple(inputs), output_tensors=outputs,
+            flops_fwd=cost.flops_fwd, flops_bwd=cost.flops_bwd,
+            bytes_read_fwd=cost.bytes_read_fwd, bytes_written_fwd=cost.bytes_written_fwd,
+            bytes_read_bwd=cost.bytes_read_bwd, bytes_written_bwd=cost.bytes_written_bwd,
+            params=sum(self.weight_elements.get(a, 0) for a in dict.fromkeys(arg_nodes)),
+            module=module_path or None,
+        ))
+        if fx_node.target is operator.getitem and isinstance(fx_node.args[0], fx.Node):
+            # One element of a tuple: its own value, but the gradient status of the tuple.
+            needs_grad = self.requires_grad.get(fx_node.args[0], False) and any(is_float(t) for t in outputs)
+        self.metas[fx_node] = list(outputs)
+        self.producer[fx_node] = node_id
+        self.requires_grad[fx_node] = needs_grad
+
+    def _attrs(self, fx_node: fx.Node) -> dict[str, Any]:
+        """The op's arguments by schema name, tensors as TensorMeta (lists of tensors as lists)."""
+        schema = getattr(fx_node.target, "_schema", None)
+        if schema is None:
+            return {}
+        attrs = {arg.name: value for arg, value in zip(schema.arguments, fx_node.args)}
+        attrs.update(fx_node.kwargs)
+        return {k: self._value(v) for k, v in attrs.items()}
+
+    def _value(self, value: Any) -> Any:
+        if isinstance(value, fx.Node):
+            metas = self.metas.get(value, [])
+            return metas[0] if len(metas) == 1 else metas
+        if isinstance(value, (list, tuple)):
+            return [self._value(v) for v in value]
+        return value
+
+
+# Ops whose output never carries a gradient, whatever their inputs.
+_NO_GRAD_TARGETS = frozenset({torch.ops.aten.detach.default})
+
+
+def _flat_nodes(value: Any) -> Iterator[fx.Node]:
+    if isinstance(value, fx.Node):
+        yield value
+    elif isinstance(value, (tuple, list)):
+        for v in value:
+            yield from _flat_nodes(v)
+    elif isinstance(value, dict):
+        for v in value.values():
+            yield from _flat_nodes(v)

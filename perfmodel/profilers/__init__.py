@@ -1,0 +1,4 @@
+"""Profilers: measure a job on a device (environment, iteration timing, per-op and ONNX Runtime per-node profiles).
+
+Entry point: `perfmodel.profilers.run.profile_job`. The records they produce are in `perfmodel.profilers.records`.
+"""

@@ -1,0 +1,159 @@
+"""`Profile` <-> table rows. Rows are plain dicts keyed by column name, so the database and Parquet share them."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
+
+from perfmodel.profilers.records import OnnxProfile, OpProfile, Profile
+
+# a row read back: column name -> value (a SQLAlchemy RowMapping, whose keys may also be columns, or a dict)
+Row = Mapping[Any, Any]
+
+
+def _no_nan(value: float, name: str) -> float:
+    # SQLite stores a NaN REAL as NULL: refuse it rather than hand back a different profile later
+    if value != value:
+        raise ValueError(f"cannot store a profile with NaN {name}")
+    return value
+
+
+def _shapes(shapes: tuple[tuple[int, ...], ...]) -> list[list[int]]:
+    return [list(shape) for shape in shapes]
+
+
+def profile_values(profile: Profile) -> dict[str, Any]:
+    """The `profiles` columns of a profile (all but `id` and `uid`)."""
+    job, env, it, ops, onnx = profile.job, profile.environment, profile.iteration, profile.ops, profile.onnx
+    values: dict[str, Any] = {
+        "job_key": profile.job_key,
+        "job_name": job.name,
+        "family": profile.family,
+        "source_kind": job.source.kind,
+        "batch_size": job.batch_size,
+        "seq_len": job.seq_len,
+        "precision": job.precision.value,
+        "optimizer": job.optimizer.value,
+        "mode": job.mode.value,
+        "job_json": job.model_dump(mode="json"),
+        "device": env.device,
+        "device_name": env.device_name,
+        "host": env.host,
+        "environment_json": env.model_dump(mode="json"),
+        "outcome": it.outcome.value if it else None,
+        "warmup": it.warmup if it else None,
+        "repeats": it.repeats if it else None,
+        "iter_batch_size": it.batch_size if it else None,
+        "samples_ms": list(it.samples_ms) if it else None,
+        "iter_time_ms_median": it.iter_time_ms_median if it else None,
+        "iter_time_ms_p10": it.iter_time_ms_p10 if it else None,
+        "iter_time_ms_p90": it.iter_time_ms_p90 if it else None,
+        "iter_time_ms_mean": it.iter_time_ms_mean if it else None,
+        "iter_time_cv": it.iter_time_cv if it else None,
+        "throughput_samples_per_s": it.throughput_samples_per_s if it else None,
+        "peak_memory_bytes": it.peak_memory_bytes if it else None,
+        "error": it.error if it else None,
+        "ops_steps": ops.steps if ops else None,
+        "ops_iteration_time_ms": ops.iteration_time_ms if ops else None,
+        "ops_coverage": ops.coverage if ops else None,
+        "ops_matched_fraction": ops.matched_fraction if ops else None,
+        "onnx_provider": onnx.provider if onnx else None,
+        "onnx_runs": onnx.runs if onnx else None,
+        "onnx_iteration_time_ms_disabled": onnx.iteration_time_ms_disabled if onnx else None,
+        "onnx_iteration_time_ms_enabled": onnx.iteration_time_ms_enabled if onnx else None,
+        "created_at": profile.created_at,
+    }
+    for name, value in values.items():
+        if isinstance(value, float):
+            _no_nan(value, name)
+    for sample in values["samples_ms"] or ():
+        _no_nan(sample, "samples_ms")
+    return values
+
+
+def op_values(ops: OpProfile) -> Iterator[dict[str, Any]]:
+    """The `op_records` columns of each op (all but `profile_id`), `position` being its index in `ops.ops`."""
+    for position, op in enumerate(ops.ops):
+        yield {
+            "position": position,
+            "seq": op.seq,
+            "phase": op.phase,
+            "name": op.name,
+            "kind": op.kind.value,
+            "input_shapes": _shapes(op.input_shapes),
+            "self_time_ms": _no_nan(op.self_time_ms, "self_time_ms"),
+            "ir_node": op.ir_node,
+        }
+
+
+def onnx_values(onnx: OnnxProfile) -> Iterator[dict[str, Any]]:
+    """The `onnx_nodes` columns of each node (all but `profile_id`)."""
+    for position, node in enumerate(onnx.nodes):
+        yield {
+            "position": position,
+            "graph_optimization": node.graph_optimization,
+            "node_name": node.node_name,
+            "op_type": node.op_type,
+            "kind": node.kind.value,
+            "provider": node.provider,
+            "time_ms": _no_nan(node.time_ms, "time_ms"),
+            "input_shapes": _shapes(node.input_shapes),
+            "output_shapes": _shapes(node.output_shapes),
+        }
+
+
+_OP_FIELDS = ("seq", "phase", "name", "kind", "input_shapes", "self_time_ms", "ir_node")
+_ONNX_FIELDS = (
+    "graph_optimization", "node_name", "op_type", "kind", "provider", "time_ms", "input_shapes", "output_shapes"
+)
+
+
+def to_profile(row: Row, ops: Iterable[Row], nodes: Iterable[Row]) -> Profile:
+    """Rebuild a profile from its `profiles` row and its op and ONNX rows (in position order); validates it."""
+    iteration = None
+    if row["outcome"] is not None:
+        iteration = {
+            "outcome": row["outcome"],
+            "warmup": row["warmup"],
+            "repeats": row["repeats"],
+            "batch_size": row["iter_batch_size"],
+            "samples_ms": row["samples_ms"],
+            "iter_time_ms_median": row["iter_time_ms_median"],
+            "iter_time_ms_p10": row["iter_time_ms_p10"],
+            "iter_time_ms_p90": row["iter_time_ms_p90"],
+            "iter_time_ms_mean": row["iter_time_ms_mean"],
+            "iter_time_cv": row["iter_time_cv"],
+            "throughput_samples_per_s": row["throughput_samples_per_s"],
+            "peak_memory_bytes": row["peak_memory_bytes"],
+            "error": row["error"],
+        }
+    op_profile = None
+    if row["ops_steps"] is not None:
+        op_profile = {
+            "steps": row["ops_steps"],
+            "iteration_time_ms": row["ops_iteration_time_ms"],
+            "coverage": row["ops_coverage"],
+            "matched_fraction": row["ops_matched_fraction"],
+            "ops": [{field: op[field] for field in _OP_FIELDS} for op in ops],
+        }
+    onnx_profile = None
+    if row["onnx_provider"] is not None:
+        onnx_profile = {
+            "provider": row["onnx_provider"],
+            "runs": row["onnx_runs"],
+            "iteration_time_ms_disabled": row["onnx_iteration_time_ms_disabled"],
+            "iteration_time_ms_enabled": row["onnx_iteration_time_ms_enabled"],
+            "nodes": [{field: node[field] for field in _ONNX_FIELDS} for node in nodes],
+        }
+    return Profile.model_validate(
+        {
+            "job": row["job_json"],
+            "job_key": row["job_key"],
+            "family": row["family"],
+            "environment": row["environment_json"],
+            "iteration": iteration,
+            "ops": op_profile,
+            "onnx": onnx_profile,
+            "created_at": row["created_at"],
+        }
+    )

@@ -1,0 +1,124 @@
+"""Opening a store database: the engine (SQLite pragmas, real transactions) and the schema version.
+
+On open the tables are created if the database is empty and stamped with `STORE_SCHEMA_VERSION`; a store at an older
+version is brought up to date by the steps in `MIGRATIONS`, all in one transaction; a store at a newer version than
+this perfmodel knows is refused.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Connection, Engine, create_engine, event, insert, inspect, select, update
+from sqlalchemy.engine import URL, make_url
+from sqlalchemy.exc import ArgumentError, NoSuchModuleError
+
+from perfmodel.errors import PerfmodelError
+from perfmodel.store.tables import Base, SchemaInfo
+
+STORE_SCHEMA_VERSION = 1
+
+Migration = Callable[[Connection], None]
+
+# MIGRATIONS[v] upgrades a store from version v to v + 1. Add one step per schema change, never edit old ones.
+MIGRATIONS: Mapping[int, Migration] = {}
+
+SQLITE_BUSY_TIMEOUT_MS = 30_000
+
+
+def safe_url(url: str | URL) -> str:
+    """The URL without its password, for messages."""
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except ArgumentError:
+        return "<invalid URL>"
+
+
+def open_engine(url: str) -> Engine:
+    """An engine for a store URL; for a SQLite file, its folder is created and WAL + foreign keys are enabled."""
+    try:
+        parsed = make_url(url)
+    except ArgumentError as exc:
+        raise PerfmodelError(f"not a valid store URL {url!r}: {exc}") from None
+    is_sqlite = parsed.get_backend_name() == "sqlite"
+    if is_sqlite and parsed.database and parsed.database != ":memory:" and not parsed.database.startswith("file:"):
+        Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
+    try:
+        engine = create_engine(parsed)
+    except (NoSuchModuleError, ModuleNotFoundError) as exc:
+        raise PerfmodelError(f"cannot open store {safe_url(parsed)}: its database driver is missing ({exc})") from None
+    if is_sqlite:
+        _configure_sqlite(engine)
+    return engine
+
+
+def _configure_sqlite(engine: Engine) -> None:
+    # pysqlite's own transaction handling skips BEGIN before DDL and SELECT; let SQLAlchemy emit BEGIN itself so
+    # every transaction (including schema creation and migrations) is real. See the SQLAlchemy SQLite dialect docs,
+    # "Serializable isolation / Savepoints / Transactional DDL".
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+        dbapi_connection.isolation_level = None
+        cursor = dbapi_connection.cursor()
+        cursor.execute("PRAGMA journal_mode = WAL")
+        cursor.execute("PRAGMA foreign_keys = ON")
+        cursor.execute(f"PRAGMA busy_timeout = {SQLITE_BUSY_TIMEOUT_MS}")
+        cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(connection: Connection) -> None:
+        # a writer that reads first must hold the write lock from the start, or SQLite may refuse its upgrade
+        immediate = connection.get_execution_options().get("sqlite_begin_immediate", False)
+        connection.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
+
+
+@contextmanager
+def write_transaction(engine: Engine) -> Iterator[Connection]:
+    """A transaction that takes the write lock up front on SQLite (BEGIN IMMEDIATE); a plain one elsewhere."""
+    with engine.connect() as connection:
+        connection.execution_options(sqlite_begin_immediate=True)
+        with connection.begin():
+            yield connection
+
+
+def stored_version(connection: Connection) -> int | None:
+    """The schema version a database records, or None for a database without perfmodel tables."""
+    tables = set(inspect(connection).get_table_names())
+    if SchemaInfo.__tablename__ not in tables:
+        if tables & set(Base.metadata.tables):
+            raise PerfmodelError("the database has perfmodel tables but no schema_info: not a perfmodel store")
+        return None
+    version = connection.scalar(select(SchemaInfo.version).where(SchemaInfo.id == 1))
+    if version is None:
+        raise PerfmodelError("the store's schema_info table has no version row")
+    return version
+
+
+def ensure_schema(
+    engine: Engine, *, target: int = STORE_SCHEMA_VERSION, migrations: Mapping[int, Migration] = MIGRATIONS
+) -> int | None:
+    """Create or upgrade the schema to `target`; returns the version found (None for a new store)."""
+    with engine.connect() as connection:  # the common case: already current, no write lock needed
+        found = stored_version(connection)
+    if found == target:
+        return found
+    with write_transaction(engine) as connection:
+        found = stored_version(connection)  # again, now that no one else can be creating or migrating it
+        if found is None:
+            Base.metadata.create_all(connection)
+            connection.execute(insert(SchemaInfo).values(id=1, version=target))
+            return None
+        if found > target:
+            raise PerfmodelError(
+                f"store schema v{found} is newer than this perfmodel supports (v{target}); upgrade perfmodel"
+            )
+        for version in range(found, target):
+            step = migrations.get(version)
+            if step is None:
+                raise RuntimeError(f"perfmodel bug: no migration from store schema v{version} to v{version + 1}")
+            step(connection)
+        connection.execute(update(SchemaInfo).where(SchemaInfo.id == 1).values(version=target))
+        return found

@@ -1,0 +1,196 @@
+"""The profile store: every profiling run, kept in SQLite by default or any SQLAlchemy database by setting."""
+
+from __future__ import annotations
+
+import builtins  # `ProfileStore.list` shadows `list` inside the class
+from collections.abc import Iterable, Iterator
+from datetime import datetime
+from itertools import islice
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+from uuid import uuid4
+
+from pydantic import BaseModel, ConfigDict
+from sqlalchemy import Table, exists, func, insert, or_, select
+from sqlalchemy.exc import DBAPIError, IntegrityError
+from sqlalchemy.orm import Session, sessionmaker
+
+from perfmodel.errors import PerfmodelError
+from perfmodel.jobs.spec import Mode, Precision
+from perfmodel.profilers.records import Outcome, Profile
+from perfmodel.settings import Settings
+from perfmodel.store import parquet
+from perfmodel.store.rows import onnx_values, op_values, profile_values, to_profile
+from perfmodel.store.schema import ensure_schema, open_engine, safe_url
+from perfmodel.store.tables import OnnxNodeRow, OpRecordRow, ProfileRow
+
+# op and ONNX rows are inserted this many per statement
+INSERT_CHUNK_ROWS = 5_000
+
+_PROFILES: Table = ProfileRow.__table__  # type: ignore[assignment]
+_OPS: Table = OpRecordRow.__table__  # type: ignore[assignment]
+_NODES: Table = OnnxNodeRow.__table__  # type: ignore[assignment]
+
+
+class ProfileSummary(BaseModel):
+    """One line of `ProfileStore.list`: what a run was and how fast it went."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    id: int
+    job_name: str
+    job_key: str
+    family: str
+    device_name: str
+    batch_size: int
+    seq_len: int
+    precision: Precision
+    mode: Mode
+    outcome: Outcome | None  # None: the run has no iteration stats
+    iter_time_ms_median: float | None
+    throughput_samples_per_s: float | None
+    coverage: float | None  # op-profile coverage, None without an op profile
+    created_at: datetime
+
+
+# outcomes that count as done for a resumable sweep
+_DONE_OUTCOMES = (Outcome.ok.value, Outcome.oom.value)
+
+_SUMMARY_COLUMNS = [
+    *(_PROFILES.c[name] for name in ProfileSummary.model_fields if name != "coverage"),
+    _PROFILES.c.ops_coverage.label("coverage"),
+]
+
+
+def _chunks(rows: Iterable[dict[str, Any]], size: int) -> Iterator[list[dict[str, Any]]]:
+    it = iter(rows)
+    while chunk := list(islice(it, size)):
+        yield chunk
+
+
+class ProfileStore:
+    """Profiles in a database. Each `add` is one transaction: a run is stored whole or not at all."""
+
+    def __init__(self, url: str | None = None) -> None:
+        self.url = url or Settings().resolved_store_url()
+        self.engine = open_engine(self.url)
+        try:
+            ensure_schema(self.engine)
+        except DBAPIError as exc:
+            self.engine.dispose()
+            raise PerfmodelError(f"cannot open profile store {safe_url(self.url)}: {exc.orig}") from exc
+        except BaseException:
+            self.engine.dispose()
+            raise
+        self._session = sessionmaker(self.engine, expire_on_commit=False)
+
+    # --- writing ---
+
+    def add(self, profile: Profile) -> int:
+        """Store one run (a new row even if the job was profiled before); returns its id."""
+        return self._insert(profile, uuid4().hex)
+
+    def _insert(self, profile: Profile, uid: str) -> int:
+        with self._session.begin() as session:
+            row = ProfileRow(uid=uid, **profile_values(profile))
+            session.add(row)
+            session.flush()
+            if profile.ops is not None:
+                self._insert_children(session, _OPS, row.id, op_values(profile.ops))
+            if profile.onnx is not None:
+                self._insert_children(session, _NODES, row.id, onnx_values(profile.onnx))
+            return row.id
+
+    @staticmethod
+    def _insert_children(session: Session, table: Table, profile_id: int, rows: Iterable[dict[str, Any]]) -> None:
+        for chunk in _chunks(({"profile_id": profile_id, **row} for row in rows), INSERT_CHUNK_ROWS):
+            session.execute(insert(table), chunk)
+
+    # --- reading ---
+
+    def has(self, job_key: str, device_name: str | None = None) -> bool:
+        """Whether the job was run to an outcome (ok or oom), on `device_name` if given: sweeps skip those."""
+        condition = (_PROFILES.c.job_key == job_key) & _PROFILES.c.outcome.in_(_DONE_OUTCOMES)
+        if device_name is not None:
+            condition &= _PROFILES.c.device_name == device_name
+        with self.engine.connect() as connection:
+            return bool(connection.scalar(select(exists().where(condition))))
+
+    def list(
+        self, job: str | None = None, device: str | None = None, limit: int | None = None
+    ) -> builtins.list[ProfileSummary]:
+        """Runs, newest first. `job`: a job name or key; `device`: a device (cpu, cuda:0) or part of its name."""
+        query = select(*_SUMMARY_COLUMNS).order_by(_PROFILES.c.created_at.desc(), _PROFILES.c.id.desc())
+        if job is not None:
+            query = query.where(or_(_PROFILES.c.job_name == job, _PROFILES.c.job_key == job))
+        if device is not None:
+            query = query.where(
+                or_(
+                    _PROFILES.c.device == device,
+                    func.lower(_PROFILES.c.device_name).contains(device.lower(), autoescape=True),
+                )
+            )
+        if limit is not None:
+            query = query.limit(limit)
+        with self.engine.connect() as connection:
+            return [ProfileSummary.model_validate(dict(row)) for row in connection.execute(query).mappings()]
+
+    def get(self, profile_id: int) -> Profile:
+        """The run stored under `profile_id`, exactly as it was added."""
+        with self.engine.connect() as connection, connection.begin():  # one snapshot for the three reads
+            row = connection.execute(select(_PROFILES).where(_PROFILES.c.id == profile_id)).mappings().first()
+            if row is None:
+                raise PerfmodelError(f"no profile with id {profile_id} in the store")
+            ops = connection.execute(
+                select(_OPS).where(_OPS.c.profile_id == profile_id).order_by(_OPS.c.position)
+            ).mappings()
+            nodes = connection.execute(
+                select(_NODES).where(_NODES.c.profile_id == profile_id).order_by(_NODES.c.position)
+            ).mappings()
+            return to_profile(row, ops.all(), nodes.all())
+
+    def count(self) -> int:
+        with self.engine.connect() as connection:
+            return connection.scalar(select(func.count()).select_from(_PROFILES)) or 0
+
+    # --- Parquet ---
+
+    def export_parquet(self, directory: str | Path) -> dict[str, int]:
+        """Write every run to `directory` (profiles, op_records, onnx_nodes .parquet, manifest.json); row counts."""
+        return parquet.export_tables(self.engine, Path(directory))
+
+    def import_parquet(self, directory: str | Path) -> int:
+        """Add the runs of an export this store lacks (by uid), one transaction each; how many were added."""
+        with self.engine.connect() as connection:
+            known = set(connection.scalars(select(_PROFILES.c.uid)))
+        added = 0
+        for uid, profile in parquet.read_profiles(Path(directory), skip=known):
+            try:
+                self._insert(profile, uid)
+            except IntegrityError:
+                if self._has_uid(uid):  # a concurrent import got there first
+                    continue
+                raise
+            added += 1
+        return added
+
+    def _has_uid(self, uid: str) -> bool:
+        with self.engine.connect() as connection:
+            return bool(connection.scalar(select(exists().where(_PROFILES.c.uid == uid))))
+
+    # --- lifetime ---
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    def __enter__(self) -> ProfileStore:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"ProfileStore({safe_url(self.url)!r})"

@@ -1,0 +1,109 @@
+"""The CLI through typer's runner: real models, the real profilers and a real SQLite store (per-test home)."""
+
+import json
+import textwrap
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from perfmodel.cli.main import app
+from perfmodel.store import ProfileStore
+
+runner = CliRunner()
+
+
+def run(*args):
+    return runner.invoke(app, [str(a) for a in args])
+
+
+def test_zoo_list_json():
+    result = run("zoo", "list", "--json")
+    assert result.exit_code == 0
+    names = {row["name"] for row in json.loads(result.stdout)}
+    assert {"resnet18", "bert-base", "gpt2", "lstm-lm", "mlp-recommender"} <= names
+
+
+def test_graph_summary_and_json():
+    result = run("graph", "resnet18", "-b", 2)
+    assert result.exit_code == 0, result.output
+    assert "conv" in result.stdout and "params" in result.stdout
+    result = run("graph", "bert-small", "-b", 2, "--seq-len", 16, "--json")
+    assert result.exit_code == 0, result.output
+    ir = json.loads(result.stdout)
+    assert ir["schema_version"] >= 1 and ir["totals"]["flops_fwd"] > 0 and ir["nodes"]
+
+
+@pytest.mark.parametrize("args,fragment", [
+    (("graph", "resnet15"), "did you mean"),
+    (("graph", "resnet18", "-b", 0), "batch_size"),
+    (("graph", "resnet18", "--precision", "fp8"), "precision"),
+    (("graph", "resnet18", "--optimizer", "lamb"), "optimizer"),
+    (("profile", "resnet18", "--device", "cuda"), "cuda"),
+    (("graph", "--module", "nowhere.py:make"), "not found"),
+    (("graph", "--onnx", "nowhere.onnx"), "not found"),
+])
+def test_bad_input_is_one_line_and_exit_2(args, fragment):
+    if "cuda" in args and torch.cuda.is_available():
+        pytest.skip("a GPU is present")
+    result = run(*args)
+    assert result.exit_code == 2, result.output
+    message = result.stderr.strip()
+    assert message.startswith("error:") and len(message.splitlines()) == 1 and fragment in message
+
+
+def test_corrupt_onnx_is_exit_2_and_writes_nothing(tmp_path):
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(b"\x08\x07\x12\x04junk-not-a-model")
+    result = run("profile", "--onnx", bad)
+    assert result.exit_code == 2 and result.stderr.strip().splitlines()[-1].startswith("error:")
+    with ProfileStore() as store:
+        assert store.count() == 0
+
+
+def test_failed_user_module_writes_nothing(tmp_path):
+    path = tmp_path / "m.py"
+    path.write_text("def make(batch_size):\n    raise ValueError('no model today')\n")
+    result = run("profile", "--module", f"{path}:make")
+    assert result.exit_code == 2 and "no model today" in result.stderr
+    with ProfileStore() as store:
+        assert store.count() == 0
+
+
+def test_profile_store_list_show_export_import(tmp_path):
+    path = tmp_path / "tiny.py"
+    path.write_text(textwrap.dedent("""
+        import torch
+        def make(batch_size):
+            net = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10))
+            return net, torch.randn(batch_size, 64)
+    """))
+    result = run("profile", "--module", f"{path}:make", "-b", 4, "--repeats", 3, "--warmup", 1, "--json")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["iteration"]["repeats"] == 3 and data["iteration"]["iter_time_ms_median"] > 0
+    listed = json.loads(run("profiles", "list", "--json").stdout)
+    assert len(listed) == 1
+    shown = run("profiles", "show", data["profile_id"], "--json")
+    assert shown.exit_code == 0 and json.loads(shown.stdout)["job_key"] == data["job_key"]
+    assert run("profiles", "show", 999).exit_code == 2
+    export_dir = tmp_path / "export"
+    assert run("profiles", "export", export_dir).exit_code == 0
+    other = f"sqlite:///{tmp_path / 'other.db'}"
+    imported = run("profiles", "import", export_dir, "--store", other)
+    assert imported.exit_code == 0 and "imported 1" in imported.stdout
+    assert "imported 0" in run("profiles", "import", export_dir, "--store", other).stdout
+
+
+def test_sweep_is_resumable(tmp_path):
+    path = tmp_path / "tiny.py"
+    path.write_text("import torch\ndef make(b):\n    return torch.nn.Linear(8, 8), torch.randn(b, 8)\n")
+    sweep = tmp_path / "sweep.yaml"
+    sweep.write_text(f"jobs:\n  - module: tiny.py:make\n    batch_size: [1, 2]\n    mode: [train, inference]\n")
+    first = run("profile", "--sweep", sweep, "--repeats", 2, "--warmup", 0, "--no-per-op", "--json")
+    assert first.exit_code == 0, first.output
+    assert sum("profile_id" in r for r in json.loads(first.stdout)) == 4
+    second = run("profile", "--sweep", sweep, "--repeats", 2, "--warmup", 0, "--no-per-op", "--json")
+    assert all(r.get("skipped") for r in json.loads(second.stdout))
+    with ProfileStore() as store:
+        assert store.count() == 4

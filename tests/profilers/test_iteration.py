@@ -1,0 +1,108 @@
+import pytest
+import torch
+
+from perfmodel.jobs.build import build_job
+from perfmodel.profilers.iteration import (iteration_stats, make_step, peak_allocated_bytes, profile_iteration,
+                                           time_step_ms)
+from perfmodel.profilers.records import Outcome
+
+from .helpers import user_spec, zoo_spec
+
+
+def test_tiny_module_statistics_are_consistent():
+    job = build_job(user_spec("tiny_mlp", batch_size=4))
+    stats = profile_iteration(job, warmup=2, repeats=7)
+    assert stats.outcome == Outcome.ok and stats.error is None
+    assert (stats.warmup, stats.repeats, len(stats.samples_ms)) == (2, 7, 7)
+    assert all(t > 0 for t in stats.samples_ms)
+    assert stats.iter_time_ms_p10 <= stats.iter_time_ms_median <= stats.iter_time_ms_p90
+    assert min(stats.samples_ms) <= stats.iter_time_ms_mean <= max(stats.samples_ms)
+    assert stats.iter_time_cv >= 0
+    assert stats.throughput_samples_per_s == pytest.approx(4 * 1000 / stats.iter_time_ms_median)
+    assert stats.peak_memory_bytes > 0  # activations and gradients of the step
+
+
+def test_resnet18_training_step():
+    job = build_job(zoo_spec("resnet18", batch_size=2))
+    stats = profile_iteration(job, warmup=1, repeats=3)
+    assert stats.outcome == Outcome.ok and len(stats.samples_ms) == 3
+    assert stats.iter_time_ms_median > 0 and stats.batch_size == 2
+    # resnet18 at 224x224 keeps tens of MB of activations per sample for backward
+    assert stats.peak_memory_bytes > 2 * 10 * 2**20
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adam", "adamw"])
+def test_train_step_updates_the_weights(optimizer):
+    job = build_job(user_spec("tiny_mlp", optimizer=optimizer))
+    before = job.module.fc1.weight.detach().clone()
+    make_step(job)()
+    assert not torch.equal(before, job.module.fc1.weight)
+    assert job.module.fc1.weight.grad is None  # zero_grad(set_to_none=True)
+
+
+def test_inference_step_computes_no_gradients():
+    job = build_job(user_spec("tiny_mlp", mode="inference"))
+    before = job.module.fc1.weight.detach().clone()
+    make_step(job)()
+    assert job.module.fc1.weight.grad is None and torch.equal(before, job.module.fc1.weight)
+    assert profile_iteration(job, warmup=1, repeats=3).outcome == Outcome.ok
+
+
+def test_out_of_memory_is_recorded_not_raised():
+    job = build_job(user_spec("too_much"))
+    stats = profile_iteration(job, warmup=1, repeats=3)
+    assert stats.outcome == Outcome.oom
+    assert "allocate" in stats.error and "\n" not in stats.error
+    assert stats.samples_ms == () and stats.iter_time_ms_median is None
+
+
+def test_other_errors_propagate():
+    job = build_job(user_spec("broken"))
+    with pytest.raises(ValueError, match="a bug in the user's forward"):
+        profile_iteration(job, warmup=1, repeats=2)
+
+
+def test_time_step_ms_measures_wall_time():
+    import time
+
+    elapsed = time_step_ms(lambda: time.sleep(0.02), torch.device("cpu"))
+    assert 20 <= elapsed < 200
+
+
+def test_iteration_stats_pure():
+    stats = iteration_stats((10.0, 20.0, 30.0, 40.0, 50.0), warmup=1, batch_size=8)
+    assert stats.iter_time_ms_median == 30.0 and stats.iter_time_ms_mean == 30.0
+    assert stats.iter_time_ms_p10 == pytest.approx(14.0) and stats.iter_time_ms_p90 == pytest.approx(46.0)
+    assert stats.iter_time_cv == pytest.approx(15.811388 / 30.0)
+    assert stats.throughput_samples_per_s == pytest.approx(8 * 1000 / 30.0)
+    assert iteration_stats((5.0,), warmup=0, batch_size=1).iter_time_cv == 0.0
+
+
+def test_peak_allocated_bytes_replays_events_in_time_order():
+    events = [(3, -100), (1, 100), (2, 50), (4, 30), (5, -80)]
+    assert peak_allocated_bytes(events) == 150
+    assert peak_allocated_bytes([]) == 0
+
+
+@pytest.mark.gpu
+def test_cuda_iteration_uses_device_timing_and_allocator_peak():
+    job = build_job(zoo_spec("resnet18", batch_size=2), "cuda")
+    stats = profile_iteration(job, warmup=2, repeats=3)
+    assert stats.outcome == Outcome.ok and stats.iter_time_ms_median > 0
+    assert stats.peak_memory_bytes > sum(p.numel() * 4 for p in job.module.parameters())
+
+
+@pytest.mark.gpu
+def test_cuda_out_of_memory_is_recorded():
+    job = build_job(user_spec("too_much"), "cuda")
+    stats = profile_iteration(job, warmup=1, repeats=2)
+    assert stats.outcome == Outcome.oom and "out of memory" in stats.error.lower()
+
+
+def test_time_budget_cuts_warmup_and_repeats_but_keeps_the_minimums():
+    job = build_job(user_spec("sleepy"))  # 30 ms steps
+    stats = profile_iteration(job, warmup=10, repeats=50, time_budget_s=0.3)
+    assert 2 <= stats.warmup <= 4  # 30 % of the budget is 90 ms: about three 30 ms steps
+    assert 3 <= stats.repeats < 10 and len(stats.samples_ms) == stats.repeats
+    assert all(t >= 30 for t in stats.samples_ms)
+    assert profile_iteration(job, warmup=1, repeats=3, time_budget_s=0.001).repeats == 3  # never fewer than 3
