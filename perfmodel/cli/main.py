@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import shutil
 import json
 import sys
 from collections.abc import Callable
@@ -22,7 +23,8 @@ profiles_app = typer.Typer(no_args_is_help=True, help="Profiles in the store: li
 app.add_typer(zoo_app, name="zoo")
 app.add_typer(profiles_app, name="profiles")
 
-out = Console(soft_wrap=True)
+# Piped output (scripts, CI logs) gets a wide console rather than rich's 80-column default.
+out = Console(soft_wrap=True, width=shutil.get_terminal_size((160, 24)).columns)
 err = Console(stderr=True)
 
 F = TypeVar("F", bound=Callable[..., Any])

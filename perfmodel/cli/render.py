@@ -110,12 +110,12 @@ def render_profile(console: Console, p: Profile, profile_id: int | None = None, 
 
 
 def render_profile_list(console: Console, rows: list[Any]) -> None:
-    table = Table("id", "job", "family", "device", "b", "seq", "prec", "mode", "outcome", "median ms",
-                  "samples/s", "coverage", "created", title=f"{len(rows)} profiles")
+    table = Table("id", "job", "device", "b", "seq", "prec", "mode", "outcome", "median ms", "samples/s",
+                  "coverage", "created (UTC)", title=f"{len(rows)} profiles")
     for r in rows:
-        table.add_row(str(r.id), r.job_name, r.family, r.device_name, str(r.batch_size), str(r.seq_len),
-                      r.precision, r.mode, r.outcome, _fmt(r.iter_time_ms_median), _fmt(r.throughput_samples_per_s),
-                      _fmt(r.coverage), str(r.created_at)[:19])
+        table.add_row(str(r.id), r.job_name, r.device_name, str(r.batch_size), str(r.seq_len), r.precision,
+                      r.mode, r.outcome, _fmt(r.iter_time_ms_median), _fmt(r.throughput_samples_per_s),
+                      _fmt(r.coverage), str(r.created_at)[:16])
     console.print(table)
 
 
