@@ -132,7 +132,10 @@ def profile(model: ModelArg = None, hf_config: HFConfigOpt = None, task: TaskOpt
             per_op: Annotated[bool, typer.Option("--per-op/--no-per-op", help="torch.profiler per-op")] = True,
             onnxrt: Annotated[bool, typer.Option("--onnxrt/--no-onnxrt",
                                                  help="also export to ONNX and profile in ONNX Runtime")] = False,
-            sweep: Annotated[Optional[Path], typer.Option(help="YAML/JSON file of jobs (see docs)")] = None,
+            time_budget: Annotated[float, typer.Option(
+                min=0, help="soft seconds per job; slow models get fewer steps (never < 2 warm-up, 3 timed); "
+                            "0: always the full counts")] = 60.0,
+            sweep: Annotated[Optional[Path], typer.Option(help="YAML/JSON file of jobs (see README)")] = None,
             force: Annotated[bool, typer.Option(help="profile even what the store already has")] = False,
             store: StoreOpt = None, as_json: JsonOpt = False) -> None:
     """Profile one job (or a sweep file of jobs) for real and add it to the store.
@@ -166,6 +169,7 @@ def profile(model: ModelArg = None, hf_config: HFConfigOpt = None, task: TaskOpt
                     continue
                 try:
                     prof = profile_job(spec, device, warmup=warmup, repeats=repeats, per_op=per_op, onnx=onnxrt,
+                                       time_budget_s=time_budget or None,
                                        progress=_say if len(specs) == 1 and not as_json else None)
                 except PerfmodelError as exc:
                     if len(specs) == 1:
