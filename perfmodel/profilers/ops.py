@@ -22,6 +22,10 @@ What is counted (the parser's rules):
   it (so `aten::conv2d` also matches an IR `aten.convolution.default`, `aten::linear` an `aten.t`), searching a
   bounded window ahead so that one unmatched call cannot derail the rest. Nested calls inherit their top-level
   call's node. `matched_fraction` is the matched share of forward self time.
+- Backward attribution: a backward call runs under the autograd engine's `evaluate_function: XBackward0` event,
+  whose sequence number is that of the forward call that recorded the autograd node (same step); the backward
+  call gets the IR node of that forward call's top-level call. Calls of the engine outside every node
+  (AccumulateGrad) stay unattributed.
 - Coverage = total self time of the calls / total wall time of the profiled steps (the `perfmodel::step` ranges,
   which include a device synchronise): a ratio of sums, so one slow step moves both alike. (`iteration_time_ms` is
   the median step.) The rest is time inside no aten call. Measured on a 2-core CPU (torch 2.13, batch 8, training)
@@ -53,6 +57,7 @@ from perfmodel.units import us_to_ms
 
 STEP_LABEL = "perfmodel::step"
 ATEN_PREFIX = "aten::"
+AUTOGRAD_EVALUATE = "autograd::engine::evaluate_function: "
 MATCH_WINDOW = 64  # IR nodes searched ahead of the last match for the next top-level call
 
 _PHASE_OF_LABEL = {label: phase for phase, label in PHASE_LABELS.items()}
@@ -69,6 +74,9 @@ class TraceEvent:
     self_us: float = 0.0  # own time, children excluded: device time on GPU, CPU time otherwise
     parent: int | None = None  # id of the enclosing event on the same thread
     input_shapes: tuple[tuple[int, ...], ...] = ()
+    # autograd sequence number: a forward op that records an autograd node and the backward engine event that
+    # evaluates that node share it (-1: none)
+    sequence_nr: int = -1
 
 
 def trace_events(function_events: Iterable, use_device_time: bool) -> list[TraceEvent]:
@@ -87,6 +95,7 @@ def trace_events(function_events: Iterable, use_device_time: bool) -> list[Trace
             self_us=e.self_device_time_total if use_device_time else e.self_cpu_time_total,
             parent=parent.id if parent is not None else None,
             input_shapes=tensor_shapes(e.input_shapes),
+            sequence_nr=e.sequence_nr,
         ))
     return events
 
@@ -127,6 +136,7 @@ class _Call:
     name: str
     shapes: tuple[tuple[int, ...], ...]
     top_key: tuple  # the key of its top-level call (itself when top-level)
+    forward_key: tuple | None = None  # backward calls: the top-level forward call whose gradient this computes
     total_us: float = 0.0
     nested: set[tuple] = field(default_factory=set)  # (normalised name, shapes) of the aten calls nested inside
 
@@ -171,8 +181,16 @@ def ops_from_events(events: Sequence[TraceEvent], graph: Graph | None = None) ->
     def phase_of(event: TraceEvent) -> str:
         return next((p for start, end, p in phase_ranges if start <= event.start_us <= end), "other")
 
+    def backward_origin(event: TraceEvent) -> TraceEvent | None:
+        """The autograd engine event (`evaluate_function: XBackward0`) a backward call runs under."""
+        current = by_id.get(event.parent)
+        while current is not None and not current.name.startswith(AUTOGRAD_EVALUATE):
+            current = by_id.get(current.parent)
+        return current
+
     calls: dict[tuple, _Call] = {}
     key_of: dict[int, tuple] = {}
+    forward_by_seq: dict[tuple[int, int], tuple] = {}  # (step, sequence_nr) -> top-level forward call key
     seen: list[dict[tuple, int]] = [defaultdict(int) for _ in steps]
     aten_events = sorted((e for e in events if e.name.startswith(ATEN_PREFIX)),
                          key=lambda e: (e.start_us, -e.end_us, e.id))
@@ -188,6 +206,12 @@ def ops_from_events(events: Sequence[TraceEvent], graph: Graph | None = None) ->
         top = top_aten(e)
         call = calls.setdefault(key, _Call(key, phase, e.name, e.input_shapes, top_key=key_of.get(top.id, key)))
         call.total_us += own_us[e.id]
+        if phase == "forward" and e.sequence_nr >= 0:
+            forward_by_seq.setdefault((index, e.sequence_nr), call.top_key)
+        elif phase == "backward" and call.forward_key is None:
+            origin = backward_origin(e)
+            if origin is not None and origin.sequence_nr >= 0:
+                call.forward_key = forward_by_seq.get((index, origin.sequence_nr))
         if top.id != e.id and top.id in key_of:
             calls[key_of[top.id]].nested.add((normalize_op_name(e.name), e.input_shapes))
 
@@ -195,7 +219,8 @@ def ops_from_events(events: Sequence[TraceEvent], graph: Graph | None = None) ->
     ir_nodes = match_ir_nodes([c for c in ordered if c.is_top and c.phase == "forward"], graph)
     records = tuple(
         OpRecord(seq=seq, phase=c.phase, name=c.name, kind=kind_of(c.name), input_shapes=c.shapes,
-                 self_time_ms=us_to_ms(c.total_us / len(steps)), ir_node=ir_nodes.get(c.top_key))
+                 self_time_ms=us_to_ms(c.total_us / len(steps)),
+                 ir_node=ir_nodes.get(c.forward_key if c.phase == "backward" else c.top_key))
         for seq, c in enumerate(ordered)
     )
     step_us = [s.end_us - s.start_us for s in steps]

@@ -16,21 +16,22 @@ def _step_events(first_id: int, t0: float, addmm_self_us: float) -> list[TraceEv
     engine (no parent on the main thread), an optimizer step; `t0` offsets every time."""
     i = first_id
 
-    def ev(offset, name, start, end, self_us=0.0, parent=None, shapes=()):
+    def ev(offset, name, start, end, self_us=0.0, parent=None, shapes=(), seq=-1):
         return TraceEvent(id=i + offset, name=name, start_us=t0 + start, end_us=t0 + end, self_us=self_us,
-                          parent=None if parent is None else i + parent, input_shapes=shapes)
+                          parent=None if parent is None else i + parent, input_shapes=shapes, sequence_nr=seq)
 
     return [
         ev(0, "perfmodel::step", 0, 1000),
         ev(1, "perfmodel::forward", 10, 400, 5, parent=0),
         ev(2, "aten::linear", 20, 300, 10, parent=1, shapes=(X, W, B)),
         ev(3, "aten::t", 25, 40, 5, parent=2, shapes=(W,)),
-        ev(4, "aten::addmm", 50, 290, addmm_self_us, parent=2, shapes=(B, X, (32, 64))),
+        ev(4, "aten::addmm", 50, 290, addmm_self_us, parent=2, shapes=(B, X, (32, 64)), seq=first_id),
         ev(5, "aten::relu", 300, 350, 40, parent=1, shapes=(H,)),
         ev(6, "mkldnn::eltwise", 310, 320, 10, parent=5),  # a non-aten event inside an aten call: folded into it
         ev(7, "aten::mean", 360, 390, 35, parent=1, shapes=((4, 10),)),  # the loss: in no IR
         ev(8, "perfmodel::backward", 400, 800, 3, parent=0),
-        ev(9, "autograd::engine::evaluate_function: AddmmBackward0", 410, 700, 20),  # bookkeeping: not an op
+        # bookkeeping, not an op; its sequence number is the forward addmm's, which attributes the mm below
+        ev(9, "autograd::engine::evaluate_function: AddmmBackward0", 410, 700, 20, seq=first_id),
         ev(10, "aten::mm", 420, 690, 250, parent=9, shapes=(H, W)),
         ev(11, "perfmodel::optimizer", 800, 990, 2, parent=0),
         ev(12, "Optimizer.step#SGD.step", 805, 980, 30, parent=11),
@@ -68,7 +69,8 @@ def test_ops_from_events_handwritten_trace():
     assert by_name["aten::addmm"].kind == OpKind.linear and by_name["aten::mm"].kind == OpKind.matmul
     assert [by_name[n].ir_node for n in ("aten::linear", "aten::t", "aten::addmm")] == ["linear"] * 3
     assert by_name["aten::relu"].ir_node == "relu"
-    assert by_name["aten::mean"].ir_node is None and by_name["aten::mm"].ir_node is None
+    assert by_name["aten::mean"].ir_node is None
+    assert by_name["aten::mm"].ir_node == "linear"  # backward, through the autograd sequence number
     # aten self times only: 10 + 5 + 250 + 50 + 35 + 250 + 80 + 2 us per step, over a 1000 us step
     assert profile.coverage == pytest.approx(0.682)
     assert profile.matched_fraction == pytest.approx(315 / 350)
@@ -102,6 +104,9 @@ def _check_training_profile(spec, min_matched: float):
     assert phase_ms["forward"] > 0 and phase_ms["backward"] > 0 and phase_ms["optimizer"] > 0
     assert 0.8 <= profile.coverage <= 1.2, profile.coverage
     assert profile.matched_fraction >= min_matched
+    backward = [r for r in profile.ops if r.phase == "backward"]
+    attributed_ms = sum(r.self_time_ms for r in backward if r.ir_node is not None)
+    assert attributed_ms >= min_matched * sum(r.self_time_ms for r in backward)
     assert all(r.self_time_ms >= 0 for r in profile.ops)
     other_ms = sum(r.self_time_ms for r in profile.ops if r.kind == OpKind.other)
     assert other_ms < 0.01 * sum(phase_ms.values())  # the kind table knows the ops that take the time
