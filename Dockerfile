@@ -9,10 +9,12 @@ FROM ${BASE_IMAGE}
 ARG TORCH_SPEC="torch==2.13.0+cpu torchvision==0.28.0"
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
 
-ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PERFMODEL_HOME=/data
+ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PERFMODEL_HOME=/data \
+    PERFMODEL_MODELS_DIR=/app/models
 WORKDIR /app
 COPY pyproject.toml README.md ./
 COPY perfmodel ./perfmodel
+COPY models ./models
 RUN pip install --extra-index-url "${TORCH_INDEX_URL}" ${TORCH_SPEC} . \
  && useradd --create-home --uid 1000 perfmodel && mkdir -p /data && chown perfmodel /data
 USER perfmodel

@@ -20,8 +20,12 @@ app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_
                   help="perfmodel: what throughput will job X reach on placement Y?")
 zoo_app = typer.Typer(no_args_is_help=True, help="The model zoo (architectures built from code, no weights).")
 profiles_app = typer.Typer(no_args_is_help=True, help="Profiles in the store: list, show, export, import.")
+hw_app = typer.Typer(no_args_is_help=True, help="The hardware catalog: list, show, probe this host.")
+models_app = typer.Typer(no_args_is_help=True, help="Trained models in the registry: list, promote.")
 app.add_typer(zoo_app, name="zoo")
 app.add_typer(profiles_app, name="profiles")
+app.add_typer(hw_app, name="hw")
+app.add_typer(models_app, name="models")
 
 # Piped output (scripts, CI logs) gets a wide console rather than rich's 80-column default.
 out = Console(soft_wrap=True, width=shutil.get_terminal_size((160, 24)).columns)
@@ -274,6 +278,188 @@ def profiles_import(directory: Annotated[Path, typer.Argument(help="folder holdi
     with ProfileStore(store) as profile_store:
         added = profile_store.import_parquet(directory)
     out.print(f"imported {added} new profile(s) from {directory}")
+
+
+# --- hardware -------------------------------------------------------------------------------------------------------
+@hw_app.command("list")
+@user_errors
+def hw_list(as_json: JsonOpt = False) -> None:
+    """List the catalog's accelerators."""
+    from rich.table import Table
+
+    from perfmodel.hardware.catalog import load_catalog
+
+    entries = list(load_catalog().values())
+    if as_json:
+        print_json([e.model_dump(mode="json") for e in entries])
+        return
+    table = Table("name", "kind", "fp32 GFLOP/s", "fp16 GFLOP/s", "memory GB/s", "memory GB", "units", "source",
+                  title=f"{len(entries)} accelerators")
+    for e in entries:
+        table.add_row(e.name, e.kind, f"{e.peak_fp32_gflops:.0f}",
+                      "-" if e.peak_fp16_gflops is None else f"{e.peak_fp16_gflops:.0f}",
+                      f"{e.memory_bandwidth_gbps:.0f}", f"{e.memory_gb:.0f}", str(e.compute_units), e.source)
+    out.print(table)
+
+
+@hw_app.command("show")
+@user_errors
+def hw_show(name: Annotated[str, typer.Argument(help="catalog name or alias")]) -> None:
+    """Show one accelerator (any alias resolves)."""
+    from perfmodel.hardware.catalog import get_accelerator
+
+    print_json(get_accelerator(name).model_dump(mode="json"))
+
+
+@hw_app.command("probe")
+@user_errors
+def hw_probe(save: Annotated[bool, typer.Option(help="record it as catalog entry `cpu` (in PERFMODEL_HOME)")] = False,
+             as_json: JsonOpt = False) -> None:
+    """Measure this host: cores, threads, GEMM GFLOP/s, copy GB/s."""
+    from perfmodel.hardware.catalog import save_local
+    from perfmodel.hardware.probe import probe_host
+
+    spec = probe_host()
+    if save:
+        save_local(spec)
+    if as_json:
+        print_json(spec.model_dump(mode="json"))
+    else:
+        out.print(f"{spec.name}: {spec.vendor} {spec.compute_units} cores, {spec.threads} threads, "
+                  f"{spec.peak_fp32_gflops:.1f} GFLOP/s fp32 GEMM, {spec.memory_bandwidth_gbps:.1f} GB/s copy, "
+                  f"{spec.memory_gb:.1f} GB" + (" (saved)" if save else ""))
+
+
+# --- learning: train, evaluate, models -----------------------------------------------------------------------------
+ProfilesDirOpt = Annotated[Optional[Path], typer.Option(
+    "--profiles", help="a Parquet export to learn from [profiles/cpu-corpus]; --store reads a store instead")]
+
+
+def _training_samples(profiles: Path | None, store: str | None) -> list:
+    from perfmodel.features.dataset import samples_from_store
+    from perfmodel.store import ProfileStore
+
+    if store is not None:
+        with ProfileStore(store) as profile_store:
+            return samples_from_store(profile_store, progress=_say)
+    from perfmodel.registry.registry import default_models_dir
+
+    directory = profiles or default_models_dir().parent / "profiles" / "cpu-corpus"
+    with ProfileStore("sqlite://") as memory_store:  # an in-memory store of the export
+        memory_store.import_parquet(directory)
+        return samples_from_store(memory_store, progress=_say)
+
+
+def _with_seed(cls: type, seed: int) -> Callable[[], Any]:
+    """A factory passing `seed` to regressors that take one (the roofline baseline learns nothing)."""
+    import inspect
+
+    takes_seed = "seed" in inspect.signature(cls).parameters
+    return functools.partial(cls, seed=seed) if takes_seed else cls
+
+
+@app.command()
+@user_errors
+def train(regressor: Annotated[str, typer.Option(help="roofline, xgb-ops, xgb-graph or gnn")] = "xgb-ops",
+          name: Annotated[Optional[str], typer.Option(help="registry name [the regressor's]")] = None,
+          promote: Annotated[bool, typer.Option(help="make it the default model")] = False,
+          seed: Annotated[int, typer.Option(help="random seed")] = 0,
+          profiles: ProfilesDirOpt = None, store: StoreOpt = None) -> None:
+    """Train a regressor on the profile corpus and save it to the registry (seeded, reproducible)."""
+    from perfmodel.regressors import regressor_class
+    from perfmodel.registry.registry import ModelRegistry, training_domain
+
+    cls = regressor_class(regressor)
+    samples = _training_samples(profiles, store)
+    if not samples:
+        raise PerfmodelError("no usable profiles to train on (need outcome ok with a per-op profile)")
+    _say(f"training {regressor} on {len(samples)} profiles")
+    fitted = _with_seed(cls, seed)().fit(samples)
+    registry = ModelRegistry()
+    entry = registry.save(fitted, name or regressor, training_domain(samples))
+    if promote:
+        registry.promote(entry.ref)
+    out.print(f"saved {entry.ref} ({entry.path})" + (" and promoted it" if promote else ""))
+
+
+@app.command()
+@user_errors
+def evaluate(regressors: Annotated[str, typer.Option(help="comma-separated")] = "roofline,xgb-ops,xgb-graph,gnn",
+             folds: Annotated[int, typer.Option("-k", "--folds", min=2, help="family folds")] = 5,
+             output: Annotated[Path, typer.Option(help="report folder")] = Path("reports"),
+             seed: Annotated[int, typer.Option(help="random seed")] = 0,
+             profiles: ProfilesDirOpt = None, store: StoreOpt = None) -> None:
+    """k-fold by model family (a family is never in both train and test): MAPE, median and p90 APE per family
+    and regressor, 80 % interval coverage; writes report.md and PNG plots."""
+    from perfmodel.evaluation import evaluate as run_evaluation
+    from perfmodel.evaluation import write_report
+    from perfmodel.regressors import regressor_class
+
+    names = [n.strip() for n in regressors.split(",") if n.strip()]
+    factories = {n: _with_seed(regressor_class(n), seed) for n in names}
+    samples = _training_samples(profiles, store)
+    result = run_evaluation(factories, samples, k=folds, seed=seed)
+    path = write_report(result, output)
+    out.print(Path(path).read_text() if Path(path).is_file() else f"report written to {output}")
+
+
+@models_app.command("list")
+@user_errors
+def models_list(as_json: JsonOpt = False) -> None:
+    """List registered models (* marks the promoted default)."""
+    from rich.table import Table
+
+    from perfmodel.registry.registry import ModelRegistry
+
+    entries = ModelRegistry().entries()
+    rows = [{"model": e.ref, "regressor": e.manifest.regressor, "promoted": e.promoted,
+             "samples": e.manifest.training_samples, "created_at": e.manifest.created_at.isoformat(),
+             "metrics": e.manifest.metrics} for e in entries]
+    if as_json:
+        print_json(rows)
+        return
+    table = Table("model", "regressor", "samples", "created (UTC)", title=f"{len(rows)} models")
+    for r in rows:
+        table.add_row(("* " if r["promoted"] else "  ") + r["model"], r["regressor"], str(r["samples"]),
+                      r["created_at"][:16])
+    out.print(table)
+
+
+@models_app.command("promote")
+@user_errors
+def models_promote(ref: Annotated[str, typer.Argument(help="NAME/VERSION (or NAME: its newest)")]) -> None:
+    """Make a model the default; one whose artifact does not load is refused."""
+    from perfmodel.registry.registry import ModelRegistry
+
+    entry = ModelRegistry().promote(ref)
+    out.print(f"promoted {entry.ref}")
+
+
+# --- predict ---------------------------------------------------------------------------------------------------------
+@app.command()
+@user_errors
+def predict(model: ModelArg = None, hf_config: HFConfigOpt = None, task: TaskOpt = None, module: ModuleOpt = None,
+            onnx: OnnxOpt = None, batch_size: BatchOpt = 1, seq_len: SeqOpt = None, precision: PrecisionOpt = "fp32",
+            optimizer: OptimizerOpt = "sgd", mode: ModeOpt = "train",
+            accelerator: Annotated[str, typer.Option(help="catalog name or alias (`perfmodel hw list`)")] = "cpu",
+            model_version: Annotated[Optional[str], typer.Option(help="NAME/VERSION [the promoted model]")] = None,
+            as_json: JsonOpt = False) -> None:
+    """Predict a job's iteration time and throughput from its graph alone (nothing is run)."""
+    from perfmodel.predictor import Predictor
+
+    spec = job_spec(model, hf_config, task, module, onnx, batch_size, seq_len, precision, optimizer, mode)
+    result = Predictor.load(model_version).predict(spec, accelerator)
+    if as_json:
+        print_json(result.model_dump(mode="json"))
+        return
+    lo, hi = result.interval_ms
+    out.print(f"[bold]{result.job}[/] b={spec.batch_size} {spec.mode.value} on {result.accelerator}: "
+              f"{result.iteration_time_ms:.2f} ms/iteration (80 % interval {lo:.2f}-{hi:.2f}), "
+              f"{result.throughput_samples_per_s:.1f} samples/s, peak memory ~{result.peak_memory_bytes / 2**30:.2f} "
+              f"GiB  [dim]{result.model_version}[/]")
+    out.print("  " + ", ".join(f"{k} {v:.2f} ms" for k, v in result.breakdown_ms.items()))
+    if result.extrapolated:
+        out.print("  [yellow]extrapolated:[/] " + "; ".join(result.extrapolation_reasons))
 
 
 def main() -> None:

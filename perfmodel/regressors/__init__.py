@@ -1,0 +1,44 @@
+"""Regressors: learned (and analytic) predictors of iteration time from graph IR and hardware features.
+
+`REGRESSORS` maps each name to the "module:Class" that implements it; classes are imported on first use, so a
+missing or broken regressor module never breaks `import perfmodel.regressors`.
+
+    cls = regressor_class("xgb-ops")          # unknown names raise UnknownNameError with close matches
+    model = cls(seed=0).fit(samples)
+    model.save(directory)
+    load_regressor(directory).predict(samples)  # dispatches on the manifest's `regressor` key
+"""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+from typing import Any
+
+from perfmodel.errors import UnknownNameError
+from perfmodel.regressors.base import IterationPrediction, Regressor, Sample
+
+__all__ = ["REGRESSORS", "IterationPrediction", "Regressor", "Sample", "load_regressor", "regressor_class"]
+
+REGRESSORS: dict[str, str] = {
+    "roofline": "perfmodel.regressors.roofline:RooflineRegressor",
+    "xgb-ops": "perfmodel.regressors.xgb_ops:XGBOpsRegressor",
+    "xgb-graph": "perfmodel.regressors.xgb_graph:XGBGraphRegressor",
+    "gnn": "perfmodel.regressors.gnn:GNNRegressor",
+}
+
+
+def regressor_class(name: str) -> Any:
+    """The class registered as `name` (imported now)."""
+    if name not in REGRESSORS:
+        raise UnknownNameError("regressor", name, REGRESSORS)
+    module_name, _, class_name = REGRESSORS[name].partition(":")
+    return getattr(importlib.import_module(module_name), class_name)
+
+
+def load_regressor(directory: str | Path) -> Any:
+    """The fitted regressor saved in `directory`, of the class its manifest names."""
+    from perfmodel.registry.manifest import Manifest
+
+    manifest = Manifest.read(directory)
+    return regressor_class(manifest.regressor).load(Path(directory))

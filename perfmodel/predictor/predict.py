@@ -1,0 +1,93 @@
+"""Predict a job's iteration time on an accelerator from its graph, without running it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from perfmodel.jobs.spec import JobSpec
+from perfmodel.predictor.memory import estimate_memory
+from perfmodel.units import samples_per_s
+
+
+class Prediction(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    job: str
+    job_key: str
+    accelerator: str
+    model_version: str
+    iteration_time_ms: float
+    throughput_samples_per_s: float
+    interval_ms: tuple[float, float]  # [p10, p90]
+    breakdown_ms: dict[str, float]  # forward + backward + optimizer + communication + overhead = iteration
+    peak_memory_bytes: int
+    extrapolated: bool
+    extrapolation_reasons: tuple[str, ...] = ()
+
+
+class Predictor:
+    """A loaded model plus what it was trained on. `Predictor.load()` reads the promoted model of the registry."""
+
+    def __init__(self, regressor: Any, model_version: str, domain: dict[str, Any]):
+        self.regressor = regressor
+        self.model_version = model_version
+        self.domain = domain
+
+    @classmethod
+    def load(cls, ref: str | None = None, models_dir: Any = None) -> "Predictor":
+        from perfmodel.regressors import load_regressor
+        from perfmodel.registry.registry import ModelRegistry, read_domain
+
+        entry = ModelRegistry(models_dir).get(ref)
+        return cls(load_regressor(entry.path), entry.ref, read_domain(entry.path))
+
+    def predict(self, spec: JobSpec, accelerator: str = "cpu") -> Prediction:
+        from perfmodel.features.dataset import sample_for_prediction
+        from perfmodel.graph import graph_for_job
+        from perfmodel.hardware.catalog import get_accelerator
+
+        hardware = get_accelerator(accelerator)
+        sample = sample_for_prediction(spec, hardware, graph=graph_for_job(spec))
+        out = self.regressor.predict([sample])
+        breakdown = {
+            "forward": float(out.forward_ms[0]),
+            "backward": float(out.backward_ms[0]),
+            "optimizer": float(out.optimizer_ms[0]),
+            "communication": 0.0,  # one device: nothing to communicate (placement model: issue 5)
+            "overhead": float(out.overhead_ms[0]),
+        }
+        iteration_ms = sum(breakdown.values())
+        reasons = self.extrapolation_reasons(sample)
+        return Prediction(
+            job=spec.name, job_key=spec.key(), accelerator=hardware.name, model_version=self.model_version,
+            iteration_time_ms=iteration_ms, throughput_samples_per_s=samples_per_s(spec.batch_size, iteration_ms),
+            interval_ms=(float(out.p10_ms[0]), float(out.p90_ms[0])), breakdown_ms=breakdown,
+            peak_memory_bytes=estimate_memory(spec, sample.graph).peak_bytes,
+            extrapolated=bool(reasons), extrapolation_reasons=tuple(reasons),
+        )
+
+    def extrapolation_reasons(self, sample: Any) -> list[str]:
+        """Why a query lies outside the training data (empty: inside)."""
+        d = self.domain
+        if not d:
+            return ["the model has no recorded training domain"]
+        reasons = []
+        if sample.hardware.name not in d.get("hardware", []):
+            reasons.append(f"accelerator {sample.hardware.name} not in training data")
+        if sample.spec.mode.value not in d.get("modes", []):
+            reasons.append(f"mode {sample.spec.mode.value} not in training data")
+        if sample.spec.precision.value not in d.get("precisions", []):
+            reasons.append(f"precision {sample.spec.precision.value} not in training data")
+        new_kinds = sorted(set(sample.graph.totals.ops_by_kind) - set(d.get("kinds", [])))
+        if new_kinds:
+            reasons.append(f"op kinds never trained on: {', '.join(new_kinds)}")
+        low, high = d.get("batch_size", [0, float("inf")])
+        if not low <= sample.spec.batch_size <= high:
+            reasons.append(f"batch size {sample.spec.batch_size} outside [{low}, {high}]")
+        flops = sample.graph.totals.flops_fwd + sample.graph.totals.flops_bwd
+        low, high = d.get("total_flops", [0, float("inf")])
+        if not low <= flops <= high:
+            reasons.append(f"total FLOPs {flops:.3g} outside [{low:.3g}, {high:.3g}]")
+        return reasons

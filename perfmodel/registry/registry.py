@@ -1,0 +1,125 @@
+"""The model registry: `models/<name>/<version>/` folders, each an artifact plus `manifest.json` (and
+`domain.json`: the range of the training data, for `extrapolated`), and `models/promoted.json` naming the default.
+
+The shipped `models/` folder of a checkout is the default root; `PERFMODEL_MODELS_DIR` points elsewhere.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from perfmodel.errors import PerfmodelError, UnknownNameError
+from perfmodel.registry.manifest import Manifest
+
+PROMOTED_FILE = "promoted.json"
+DOMAIN_FILE = "domain.json"
+_VERSION = re.compile(r"^v(\d+)$")
+
+
+def default_models_dir() -> Path:
+    configured = os.environ.get("PERFMODEL_MODELS_DIR")
+    if configured:
+        return Path(configured)
+    return Path(__file__).resolve().parents[2] / "models"
+
+
+@dataclass(frozen=True)
+class ModelEntry:
+    name: str
+    version: str
+    path: Path
+    manifest: Manifest
+    promoted: bool
+
+    @property
+    def ref(self) -> str:
+        return f"{self.name}/{self.version}"
+
+
+class ModelRegistry:
+    def __init__(self, root: str | Path | None = None):
+        self.root = Path(root) if root is not None else default_models_dir()
+
+    def entries(self) -> list[ModelEntry]:
+        promoted = self.promoted_ref()
+        found = []
+        for manifest_path in sorted(self.root.glob("*/v*/manifest.json")):
+            version_dir = manifest_path.parent
+            if not _VERSION.match(version_dir.name):
+                continue
+            ref = f"{version_dir.parent.name}/{version_dir.name}"
+            found.append(ModelEntry(version_dir.parent.name, version_dir.name, version_dir,
+                                    Manifest.read(version_dir), promoted == ref))
+        return found
+
+    def next_version_dir(self, name: str) -> Path:
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name):
+            raise PerfmodelError(f"model name {name!r}: use letters, digits, '.', '_' and '-'")
+        versions = [int(m.group(1)) for p in (self.root / name).glob("v*") if (m := _VERSION.match(p.name))]
+        return self.root / name / f"v{max(versions, default=0) + 1}"
+
+    def save(self, regressor: Any, name: str, domain: dict[str, Any]) -> ModelEntry:
+        """Save a fitted regressor as the next version of `name`, with its training domain."""
+        directory = self.next_version_dir(name)
+        regressor.save(directory)
+        (directory / DOMAIN_FILE).write_text(json.dumps(domain, indent=2, sort_keys=True) + "\n")
+        return self.get(f"{name}/{directory.name}")
+
+    def get(self, ref: str | None = None) -> ModelEntry:
+        """`name/version`, `name` (its newest version), or None (the promoted model)."""
+        entries = self.entries()
+        if ref is None:
+            ref = self.promoted_ref()
+            if ref is None:
+                raise PerfmodelError(f"no promoted model in {self.root}: run `perfmodel train --promote` or "
+                                     f"`perfmodel models promote NAME/VERSION`")
+        by_ref = {e.ref: e for e in entries}
+        if ref in by_ref:
+            return by_ref[ref]
+        newest = [e for e in entries if e.name == ref]
+        if newest:
+            return max(newest, key=lambda e: int(e.version[1:]))
+        raise UnknownNameError("model", ref, list(by_ref) + sorted({e.name for e in entries}))
+
+    def promote(self, ref: str) -> ModelEntry:
+        entry = self.get(ref)
+        from perfmodel.regressors import load_regressor
+
+        load_regressor(entry.path)  # an artifact that does not load is never promoted
+        path = self.root / PROMOTED_FILE
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"default": entry.ref}, indent=2) + "\n")
+        tmp.replace(path)  # atomic: readers see the old or the new default, never half a file
+        return self.get(entry.ref)
+
+    def promoted_ref(self) -> str | None:
+        path = self.root / PROMOTED_FILE
+        if not path.is_file():
+            return None
+        return json.loads(path.read_text()).get("default")
+
+
+def read_domain(directory: Path) -> dict[str, Any]:
+    path = Path(directory) / DOMAIN_FILE
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def training_domain(samples: Sequence[Any]) -> dict[str, Any]:
+    """What the training data covered: hardware, op kinds, modes, precisions and the range of batch size and total
+    FLOPs. A query outside it is flagged `extrapolated`."""
+    flops = [s.graph.totals.flops_fwd + s.graph.totals.flops_bwd for s in samples]
+    return {
+        "hardware": sorted({s.hardware.name for s in samples}),
+        "kinds": sorted({k for s in samples for k in s.graph.totals.ops_by_kind}),
+        "modes": sorted({s.spec.mode.value for s in samples}),
+        "precisions": sorted({s.spec.precision.value for s in samples}),
+        "batch_size": [min(s.spec.batch_size for s in samples), max(s.spec.batch_size for s in samples)],
+        "total_flops": [min(flops), max(flops)],
+        "samples": len(samples),
+    }

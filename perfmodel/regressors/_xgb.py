@@ -1,0 +1,187 @@
+"""What the two XGBoost regressors share: the multi-quantile booster, family folds for out-of-fold predictions,
+the iteration-level interval calibration, a small non-negative least squares, the training-data hash.
+
+One booster learns every quantile at once (`objective="reg:quantileerror"`, `quantile_alpha=[0.1, 0.5, 0.9]`):
+its output has one column per quantile, sorted per row so that quantiles never cross.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from perfmodel.errors import PerfmodelError
+from perfmodel.registry.manifest import Manifest, data_hash
+from perfmodel.regressors.base import Sample
+
+MODEL_FILE = "model.json"
+
+
+def booster_params(*, max_depth: int, learning_rate: float, min_child_weight: float, seed: int, nthread: int,
+                   quantiles: Sequence[float]) -> dict:
+    return {
+        "objective": "reg:quantileerror",
+        "quantile_alpha": list(quantiles),
+        "tree_method": "hist",
+        "max_depth": max_depth,
+        "eta": learning_rate,
+        "min_child_weight": min_child_weight,
+        "seed": seed,
+        "nthread": nthread,
+    }
+
+
+def train_booster(x: np.ndarray, y: np.ndarray, feature_names: Sequence[str], params: dict, n_estimators: int):
+    import xgboost as xgb
+
+    dtrain = xgb.DMatrix(x, label=y, feature_names=list(feature_names), nthread=params["nthread"])
+    return xgb.train(params, dtrain, num_boost_round=n_estimators)
+
+
+def predict_quantiles(booster, x: np.ndarray, feature_names: Sequence[str], n_quantiles: int,
+                      nthread: int) -> np.ndarray:
+    """(rows, quantiles) predictions, sorted along each row (no quantile crossing), as float64."""
+    import xgboost as xgb
+
+    if len(x) == 0:
+        return np.zeros((0, n_quantiles))
+    out = booster.predict(xgb.DMatrix(x, feature_names=list(feature_names), nthread=nthread))
+    out = np.asarray(out, dtype=np.float64).reshape(len(x), n_quantiles)
+    return np.sort(out, axis=1)
+
+
+def save_booster(booster, directory: Path) -> Path:
+    path = Path(directory) / MODEL_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    booster.save_model(str(path))
+    return path
+
+
+def load_booster(directory: Path, manifest: Manifest, feature_names: Sequence[str], regressor: str):
+    """The booster saved in `directory`, after checking the manifest's regressor and feature names."""
+    import xgboost as xgb
+
+    if manifest.regressor != regressor:
+        raise PerfmodelError(f"{directory} holds a {manifest.regressor!r} model, not {regressor!r}")
+    manifest.check_features(feature_names)
+    booster = xgb.Booster()
+    booster.load_model(str(Path(directory) / MODEL_FILE))
+    if tuple(booster.feature_names or ()) != tuple(feature_names):
+        raise PerfmodelError(f"{directory}/{MODEL_FILE}: booster feature names differ from its manifest's")
+    return booster
+
+
+def from_settings(cls, settings: dict):
+    """An unfitted estimator with a manifest's saved settings."""
+    try:
+        return cls(**settings)
+    except TypeError as exc:
+        raise PerfmodelError(f"manifest settings do not fit {cls.__name__}: {exc}") from None
+
+
+def training_hash(samples: Sequence[Sample]) -> str:
+    """Identity of the training data: each sample's job key and profile id."""
+    return data_hash(f"{s.spec.key()}:{s.profile_id}" for s in samples)
+
+
+def measured_ms(samples: Sequence[Sample]) -> np.ndarray:
+    times = [s.iteration_time_ms for s in samples]
+    if any(t is None or not t > 0 for t in times):
+        raise PerfmodelError("every training sample needs a measured iteration time > 0")
+    return np.asarray(times, dtype=np.float64)
+
+
+def family_folds(families: Sequence[str], k: int) -> list[np.ndarray]:
+    """Test indices of up to `k` folds where no family is in two folds: families sorted by name, then each given
+    to the fold with the fewest samples so far (deterministic). With one family, folds split its samples."""
+    groups = sorted(set(families))
+    if len(groups) < 2:
+        groups_of = [str(i) for i in range(len(families))]
+        groups = sorted(set(groups_of), key=int)
+    else:
+        groups_of = list(families)
+    k = max(2, min(k, len(groups)))
+    sizes = {g: 0 for g in groups}
+    for g in groups_of:
+        sizes[g] += 1
+    fold_of: dict[str, int] = {}
+    load = [0] * k
+    for g in sorted(groups, key=lambda g: (-sizes[g], g)):
+        fold = min(range(k), key=lambda f: (load[f], f))
+        fold_of[g] = fold
+        load[fold] += sizes[g]
+    index = np.asarray([fold_of[g] for g in groups_of])
+    return [np.flatnonzero(index == f) for f in range(k) if np.any(index == f)]
+
+
+@dataclass(frozen=True)
+class IntervalCalibration:
+    """Multiplicative bounds around the iteration prediction, from out-of-fold residuals within the training set
+    (split-conformal style): lower = base_lower × exp(lower_log), upper = base_upper × exp(upper_log), where
+    lower_log is the `alpha_low` quantile of log(measured / base_lower) and upper_log the `alpha_high` quantile of
+    log(measured / base_upper). The bases are the median (xgb-ops) or the booster's own p10/p90 (xgb-graph)."""
+
+    lower_log: float
+    upper_log: float
+    alpha_low: float
+    alpha_high: float
+    oof_samples: int
+
+    @classmethod
+    def fit(cls, measured: np.ndarray, base_lower: np.ndarray, base_upper: np.ndarray, alpha_low: float,
+            alpha_high: float) -> "IntervalCalibration":
+        lower = np.log(measured / base_lower)
+        upper = np.log(measured / base_upper)
+        return cls(lower_log=float(np.quantile(lower, alpha_low)), upper_log=float(np.quantile(upper, alpha_high)),
+                   alpha_low=alpha_low, alpha_high=alpha_high, oof_samples=len(measured))
+
+    def apply(self, median: np.ndarray, base_lower: np.ndarray, base_upper: np.ndarray
+              ) -> tuple[np.ndarray, np.ndarray]:
+        """(p_low, p_high), always bracketing the median."""
+        low = np.minimum(base_lower * np.exp(self.lower_log), median)
+        high = np.maximum(base_upper * np.exp(self.upper_log), median)
+        return low, high
+
+    def to_json(self) -> dict:
+        return {"method": "split-conformal on inner family-fold out-of-fold predictions",
+                "lower_log": self.lower_log, "upper_log": self.upper_log, "alpha_low": self.alpha_low,
+                "alpha_high": self.alpha_high, "oof_samples": self.oof_samples}
+
+    @classmethod
+    def from_json(cls, data: dict) -> "IntervalCalibration":
+        return cls(lower_log=float(data["lower_log"]), upper_log=float(data["upper_log"]),
+                   alpha_low=float(data["alpha_low"]), alpha_high=float(data["alpha_high"]),
+                   oof_samples=int(data["oof_samples"]))
+
+
+def nnls(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """argmin ||a·x − b|| subject to x ≥ 0, exactly, for a few columns: the best of the unconstrained least
+    squares solutions over every subset of columns that come out non-negative (2^columns small solves)."""
+    n_cols = a.shape[1]
+    best, best_cost = np.zeros(n_cols), float(np.sum(b**2))
+    for size in range(1, n_cols + 1):
+        for subset in itertools.combinations(range(n_cols), size):
+            cols = list(subset)
+            x_sub, *_ = np.linalg.lstsq(a[:, cols], b, rcond=None)
+            if np.any(x_sub < 0):
+                continue
+            x = np.zeros(n_cols)
+            x[cols] = x_sub
+            cost = float(np.sum((a @ x - b) ** 2))
+            if cost < best_cost - 1e-12 * max(best_cost, 1.0):
+                best, best_cost = x, cost
+    return best
+
+
+def iteration_metrics(measured: np.ndarray, predicted: np.ndarray, low: np.ndarray | None = None,
+                      high: np.ndarray | None = None) -> dict[str, float]:
+    ape = np.abs(predicted - measured) / measured
+    metrics = {"mape": float(np.mean(ape)), "median_ape": float(np.median(ape)),
+               "p90_ape": float(np.quantile(ape, 0.9))}
+    if low is not None and high is not None:
+        metrics["interval_coverage"] = float(np.mean((measured >= low) & (measured <= high)))
+    return metrics

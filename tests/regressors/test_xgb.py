@@ -1,0 +1,209 @@
+"""xgb-ops and xgb-graph: the estimator contract, save/load, breakdown, intervals, reproducibility.
+
+Samples are built from real graphs of small modules (captured with torch.export on the meta device) with a
+synthetic, physically shaped target: each node takes a kind-dependent multiple of its roofline time plus a
+dispatch cost, with log-normal noise; the iteration adds a fixed cost and an optimizer term.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from perfmodel.errors import PerfmodelError, UnknownNameError
+from perfmodel.features.graph import GRAPH_FEATURES, graph_feature_matrix
+from perfmodel.features.nodes import NODE_FEATURES, node_cost, roofline_ms
+from perfmodel.graph.from_torch import graph_from_module
+from perfmodel.hardware.spec import HardwareSpec
+from perfmodel.jobs.spec import JobSpec, ModuleSource
+from perfmodel.registry.manifest import MANIFEST_FILE
+from perfmodel.regressors import REGRESSORS, load_regressor, regressor_class
+from perfmodel.regressors.base import Sample
+from perfmodel.regressors.xgb_graph import XGBGraphRegressor
+from perfmodel.regressors.xgb_ops import XGBOpsRegressor
+
+HW = HardwareSpec(name="test-cpu", kind="cpu", peak_fp32_gflops=200.0, memory_bandwidth_gbps=20.0, memory_gb=16.0,
+                  compute_units=2, threads=2, source="test")
+FAST = {"n_estimators": 20, "max_depth": 4, "inner_folds": 3, "nthread": 1}
+
+
+class MLP(nn.Module):
+    def __init__(self, width: int):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(32, width), nn.ReLU(), nn.Linear(width, width), nn.GELU(),
+                                 nn.Linear(width, 10))
+
+    def forward(self, x):
+        return self.net(x).sum()
+
+
+class CNN(nn.Module):
+    def __init__(self, channels: int):
+        super().__init__()
+        self.net = nn.Sequential(nn.Conv2d(3, channels, 3, padding=1), nn.BatchNorm2d(channels), nn.ReLU(),
+                                 nn.Conv2d(channels, channels, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1),
+                                 nn.Flatten(), nn.Linear(channels, 10))
+
+    def forward(self, x):
+        return self.net(x).sum()
+
+
+class Attention(nn.Module):
+    def __init__(self, dim: int):
+        super().__init__()
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.norm = nn.LayerNorm(dim)
+        self.out = nn.Linear(dim, dim)
+
+    def forward(self, x):
+        q, k, v = self.qkv(self.norm(x)).chunk(3, dim=-1)
+        return self.out(torch.nn.functional.scaled_dot_product_attention(q, k, v)).sum()
+
+
+# family -> (module builder, input builder)
+MODELS = {
+    "mlp": (lambda: MLP(64), lambda b: torch.zeros(b, 32)),
+    "cnn": (lambda: CNN(8), lambda b: torch.zeros(b, 3, 16, 16)),
+    "attention": (lambda: Attention(32), lambda b: torch.zeros(b, 16, 32)),
+}
+KIND_EFFICIENCY = {"linear": 0.4, "conv": 0.25, "attention": 0.2, "batchnorm": 0.1}
+
+
+def _synthetic_sample(family: str, batch_size: int, optimizer: str, rng: np.random.Generator) -> Sample:
+    build_module, build_input = MODELS[family]
+    with torch.device("meta"):
+        module = build_module()
+        graph = graph_from_module(module, (build_input(batch_size),), name=family, mode="train")
+    spec = JobSpec(source=ModuleSource(path=f"tests/{family}.py:make"), batch_size=batch_size, optimizer=optimizer)
+    node_times = {}
+    for node in graph.nodes:
+        if node.kind.value == "view":
+            continue
+        for phase in ("forward", "backward"):
+            flops, read, written = node_cost(node, phase)
+            if phase == "backward" and flops + read + written == 0:
+                continue
+            efficiency = KIND_EFFICIENCY.get(node.kind.value, 0.05)
+            ms = roofline_ms(flops, read + written, HW) / efficiency + 0.01
+            node_times[(node.id, phase)] = ms * math.exp(rng.normal(0, 0.1))
+    optimizer_ms = graph.totals.params * 4 * (5 if optimizer == "sgd" else 7) / (HW.memory_bandwidth_gbps * 1e6)
+    iteration = (sum(node_times.values()) + 0.5 + 3 * optimizer_ms) * math.exp(rng.normal(0, 0.03))
+    return Sample(spec=spec, graph=graph, hardware=HW, family=family, iteration_time_ms=iteration,
+                  iteration_time_cv=0.03, node_times_ms=node_times, profile_id=len(node_times) + batch_size)
+
+
+@pytest.fixture(scope="module")
+def samples() -> list[Sample]:
+    rng = np.random.default_rng(0)
+    return [_synthetic_sample(family, batch, optimizer, rng)
+            for family in MODELS for batch in (2, 4, 8) for optimizer in ("sgd", "adam")]
+
+
+@pytest.fixture(scope="module", params=[XGBOpsRegressor, XGBGraphRegressor], ids=["xgb-ops", "xgb-graph"])
+def fitted(request, samples):
+    return request.param(**FAST).fit(samples)
+
+
+def _arrays(prediction) -> dict[str, np.ndarray]:
+    return {name: np.asarray(getattr(prediction, name)) for name in prediction.__dataclass_fields__}
+
+
+def _state(model) -> dict:
+    state = {k: v for k, v in vars(model).items() if k != "booster_"}
+    return {"params": json.dumps(state, sort_keys=True, default=repr),
+            "booster": bytes(model.booster_.save_raw("json"))}
+
+
+@pytest.mark.parametrize("cls", [XGBOpsRegressor, XGBGraphRegressor])
+def test_init_stores_settings_only(cls):
+    model = cls(n_estimators=7, seed=3)
+    assert model.n_estimators == 7 and model.seed == 3
+    assert not any(name.endswith("_") for name in vars(model))  # nothing fitted
+    with pytest.raises(PerfmodelError, match="not fitted"):
+        model.predict([])
+
+
+@pytest.mark.parametrize("cls", [XGBOpsRegressor, XGBGraphRegressor])
+def test_fit_returns_self(cls, samples):
+    model = cls(**FAST)
+    assert model.fit(samples) is model
+
+
+def test_predict_has_no_side_effects(fitted, samples):
+    before = _state(fitted)
+    first = _arrays(fitted.predict(samples))
+    second = _arrays(fitted.predict(samples))
+    for name in first:
+        np.testing.assert_array_equal(first[name], second[name])
+    assert _state(fitted) == before
+
+
+def test_breakdown_sums_to_iteration_and_interval_brackets_median(fitted, samples):
+    out = fitted.predict(samples)
+    total = out.forward_ms + out.backward_ms + out.optimizer_ms + out.overhead_ms
+    np.testing.assert_allclose(total, out.iteration_time_ms, rtol=1e-6)
+    assert np.all(out.iteration_time_ms > 0)
+    assert np.all(out.p10_ms <= out.iteration_time_ms) and np.all(out.iteration_time_ms <= out.p90_ms)
+    assert np.all(out.forward_ms > 0) and np.all(out.backward_ms > 0)
+    assert np.all(out.optimizer_ms >= 0) and np.all(out.overhead_ms >= 0)
+
+
+def test_learns_the_synthetic_target(fitted, samples):
+    out = fitted.predict(samples)
+    measured = np.array([s.iteration_time_ms for s in samples])
+    assert np.median(np.abs(out.iteration_time_ms - measured) / measured) < 0.25
+
+
+def test_save_load_predicts_identically(fitted, samples, tmp_path):
+    directory = fitted.save(tmp_path / "model")
+    manifest = json.loads((directory / MANIFEST_FILE).read_text())
+    assert manifest["regressor"] == fitted.name
+    assert manifest["artifacts"] == ["model.json"] and (directory / "model.json").is_file()
+    assert manifest["training_samples"] == len(samples) and manifest["training_data_hash"]
+    assert "interval" in manifest["normalisation"]
+    expected = NODE_FEATURES if fitted.name == "xgb-ops" else GRAPH_FEATURES
+    assert tuple(manifest["feature_names"]) == expected
+    for loaded in (type(fitted).load(directory), load_regressor(directory)):
+        assert type(loaded) is type(fitted)
+        assert loaded.get_params() == fitted.get_params()
+        for name, values in _arrays(fitted.predict(samples)).items():
+            np.testing.assert_array_equal(_arrays(loaded.predict(samples))[name], values)
+
+
+def test_load_refuses_other_feature_names(fitted, tmp_path):
+    directory = fitted.save(tmp_path / "model")
+    manifest = json.loads((directory / MANIFEST_FILE).read_text())
+    manifest["feature_names"] = [*manifest["feature_names"][:-1], "log_something_else"]
+    (directory / MANIFEST_FILE).write_text(json.dumps(manifest))
+    with pytest.raises(PerfmodelError, match="other features"):
+        type(fitted).load(directory)
+
+
+def test_seeded_reproducible(fitted, samples):
+    again = _arrays(type(fitted)(**FAST).fit(samples).predict(samples))
+    for name, values in _arrays(fitted.predict(samples)).items():
+        np.testing.assert_array_equal(again[name], values)
+
+
+def test_graph_features_are_named_and_ordered(samples):
+    x = graph_feature_matrix([(s.graph, s.hardware, s.spec) for s in samples[:2]])
+    assert x.shape == (2, len(GRAPH_FEATURES)) and len(set(GRAPH_FEATURES)) == len(GRAPH_FEATURES)
+    assert np.all(np.isfinite(x))
+
+
+def test_registry_table():
+    assert set(REGRESSORS) == {"roofline", "xgb-ops", "xgb-graph", "gnn"}
+    assert regressor_class("xgb-ops") is XGBOpsRegressor
+    assert regressor_class("xgb-graph") is XGBGraphRegressor
+    with pytest.raises(UnknownNameError, match="xgb-ops"):
+        regressor_class("xgb-op")
+
+
+def test_load_regressor_without_manifest(tmp_path):
+    with pytest.raises(PerfmodelError, match="manifest"):
+        load_regressor(tmp_path)
