@@ -399,8 +399,9 @@ def evaluate(regressors: Annotated[str, typer.Option(help="comma-separated")] = 
     factories = {n: _with_seed(regressor_class(n), seed) for n in names}
     samples = _training_samples(profiles, store)
     result = run_evaluation(factories, samples, k=folds, seed=seed)
-    path = write_report(result, output)
-    out.print(Path(path).read_text() if Path(path).is_file() else f"report written to {output}")
+    paths = write_report(result, output)
+    sys.stdout.write(paths["report"].read_text())
+    out.print(f"[dim]report, predictions and plots in {output}/[/]")
 
 
 @models_app.command("list")
