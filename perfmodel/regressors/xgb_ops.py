@@ -89,6 +89,13 @@ def overhead_features(sample: Sample, rows: _Rows) -> dict[str, float]:
     }
 
 
+def overhead_matrix(samples: Sequence[Sample], rows: Sequence[_Rows]) -> np.ndarray:
+    """(samples, OVERHEAD_FEATURES) matrix, columns in order."""
+    table = [overhead_features(s, r) for s, r in zip(samples, rows)]
+    return np.asarray([[t[f] for f in OVERHEAD_FEATURES] for t in table], dtype=np.float64).reshape(
+        len(table), len(OVERHEAD_FEATURES))
+
+
 class XGBOpsRegressor:
     name = "xgb-ops"
 
@@ -140,7 +147,7 @@ class XGBOpsRegressor:
             oof_nodes[test] = forward + backward
         self.booster_ = train_on(range(len(samples)))
 
-        extra = np.asarray([[overhead_features(s, r)[f] for f in OVERHEAD_FEATURES] for s, r in zip(samples, rows)])
+        extra = overhead_matrix(samples, rows)
         coefficients = nnls(extra / measured[:, None], (measured - oof_nodes) / measured)
         self.overhead_coefficients_ = dict(zip(OVERHEAD_FEATURES, coefficients.tolist()))
         oof = np.maximum(oof_nodes + extra @ coefficients, EPS_MS)
@@ -160,8 +167,8 @@ class XGBOpsRegressor:
         samples = list(samples)
         rows = [_rows(s) for s in samples]
         forward, backward = self._node_sums(rows, self.booster_)
-        terms = {f: np.asarray([overhead_features(s, r)[f] for s, r in zip(samples, rows)], dtype=np.float64)
-                 * self.overhead_coefficients_[f] for f in OVERHEAD_FEATURES}
+        extra = overhead_matrix(samples, rows)
+        terms = {f: extra[:, i] * self.overhead_coefficients_[f] for i, f in enumerate(OVERHEAD_FEATURES)}
         optimizer = sum((terms[f] for f in OPTIMIZER_TERMS), np.zeros(len(samples)))
         overhead = sum((terms[f] for f in OVERHEAD_FEATURES if f not in OPTIMIZER_TERMS), np.zeros(len(samples)))
         iteration = forward + backward + optimizer + overhead
