@@ -35,6 +35,25 @@ def booster_params(*, max_depth: int, learning_rate: float, min_child_weight: fl
     }
 
 
+class QuantileBoosterSettings:
+    """The settings the XGBoost regressors share; each regressor's `__init__` stores them with its own defaults."""
+
+    _SETTINGS = ("n_estimators", "max_depth", "learning_rate", "min_child_weight", "seed", "quantiles", "inner_folds",
+                 "nthread")
+
+    def get_params(self) -> dict:
+        params = {name: getattr(self, name) for name in self._SETTINGS}
+        params["quantiles"] = list(params["quantiles"])
+        return params
+
+    def _params(self) -> dict:
+        if list(self.quantiles) != sorted(self.quantiles) or 0.5 not in self.quantiles or len(self.quantiles) < 3:
+            raise PerfmodelError(f"quantiles must be increasing and include 0.5, got {self.quantiles}")
+        return booster_params(max_depth=self.max_depth, learning_rate=self.learning_rate,
+                              min_child_weight=self.min_child_weight, seed=self.seed, nthread=self.nthread,
+                              quantiles=self.quantiles)
+
+
 def train_booster(x: np.ndarray, y: np.ndarray, feature_names: Sequence[str], params: dict, n_estimators: int):
     import xgboost as xgb
 

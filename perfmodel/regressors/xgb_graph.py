@@ -22,9 +22,10 @@ import numpy as np
 from perfmodel.errors import PerfmodelError
 from perfmodel.features.graph import GRAPH_FEATURES, graph_feature_matrix, roofline_parts_ms
 from perfmodel.registry.manifest import Manifest
-from perfmodel.regressors._xgb import (MODEL_FILE, IntervalCalibration, booster_params, family_folds, from_settings,
-                                       iteration_metrics, load_booster, measured_ms, predict_quantiles,
-                                       save_booster, train_booster, training_hash)
+from perfmodel.regressors._xgb import (
+    IntervalCalibration, MODEL_FILE, QuantileBoosterSettings, family_folds, from_settings, iteration_metrics,
+    load_booster, measured_ms, predict_quantiles, save_booster, train_booster, training_hash,
+)
 from perfmodel.regressors.base import IterationPrediction, Sample
 
 PARTS = ("forward", "backward", "optimizer", "overhead")
@@ -38,7 +39,7 @@ def _features(samples: Sequence[Sample]) -> tuple[np.ndarray, np.ndarray]:
     return x, parts.reshape(len(samples), len(PARTS))
 
 
-class XGBGraphRegressor:
+class XGBGraphRegressor(QuantileBoosterSettings):
     name = "xgb-graph"
 
     def __init__(self, n_estimators: int = 300, max_depth: int = 3, learning_rate: float = 0.05,
@@ -53,17 +54,6 @@ class XGBGraphRegressor:
         self.inner_folds = inner_folds
         self.nthread = nthread
 
-    def get_params(self) -> dict:
-        return {"n_estimators": self.n_estimators, "max_depth": self.max_depth, "learning_rate": self.learning_rate,
-                "min_child_weight": self.min_child_weight, "seed": self.seed, "quantiles": list(self.quantiles),
-                "inner_folds": self.inner_folds, "nthread": self.nthread}
-
-    def _params(self) -> dict:
-        if list(self.quantiles) != sorted(self.quantiles) or 0.5 not in self.quantiles or len(self.quantiles) < 3:
-            raise PerfmodelError(f"quantiles must be increasing and include 0.5, got {self.quantiles}")
-        return booster_params(max_depth=self.max_depth, learning_rate=self.learning_rate,
-                              min_child_weight=self.min_child_weight, seed=self.seed, nthread=self.nthread,
-                              quantiles=self.quantiles)
 
     # --- fit / predict ----------------------------------------------------------------------------------------
 

@@ -29,9 +29,10 @@ from perfmodel.features.graph import DISPATCH_MS_PER_OP, OPTIMIZER_TENSOR_PASSES
 from perfmodel.features.nodes import NODE_FEATURES, node_cost, node_feature_matrix, roofline_ms
 from perfmodel.graph.opkinds import OpKind
 from perfmodel.registry.manifest import Manifest
-from perfmodel.regressors._xgb import (MODEL_FILE, IntervalCalibration, booster_params, family_folds, from_settings,
-                                       iteration_metrics, load_booster, measured_ms, nnls, predict_quantiles,
-                                       save_booster, train_booster, training_hash)
+from perfmodel.regressors._xgb import (
+    IntervalCalibration, MODEL_FILE, QuantileBoosterSettings, family_folds, from_settings, iteration_metrics,
+    load_booster, measured_ms, nnls, predict_quantiles, save_booster, train_booster, training_hash,
+)
 from perfmodel.regressors.base import IterationPrediction, Sample
 
 EPS_MS = 1e-4  # added before the log: an untimed view node is log(EPS_MS)
@@ -96,7 +97,7 @@ def overhead_matrix(samples: Sequence[Sample], rows: Sequence[_Rows]) -> np.ndar
         len(table), len(OVERHEAD_FEATURES))
 
 
-class XGBOpsRegressor:
+class XGBOpsRegressor(QuantileBoosterSettings):
     name = "xgb-ops"
 
     def __init__(self, n_estimators: int = 300, max_depth: int = 8, learning_rate: float = 0.1,
@@ -111,19 +112,6 @@ class XGBOpsRegressor:
         self.inner_folds = inner_folds
         self.nthread = nthread
 
-    # --- settings ---------------------------------------------------------------------------------------------
-
-    def get_params(self) -> dict:
-        return {"n_estimators": self.n_estimators, "max_depth": self.max_depth, "learning_rate": self.learning_rate,
-                "min_child_weight": self.min_child_weight, "seed": self.seed, "quantiles": list(self.quantiles),
-                "inner_folds": self.inner_folds, "nthread": self.nthread}
-
-    def _params(self) -> dict:
-        if list(self.quantiles) != sorted(self.quantiles) or 0.5 not in self.quantiles or len(self.quantiles) < 3:
-            raise PerfmodelError(f"quantiles must be increasing and include 0.5, got {self.quantiles}")
-        return booster_params(max_depth=self.max_depth, learning_rate=self.learning_rate,
-                              min_child_weight=self.min_child_weight, seed=self.seed, nthread=self.nthread,
-                              quantiles=self.quantiles)
 
     # --- fit / predict ----------------------------------------------------------------------------------------
 
