@@ -1,5 +1,6 @@
 """An `EvaluationResult` as files: `report.md` (tables and method), `predictions.csv` (every held-out prediction)
-and two PNG plots (matplotlib `Figure` on the Agg canvas; pyplot is never imported): predicted vs measured, and MAPE by family."""
+and two PNG plots (a matplotlib `Figure` on the Agg canvas; pyplot is never imported): predicted vs measured, and
+MAPE by family."""
 
 from __future__ import annotations
 

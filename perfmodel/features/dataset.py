@@ -44,6 +44,9 @@ HardwareFor = Callable[[Environment], HardwareSpec]
 Fold = tuple[np.ndarray, np.ndarray]  # (train indices, test indices), ascending
 
 NODE_PHASES: tuple[NodePhase, ...] = ("forward", "backward")
+# a profiled (per-op) step this many times slower or faster than the timed median is reported: its node times are
+# suspect (other load on the machine while it ran)
+OP_STEP_DEVIATION = 1.5
 
 
 def read_only_store_url(path: str | Path) -> str:
@@ -149,6 +152,10 @@ def samples_from_store(store: ProfileStore, *, hardware_for: HardwareFor | None 
         if unknown_ms > 0:
             say(f"profile {summary.id}: {unknown_ms:.3f} ms of op time names IR nodes the graph lacks "
                 "(the graph changed since profiling); counted as unattributed")
+        median_ms = profile.iteration.iter_time_ms_median if profile.iteration else None
+        if median_ms and not 1 / OP_STEP_DEVIATION <= profile.ops.iteration_time_ms / median_ms <= OP_STEP_DEVIATION:
+            say(f"profile {summary.id} ({profile.job.name}): its per-op step took {profile.ops.iteration_time_ms:.1f} "
+                f"ms against a timed median of {median_ms:.1f} ms; its node times are suspect (re-profile it)")
         samples.append(sample_from_profile(profile, graph, hardware_for(profile.environment), summary.id))
     return samples
 

@@ -214,7 +214,7 @@ class GNNRegressor:
 
     name = NAME
 
-    def __init__(self, hidden: int = 64, layers: int = 3, epochs: int = 60, lr: float = 3e-3,
+    def __init__(self, hidden: int = 64, layers: int = 3, epochs: int = 150, lr: float = 3e-3,
                  weight_decay: float = 1e-5, batch_graphs: int = 8, node_loss_weight: float = 0.2,
                  unattributed_loss_weight: float = 0.1, calibration_fraction: float = 0.25, threads: int = 1,
                  seed: int = 0) -> None:

@@ -48,7 +48,8 @@ class ScaledRoofline:
         self.scale = 1.0
 
     def fit(self, samples):
-        ratio = [s.iteration_time_ms / r for s, r in zip(samples, RooflineRegressor().predict(samples).iteration_time_ms)]
+        roofline = RooflineRegressor().predict(samples).iteration_time_ms
+        ratio = [s.iteration_time_ms / r for s, r in zip(samples, roofline)]
         self.scale = float(np.mean(ratio))
         ScaledRoofline.fitted_families.append({s.family for s in samples})
         return self

@@ -138,3 +138,16 @@ def test_family_of_zoo_and_hf_jobs():
     assert family_of(JobSpec.from_options(hf_config={"model_type": "gpt2"}, batch_size=1)) == "hf:gpt2"
     with pytest.raises(PerfmodelError):
         family_of(JobSpec.from_options(zoo="resnet-18", batch_size=1))
+
+
+def test_a_per_op_step_far_from_the_timed_median_is_reported(filled, tmp_path):
+    _, profiles = filled
+    profile = next(p for p in profiles.values() if p.ops is not None)
+    slow_ops = profile.ops.model_copy(update={"iteration_time_ms": 10 * profile.iteration.iter_time_ms_median})
+    messages = []
+    with ProfileStore(f"sqlite:///{tmp_path / 'store.db'}") as store:
+        store.add(profile)
+        store.add(profile.model_copy(update={"ops": slow_ops}))
+        samples = samples_from_store(store, graph_cache_dir=tmp_path / "graphs", progress=messages.append)
+    assert len(samples) == 2  # kept, but reported
+    assert sum("suspect" in m for m in messages) == 1

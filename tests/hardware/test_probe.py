@@ -5,7 +5,7 @@ from perfmodel.hardware.probe import l2_cache_mib, probe_host, vendor_of
 
 def test_probe_measures_plausible_figures_and_restores_threads():
     before = torch.get_num_threads()
-    spec = probe_host(threads=1, gemm_n=256, copy_mib=8, repeats=2)
+    spec = probe_host(threads=1, gemm_sizes=(64, 128), copy_mib=8, repeats=2)
     assert torch.get_num_threads() == before
     assert spec.name == "cpu" and spec.kind == "cpu" and spec.threads == 1
     assert 0.1 < spec.peak_fp32_gflops < 100_000
