@@ -280,6 +280,68 @@ def profiles_import(directory: Annotated[Path, typer.Argument(help="folder holdi
     out.print(f"imported {added} new profile(s) from {directory}")
 
 
+@profiles_app.command("ops-summary")
+@user_errors
+def profiles_ops_summary(source: Annotated[Optional[str], typer.Option(help="neusight, vidur or deepbench")] = None,
+                         store: StoreOpt = None, as_json: JsonOpt = False) -> None:
+    """Count the imported op measurements (`perfmodel import`) per source, device, op class and dtype."""
+    from perfmodel.cli.render import render_measurement_counts
+    from perfmodel.store import ProfileStore
+
+    with ProfileStore(store) as profile_store:
+        counts = profile_store.op_measurement_counts(by=("source", "device", "op_class", "dtype"), source=source)
+    if as_json:
+        print_json([{"source": s, "device": d, "op_class": c, "dtype": t, "records": n} for s, d, c, t, n in counts])
+    else:
+        render_measurement_counts(out, counts)
+
+
+# --- import public measurements ------------------------------------------------------------------------------------
+@app.command("import")
+@user_errors
+def import_dataset(
+        source: Annotated[str, typer.Argument(help="the dataset: neusight, vidur or deepbench")],
+        path: Annotated[Path, typer.Argument(help="its folder, e.g. ../shared/datasets/neusight (read in place)")],
+        replace: Annotated[bool, typer.Option(help="first drop what the store holds from the files read "
+                                                   "(after a change in how they are mapped)")] = False,
+        store: StoreOpt = None, as_json: JsonOpt = False) -> None:
+    """Import a public dataset of GPU op measurements into the store, per op and device.
+
+    Devices are matched to the hardware catalog (`perfmodel hw list`); rows of devices it lacks are skipped and
+    counted. Importing a dataset again adds only what the store does not have."""
+    import time
+
+    from perfmodel.cli.render import import_as_json, render_import
+    from perfmodel.importers import ImportStats, get_importer
+    from perfmodel.store import ProfileStore
+
+    importer = get_importer(source)
+    stats = ImportStats()
+    started = time.perf_counter()
+    records = importer(path, stats=stats)  # checks the folder now: a bad path fails before the store is opened
+    if not as_json:
+        records = _announce_files(records, stats)
+    with ProfileStore(store) as profile_store:
+        added = profile_store.add_op_measurements(records, replace=replace)
+    summary = import_as_json(source.strip().lower(), str(path), stats, added, time.perf_counter() - started)
+    if as_json:
+        print_json(summary)
+    else:
+        render_import(out, summary)
+
+
+def _announce_files(records: Any, stats: Any) -> Any:
+    """`records`, saying on stderr which file is being read as each is started."""
+    announced = 0
+    for record in records:
+        while announced < len(stats.files):
+            _say(f"reading {stats.files[announced]}")
+            announced += 1
+        yield record
+    for name in stats.files[announced:]:
+        _say(f"read {name}")
+
+
 # --- hardware -------------------------------------------------------------------------------------------------------
 @hw_app.command("list")
 @user_errors
@@ -289,16 +351,19 @@ def hw_list(as_json: JsonOpt = False) -> None:
 
     from perfmodel.hardware.catalog import load_catalog
 
-    entries = list(load_catalog().values())
+    entries = sorted(load_catalog().values(), key=lambda e: (e.kind, e.vendor, e.release_year or 0, e.name))
     if as_json:
         print_json([e.model_dump(mode="json") for e in entries])
         return
-    table = Table("name", "kind", "fp32 GFLOP/s", "fp16 GFLOP/s", "memory GB/s", "memory GB", "units", "source",
-                  title=f"{len(entries)} accelerators")
+
+    def tflops(gflops: float | None) -> str:
+        return "-" if gflops is None else f"{gflops / 1000:.3g}" if gflops < 10_000 else f"{gflops / 1000:.0f}"
+
+    table = Table("id", "kind", "vendor", "fp32 TFLOP/s", "fp16 TFLOP/s", "memory GB", "bandwidth GB/s",
+                  title=f"{len(entries)} accelerators (`perfmodel hw show ID` for every field)")
     for e in entries:
-        table.add_row(e.name, e.kind, f"{e.peak_fp32_gflops:.0f}",
-                      "-" if e.peak_fp16_gflops is None else f"{e.peak_fp16_gflops:.0f}",
-                      f"{e.memory_bandwidth_gbps:.0f}", f"{e.memory_gb:.0f}", str(e.compute_units), e.source)
+        table.add_row(e.name, e.kind, e.vendor, tflops(e.peak_fp32_gflops), tflops(e.peak_fp16_gflops),
+                      f"{e.memory_gb:g}", f"{e.memory_bandwidth_gbps:.0f}")
     out.print(table)
 
 

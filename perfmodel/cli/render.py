@@ -121,3 +121,54 @@ def render_profile_list(console: Console, rows: list[Any]) -> None:
 
 def _fmt(x: float | None) -> str:
     return "-" if x is None else f"{x:.2f}"
+
+
+def import_as_json(source: str, path: str, stats: Any, added: int, seconds: float) -> dict[str, Any]:
+    """What `perfmodel import` did, for scripts: records per file and op class, per device and op class, skips."""
+    return {
+        "source": source,
+        "path": path,
+        "records": stats.total,
+        "added": added,
+        "seconds": round(seconds, 2),
+        "files": [{"file": f, "op_class": c, "records": n} for (f, c), n in sorted(stats.records.items())],
+        "by_device": [{"device": d, "op_class": c, "records": n} for (d, c), n in sorted(stats.by_device.items())],
+        "unknown_devices": dict(stats.unknown_devices.most_common()),
+        "skipped": dict(stats.skipped.most_common()),
+    }
+
+
+def render_import(console: Console, summary: dict[str, Any]) -> None:
+    """The outcome of `perfmodel import`: records per file, per device and op class, what was skipped, totals."""
+    per_file: dict[str, dict[str, int]] = defaultdict(dict)
+    for row in summary["files"]:
+        per_file[row["file"]][row["op_class"]] = row["records"]
+    table = Table("file", "op classes", "records", title=f"{summary['source']}: records per file")
+    for name, classes in per_file.items():
+        table.add_row(name, ", ".join(f"{c} {n}" for c, n in classes.items()), str(sum(classes.values())))
+    console.print(table)
+    table = Table("device", "op class", "records", title="records per device and op class")
+    for row in summary["by_device"]:
+        table.add_row(row["device"], row["op_class"], str(row["records"]))
+    console.print(table)
+    if summary["unknown_devices"]:
+        table = Table("device (as the data names it)", "rows skipped",
+                      title="devices not in the hardware catalog (add them, then import again)")
+        for name, n in summary["unknown_devices"].items():
+            table.add_row(name, str(n))
+        console.print(table)
+    for reason, n in summary["skipped"].items():
+        console.print(f"skipped {n} row(s): {reason}")
+    skipped = sum(summary["unknown_devices"].values())
+    console.print(f"[bold]{summary['records']}[/] records read from {len(per_file)} file(s), "
+                  f"[bold]{summary['added']}[/] new in the store "
+                  f"({summary['records'] - summary['added']} already there), {skipped} row(s) of unknown devices "
+                  f"skipped, {summary['seconds']:.1f} s")
+
+
+def render_measurement_counts(console: Console, counts: list[tuple[Any, ...]]) -> None:
+    table = Table("source", "device", "op class", "dtype", "records",
+                  title=f"{sum(c[-1] for c in counts)} imported op measurements")
+    for *keys, n in counts:
+        table.add_row(*(str(k) for k in keys), str(n))
+    console.print(table)

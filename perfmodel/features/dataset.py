@@ -20,7 +20,7 @@ import os
 import random
 import tempfile
 from collections import Counter, defaultdict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING
@@ -130,13 +130,15 @@ def sample_from_profile(profile: Profile, graph: Graph, hardware: HardwareSpec,
 
 
 def samples_from_store(store: ProfileStore, *, hardware_for: HardwareFor | None = None,
-                       graph_cache_dir: Path | None = None, progress: Progress | None = None) -> list[Sample]:
-    """One sample per stored profile with outcome ok and a per-op profile, in profile id order. Profiles whose graph
-    cannot be captured are skipped (reported through `progress`). Only reads the store."""
+                       graph_cache_dir: Path | None = None, progress: Progress | None = None,
+                       families: Collection[str] | None = None) -> list[Sample]:
+    """One sample per stored profile with outcome ok and a per-op profile, in profile id order (only those of
+    `families` when given). Profiles whose graph cannot be captured are skipped (reported through `progress`).
+    Only reads the store."""
     say = progress or (lambda message: None)
     hardware_for = hardware_for or default_hardware_for()
-    summaries = sorted((s for s in store.list() if s.outcome == Outcome.ok and s.coverage is not None),
-                       key=lambda s: s.id)
+    summaries = sorted((s for s in store.list() if s.outcome == Outcome.ok and s.coverage is not None
+                        and (families is None or s.family in families)), key=lambda s: s.id)
     samples = []
     for i, summary in enumerate(summaries, start=1):
         profile = store.get(summary.id)

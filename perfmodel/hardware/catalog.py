@@ -13,6 +13,7 @@ alike ("NVIDIA A100-SXM4-40GB", "nvidia a100 sxm4 40gb"). Files are read when as
 
 from __future__ import annotations
 
+import difflib
 import json
 import os
 import re
@@ -105,7 +106,32 @@ def get_accelerator(name: str, catalog: Mapping[str, HardwareSpec] | None = None
         return index[normalize_name(name)]
     except KeyError:
         known = {*catalog, *(alias for spec in catalog.values() for alias in spec.aliases)}
-        raise UnknownNameError("accelerator", name, known) from None
+        error = UnknownNameError("accelerator", name, known)
+        close = close_names(name, catalog.values())
+        if close:  # case- and separator-blind, so "nvidia h100" finds "NVIDIA H100 PCIe"
+            error.close_matches = close
+            error.args = (f"unknown accelerator {name!r}; did you mean: {', '.join(close)}?",)
+        raise error from None
+
+
+def close_names(name: str, specs: Iterable[HardwareSpec], n: int = 5) -> list[str]:
+    """Up to `n` names or aliases closest to `name`, one per entry, compared as look-up keys: those containing it
+    first (shortest first), then difflib's nearest."""
+    specs = list(specs)
+    shown: dict[str, tuple[str, str]] = {}  # look-up key -> (name or alias as written, entry)
+    for spec in specs:
+        shown.setdefault(normalize_name(spec.name), (spec.name, spec.name))
+    for spec in specs:
+        for alias in spec.aliases:
+            shown.setdefault(normalize_name(alias), (alias, spec.name))
+    key = normalize_name(name)
+    containing = sorted((k for k in shown if key and key in k), key=lambda k: (len(k), k))
+    similar = difflib.get_close_matches(key, list(shown), n=4 * n, cutoff=0.6)
+    close: dict[str, str] = {}  # entry -> name or alias shown for it
+    for k in [*containing, *similar]:
+        written, entry = shown[k]
+        close.setdefault(entry, entry if key and key in normalize_name(entry) else written)
+    return list(close.values())[:n]
 
 
 def save_local(spec: HardwareSpec, path: Path | None = None) -> Path:

@@ -43,7 +43,7 @@ class XGBGraphRegressor(QuantileBoosterSettings):
     name = "xgb-graph"
 
     def __init__(self, n_estimators: int = 300, max_depth: int = 3, learning_rate: float = 0.05,
-                 min_child_weight: float = 2.0, seed: int = 0, quantiles: Sequence[float] = (0.1, 0.5, 0.9),
+                 min_child_weight: float = 5.0, seed: int = 0, quantiles: Sequence[float] = (0.1, 0.5, 0.9),
                  inner_folds: int = 5, nthread: int = 2):
         self.n_estimators = n_estimators
         self.max_depth = max_depth

@@ -2,7 +2,8 @@
 
 An export is a folder with one Parquet file per table and a `manifest.json` written last (so a folder with a
 manifest is complete). Op and ONNX rows point at their profile by its `uid`, never by a database id, so exports
-can be imported into any store; JSON columns are stored as JSON text.
+can be imported into any store; JSON columns are stored as JSON text. Only the runs are exported: the
+`op_measurements` table (public benchmark data, see `perfmodel import`) is not.
 """
 
 from __future__ import annotations
@@ -28,6 +29,10 @@ from perfmodel.store.schema import STORE_SCHEMA_VERSION
 from perfmodel.store.tables import OnnxNodeRow, OpRecordRow, ProfileRow, UTCDateTime
 
 FORMAT = "perfmodel-profiles"
+# exports of these store schema versions hold the same three tables, so each can be imported: v2 only added
+# `op_measurements`, which exports leave out (imported public benchmark data is re-imported from its source with
+# `perfmodel import`, not shipped)
+READABLE_SCHEMA_VERSIONS = frozenset({1, 2})
 MANIFEST = "manifest.json"
 BATCH_ROWS = 50_000
 
@@ -139,8 +144,9 @@ def _read_manifest(directory: Path) -> dict[str, Any]:
             f"export schema v{version} is newer than this perfmodel supports (v{STORE_SCHEMA_VERSION}); "
             "upgrade perfmodel"
         )
-    if version != STORE_SCHEMA_VERSION:
-        raise PerfmodelError(f"cannot import an export of store schema v{version} (only v{STORE_SCHEMA_VERSION})")
+    if version not in READABLE_SCHEMA_VERSIONS:
+        readable = ", ".join(f"v{v}" for v in sorted(READABLE_SCHEMA_VERSIONS))
+        raise PerfmodelError(f"cannot import an export of store schema v{version} (only {readable})")
     counts = manifest.get("row_counts")
     if not isinstance(counts, dict) or not all(isinstance(counts.get(name), int) for name in TABLES):
         raise PerfmodelError(f"{path} has no row count for every table")

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterable, Iterator, Mapping
+from datetime import datetime
 from typing import Any
 
+from perfmodel.profilers.external import OpMeasurement
 from perfmodel.profilers.records import OnnxProfile, OpProfile, Profile
 
 # a row read back: column name -> value (a SQLAlchemy RowMapping, whose keys may also be columns, or a dict)
@@ -157,3 +160,21 @@ def to_profile(row: Row, ops: Iterable[Row], nodes: Iterable[Row]) -> Profile:
             "created_at": row["created_at"],
         }
     )
+
+
+# --- imported op measurements ---
+
+
+def measurement_uid(measurement: OpMeasurement) -> str:
+    """The identity of a measurement across imports: its source, file, row, op and phase (hashed to 32 hex)."""
+    key = "\x1f".join((measurement.source, measurement.source_file, str(measurement.source_row),
+                       measurement.op_name, measurement.phase))
+    return hashlib.sha256(key.encode()).hexdigest()[:32]
+
+
+def measurement_values(measurement: OpMeasurement, imported_at: datetime) -> dict[str, Any]:
+    """The `op_measurements` columns of a measurement (all but `id`)."""
+    values = measurement.model_dump()
+    values["uid"] = measurement_uid(measurement)
+    values["imported_at"] = imported_at
+    return values

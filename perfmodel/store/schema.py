@@ -12,19 +12,73 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Connection, Engine, create_engine, event, insert, inspect, select, update
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Column,
+    Connection,
+    Double,
+    Engine,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+    create_engine,
+    event,
+    insert,
+    inspect,
+    select,
+    update,
+)
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 
 from perfmodel.errors import PerfmodelError
-from perfmodel.store.tables import Base, SchemaInfo
+from perfmodel.store.tables import Base, SchemaInfo, UTCDateTime
 
-STORE_SCHEMA_VERSION = 1
+# v1: profiles, op_records, onnx_nodes. v2: + op_measurements (op timings imported from public GPU benchmarks).
+STORE_SCHEMA_VERSION = 2
 
 Migration = Callable[[Connection], None]
 
+
+def _v1_to_v2(connection: Connection) -> None:
+    """Add the `op_measurements` table. The table is spelled out as it was at v2 (not taken from tables.py), so
+    this step keeps creating the v2 table whatever later versions change."""
+    int_ = Integer
+    big = BigInteger
+    table = Table(
+        "op_measurements",
+        MetaData(),
+        Column("id", Integer, primary_key=True, autoincrement=True),
+        Column("uid", String(32), nullable=False, unique=True),
+        Column("source", String(16), nullable=False),
+        Column("source_file", Text, nullable=False),
+        Column("source_row", Integer, nullable=False),
+        Column("device", String(64), nullable=False),
+        Column("op_class", String(32), nullable=False),
+        Column("op_name", String(64), nullable=False),
+        Column("dtype", String(16), nullable=False),
+        Column("phase", String(16), nullable=False),
+        *(Column(name, big) for name in ("batch", "m", "n", "k", "hidden")),
+        *(Column(name, int_) for name in (
+            "seq_len", "in_channels", "out_channels", "input_height", "input_width", "kernel_height",
+            "kernel_width", "stride_height", "stride_width", "padding_height", "padding_width", "input_size",
+            "kernel_size", "stride", "padding")),
+        Column("message_bytes", big),
+        *(Column(name, int_) for name in ("world_size", "nodes", "num_tokens", "tensor_parallel")),
+        Column("latency_ms", Double, nullable=False),
+        Column("extra", JSON(none_as_null=True), nullable=False),
+        Column("imported_at", UTCDateTime, nullable=False),
+        Index("ix_op_measurements_device_op_class", "device", "op_class"),
+    )
+    table.create(connection)
+
+
 # MIGRATIONS[v] upgrades a store from version v to v + 1. Add one step per schema change, never edit old ones.
-MIGRATIONS: Mapping[int, Migration] = {}
+MIGRATIONS: Mapping[int, Migration] = {1: _v1_to_v2}
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 

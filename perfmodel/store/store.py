@@ -3,34 +3,45 @@
 from __future__ import annotations
 
 import builtins  # `ProfileStore.list` shadows `list` inside the class
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from datetime import datetime
 from itertools import islice
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from uuid import uuid4
 
 from pydantic import BaseModel, ConfigDict
-from sqlalchemy import Table, exists, func, insert, or_, select
+from sqlalchemy import Connection, Insert, Select, Table, delete, exists, func, insert, or_, select
 from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from perfmodel.errors import PerfmodelError
 from perfmodel.jobs.spec import Mode, Precision
-from perfmodel.profilers.records import Outcome, Profile
+from perfmodel.profilers.external import SHAPE_FIELDS, OpMeasurement
+from perfmodel.profilers.records import Outcome, Profile, utc_now
 from perfmodel.settings import Settings
 from perfmodel.store import parquet
-from perfmodel.store.rows import onnx_values, op_values, profile_values, to_profile
-from perfmodel.store.schema import ensure_schema, open_engine, safe_url
-from perfmodel.store.tables import OnnxNodeRow, OpRecordRow, ProfileRow
+from perfmodel.store.rows import measurement_values, onnx_values, op_values, profile_values, to_profile
+from perfmodel.store.schema import ensure_schema, open_engine, safe_url, write_transaction
+from perfmodel.store.tables import OnnxNodeRow, OpMeasurementRow, OpRecordRow, ProfileRow
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 # op and ONNX rows are inserted this many per statement
 INSERT_CHUNK_ROWS = 5_000
+# imported op measurements are checked for duplicates and inserted this many at a time (SQLite allows 32766
+# bound parameters per statement since 3.32: the duplicate check binds one per row)
+MEASUREMENT_CHUNK_ROWS = 2_000
 
 _PROFILES: Table = ProfileRow.__table__  # type: ignore[assignment]
 _OPS: Table = OpRecordRow.__table__  # type: ignore[assignment]
 _NODES: Table = OnnxNodeRow.__table__  # type: ignore[assignment]
+_MEASUREMENTS: Table = OpMeasurementRow.__table__  # type: ignore[assignment]
+
+# a filter on a text column: one value, or any of several
+Match = str | Sequence[str] | None
 
 
 class ProfileSummary(BaseModel):
@@ -61,6 +72,29 @@ _SUMMARY_COLUMNS = [
     *(_PROFILES.c[name] for name in ProfileSummary.model_fields if name != "coverage"),
     _PROFILES.c.ops_coverage.label("coverage"),
 ]
+
+
+def _filtered(query: Select[Any], **matches: Match) -> Select[Any]:
+    for name, match in matches.items():
+        if match is None:
+            continue
+        column = _MEASUREMENTS.c[name]
+        query = query.where(column == match if isinstance(match, str) else column.in_(list(match)))
+    return query
+
+
+def _insert_new(connection: Connection, table: Table) -> Insert:
+    """An INSERT that skips rows whose unique `uid` is taken (one a concurrent import just added), where the
+    database has INSERT ... ON CONFLICT DO NOTHING; a plain INSERT elsewhere."""
+    if connection.dialect.name == "sqlite":
+        from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+
+        return sqlite_insert(table).on_conflict_do_nothing(index_elements=["uid"])
+    if connection.dialect.name == "postgresql":
+        from sqlalchemy.dialects.postgresql import insert as postgresql_insert
+
+        return postgresql_insert(table).on_conflict_do_nothing(index_elements=["uid"])
+    return insert(table)
 
 
 def _chunks(rows: Iterable[dict[str, Any]], size: int) -> Iterator[list[dict[str, Any]]]:
@@ -153,6 +187,69 @@ class ProfileStore:
     def count(self) -> int:
         with self.engine.connect() as connection:
             return connection.scalar(select(func.count()).select_from(_PROFILES)) or 0
+
+    # --- op measurements imported from public benchmarks (perfmodel.importers) ---
+
+    def add_op_measurements(self, measurements: Iterable[OpMeasurement], *, replace: bool = False) -> int:
+        """Store imported measurements in one transaction; returns how many were new. A measurement the store
+        already has (same source, file, row, op and phase) is skipped, so importing a file again adds nothing.
+        `replace`: first delete what the store holds from each (source, file) met, then add (after a mapping fix).
+        """
+        imported_at = utc_now()
+        added = 0
+        seen: set[str] = set()
+        replaced: set[tuple[str, str]] = set()
+        with write_transaction(self.engine) as connection:
+            statement = _insert_new(connection, _MEASUREMENTS)
+            rows = (measurement_values(m, imported_at) for m in measurements)
+            for chunk in _chunks(rows, MEASUREMENT_CHUNK_ROWS):
+                if replace:
+                    for source, source_file in {(r["source"], r["source_file"]) for r in chunk} - replaced:
+                        connection.execute(delete(_MEASUREMENTS).where(_MEASUREMENTS.c.source == source,
+                                                                       _MEASUREMENTS.c.source_file == source_file))
+                        replaced.add((source, source_file))
+                uids = [r["uid"] for r in chunk]
+                stored = set(connection.scalars(select(_MEASUREMENTS.c.uid).where(_MEASUREMENTS.c.uid.in_(uids))))
+                new = []
+                for row in chunk:
+                    if row["uid"] not in stored and row["uid"] not in seen:
+                        seen.add(row["uid"])
+                        new.append(row)
+                if new:
+                    connection.execute(statement, new)
+                    added += len(new)
+        return added
+
+    def op_measurements(self, device: Match = None, op_class: Match = None, source: Match = None,
+                        dtype: Match = None, phase: Match = None, *, extra: bool = True) -> pd.DataFrame:
+        """The stored measurements matching every filter given (a value or a list of values), in import order:
+        one row each, one column per `OpMeasurement` field (shape columns as nullable Int64), plus `uid`.
+        `extra=False` leaves out the `extra` column (decoding its JSON is most of the time on large reads)."""
+        import pandas as pd
+
+        columns = [c for c in _MEASUREMENTS.c if c.name != "id" and (extra or c.name != "extra")]
+        query = _filtered(select(*columns), device=device, op_class=op_class, source=source, dtype=dtype,
+                          phase=phase).order_by(_MEASUREMENTS.c.id)
+        with self.engine.connect() as connection:
+            result = connection.execute(query)
+            # plain tuples: pandas would take a Row's `dtype` column for the dtype of an array
+            frame = pd.DataFrame([tuple(row) for row in result], columns=list(result.keys()))
+        return frame.astype({name: "Int64" for name in ("source_row", *SHAPE_FIELDS)})
+
+    def count_op_measurements(self, device: Match = None, op_class: Match = None, source: Match = None,
+                              dtype: Match = None, phase: Match = None) -> int:
+        query = _filtered(select(func.count()).select_from(_MEASUREMENTS), device=device, op_class=op_class,
+                          source=source, dtype=dtype, phase=phase)
+        with self.engine.connect() as connection:
+            return connection.scalar(query) or 0
+
+    def op_measurement_counts(self, by: Sequence[str] = ("source", "device", "op_class"),
+                              source: Match = None) -> builtins.list[tuple[Any, ...]]:
+        """(values of the `by` columns..., count) of the stored measurements, sorted by those values."""
+        keys = [_MEASUREMENTS.c[name] for name in by]
+        query = _filtered(select(*keys, func.count()).group_by(*keys).order_by(*keys), source=source)
+        with self.engine.connect() as connection:
+            return [tuple(row) for row in connection.execute(query)]
 
     # --- Parquet ---
 

@@ -1,4 +1,5 @@
-"""The store's tables (SQLAlchemy 2.0 typed declarative). One row per profiling run, plus its op and ONNX rows.
+"""The store's tables (SQLAlchemy 2.0 typed declarative). One row per profiling run, plus its op and ONNX rows;
+and, apart from the runs, op timings imported from public GPU benchmarks (`op_measurements`, schema v2).
 
 Units are in the column names. Times are UTC, stored without a zone and returned zone-aware (`UTCDateTime`), so
 SQLite and PostgreSQL behave the same. The full job spec and environment are kept as JSON next to the columns
@@ -17,6 +18,7 @@ from sqlalchemy import (
     DateTime,
     Double,
     ForeignKey,
+    Index,
     Integer,
     String,
     Text,
@@ -145,3 +147,56 @@ class OnnxNodeRow(Base):
     time_ms: Mapped[float] = mapped_column(Double)
     input_shapes: Mapped[list[Any]]
     output_shapes: Mapped[list[Any]]
+
+
+class OpMeasurementRow(Base):
+    """One op measured on one device by a public benchmark (an `OpMeasurement`); see perfmodel.profilers.external
+    for the meaning of the shape columns. `uid` identifies the measurement (source, file, row, op, phase), so
+    importing a file again adds nothing."""
+
+    __tablename__ = "op_measurements"
+    __table_args__ = (
+        Index("ix_op_measurements_device_op_class", "device", "op_class"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    uid: Mapped[str] = mapped_column(String(32), unique=True)
+
+    source: Mapped[str] = mapped_column(String(16))
+    source_file: Mapped[str] = mapped_column(Text)
+    source_row: Mapped[int] = mapped_column(Integer)
+    device: Mapped[str] = mapped_column(String(64))
+    op_class: Mapped[str] = mapped_column(String(32))
+    op_name: Mapped[str] = mapped_column(String(64))
+    dtype: Mapped[str] = mapped_column(String(16))
+    phase: Mapped[str] = mapped_column(String(16))
+
+    batch: Mapped[int | None] = mapped_column(BigInteger)
+    m: Mapped[int | None] = mapped_column(BigInteger)
+    n: Mapped[int | None] = mapped_column(BigInteger)
+    k: Mapped[int | None] = mapped_column(BigInteger)
+    hidden: Mapped[int | None] = mapped_column(BigInteger)
+    seq_len: Mapped[int | None] = mapped_column(Integer)
+    in_channels: Mapped[int | None] = mapped_column(Integer)
+    out_channels: Mapped[int | None] = mapped_column(Integer)
+    input_height: Mapped[int | None] = mapped_column(Integer)
+    input_width: Mapped[int | None] = mapped_column(Integer)
+    kernel_height: Mapped[int | None] = mapped_column(Integer)
+    kernel_width: Mapped[int | None] = mapped_column(Integer)
+    stride_height: Mapped[int | None] = mapped_column(Integer)
+    stride_width: Mapped[int | None] = mapped_column(Integer)
+    padding_height: Mapped[int | None] = mapped_column(Integer)
+    padding_width: Mapped[int | None] = mapped_column(Integer)
+    input_size: Mapped[int | None] = mapped_column(Integer)
+    kernel_size: Mapped[int | None] = mapped_column(Integer)
+    stride: Mapped[int | None] = mapped_column(Integer)
+    padding: Mapped[int | None] = mapped_column(Integer)
+    message_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    world_size: Mapped[int | None] = mapped_column(Integer)
+    nodes: Mapped[int | None] = mapped_column(Integer)
+    num_tokens: Mapped[int | None] = mapped_column(Integer)
+    tensor_parallel: Mapped[int | None] = mapped_column(Integer)
+
+    latency_ms: Mapped[float] = mapped_column(Double)
+    extra: Mapped[dict[str, Any]]
+    imported_at: Mapped[datetime]

@@ -52,6 +52,23 @@ def test_bad_input_is_one_line_and_exit_2(args, fragment):
     assert message.startswith("error:") and len(message.splitlines()) == 1 and fragment in message
 
 
+@pytest.mark.parametrize("source,path,fragment", [
+    ("neusight", "nowhere/neusight", "no neusight dataset at {tmp}/nowhere/neusight: no such folder"),
+    ("vidur", "file.csv", "no vidur dataset at {tmp}/file.csv: not a folder"),
+    ("deepbench", "", "{tmp} does not look like the deepbench dataset: expected tidy/deepbench_<section>.csv"),
+    ("neusight", "", "{tmp} does not look like the neusight dataset"),
+    ("mlperf", "", "unknown dataset 'mlperf': choose one of neusight, vidur, deepbench"),
+])
+def test_import_of_a_bad_path_is_one_line_and_exit_2(tmp_path, source, path, fragment):
+    (tmp_path / "file.csv").write_text("a,b\n1,2\n")
+    result = run("import", source, tmp_path / path, "--store", f"sqlite:///{tmp_path / 'store.db'}")
+    assert result.exit_code == 2, result.output
+    message = result.stderr.strip()
+    assert message.startswith("error:") and len(message.splitlines()) == 1
+    assert fragment.format(tmp=tmp_path) in message
+    assert not (tmp_path / "store.db").exists()  # the store is not even created
+
+
 def test_corrupt_onnx_is_exit_2_and_writes_nothing(tmp_path):
     bad = tmp_path / "bad.onnx"
     bad.write_bytes(b"\x08\x07\x12\x04junk-not-a-model")

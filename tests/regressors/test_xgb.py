@@ -23,6 +23,7 @@ from perfmodel.hardware.spec import HardwareSpec
 from perfmodel.jobs.spec import JobSpec, ModuleSource
 from perfmodel.registry.manifest import MANIFEST_FILE
 from perfmodel.regressors import REGRESSORS, load_regressor, regressor_class
+from perfmodel.regressors._xgb import nnls
 from perfmodel.regressors.base import Sample
 from perfmodel.regressors.xgb_graph import XGBGraphRegressor
 from perfmodel.regressors.xgb_ops import XGBOpsRegressor
@@ -207,3 +208,13 @@ def test_registry_table():
 def test_load_regressor_without_manifest(tmp_path):
     with pytest.raises(PerfmodelError, match="manifest"):
         load_regressor(tmp_path)
+
+
+def test_nnls_matches_a_known_non_negative_solution():
+    rng = np.random.default_rng(1)
+    a = rng.uniform(0, 1, size=(40, 3))
+    b = a @ np.array([2.0, 0.0, 0.5]) - 0.3 * a[:, 1]  # unconstrained optimum has a negative middle coefficient
+    x = nnls(a, b)
+    expected = np.zeros(3)
+    expected[[0, 2]] = np.linalg.lstsq(a[:, [0, 2]], b, rcond=None)[0]
+    np.testing.assert_allclose(x, expected, rtol=1e-9)

@@ -122,3 +122,15 @@ def test_an_invalid_profile_in_an_export_is_a_user_error(store, source, tmp_path
 def _edit_manifest(directory, **changes) -> None:
     path = directory / "manifest.json"
     path.write_text(json.dumps({**json.loads(path.read_text()), **changes}))
+
+
+def test_exports_of_schema_v1_still_import(store, source, tmp_path):
+    """v2 only added the op_measurements table, which exports leave out: a v1 export (as shipped under
+    profiles/) holds the same three tables and imports as it is."""
+    source.export_parquet(tmp_path / "export")
+    _edit_manifest(tmp_path / "export", schema_version=1)
+    assert store.import_parquet(tmp_path / "export") == 5
+    assert _all_profiles(store) == _all_profiles(source)
+    _edit_manifest(tmp_path / "export", schema_version=0)
+    with pytest.raises(PerfmodelError, match=r"schema v0 \(only v1, v2\)"):
+        store.import_parquet(tmp_path / "export")

@@ -6,7 +6,7 @@ import sqlite3
 from contextlib import closing
 
 import pytest
-from sqlalchemy import inspect, select, text
+from sqlalchemy import insert, inspect, select, text
 from sqlalchemy.exc import IntegrityError
 
 from perfmodel.errors import PerfmodelError
@@ -25,10 +25,11 @@ def _database_path(sqlite_url: str) -> str:
 
 
 def test_a_new_store_has_every_table_and_the_current_version(store):
-    assert set(inspect(store.engine).get_table_names()) >= {"schema_info", "profiles", "op_records", "onnx_nodes"}
-    assert _version(store) == STORE_SCHEMA_VERSION == 1
+    assert set(inspect(store.engine).get_table_names()) >= {"schema_info", "profiles", "op_records", "onnx_nodes",
+                                                             "op_measurements"}
+    assert _version(store) == STORE_SCHEMA_VERSION == 2
     with store.engine.connect() as connection:
-        assert connection.execute(select(SchemaInfo.id, SchemaInfo.version)).all() == [(1, 1)]
+        assert connection.execute(select(SchemaInfo.id, SchemaInfo.version)).all() == [(1, STORE_SCHEMA_VERSION)]
     with ProfileStore(store.url) as reopened:  # opening again changes nothing
         assert _version(reopened) == STORE_SCHEMA_VERSION
 
@@ -59,8 +60,9 @@ def test_an_older_store_is_migrated_step_by_step(sqlite_url, factory):
         profile = factory.profile()
         profile_id = store.add(profile)
     ran = []
+    v = STORE_SCHEMA_VERSION
 
-    def add_notes(connection):  # what a v1 -> v2 step would look like
+    def add_notes(connection):  # what a v -> v + 1 step would look like
         ran.append(1)
         connection.execute(text("ALTER TABLE profiles ADD COLUMN notes TEXT DEFAULT ''"))
 
@@ -68,11 +70,12 @@ def test_an_older_store_is_migrated_step_by_step(sqlite_url, factory):
         ran.append(2)
         connection.execute(text("CREATE INDEX ix_profiles_notes ON profiles (notes)"))
 
+    steps = {v: add_notes, v + 1: index_notes}
     with ProfileStore(sqlite_url) as store:
-        found = ensure_schema(store.engine, target=3, migrations={1: add_notes, 2: index_notes})
-        assert found == 1 and ran == [1, 2] and _version(store) == 3
+        found = ensure_schema(store.engine, target=v + 2, migrations=steps)
+        assert found == v and ran == [1, 2] and _version(store) == v + 2
         assert "notes" in {c["name"] for c in inspect(store.engine).get_columns("profiles")}
-        assert ensure_schema(store.engine, target=3, migrations={1: add_notes, 2: index_notes}) == 3
+        assert ensure_schema(store.engine, target=v + 2, migrations=steps) == v + 2
         assert ran == [1, 2]  # already current: no step runs again
         assert store.get(profile_id) == profile  # data survives the migration
 
@@ -84,18 +87,20 @@ def test_a_failed_migration_leaves_the_store_untouched(sqlite_url):
         connection.execute(text("ALTER TABLE profiles ADD COLUMN notes TEXT"))
         raise RuntimeError("step crashed")
 
+    v = STORE_SCHEMA_VERSION
     with ProfileStore(sqlite_url) as store:
         with pytest.raises(RuntimeError, match="step crashed"):
-            ensure_schema(store.engine, target=2, migrations={1: half_done})
-        assert _version(store) == 1
+            ensure_schema(store.engine, target=v + 1, migrations={v: half_done})
+        assert _version(store) == v
         assert "notes" not in {c["name"] for c in inspect(store.engine).get_columns("profiles")}  # DDL rolled back
 
 
 def test_a_missing_migration_step_is_a_bug(sqlite_url):
+    v = STORE_SCHEMA_VERSION
     with ProfileStore(sqlite_url) as store:
-        with pytest.raises(RuntimeError, match="no migration from store schema v1 to v2"):
-            ensure_schema(store.engine, target=2, migrations={})
-        assert _version(store) == 1
+        with pytest.raises(RuntimeError, match=f"no migration from store schema v{v} to v{v + 1}"):
+            ensure_schema(store.engine, target=v + 1, migrations={})
+        assert _version(store) == v
 
 
 def test_a_database_with_foreign_tables_of_our_names_is_refused(sqlite_url, tmp_path):
@@ -116,3 +121,56 @@ def test_the_tables_compile_for_postgresql():
     ddl = "\n".join(str(CreateTable(t).compile(dialect=postgresql.dialect())) for t in Base.metadata.sorted_tables)
     assert "DOUBLE PRECISION" in ddl and "BIGINT" in ddl and "JSON" in ddl
     assert "REFERENCES profiles (id) ON DELETE CASCADE" in ddl
+
+
+def _make_v1_store(url: str, profile) -> int:
+    """A store as perfmodel v1 wrote it (every table but op_measurements, stamped v1), holding one profile."""
+    from perfmodel.store.rows import op_values, profile_values
+    from perfmodel.store.schema import open_engine, write_transaction
+    from perfmodel.store.tables import Base, OpRecordRow, ProfileRow
+
+    engine = open_engine(url)
+    try:
+        with write_transaction(engine) as connection:
+            v1_tables = [t for t in Base.metadata.sorted_tables if t.name != "op_measurements"]
+            Base.metadata.create_all(connection, tables=v1_tables)
+            connection.execute(insert(SchemaInfo).values(id=1, version=1))
+            profile_id = connection.execute(
+                insert(ProfileRow.__table__).values(uid="0" * 32, **profile_values(profile))
+            ).inserted_primary_key[0]
+            connection.execute(insert(OpRecordRow.__table__),
+                               [{"profile_id": profile_id, **row} for row in op_values(profile.ops)])
+        return profile_id
+    finally:
+        engine.dispose()
+
+
+def test_a_v1_store_is_migrated_to_v2_with_an_op_measurements_table(store_url, factory):
+    from perfmodel.profilers.external import OpMeasurement
+    from perfmodel.store.tables import Base
+
+    profile = factory.profile(n_ops=15)
+    profile_id = _make_v1_store(store_url, profile)
+    with ProfileStore(store_url) as store:
+        assert _version(store) == 2
+        inspector = inspect(store.engine)
+        assert "op_measurements" in inspector.get_table_names()
+        # the migration's frozen table is the table a new store gets
+        expected = Base.metadata.tables["op_measurements"]
+        dialect = store.engine.dialect
+        columns = inspector.get_columns("op_measurements")
+        assert [c["name"] for c in columns] == [c.name for c in expected.columns]
+        for found, want in zip(columns, expected.columns):
+            assert found["nullable"] == want.nullable, want.name
+            assert found["type"].compile(dialect=dialect) == want.type.compile(dialect=dialect), want.name
+        indexes = {i["name"]: i["column_names"] for i in inspector.get_indexes("op_measurements")}
+        assert indexes.get("ix_op_measurements_device_op_class") == ["device", "op_class"]
+        unique = [u["column_names"] for u in inspector.get_unique_constraints("op_measurements")] + \
+            [i["column_names"] for i in inspector.get_indexes("op_measurements") if i.get("unique")]
+        assert ["uid"] in unique
+        assert store.get(profile_id) == profile  # the v1 data survives
+        record = OpMeasurement(source="neusight", source_file="a.csv", source_row=0, device="t4", op_class="bmm",
+                               op_name="bmm", dtype="fp32", phase="forward", batch=1, m=2, n=3, k=4, latency_ms=0.5)
+        assert store.add_op_measurements([record]) == 1
+    with ProfileStore(store_url) as reopened:  # opening again changes nothing
+        assert _version(reopened) == 2 and reopened.count_op_measurements() == 1

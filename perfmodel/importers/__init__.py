@@ -1,0 +1,47 @@
+"""Importers of public GPU op measurements: each reads one published dataset in place and yields `OpMeasurement`s
+(pure parsing; `ProfileStore.add_op_measurements` stores them). Devices are resolved through the hardware catalog;
+rows of devices it lacks are skipped and counted in the `ImportStats` passed in.
+
+    IMPORTERS[name](dataset_folder, stats=..., catalog=..., files=...) -> Iterator[OpMeasurement]
+
+Credit the sources (see each module, and shared/datasets/README.md) wherever results built on them are reported.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from perfmodel.errors import PerfmodelError
+from perfmodel.importers.common import DeviceResolver, ImportStats
+from perfmodel.importers.deepbench import deepbench_files, import_deepbench
+from perfmodel.importers.neusight import import_neusight, neusight_files
+from perfmodel.importers.vidur import import_vidur, vidur_files
+from perfmodel.profilers.external import OpMeasurement
+
+Importer = Callable[..., Iterator[OpMeasurement]]
+
+IMPORTERS: dict[str, Importer] = {
+    "neusight": import_neusight,
+    "vidur": import_vidur,
+    "deepbench": import_deepbench,
+}
+
+# name -> the data files its importer reads, relative to the dataset folder
+DATA_FILES: dict[str, Callable[..., list[str]]] = {
+    "neusight": neusight_files,
+    "vidur": vidur_files,
+    "deepbench": deepbench_files,
+}
+
+
+def get_importer(name: str) -> Importer:
+    """The importer of a dataset by name (neusight, vidur, deepbench); unknown: a `PerfmodelError` naming them."""
+    try:
+        return IMPORTERS[name.strip().lower()]
+    except KeyError:
+        raise PerfmodelError(f"unknown dataset {name!r}: choose one of {', '.join(IMPORTERS)}") from None
+
+
+__all__ = ["DATA_FILES", "IMPORTERS", "DeviceResolver", "ImportStats", "Importer", "OpMeasurement",
+           "get_importer", "import_deepbench", "import_neusight", "import_vidur"]
+

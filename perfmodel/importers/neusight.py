@@ -1,0 +1,154 @@
+"""NeuSight (sitar-lab/NeuSight, ASPLOS'25, MIT): fp32 per-op latency sweeps with shapes and launch geometry.
+
+Read (paths relative to the dataset root, see its PROVENANCE-upstream.md):
+
+- `data/dataset/train/collect/<op>/p<torch>/<GPU>.csv[.gz]`: one sweep per op per NVIDIA GPU (PyTorch 2.1);
+- `data/dataset_amd/train/collect/<op>/p<torch>/<GPU>.csv[.gz]`: element-wise, ln and softmax on AMD MI100/MI210;
+- `data/dataset/test/{bmm,linear,elem,ln,softmax}.csv[.gz]`: real-transformer shapes (`extra["split"] == "test"`).
+
+Not read: `data/dataset*/train/{elem,ln,softmax}.csv` (NeuSight's merged training subsets: every shape in them is
+in the per-GPU `collect/` sweeps, re-measured), `label/` (whole-model latencies, not op records), configs and
+summaries. Latencies are CUDA-event milliseconds of the forward op.
+
+Shapes: bmm is (B, M, K) @ (B, K, N); linear is x (M, K) times weight (N, K) transposed, B = 1; conv is a square
+NCHW conv (B, Input_Channel, Input_Size^2) with Output_Channel filters of Kernel_Szie^2 (sic), Stride, Padding;
+element-wise, ln and softmax act on a (B, H) tensor (ln and softmax over H).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from perfmodel.hardware.spec import HardwareSpec
+from perfmodel.importers.common import (
+    DeviceResolver,
+    ImportStats,
+    check_root,
+    compact,
+    data_files,
+    integer,
+    number,
+    read_csv,
+    relative,
+    rows,
+    select_files,
+)
+from perfmodel.profilers.external import OpMeasurement
+
+SOURCE = "neusight"
+
+ELEMENTWISE_OPS = frozenset({"add", "addu", "mul", "mulu", "div", "divu", "pow", "powu", "relu", "gelu", "tanh"})
+OP_CLASS = {"bmm": "bmm", "linear": "linear", "conv": "conv2d", "ln": "layernorm", "softmax": "softmax",
+            **{op: "elementwise" for op in ELEMENTWISE_OPS}}
+
+FILE_PATTERNS = (
+    "data/dataset/train/collect/*/*/*",
+    "data/dataset_amd/train/collect/*/*/*",
+    "data/dataset/test/*",
+)
+MARKERS = ("data/dataset/train/collect", "data/dataset_amd/train/collect", "data/dataset/test")
+
+
+def neusight_files(root: Path) -> list[str]:
+    """The data files the importer reads, relative to the dataset root."""
+    return [relative(root, p) for p in data_files(root, FILE_PATTERNS)]
+
+
+def import_neusight(root: Path | str, *, stats: ImportStats | None = None,
+                    catalog: Mapping[str, HardwareSpec] | None = None,
+                    files: Iterable[str] | None = None) -> Iterator[OpMeasurement]:
+    """The op records of a NeuSight dataset folder (checked now; read as the records are iterated). `files`
+    limits the import to some data files (relative paths, see `neusight_files`)."""
+    root = check_root(root, SOURCE, MARKERS, "expected data/dataset/train/collect/<op>/p<torch>/<GPU>.csv.gz")
+    chosen = select_files(root, data_files(root, FILE_PATTERNS), files)
+    return _records(root, chosen, stats if stats is not None else ImportStats(), DeviceResolver(catalog))
+
+
+def _records(root: Path, paths: list[Path], stats: ImportStats, resolve: DeviceResolver) -> Iterator[OpMeasurement]:
+    for path in paths:
+        name = relative(root, path)
+        stats.files.append(name)
+        split = "test" if "/test/" in name else "train"
+        version_dir = path.parent.name if split == "train" else None  # p2.1.0: the torch version it ran on
+        frame = read_csv(path)
+        if "OPName" not in frame.columns or "Latency" not in frame.columns or "Device" not in frame.columns:
+            stats.skipped[f"{name}: not a NeuSight op table"] += len(frame)
+            continue
+        for index, row in rows(frame):
+            device_name = str(row["Device"])
+            device = resolve(device_name)
+            if device is None:
+                stats.unknown_devices[device_name] += 1
+                continue
+            record = _record(name, index, row, device, split, version_dir, stats)
+            if record is not None:
+                yield stats.count(record)
+
+
+def _record(name: str, index: int, row: dict[str, Any], device: str, split: str, version_dir: str | None,
+            stats: ImportStats) -> OpMeasurement | None:
+    op = str(row["OPName"])
+    op_class = OP_CLASS.get(op)
+    if op_class is None:
+        stats.skipped[f"unknown NeuSight op {op!r}"] += 1
+        return None
+    latency = number(row["Latency"])
+    if latency is None or latency <= 0:
+        stats.skipped["no latency"] += 1
+        return None
+    shape: dict[str, Any] = {}
+    if op_class in ("bmm", "linear"):
+        shape = {"batch": integer(row.get("B")), "m": integer(row.get("M")), "n": integer(row.get("N")),
+                 "k": integer(row.get("K"))}
+    elif op_class == "conv2d":
+        size, kernel = integer(row.get("Input_Size")), integer(row.get("Kernel_Szie"))
+        stride, padding = integer(row.get("Stride")), integer(row.get("Padding"))
+        shape = {"batch": integer(row.get("B")), "in_channels": integer(row.get("Input_Channel")),
+                 "out_channels": integer(row.get("Output_Channel")),
+                 "input_height": size, "input_width": size, "input_size": size,
+                 "kernel_height": kernel, "kernel_width": kernel, "kernel_size": kernel,
+                 "stride_height": stride, "stride_width": stride, "stride": stride,
+                 "padding_height": padding, "padding_width": padding, "padding": padding}
+    else:
+        shape = {"batch": integer(row.get("B")), "hidden": integer(row.get("H"))}
+    kernel_name = kernel_signature(row.get("Kernel Name"))
+    kernels = [kernel_signature(k) for k in str(row.get("Kernels") or "").split(";") if k and k != "nan"]
+    torch_version = row.get("Torch Version") or version_dir
+    extra = compact({
+        "split": split,
+        "large": row["large"] if isinstance(row.get("large"), bool) else None,  # NeuSight's large-size samples
+        "kernel_name": kernel_name,
+        "kernels": kernels if len(kernels) > 1 else None,  # every kernel the op launched, when it was several
+        "warps_per_sm": number(row.get("Warps per SM")),
+        "blocks_per_sm": number(row.get("Blocks per SM")),
+        "grid": _triple(row, "Grid"),
+        "block": _triple(row, "Block"),
+        "torch_version": str(torch_version).removeprefix("p") if isinstance(torch_version, str) else None,
+        "cudnn_version": integer(row.get("CUDNN Version")),
+        "cuda_version": row.get("CUDA Version") if isinstance(row.get("CUDA Version"), str) else None,
+    })
+    return OpMeasurement(source=SOURCE, source_file=name, source_row=index, device=device, op_class=op_class,
+                         op_name=op, dtype="fp32", phase="forward", latency_ms=latency, extra=extra, **shape)
+
+
+@functools.lru_cache(maxsize=4096)  # a few hundred distinct kernels over hundreds of thousands of rows
+def kernel_signature(name: object) -> str | None:
+    """A demangled kernel name without its parameter list (which repeats its template arguments) and `void`."""
+    if not isinstance(name, str) or not name:
+        return None
+    name = name.strip().removeprefix("void ")
+    if name.endswith(")"):
+        depth = 0
+        for i in range(len(name) - 1, -1, -1):
+            depth += {")": 1, "(": -1}.get(name[i], 0)
+            if depth == 0:
+                return name[:i].rstrip() or name
+    return name
+
+
+def _triple(row: dict[str, Any], prefix: str) -> list[int] | None:
+    values = [integer(row.get(f"{prefix} {axis}")) for axis in "xyz"]
+    return None if None in values else values  # type: ignore[return-value]

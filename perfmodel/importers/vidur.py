@@ -1,0 +1,217 @@
+"""Vidur (microsoft/vidur, MLSys'24, MIT): fp16 transformer-layer op latencies and NCCL collective latencies.
+
+Read (paths relative to the dataset root, see its PROVENANCE-upstream.md):
+
+- `data/profiling/compute/<gpu>/<org>/<model>/mlp.csv[.gz]`: per row, one token count and tensor-parallel degree
+  of one model, and the time of each op of a decoder layer (sarathi-serve, fp16, inference forward, CUDA events,
+  ms). Every op becomes one record; the latency is the row's median (min, max, mean and std go to `extra`).
+- `data/profiling/network/<node>/{all_reduce,send_recv}.csv[.gz]`: NCCL collectives on an fp16 buffer of `size`
+  bytes over `num_workers` ranks, `devices_per_node` of them per node (median of the timed calls, ms).
+
+Not read: `attention.csv` (absent from this copy; a different schema), anything else.
+
+The model dimensions are in every row (n_embd, n_head, n_kv_head, n_expanded_embd, vocab_size, use_gated_mlp),
+and the layer is vidur's reference `GPTModel` (vidur/profiling/mlp/mlp_impl.py at the staged commit), so each
+projection's GEMM shape follows, with T = num_tokens, h = n_embd, d = h / n_head, f = n_expanded_embd, p = the
+tensor-parallel degree (weights sharded as on each of p GPUs; vidur emulates TP on one GPU):
+
+    attn_pre_proj  QKV, column-parallel  m = T, k = h,      n = (n_head + 2 n_kv_head) d / p
+    attn_post_proj O, row-parallel       m = T, k = h / p,  n = h
+    mlp_up_proj    column-parallel       m = T, k = h,      n = f / p  (2 f / p for a gated MLP: gate and up)
+    mlp_down_proj  row-parallel          m = T, k = f / p,  n = h
+
+and the others act on [T, width] tensors: emb (vocab / p rows, width h), input_layernorm and
+post_attention_layernorm (RMSNorm where the model has a post-attention norm, which vidur only builds as RMSNorm;
+LayerNorm otherwise: phi-2), attn_rope (q and k: width (n_head + n_kv_head) d / p), mlp_act (SiLU-and-mul reading
+2 f / p and writing f / p for a gated MLP, GELU on f / p otherwise), add (the residual add, width h).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from perfmodel.hardware.spec import HardwareSpec
+from perfmodel.importers.common import (
+    DeviceResolver,
+    ImportStats,
+    check_root,
+    compact,
+    data_files,
+    integer,
+    number,
+    read_csv,
+    relative,
+    rows,
+    select_files,
+)
+from perfmodel.profilers.external import OpMeasurement
+
+SOURCE = "vidur"
+
+# vidur's device folders -> the torch device name of the GPU (looked up as a catalog alias).
+# Compute profiles: "only the SKU matters" (vidur/profiling/README.md); `a100` is an 80GB A100, shared by the
+# DGX (SXM4) and the Azure NC96ads_A100_v4 (80GB PCIe) nodes; we take it to be the PCIe part of the Azure VMs
+# vidur's authors profile on (an assumption, recorded in each record's extra["device_assumed"]).
+COMPUTE_DEVICES: dict[str, tuple[str, bool]] = {  # folder -> (device name, assumed rather than documented)
+    "a100": ("NVIDIA A100 80GB PCIe", True),
+    "a40": ("NVIDIA A40", False),
+    "h100": ("NVIDIA H100 80GB HBM3", True),
+}
+# Network profiles: the GPUs of each node kind (vidur/profiling/README.md, "Network (Collectives) profiling").
+NETWORK_DEVICES: dict[str, tuple[str, bool]] = {
+    "a100_dgx": ("NVIDIA A100-SXM4-80GB", False),  # A100 DGX, 8 x 80GB, NVSwitch
+    "a100_pairwise_nvlink": ("NVIDIA A100 80GB PCIe", False),  # Azure NC96ads_A100_v4: 4 x A100 80GB, NVLink pairs
+    "a40_pairwise_nvlink": ("NVIDIA A40", False),  # 8 x A40, NVLink pairs
+    "h100_dgx": ("NVIDIA H100 80GB HBM3", False),  # H100 DGX
+    "h100_pairwise_nvlink": ("NVIDIA H100 NVL", True),  # Azure NC H100 v5 pairs H100 NVL cards
+}
+
+MLP_OPS: tuple[str, ...] = ("emb", "input_layernorm", "attn_pre_proj", "attn_rope", "attn_post_proj",
+                            "post_attention_layernorm", "mlp_up_proj", "mlp_act", "mlp_down_proj", "add")
+STATS = ("min", "max", "mean", "median", "std")
+
+FILE_PATTERNS = (
+    "data/profiling/compute/*/*/*/mlp",
+    "data/profiling/network/*/all_reduce",
+    "data/profiling/network/*/send_recv",
+)
+MARKERS = ("data/profiling/compute", "data/profiling/network")
+
+
+def vidur_files(root: Path) -> list[str]:
+    """The data files the importer reads, relative to the dataset root."""
+    return [relative(root, p) for p in data_files(root, FILE_PATTERNS)]
+
+
+def import_vidur(root: Path | str, *, stats: ImportStats | None = None,
+                 catalog: Mapping[str, HardwareSpec] | None = None,
+                 files: Iterable[str] | None = None) -> Iterator[OpMeasurement]:
+    """The op records of a vidur dataset folder (checked now; read as the records are iterated). `files` limits
+    the import to some data files (relative paths, see `vidur_files`)."""
+    root = check_root(root, SOURCE, MARKERS, "expected data/profiling/compute/<gpu>/<org>/<model>/mlp.csv.gz")
+    chosen = select_files(root, data_files(root, FILE_PATTERNS), files)
+    return _records(root, chosen, stats if stats is not None else ImportStats(), DeviceResolver(catalog))
+
+
+def _records(root: Path, paths: list[Path], stats: ImportStats, resolve: DeviceResolver) -> Iterator[OpMeasurement]:
+    for path in paths:
+        name = relative(root, path)
+        parts = name.split("/")  # data/profiling/{compute,network}/<device>/...
+        kind, folder = parts[2], parts[3]
+        if kind == "compute":  # a100, a40: generic names, so only the mapped SKU is looked up
+            device_name, assumed = COMPUTE_DEVICES.get(folder, (folder, False))
+            device = resolve(device_name)
+        else:  # a node kind: the catalog may list it as an alias of its GPU (a100_dgx), else the mapped SKU
+            device_name, assumed = NETWORK_DEVICES.get(folder, (folder, False))
+            device = resolve(folder, device_name)
+        frame = read_csv(path)
+        stats.files.append(name)
+        if device is None:
+            per_row = sum(f"time_stats.{op}.median" in frame.columns for op in MLP_OPS) if kind == "compute" else 1
+            stats.unknown_devices[device_name] += len(frame) * per_row
+            continue
+        common = {"source_file": name, "device": device}
+        facts = {"node": folder} if kind == "network" else {"model": "/".join(parts[4:6])}
+        if assumed:
+            facts["device_assumed"] = True
+        if kind == "compute":
+            yield from (stats.count(r) for r in _mlp_records(frame, common, facts, stats))
+        else:
+            yield from (stats.count(r) for r in _collective_records(frame, common, facts, stats))
+
+
+def _latency(row: dict[str, Any], op: str) -> tuple[float | None, dict[str, Any]]:
+    values = {stat: number(row.get(f"time_stats.{op}.{stat}")) for stat in STATS}
+    latency = values.pop("median")
+    return latency, {f"{stat}_ms": value for stat, value in values.items()}
+
+
+def _mlp_records(frame: Any, common: dict[str, Any], facts: dict[str, Any],
+                 stats: ImportStats) -> Iterator[OpMeasurement]:
+    ops = [op for op in MLP_OPS if f"time_stats.{op}.median" in frame.columns]
+    # vidur builds a post-attention norm only as RMSNorm, and uses the same norm kind for both norms of a layer
+    norm = "rmsnorm" if "post_attention_layernorm" in ops else "layernorm"
+    for index, row in rows(frame):
+        dims = _dims(row)
+        if dims is None:
+            stats.skipped["vidur row without model dimensions"] += len(ops)
+            continue
+        tokens, tp = dims["num_tokens"], dims["tensor_parallel"]
+        h, d, heads, kv, f = dims["h"], dims["head_dim"], dims["n_head"], dims["n_kv_head"], dims["f"]
+        gated = dims["gated"]
+        for op in ops:
+            latency, timing = _latency(row, op)
+            if latency is None or latency <= 0:
+                stats.skipped["no latency"] += 1
+                continue
+            shape: dict[str, Any]
+            detail: dict[str, Any] = {}
+            if op == "emb":
+                op_class, shape = "embedding", {"batch": tokens, "hidden": h}
+                detail = {"vocab_size": dims["vocab"], "vocab_rows": dims["vocab"] // tp}
+            elif op in ("input_layernorm", "post_attention_layernorm"):
+                op_class, shape = norm, {"batch": tokens, "hidden": h}
+            elif op == "attn_pre_proj":
+                op_class, shape = "linear", {"batch": 1, "m": tokens, "k": h, "n": (heads + 2 * kv) * d // tp}
+            elif op == "attn_rope":
+                op_class, shape = "rope", {"batch": tokens, "hidden": (heads + kv) * d // tp}
+                detail = {"head_dim": d}
+            elif op == "attn_post_proj":
+                op_class, shape = "linear", {"batch": 1, "m": tokens, "k": heads * d // tp, "n": h}
+            elif op == "mlp_up_proj":
+                op_class, shape = "linear", {"batch": 1, "m": tokens, "k": h, "n": (2 if gated else 1) * f // tp}
+            elif op == "mlp_act":
+                op_class, shape = "elementwise", {"batch": tokens, "hidden": f // tp}
+                detail = ({"activation": "silu_and_mul", "input_width": 2 * f // tp} if gated
+                          else {"activation": "gelu"})
+            elif op == "mlp_down_proj":
+                op_class, shape = "linear", {"batch": 1, "m": tokens, "k": f // tp, "n": h}
+            else:  # add: the residual add (of attention and MLP outputs too, for a layer without post-attn norm)
+                op_class, shape = "elementwise", {"batch": tokens, "hidden": h}
+                detail = {"operands": 2 if norm == "rmsnorm" else 3}
+            yield OpMeasurement(
+                source=SOURCE, source_row=index, op_class=op_class, op_name=op, dtype="fp16", phase="forward",
+                num_tokens=tokens, tensor_parallel=tp, latency_ms=latency,
+                extra=compact({**facts, **detail, **timing}), **common, **shape,
+            )
+
+
+def _dims(row: dict[str, Any]) -> dict[str, Any] | None:
+    values = {"num_tokens": integer(row.get("num_tokens")),
+              "tensor_parallel": integer(row.get("num_tensor_parallel_workers")),
+              "h": integer(row.get("n_embd")), "n_head": integer(row.get("n_head")),
+              "n_kv_head": integer(row.get("n_kv_head")), "f": integer(row.get("n_expanded_embd")),
+              "vocab": integer(row.get("vocab_size"))}
+    if any(v is None or v <= 0 for v in values.values()):
+        return None
+    gated = row.get("use_gated_mlp")
+    values["gated"] = gated is True or str(gated).lower() == "true"
+    values["head_dim"] = values["h"] // values["n_head"]
+    return values
+
+
+def _collective_records(frame: Any, common: dict[str, Any], facts: dict[str, Any],
+                        stats: ImportStats) -> Iterator[OpMeasurement]:
+    for index, row in rows(frame):
+        collective = str(row.get("collective"))
+        op_class = {"all_reduce": "allreduce", "send_recv": "send_recv"}.get(collective)
+        if op_class is None:
+            stats.skipped[f"vidur collective {collective!r}"] += 1
+            continue
+        latency, timing = _latency(row, collective)
+        if latency is None or latency <= 0:
+            stats.skipped["no latency"] += 1
+            continue
+        workers, per_node = integer(row.get("num_workers")), integer(row.get("devices_per_node"))
+        nodes = math.ceil(workers / per_node) if workers and per_node else None
+        yield OpMeasurement(
+            source=SOURCE, source_row=index, op_class=op_class, op_name=collective, dtype="fp16", phase="forward",
+            message_bytes=integer(row.get("size")), world_size=workers, nodes=nodes, latency_ms=latency,
+            extra=compact({**facts, "devices_per_node": per_node,
+                           "max_devices_per_node": integer(row.get("max_devices_per_node")),
+                           "rank": integer(row.get("rank")), **timing}),
+            **common,
+        )

@@ -1,0 +1,43 @@
+"""The shipped CPU corpus (profiles/cpu-corpus): a learned model trained on some families beats the analytic
+roofline on a family it never saw."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from perfmodel.features.dataset import samples_from_store
+from perfmodel.regressors.roofline import RooflineRegressor
+from perfmodel.regressors.xgb_graph import XGBGraphRegressor
+from perfmodel.store import ProfileStore
+
+CORPUS = Path(__file__).resolve().parents[2] / "profiles" / "cpu-corpus"
+TRAIN_FAMILIES = ("vit", "convnext", "mobilenet", "regnet", "mlp-mixer")
+HELD_OUT = "resnet"
+
+
+@pytest.fixture(scope="module")
+def samples(tmp_path_factory):
+    if not (CORPUS / "profiles.parquet").exists():
+        pytest.skip(f"the shipped corpus is missing at {CORPUS}")
+    url = f"sqlite:///{tmp_path_factory.mktemp('corpus') / 'store.db'}"
+    with ProfileStore(url) as store:
+        store.import_parquet(CORPUS)
+        return samples_from_store(store, families={*TRAIN_FAMILIES, HELD_OUT},
+                                  graph_cache_dir=tmp_path_factory.mktemp("graphs"))
+
+
+def test_a_learned_model_beats_roofline_on_a_family_it_never_saw(samples):
+    train = [s for s in samples if s.family != HELD_OUT]
+    held_out = [s for s in samples if s.family == HELD_OUT]
+    assert {s.family for s in train} == set(TRAIN_FAMILIES)
+    assert len(held_out) >= 15
+
+    measured = np.asarray([s.iteration_time_ms for s in held_out])
+    learned = XGBGraphRegressor().fit(train).predict(held_out)
+    roofline = RooflineRegressor().predict(held_out)
+    learned_mape = float(np.mean(np.abs(learned.iteration_time_ms - measured) / measured)) * 100
+    roofline_mape = float(np.mean(np.abs(roofline.iteration_time_ms - measured) / measured)) * 100
+    assert learned_mape < roofline_mape, f"held-out {HELD_OUT}: learned {learned_mape:.1f} %, roofline {roofline_mape:.1f} %"

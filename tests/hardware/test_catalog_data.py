@@ -1,0 +1,276 @@
+"""The shipped catalog.json: enough GPUs, torch's device names and the datasets' device names resolve, and the
+figures are consistent with each other and with NeuSight's spec sheets."""
+
+import csv
+import gzip
+import json
+import math
+import re
+from pathlib import Path
+
+import pytest
+
+from perfmodel.errors import UnknownNameError
+from perfmodel.hardware.catalog import get_accelerator, normalize_name, shipped_specs
+
+DATASETS = Path(__file__).resolve().parents[2].parent / "shared" / "datasets"
+
+# torch.cuda.get_device_name() (CUDA / ROCm) and the datasets' folder-style names -> catalog id
+DEVICE_NAMES = {
+    "Tesla M40": "m40",
+    "GeForce GTX TITAN X": "titan-x-maxwell",
+    "Tesla P4": "p4",
+    "Tesla P100-PCIE-12GB": "p100-pcie-12gb",
+    "Tesla P100-PCIE-16GB": "p100-pcie-16gb",
+    "Tesla P100-SXM2-16GB": "p100-sxm2-16gb",
+    "TITAN X (Pascal)": "titan-x-pascal",
+    "NVIDIA TITAN Xp": "titan-xp",
+    "GeForce GTX 1080 Ti": "gtx-1080-ti",
+    "NVIDIA GeForce GTX 1080 Ti": "gtx-1080-ti",
+    "Tesla V100-PCIE-16GB": "v100-pcie-16gb",
+    "Tesla V100-PCIE-32GB": "v100-pcie-32gb",
+    "Tesla V100-SXM2-16GB": "v100-sxm2-16gb",
+    "Tesla V100-SXM2-32GB": "v100-sxm2-32gb",
+    "Tesla V100S-PCIE-32GB": "v100s-pcie-32gb",
+    "Tesla T4": "t4",
+    "NVIDIA A10": "a10",
+    "NVIDIA A10G": "a10g",
+    "NVIDIA A30": "a30",
+    "NVIDIA A40": "a40",
+    "NVIDIA A100-PCIE-40GB": "a100-pcie-40gb",
+    "NVIDIA A100 80GB PCIe": "a100-pcie-80gb",
+    "NVIDIA A100-SXM4-40GB": "a100-sxm4-40gb",
+    "NVIDIA A100-SXM4-80GB": "a100-sxm4-80gb",
+    "NVIDIA RTX A6000": "rtx-a6000",
+    "NVIDIA GeForce RTX 3090": "rtx-3090",
+    "NVIDIA GeForce RTX 4090": "rtx-4090",
+    "NVIDIA L4": "l4",
+    "NVIDIA L40S": "l40s",
+    "NVIDIA H100 PCIe": "h100-pcie",
+    "NVIDIA H100 80GB HBM3": "h100-sxm5",
+    "NVIDIA H200": "h200",
+    "NVIDIA B200": "b200",
+    "Radeon Instinct MI25": "mi25",
+    "AMD Instinct MI100": "mi100",
+    "AMD Instinct MI210": "mi210",
+    "AMD Instinct MI250": "mi250",
+    "AMD Instinct MI250X": "mi250x",
+    "AMD Instinct MI300X": "mi300x",
+    # folder / file names in the datasets (runs of space, _ and - match each other)
+    "NVIDIA_A100-PCIE-40GB": "a100-pcie-40gb",
+    "NVIDIA_A100_80GB_PCIe": "a100-pcie-80gb",
+    "NVIDIA_H100_80GB_HBM3": "h100-sxm5",
+    "Tesla_V100-PCIE-32GB": "v100-pcie-32gb",
+    "Tesla_P100-PCIE-16GB": "p100-pcie-16gb",
+    "AMD_Instinct_MI100": "mi100",
+    "AMD_Instinct_MI250": "mi250",
+    "NV_TitanX_Pascal": "titan-x-pascal",
+    "AMD_MI25": "mi25",
+}
+
+
+@pytest.fixture(scope="module")
+def catalog():
+    return {spec.name: spec for spec in shipped_specs()}
+
+
+@pytest.fixture(scope="module")
+def gpus(catalog):
+    return [spec for spec in catalog.values() if spec.kind == "gpu"]
+
+
+def test_at_least_twenty_gpus_plus_the_probed_cpu(catalog, gpus):
+    assert len(gpus) >= 20 and "cpu" in catalog
+    assert {g.vendor for g in gpus} == {"NVIDIA", "AMD"}
+
+
+@pytest.mark.parametrize("device_name,entry", sorted(DEVICE_NAMES.items()))
+def test_torch_and_folder_device_names_resolve(catalog, device_name, entry):
+    assert get_accelerator(device_name, catalog).name == entry
+
+
+def test_ids_are_lower_case_dashed_and_every_gpu_entry_is_complete(gpus):
+    for g in gpus:
+        assert re.fullmatch(r"[a-z0-9]+(-[a-z0-9]+)*", g.name), g.name
+        missing = [field for field in ("architecture", "release_year", "form_factor", "memory_type", "pcie_gen",
+                                       "interconnect", "fp32_cores_per_cu", "peak_fp64_gflops")
+                   if getattr(g, field) is None]
+        assert not missing, f"{g.name} lacks {missing}"
+        assert g.aliases and len(g.source) > 20, g.name
+
+
+def test_peaks_are_ordered(gpus):
+    for g in gpus:
+        fp32 = g.peak_fp32_gflops
+        for half in (g.peak_fp16_gflops, g.peak_bf16_gflops):
+            assert half is None or half >= fp32, g.name
+        if g.peak_tf32_gflops is not None:
+            assert g.peak_fp16_gflops is not None and g.peak_tf32_gflops <= g.peak_fp16_gflops, g.name
+        if g.peak_fp8_gflops is not None:
+            assert g.peak_fp8_gflops >= g.peak_fp16_gflops, g.name
+        if g.peak_fp32_matrix_gflops is not None:
+            assert g.peak_fp32_matrix_gflops >= fp32, g.name
+        assert g.peak_fp64_gflops <= fp32, g.name
+        if g.architecture in ("ampere", "ada", "hopper", "blackwell"):
+            assert g.peak_tf32_gflops and g.peak_bf16_gflops, f"{g.name}: tensor cores with TF32 and bf16"
+        if g.architecture in ("maxwell", "pascal", "volta", "turing", "gcn5", "cdna", "cdna2"):
+            assert g.peak_tf32_gflops is None and g.peak_fp8_gflops is None, g.name
+
+
+def test_fp32_peak_is_lanes_times_two_times_clock(gpus):
+    checked = 0
+    for g in gpus:
+        if g.boost_clock_mhz is None:
+            continue
+        lanes = g.compute_units * g.fp32_cores_per_cu * 2 * g.boost_clock_mhz / 1000
+        ratio = g.peak_fp32_gflops / lanes
+        # CDNA3 datasheets count dual-issue fp32 in the vector peak
+        expected = 2.0 if g.architecture == "cdna3" else 1.0
+        assert math.isclose(ratio, expected, rel_tol=0.03), f"{g.name}: {ratio:.3f}"
+        checked += 1
+    assert checked >= 20
+
+
+def test_generations_order_as_expected(catalog):
+    bw = {name: spec.memory_bandwidth_gbps for name, spec in catalog.items()}
+    assert bw["b200"] > bw["h200"] > bw["h100-sxm5"] > bw["a100-sxm4-80gb"] > bw["a100-sxm4-40gb"]
+    assert bw["h100-pcie"] > bw["a100-pcie-80gb"] > bw["a100-pcie-40gb"] > bw["v100-sxm2-32gb"] > bw["p4"]
+    assert bw["mi300x"] > bw["mi250x"] and bw["t4"] > bw["p4"]
+    fp16 = {name: spec.peak_fp16_gflops for name, spec in catalog.items()}
+    assert fp16["b200"] > fp16["h100-sxm5"] > fp16["h100-pcie"] > fp16["a100-sxm4-40gb"] > fp16["v100-sxm2-16gb"]
+    assert fp16["v100-sxm2-16gb"] > fp16["t4"] > fp16["p100-pcie-16gb"]
+    assert catalog["h100-sxm5"].peak_fp32_gflops > catalog["a100-sxm4-80gb"].peak_fp32_gflops
+
+
+def test_link_bandwidth_only_for_gpu_to_gpu_links(gpus):
+    for g in gpus:
+        if g.interconnect == "pcie":
+            assert g.interconnect_bandwidth_gbps is None, g.name
+        elif g.form_factor == "sxm":
+            assert g.interconnect.startswith("nvlink") and g.interconnect_bandwidth_gbps, g.name
+
+
+def test_bare_short_names_pick_one_documented_default(catalog):
+    assert get_accelerator("A100", catalog).name == "a100-sxm4-80gb"
+    assert get_accelerator("V100", catalog).name == "v100-sxm2-32gb"
+    for default in ("a100-sxm4-80gb", "v100-sxm2-32gb"):
+        assert "Default for the bare name" in catalog[default].source
+
+
+def test_unknown_names_list_close_matches_ignoring_case_and_separators(catalog):
+    with pytest.raises(UnknownNameError) as error:
+        get_accelerator("nvidia h100", catalog)
+    assert {"NVIDIA H100 PCIe", "NVIDIA H100 80GB HBM3"} <= set(error.value.close_matches)
+    assert "did you mean" in str(error.value)
+    with pytest.raises(UnknownNameError) as error:
+        get_accelerator("A100 40GB", catalog)
+    assert {"a100-pcie-40gb", "a100-sxm4-40gb"} <= set(error.value.close_matches)
+    with pytest.raises(UnknownNameError) as error:
+        get_accelerator("H100", catalog)
+    assert {"h100-sxm5", "h100-pcie"} <= set(error.value.close_matches)
+    assert len(error.value.close_matches) <= 5
+
+
+# --- the datasets in ../shared/datasets ----------------------------------------------------------------------------
+def needs(folder: str) -> Path:
+    path = DATASETS / folder
+    if not path.is_dir():
+        pytest.skip(f"dataset folder {path} is absent (a fresh clone has no ../shared/datasets)")
+    return path
+
+
+def csv_column(path: Path, column: str) -> set[str]:
+    with (gzip.open(path, "rt", newline="") if path.suffix == ".gz" else open(path, newline="")) as f:
+        reader = csv.reader(f)
+        header = next(reader, [])
+        if column not in header:
+            return set()
+        i = header.index(column)
+        return {row[i].strip() for row in reader if len(row) > i and row[i].strip()}
+
+
+def neusight_devices(root: Path) -> set[str]:
+    names = {p.name for p in (root / "label").iterdir() if p.is_dir()} if (root / "label").is_dir() else set()
+    for path in root.glob("data/**/*.csv*"):
+        if "/collect/" in path.as_posix():  # one file per device, named after it
+            names.add(path.name.removesuffix(".gz").removesuffix(".csv"))
+        else:
+            names |= csv_column(path, "Device")
+    for path in root.glob("data/**/device_configs/*.json"):
+        names |= {path.stem, json.loads(path.read_text())["Device"]}
+    return names
+
+
+def deepbench_devices(root: Path) -> set[str]:
+    names: set[str] = set()
+    for path in root.glob("tidy/*.csv"):
+        names |= csv_column(path, "device")
+    for path in root.glob("results/**/csv/*__Specs.csv"):
+        with open(path, newline="") as f:
+            for row in csv.reader(f):
+                if row and row[0].strip() == "GPU Model" and len(row) > 1:
+                    names.add(row[1].strip())
+                if row and row[0].strip() == "CPU Model" and "Xeon Phi" in "".join(row[1:]):
+                    names.add(row[1].strip())
+    return names
+
+
+def vidur_devices(root: Path) -> set[str]:
+    base = root / "data" / "profiling"
+    return {p.name for kind in ("compute", "network") if (base / kind).is_dir()
+            for p in (base / kind).iterdir() if p.is_dir()}
+
+
+def vtrain_devices(root: Path) -> set[str]:
+    names = {p.name for p in (root / "trace").iterdir() if p.is_dir()} if (root / "trace").is_dir() else set()
+    for path in root.glob("config/**/*.json"):
+        gpu = json.loads(path.read_text(encoding="utf-8-sig")).get("gpu_name")
+        if gpu:
+            names.add(gpu)
+    return names
+
+
+@pytest.mark.parametrize("folder,devices,expected", [
+    ("neusight", neusight_devices, {"Tesla P4", "AMD Instinct MI210", "NVIDIA A100 80GB PCIe"}),
+    ("deepbench", deepbench_devices, {"NV_M40", "NV_TitanX", "AMD_MI25", "IA_KNL7250"}),
+    ("vidur", vidur_devices, {"a100", "a40", "a100_dgx"}),
+    ("vtrain", vtrain_devices, {"a100", "v100", "A100"}),
+])
+def test_every_device_named_in_a_dataset_resolves(catalog, folder, devices, expected):
+    names = devices(needs(folder))
+    assert expected <= names, f"{folder}: device names not found where expected"
+    unknown = set()
+    for name in names:
+        try:
+            get_accelerator(name, catalog)
+        except UnknownNameError:
+            unknown.add(name)
+    assert not unknown, f"{folder} names devices the catalog lacks: {sorted(unknown)}"
+
+
+def test_figures_agree_with_neusight_spec_sheets(catalog):
+    """NeuSight's device_configs/*.json are spec-sheet features; ours may differ only where the source says so."""
+    configs = sorted((needs("neusight") / "data" / "device_configs").glob("*.json"))
+    assert configs
+    for path in configs:
+        sheet = json.loads(path.read_text())
+        spec = get_accelerator(sheet["Device"], catalog)
+        assert math.isclose(sheet["Mem_Bw"], spec.memory_bandwidth_gbps, rel_tol=0.02), spec.name
+        assert abs(sheet["Dev_Mem"] - spec.memory_gb) <= 1.0, spec.name
+        if spec.vendor == "AMD":
+            assert sheet["Num_Sm"] == spec.compute_units
+            assert math.isclose(sheet["SingleFLOPsVEC"], spec.peak_fp32_gflops, rel_tol=0.02), spec.name
+            assert math.isclose(sheet["SingleFLOPsMM"], spec.peak_fp32_matrix_gflops, rel_tol=0.02), spec.name
+        else:  # NeuSight's P4 has 40 "SMs" of 64: same CUDA-core total
+            assert sheet["Num_Sm"] * sheet["Core_Per_SM"] == spec.compute_units * spec.fp32_cores_per_cu
+            assert math.isclose(sheet["SingleFLOPs"], spec.peak_fp32_gflops, rel_tol=0.05), spec.name
+        if sheet["L2Cache"] != spec.l2_cache_mb or not math.isclose(sheet["Freq"], spec.boost_clock_mhz,
+                                                                     rel_tol=0.005):
+            assert "NeuSight" in spec.source and "disagree" in spec.source, f"{spec.name}: undocumented difference"
+
+
+def test_aliases_do_not_collide_across_entries(catalog):
+    owner = {}
+    for spec in catalog.values():
+        for key in {normalize_name(spec.name), *map(normalize_name, spec.aliases)}:
+            assert owner.setdefault(key, spec.name) == spec.name, key
