@@ -47,7 +47,7 @@ SHAPE_COLUMNS = ("batch", "m", "n", "k", "hidden", "in_channels", "out_channels"
 
 # device columns taken from the catalog entry (numbers only)
 DEVICE_FEATURES = ("peak_gflops", "memory_bandwidth_gbps", "compute_units", "l2_cache_mb", "boost_clock_mhz",
-                   "fp32_cores_per_cu", "memory_gb")
+                   "fp32_cores_per_cu", "memory_gb", "watts_per_core")
 
 DEVICE_OP_FEATURES = (
     # shape, log2(1 + x)
@@ -58,8 +58,11 @@ DEVICE_OP_FEATURES = (
     *DEVICE_FEATURES, "log_ridge",
     # op on device
     "intensity_over_ridge", "log_compute_ms", "log_memory_ms", "log_roofline_ms", "waves", "log_tiles",
-    "wave_tail", "working_set_over_l2", "elements_per_core",
+    "wave_tail", "log_wave_compute_ms", "working_set_over_l2", "elements_per_core",
 )
+# the features that describe the device itself; a regressor that must answer for unseen devices can leave them
+# out and rely on the ratios (roofline times, waves, intensity over ridge) alone
+DEVICE_IDENTITY_FEATURES = (*DEVICE_FEATURES, "log_ridge")
 
 
 @dataclass(frozen=True)
@@ -182,6 +185,10 @@ def _device_columns(devices: pd.Series, dtypes: pd.Series, catalog: Mapping[str,
             "boost_clock_mhz": spec.boost_clock_mhz or np.nan,
             "fp32_cores_per_cu": spec.fp32_cores_per_cu or np.nan,
             "memory_gb": spec.memory_gb,
+            # board power per fp32 core: low on 70-75 W inference cards (T4, P4, L4), which cannot hold their
+            # boost clock under a long GEMM
+            "watts_per_core": (spec.tdp_w / (spec.compute_units * spec.fp32_cores_per_cu)
+                               if spec.tdp_w and spec.fp32_cores_per_cu else np.nan),
         }
     return pd.DataFrame([table[key] for key in zip(devices, dtypes)], columns=list(DEVICE_FEATURES))
 
@@ -206,6 +213,9 @@ def device_op_features(ops: pd.DataFrame, catalog: Mapping[str, HardwareSpec]) -
     units = device["compute_units"].to_numpy()
     waves = tiles / units
     l2_bytes = device["l2_cache_mb"].to_numpy() * 1e6
+    # compute time with whole waves: every wave costs a full tile's FLOPs on every compute unit
+    tile_flops = np.where(tiles > 0, work.flops / np.maximum(tiles, 1), 0.0)
+    wave_compute_ms = np.ceil(waves) * tile_flops / (peak / units) * 1e3
     cores = units * np.nan_to_num(device["fp32_cores_per_cu"].to_numpy(), nan=64.0)
     elements = work.bytes_written / dtype_bytes(dtypes)
     out = {
@@ -226,6 +236,7 @@ def device_op_features(ops: pd.DataFrame, catalog: Mapping[str, HardwareSpec]) -
         "waves": waves,
         "log_tiles": _log2p(tiles),
         "wave_tail": np.where(tiles > 0, np.ceil(waves) - waves, 0.0),
+        "log_wave_compute_ms": np.log2(np.maximum(np.maximum(wave_compute_ms, compute_ms), 1e-9)),
         "working_set_over_l2": bytes_total / l2_bytes,
         "elements_per_core": elements / cores,
     }

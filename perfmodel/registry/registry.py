@@ -1,5 +1,7 @@
 """The model registry: `models/<name>/<version>/` folders, each an artifact plus `manifest.json` (and
-`domain.json`: the range of the training data, for `extrapolated`), and `models/promoted.json` naming the default.
+`domain.json`: the range of the training data, for `extrapolated`), and `models/promoted.json` naming the promoted
+model of each role: `default` (iteration time on the host the corpus was profiled on) and `device-ops` (per-op
+latency on any catalog accelerator).
 
 The shipped `models/` folder of a checkout is the default root; `PERFMODEL_MODELS_DIR` points elsewhere.
 """
@@ -18,6 +20,7 @@ from perfmodel.errors import PerfmodelError, UnknownNameError
 from perfmodel.registry.manifest import Manifest
 
 PROMOTED_FILE = "promoted.json"
+ROLES = ("default", "device-ops")
 DOMAIN_FILE = "domain.json"
 _VERSION = re.compile(r"^v(\d+)$")
 
@@ -47,7 +50,7 @@ class ModelRegistry:
         self.root = Path(root) if root is not None else default_models_dir()
 
     def entries(self) -> list[ModelEntry]:
-        promoted = self.promoted_ref()
+        promoted = set(self._promoted().values())
         found = []
         for manifest_path in sorted(self.root.glob("*/v*/manifest.json")):
             version_dir = manifest_path.parent
@@ -55,7 +58,7 @@ class ModelRegistry:
                 continue
             ref = f"{version_dir.parent.name}/{version_dir.name}"
             found.append(ModelEntry(version_dir.parent.name, version_dir.name, version_dir,
-                                    Manifest.read(version_dir), promoted == ref))
+                                    Manifest.read(version_dir), ref in promoted))
         return found
 
     def next_version_dir(self, name: str) -> Path:
@@ -71,14 +74,14 @@ class ModelRegistry:
         (directory / DOMAIN_FILE).write_text(json.dumps(domain, indent=2, sort_keys=True) + "\n")
         return self.get(f"{name}/{directory.name}")
 
-    def get(self, ref: str | None = None) -> ModelEntry:
-        """`name/version`, `name` (its newest version), or None (the promoted model)."""
+    def get(self, ref: str | None = None, role: str = "default") -> ModelEntry:
+        """`name/version`, `name` (its newest version), or None (the model promoted for `role`)."""
         entries = self.entries()
         if ref is None:
-            ref = self.promoted_ref()
+            ref = self.promoted_ref(role)
             if ref is None:
-                raise PerfmodelError(f"no promoted model in {self.root}: run `perfmodel train --promote` or "
-                                     f"`perfmodel models promote NAME/VERSION`")
+                raise PerfmodelError(f"no promoted {role!r} model in {self.root}: run `perfmodel train --promote` "
+                                     f"or `perfmodel models promote NAME/VERSION`")
         by_ref = {e.ref: e for e in entries}
         if ref in by_ref:
             return by_ref[ref]
@@ -87,22 +90,33 @@ class ModelRegistry:
             return max(newest, key=lambda e: int(e.version[1:]))
         raise UnknownNameError("model", ref, list(by_ref) + sorted({e.name for e in entries}))
 
-    def promote(self, ref: str) -> ModelEntry:
+    def promote(self, ref: str, role: str | None = None) -> ModelEntry:
+        """Make `ref` the promoted model of `role` (by default the role of its regressor kind)."""
         entry = self.get(ref)
         from perfmodel.regressors import load_regressor
 
         load_regressor(entry.path)  # an artifact that does not load is never promoted
+        role = role or role_of(entry.manifest.regressor)
+        if role not in ROLES:
+            raise UnknownNameError("model role", role, ROLES)
+        promoted = {**self._promoted(), role: entry.ref}
         path = self.root / PROMOTED_FILE
         tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"default": entry.ref}, indent=2) + "\n")
-        tmp.replace(path)  # atomic: readers see the old or the new default, never half a file
+        tmp.write_text(json.dumps(promoted, indent=2, sort_keys=True) + "\n")
+        tmp.replace(path)  # atomic: readers see the old or the new file, never half a file
         return self.get(entry.ref)
 
-    def promoted_ref(self) -> str | None:
+    def _promoted(self) -> dict[str, str]:
         path = self.root / PROMOTED_FILE
-        if not path.is_file():
-            return None
-        return json.loads(path.read_text()).get("default")
+        return json.loads(path.read_text()) if path.is_file() else {}
+
+    def promoted_ref(self, role: str = "default") -> str | None:
+        return self._promoted().get(role)
+
+
+def role_of(regressor: str) -> str:
+    """The role a regressor kind is promoted for: per-op device models answer `device-ops`, the rest `default`."""
+    return "device-ops" if regressor == "xgb-device-ops" else "default"
 
 
 def read_domain(directory: Path) -> dict[str, Any]:

@@ -25,6 +25,7 @@ REGRESSORS: dict[str, str] = {
     "xgb-ops": "perfmodel.regressors.xgb_ops:XGBOpsRegressor",
     "xgb-graph": "perfmodel.regressors.xgb_graph:XGBGraphRegressor",
     "gnn": "perfmodel.regressors.gnn:GNNRegressor",
+    "xgb-device-ops": "perfmodel.regressors.device_ops:DeviceOpRegressor",  # per op, any accelerator (DataFrame in)
 }
 
 

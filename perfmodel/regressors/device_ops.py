@@ -1,0 +1,198 @@
+"""xgb-device-ops: per-op latency on any catalog accelerator, learned from public GPU measurements.
+
+Input: a DataFrame of ops (the shape columns of `perfmodel.features.device_ops`, `op_class`, `op_name`, `dtype`,
+`device` = a catalog id); `fit` also needs `latency_ms`. One quantile booster (10/50/90 %) per op class
+(`perfmodel.features.device_ops.OP_CLASSES`).
+
+- Features: `TRANSFER_FEATURES`, the device-op features without the ones that describe the device itself
+  (`DEVICE_IDENTITY_FEATURES`): the op's shape and work, and its roofline and wave-quantised compute time, intensity
+  over ridge point and working set over L2 *on that device*. With a handful of training GPUs, trees that split on a
+  device's peak or SM count only learn which GPU a row came from; ratios to the device's spec transfer.
+- Target: log(latency) − log(base + `floor_ms`), base = max(wave-quantised compute time, memory time): the booster
+  learns the efficiency the op reaches, the spec sheet gives the scale.
+- `extrapolated`: the row's dtype was never trained on for its op class, or its device's peak or bandwidth lies
+  outside the training devices' range. Such rows get their interval widened by `EXTRAPOLATION_WIDEN`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from perfmodel.errors import PerfmodelError
+from perfmodel.features.device_ops import (
+    DEVICE_IDENTITY_FEATURES, DEVICE_OP_FEATURES, OP_CLASSES, device_op_features,
+)
+from perfmodel.hardware.spec import HardwareSpec
+from perfmodel.registry.manifest import Manifest, data_hash
+from perfmodel.regressors._xgb import booster_params, predict_quantiles
+
+TRANSFER_FEATURES = tuple(f for f in DEVICE_OP_FEATURES if f not in DEVICE_IDENTITY_FEATURES)
+EXTRAPOLATION_WIDEN = 1.5  # interval half-widths (in log space) × this for extrapolated rows
+DOMAIN_FILE = "op_domain.json"
+
+
+def _booster_file(op_class: str) -> str:
+    return f"model-{op_class}.json"
+
+
+def base_ms(features: pd.DataFrame) -> np.ndarray:
+    """max(wave-quantised compute time, memory time) of every row, ms."""
+    return np.maximum(np.exp2(features["log_wave_compute_ms"].to_numpy()),
+                      np.exp2(features["log_memory_ms"].to_numpy()))
+
+
+@dataclass(frozen=True)
+class OpPrediction:
+    """Per-row predictions, aligned with the input DataFrame."""
+
+    latency_ms: np.ndarray
+    p10_ms: np.ndarray
+    p90_ms: np.ndarray
+    extrapolated: np.ndarray  # bool
+
+    def frame(self, index: pd.Index | None = None) -> pd.DataFrame:
+        return pd.DataFrame({"predicted_ms": self.latency_ms, "p10_ms": self.p10_ms, "p90_ms": self.p90_ms,
+                             "extrapolated": self.extrapolated}, index=index)
+
+
+class DeviceOpRegressor:
+    name = "xgb-device-ops"
+
+    def __init__(self, n_estimators: int = 250, max_depth: int = 8, learning_rate: float = 0.08,
+                 min_child_weight: float = 1.0, subsample: float = 0.8, floor_ms: float = 0.005, seed: int = 0,
+                 quantiles: Sequence[float] = (0.1, 0.5, 0.9), max_rows_per_class: int = 60000, nthread: int = 2):
+        self.n_estimators = n_estimators
+        self.max_depth = max_depth
+        self.learning_rate = learning_rate
+        self.min_child_weight = min_child_weight
+        self.subsample = subsample
+        self.floor_ms = floor_ms
+        self.seed = seed
+        self.quantiles = quantiles
+        self.max_rows_per_class = max_rows_per_class
+        self.nthread = nthread
+
+    def get_params(self) -> dict:
+        return {name: (list(value) if name == "quantiles" else value)
+                for name, value in vars(self).items() if not name.endswith("_")}
+
+    def _booster_params(self) -> dict:
+        params = booster_params(max_depth=self.max_depth, learning_rate=self.learning_rate,
+                                min_child_weight=self.min_child_weight, seed=self.seed, nthread=self.nthread,
+                                quantiles=self.quantiles)
+        params["subsample"] = self.subsample
+        return params
+
+    def fit(self, ops: pd.DataFrame, catalog: Mapping[str, HardwareSpec]) -> DeviceOpRegressor:
+        from perfmodel.regressors._xgb import train_booster
+
+        ops = ops[ops["op_class"].isin(OP_CLASSES)]
+        if ops.empty:
+            raise PerfmodelError(f"no training rows of the op classes {OP_CLASSES}")
+        if (ops["latency_ms"] <= 0).any() or ops["latency_ms"].isna().any():
+            raise PerfmodelError("training rows need a positive latency_ms")
+        self.boosters_: dict = {}
+        self.domain_: dict = {"op_classes": {}}
+        params = self._booster_params()
+        for op_class, rows in ops.groupby("op_class"):
+            if len(rows) > self.max_rows_per_class:
+                rows = rows.sample(n=self.max_rows_per_class, random_state=self.seed)
+            features = device_op_features(rows, catalog)
+            target = np.log(rows["latency_ms"].to_numpy()) - np.log(base_ms(features) + self.floor_ms)
+            self.boosters_[op_class] = train_booster(features[list(TRANSFER_FEATURES)].to_numpy(), target,
+                                                     TRANSFER_FEATURES, params, self.n_estimators)
+            devices = [catalog[d] for d in sorted(set(rows["device"]))]
+            self.domain_["op_classes"][op_class] = {
+                "dtypes": sorted(set(rows.get("dtype", pd.Series(["fp32"])))),
+                "devices": [d.name for d in devices],
+                "peak_fp32_gflops": [min(d.peak_fp32_gflops for d in devices),
+                                     max(d.peak_fp32_gflops for d in devices)],
+                "memory_bandwidth_gbps": [min(d.memory_bandwidth_gbps for d in devices),
+                                          max(d.memory_bandwidth_gbps for d in devices)],
+                "rows": int(len(rows)),
+            }
+        self.training_hash_ = data_hash(
+            f"{d}:{c}:{n}" for (d, c), n in ops.groupby(["device", "op_class"]).size().items())
+        return self
+
+    def _extrapolated(self, ops: pd.DataFrame, catalog: Mapping[str, HardwareSpec]) -> np.ndarray:
+        out = np.zeros(len(ops), dtype=bool)
+        dtypes = ops["dtype"] if "dtype" in ops else pd.Series(["fp32"] * len(ops), index=ops.index)
+        for i, (op_class, dtype, device) in enumerate(zip(ops["op_class"], dtypes, ops["device"])):
+            domain = self.domain_["op_classes"][op_class]
+            spec = catalog[device]
+            lo_peak, hi_peak = domain["peak_fp32_gflops"]
+            lo_bw, hi_bw = domain["memory_bandwidth_gbps"]
+            out[i] = (dtype not in domain["dtypes"] or not lo_peak <= spec.peak_fp32_gflops <= hi_peak
+                      or not lo_bw <= spec.memory_bandwidth_gbps <= hi_bw)
+        return out
+
+    def predict(self, ops: pd.DataFrame, catalog: Mapping[str, HardwareSpec]) -> OpPrediction:
+        """Latency of every row (op classes this model was fitted on); no side effects."""
+        unknown = sorted(set(ops["op_class"]) - set(self.boosters_))
+        if unknown:
+            raise PerfmodelError(f"this model has no booster for op class(es) {unknown}; "
+                                 f"it knows {sorted(self.boosters_)}")
+        n = len(ops)
+        median, low, high = np.zeros(n), np.zeros(n), np.zeros(n)
+        positions = np.arange(n)
+        features = device_op_features(ops, catalog) if n else None
+        for op_class, booster in self.boosters_.items():
+            mask = (ops["op_class"] == op_class).to_numpy()
+            if not mask.any():
+                continue
+            rows = features[mask]
+            q = predict_quantiles(booster, rows[list(TRANSFER_FEATURES)].to_numpy(), TRANSFER_FEATURES,
+                                  len(self.quantiles), self.nthread)
+            offset = np.log(base_ms(rows) + self.floor_ms)
+            mid = len(self.quantiles) // 2
+            idx = positions[mask]
+            median[idx] = q[:, mid] + offset
+            low[idx] = q[:, 0] + offset
+            high[idx] = q[:, -1] + offset
+        extrapolated = self._extrapolated(ops, catalog) if n else np.zeros(0, dtype=bool)
+        widen = np.where(extrapolated, EXTRAPOLATION_WIDEN, 1.0)
+        low = median - (median - low) * widen
+        high = median + (high - median) * widen
+        return OpPrediction(np.exp(median), np.exp(low), np.exp(high), extrapolated)
+
+    def save(self, directory: str | Path, metrics: dict | None = None) -> Path:
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        artifacts = []
+        for op_class, booster in self.boosters_.items():
+            booster.save_model(str(directory / _booster_file(op_class)))
+            artifacts.append(_booster_file(op_class))
+        (directory / DOMAIN_FILE).write_text(json.dumps(self.domain_, indent=2) + "\n")
+        manifest = Manifest(regressor=self.name, feature_names=TRANSFER_FEATURES,
+                            normalisation={"target": "log(latency_ms) - log(base_ms + floor_ms)"},
+                            settings=self.get_params(), artifacts=(*artifacts, DOMAIN_FILE),
+                            training_data_hash=self.training_hash_,
+                            training_samples=sum(c["rows"] for c in self.domain_["op_classes"].values()),
+                            metrics=metrics or {})
+        return manifest.write(directory)
+
+    @classmethod
+    def load(cls, directory: str | Path) -> DeviceOpRegressor:
+        import xgboost as xgb
+
+        directory = Path(directory)
+        manifest = Manifest.read(directory)
+        if manifest.regressor != cls.name:
+            raise PerfmodelError(f"{directory} holds a {manifest.regressor!r} model, not {cls.name!r}")
+        manifest.check_features(TRANSFER_FEATURES)
+        model = cls(**manifest.settings)
+        model.domain_ = json.loads((directory / DOMAIN_FILE).read_text())
+        model.boosters_ = {}
+        for op_class in model.domain_["op_classes"]:
+            booster = xgb.Booster()
+            booster.load_model(str(directory / _booster_file(op_class)))
+            model.boosters_[op_class] = booster
+        model.training_hash_ = manifest.training_data_hash
+        return model
