@@ -434,7 +434,7 @@ def train(regressor: Annotated[str, typer.Option(help="roofline, xgb-ops, xgb-gr
     from perfmodel.regressors import regressor_class
     from perfmodel.registry.registry import ModelRegistry, training_domain
 
-    cls = regressor_class(regressor)
+    cls = regressor_class(regressor, iteration=True)
     samples = _training_samples(profiles, store)
     if not samples:
         raise PerfmodelError("no usable profiles to train on (need outcome ok with a per-op profile)")
@@ -461,7 +461,7 @@ def evaluate(regressors: Annotated[str, typer.Option(help="comma-separated")] = 
     from perfmodel.regressors import regressor_class
 
     names = [n.strip() for n in regressors.split(",") if n.strip()]
-    factories = {n: _with_seed(regressor_class(n), seed) for n in names}
+    factories = {n: _with_seed(regressor_class(n, iteration=True), seed) for n in names}
     samples = _training_samples(profiles, store)
     result = run_evaluation(factories, samples, k=folds, seed=seed)
     paths = write_report(result, output)

@@ -80,7 +80,7 @@ class ModelRegistry:
         if ref is None:
             ref = self.promoted_ref(role)
             if ref is None:
-                raise PerfmodelError(f"no promoted {role!r} model in {self.root}: run `perfmodel train --promote` "
+                raise PerfmodelError(f"no promoted model (role {role!r}) in {self.root}: run `perfmodel train --promote` "
                                      f"or `perfmodel models promote NAME/VERSION`")
         by_ref = {e.ref: e for e in entries}
         if ref in by_ref:

@@ -18,7 +18,7 @@ from typing import Any
 from perfmodel.errors import UnknownNameError
 from perfmodel.regressors.base import IterationPrediction, Regressor, Sample
 
-__all__ = ["REGRESSORS", "IterationPrediction", "Regressor", "Sample", "load_regressor", "regressor_class"]
+__all__ = ["ITERATION_REGRESSORS", "REGRESSORS", "IterationPrediction", "Regressor", "Sample", "load_regressor", "regressor_class"]
 
 REGRESSORS: dict[str, str] = {
     "roofline": "perfmodel.regressors.roofline:RooflineRegressor",
@@ -29,10 +29,15 @@ REGRESSORS: dict[str, str] = {
 }
 
 
-def regressor_class(name: str) -> Any:
-    """The class registered as `name` (imported now)."""
-    if name not in REGRESSORS:
-        raise UnknownNameError("regressor", name, REGRESSORS)
+# the regressors that learn iteration time from `Sample`s (`perfmodel train` / `evaluate`); the others take ops
+ITERATION_REGRESSORS = ("roofline", "xgb-ops", "xgb-graph", "gnn")
+
+
+def regressor_class(name: str, *, iteration: bool = False) -> Any:
+    """The class registered as `name` (imported now); `iteration`: only those of `ITERATION_REGRESSORS`."""
+    known = ITERATION_REGRESSORS if iteration else tuple(REGRESSORS)
+    if name not in known:
+        raise UnknownNameError("regressor", name, known)
     module_name, _, class_name = REGRESSORS[name].partition(":")
     return getattr(importlib.import_module(module_name), class_name)
 
