@@ -5,8 +5,11 @@ Run: .venv/bin/python bench/neusight_models.py [--datasets ../shared/datasets] [
 Every single-GPU label (`neusight/label/<GPU>/<model>-<train|inf>-<seq>-<batch>.json`) is predicted: the model's
 graph is captured on the meta device (once per model, batch, seq and mode; eager attention), mapped to op rows
 (`perfmodel.predictor.device_ops.graph_op_rows`) and every row's latency predicted on the label's GPU. The
-predictor is the roofline stand-in (`perfmodel.features.device_ops.roofline_ms`: max(FLOPs / peak, bytes /
-bandwidth)) until the cross-device regressor replaces it in `predict_fn_for_device`.
+predictor is `--predictor xgb` (default): the per-op device regressor (xgb-device-ops) fitted, for each label's
+GPU, on the fp32 op measurements of the *other* GPUs in `--store` (leave-one-GPU-out; run `perfmodel import
+neusight ...` into that store first), or `--predictor roofline`: max(FLOPs / peak, bytes / bandwidth) per op.
+
+    .venv/bin/python bench/neusight_models.py --store sqlite:////tmp/gpu-ops.db
 
 Prints the graph capture times, a table per (model, mode, GPU) with measured and predicted forward / backward /
 total ms and APE, and MAPE per device and overall.
@@ -22,8 +25,11 @@ from pathlib import Path
 import pandas as pd
 
 from perfmodel.evaluation.neusight_models import GraphCache, evaluate_models, mape_by, scan_labels
+from perfmodel.evaluation.device_ops import training_rows
 from perfmodel.features.device_ops import roofline_ms
 from perfmodel.hardware.catalog import load_catalog
+from perfmodel.regressors.device_ops import DeviceOpRegressor
+from perfmodel.store import ProfileStore
 
 DEFAULT_DATASETS = Path(__file__).resolve().parents[1].parent / "shared" / "datasets"
 
@@ -33,6 +39,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--datasets", type=Path, default=DEFAULT_DATASETS,
                         help="folder holding neusight/ (default: ../shared/datasets)")
     parser.add_argument("--models", default="", help="comma-separated model names to keep (default: all)")
+    parser.add_argument("--predictor", choices=("xgb", "roofline"), default="xgb")
+    parser.add_argument("--store", help="store URL with imported op measurements (for --predictor xgb)")
+    parser.add_argument("--max-rows-per-class", type=int, default=30000)
     args = parser.parse_args(argv)
 
     catalog = load_catalog()
@@ -43,8 +52,23 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{len(labels)} single-GPU labels; {len(skipped)} files skipped "
           f"({', '.join(sorted({reason.split(' (')[0] for _, reason in skipped}))})")
 
+    if args.predictor == "xgb" and not args.store:
+        parser.error("--predictor xgb needs --store (a store holding `perfmodel import neusight` rows)")
+    training = None
+    if args.predictor == "xgb":
+        with ProfileStore(args.store) as store:
+            training = training_rows(store.op_measurements(source="neusight", dtype="fp32", extra=False))
+    fitted: dict[str, DeviceOpRegressor] = {}
+
     def predict_fn_for_device(device: str):
-        return lambda ops: roofline_ms(ops, catalog)
+        if args.predictor == "roofline":
+            return lambda ops: roofline_ms(ops, catalog)
+        if device not in fitted:  # leave this GPU out of training
+            started = time.perf_counter()
+            fitted[device] = DeviceOpRegressor(max_rows_per_class=args.max_rows_per_class).fit(
+                training[training["device"] != device], catalog)
+            print(f"   fitted without {device} in {time.perf_counter() - started:.0f} s")
+        return lambda ops: fitted[device].predict(ops, catalog).latency_ms
 
     graphs = GraphCache.for_root(args.datasets)
     start = time.perf_counter()

@@ -447,6 +447,39 @@ def train(regressor: Annotated[str, typer.Option(help="roofline, xgb-ops, xgb-gr
     out.print(f"saved {entry.ref} ({entry.path})" + (" and promoted it" if promote else ""))
 
 
+@app.command("train-ops")
+@user_errors
+def train_ops(store: StoreOpt = None,
+              sources: Annotated[str, typer.Option(help="comma-separated import sources to learn from")] =
+              "neusight,vidur",
+              name: Annotated[str, typer.Option(help="registry name")] = "xgb-device-ops",
+              promote: Annotated[bool, typer.Option(help="make it the promoted device-ops model")] = False,
+              seed: Annotated[int, typer.Option(help="random seed")] = 0) -> None:
+    """Train the per-op device regressor (xgb-device-ops) on imported GPU measurements (`perfmodel import`)."""
+    from perfmodel.evaluation.device_ops import training_rows
+    from perfmodel.features.device_ops import OP_CLASSES
+    from perfmodel.hardware.catalog import load_catalog
+    from perfmodel.registry.registry import ModelRegistry
+    from perfmodel.regressors.device_ops import DeviceOpRegressor
+
+    with ProfileStore(store) as profile_store:
+        measured = profile_store.op_measurements(source=sources.split(","), extra=False)
+    ops = training_rows(measured)
+    ops = ops[ops["op_class"].isin(OP_CLASSES)]
+    if ops.empty:
+        raise PerfmodelError(f"the store has no op measurements of {sources}: run `perfmodel import SOURCE PATH` "
+                             "first")
+    _say(f"training xgb-device-ops on {len(ops)} rows of {ops['device'].nunique()} devices")
+    fitted = DeviceOpRegressor(seed=seed).fit(ops, load_catalog())
+    registry = ModelRegistry()
+    domain = {"devices": sorted(set(ops["device"])), "sources": sources.split(","),
+              "dtypes": sorted(set(ops["dtype"])), "op_classes": sorted(set(ops["op_class"]))}
+    entry = registry.save(fitted, name, domain)
+    if promote:
+        registry.promote(entry.ref, role="device-ops")
+    out.print(f"saved {entry.ref} ({entry.path})" + (" and promoted it for device-ops" if promote else ""))
+
+
 @app.command()
 @user_errors
 def evaluate(regressors: Annotated[str, typer.Option(help="comma-separated")] = "roofline,xgb-ops,xgb-graph,gnn",
@@ -510,11 +543,15 @@ def predict(model: ModelArg = None, hf_config: HFConfigOpt = None, task: TaskOpt
             accelerator: Annotated[str, typer.Option(help="catalog name or alias (`perfmodel hw list`)")] = "cpu",
             model_version: Annotated[Optional[str], typer.Option(help="NAME/VERSION [the promoted model]")] = None,
             as_json: JsonOpt = False) -> None:
-    """Predict a job's iteration time and throughput from its graph alone (nothing is run)."""
-    from perfmodel.predictor import Predictor
+    """Predict a job's iteration time and throughput from its graph alone (nothing is run). On a GPU the per-op
+    device model answers (any catalog GPU, from its spec sheet); on the profiled CPU the iteration model."""
+    from perfmodel.hardware.catalog import get_accelerator
+    from perfmodel.predictor import DevicePredictor, Predictor
 
     spec = job_spec(model, hf_config, task, module, onnx, batch_size, seq_len, precision, optimizer, mode)
-    result = Predictor.load(model_version).predict(spec, accelerator)
+    on_gpu = get_accelerator(accelerator).kind == "gpu"
+    predictor = DevicePredictor.load(model_version) if on_gpu else Predictor.load(model_version)
+    result = predictor.predict(spec, accelerator)
     if as_json:
         print_json(result.model_dump(mode="json"))
         return

@@ -1,0 +1,62 @@
+"""Leave-one-GPU-out validation of the per-op device regressor (xgb-device-ops) on public GPU measurements.
+
+    perfmodel import neusight ../shared/datasets/neusight --store sqlite:////tmp/gpu-ops.db
+    .venv/bin/python bench/device_ops_logo.py --store sqlite:////tmp/gpu-ops.db
+
+Prints MAPE per op class × held-out GPU (fp32 NeuSight sweeps: bmm, linear, conv2d, elementwise, softmax,
+layernorm), and per op class averaged over GPUs. Data: NeuSight (sitar-lab/NeuSight, MIT).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import pandas as pd
+
+from perfmodel.evaluation.device_ops import error_table, leave_one_device_out, op_class_mape, training_rows
+from perfmodel.features.device_ops import OP_CLASSES
+from perfmodel.hardware.catalog import load_catalog
+from perfmodel.regressors.device_ops import DeviceOpRegressor
+from perfmodel.store import ProfileStore
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--store", required=True, help="store URL holding `perfmodel import neusight` rows")
+    parser.add_argument("--sources", default="neusight", help="comma-separated sources to train on")
+    parser.add_argument("--dtype", default="fp32", help="evaluate the held-out GPU's rows of this dtype "
+                        "(fp16: vidur's A100-80GB and A40 rows; training keeps every dtype of the other GPUs)")
+    parser.add_argument("--holdout-source", default="neusight", help="hold out the GPUs of this source")
+    parser.add_argument("--max-rows-per-class", type=int, default=40000)
+    parser.add_argument("--n-estimators", type=int, default=250)
+    args = parser.parse_args()
+
+    catalog = load_catalog()
+    with ProfileStore(args.store) as store:
+        measured = store.op_measurements(source=args.sources.split(","), extra=False)
+    ops = training_rows(measured)
+    ops = ops[ops["op_class"].isin(OP_CLASSES)]
+    evaluated = (ops["source"] == args.holdout_source) & (ops["dtype"] == args.dtype)
+    devices = sorted(set(ops.loc[evaluated, "device"]))
+    print(f"{len(ops)} rows of {ops['device'].nunique()} devices ({', '.join(sorted(set(ops['dtype'])))}); "
+          f"holding out {devices}, evaluating their {args.dtype} rows of {args.holdout_source}")
+    started = time.perf_counter()
+    predictions = leave_one_device_out(
+        ops, catalog, lambda: DeviceOpRegressor(n_estimators=args.n_estimators,
+                                                max_rows_per_class=args.max_rows_per_class),
+        devices=devices, progress=print)
+    predictions = predictions[(predictions["source"] == args.holdout_source) & (predictions["dtype"] == args.dtype)]
+    print(f"fit + predict: {time.perf_counter() - started:.0f} s\n")
+    table = error_table(predictions)
+    pd.set_option("display.width", 160)
+    print("MAPE % per op class (rows) × held-out GPU (columns):")
+    print(table["mape_pct"].unstack().round(1).to_string())
+    print("\n80 % interval coverage:")
+    print(table["coverage"].unstack().round(2).to_string())
+    print("\nMAPE % per op class (mean over held-out GPUs):")
+    print(op_class_mape(predictions).round(1).to_string())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,73 @@
+"""Leave-one-device-out validation of the per-op device regressor: for each device in the data, fit on the
+other devices' rows and predict its rows. Errors per op class and per device; the held-out device is never in the
+training rows (`leave_one_device_out` checks it)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+
+import pandas as pd
+
+from perfmodel.errors import PerfmodelError
+from perfmodel.hardware.spec import HardwareSpec
+
+# upstream op classes the per-op regressor learns under another class: a plain GEMM is a bmm with batch 1; an RMS
+# norm is a layer norm without the mean (same memory traffic)
+OP_CLASS_ALIASES = {"gemm": "bmm", "rmsnorm": "layernorm"}
+
+
+def training_rows(measurements: pd.DataFrame) -> pd.DataFrame:
+    """Op measurements as the regressor's rows: forward ops only, aliased op classes, positive latency."""
+    rows = measurements
+    if "phase" in rows:
+        rows = rows[rows["phase"].isin(["forward", "total"])]
+    rows = rows.assign(op_class=rows["op_class"].replace(OP_CLASS_ALIASES))
+    return rows[rows["latency_ms"] > 0].reset_index(drop=True)
+
+
+def leave_one_device_out(ops: pd.DataFrame, catalog: Mapping[str, HardwareSpec], make_regressor: Callable[[], object],
+                         devices: Sequence[str] | None = None,
+                         progress: Callable[[str], None] | None = None) -> pd.DataFrame:
+    """`ops` with `predicted_ms`, `p10_ms`, `p90_ms` and `extrapolated` columns, each row predicted by a regressor
+    fitted without its device. `devices`: those to hold out (default all); rows of other devices are only trained
+    on."""
+    held = list(devices) if devices is not None else sorted(set(ops["device"]))
+    out = []
+    for device in held:
+        test = ops["device"] == device
+        if not test.any():
+            raise PerfmodelError(f"no rows of device {device!r} to hold out")
+        train = ops[~test]
+        if device in set(train["device"]):
+            raise AssertionError("leak: the held-out device is in the training rows")
+        regressor = make_regressor().fit(train, catalog)
+        classes = set(getattr(regressor, "boosters_", {})) or set(ops["op_class"])
+        rows = ops[test & ops["op_class"].isin(classes)]
+        predicted = regressor.predict(rows, catalog).frame(rows.index)
+        out.append(pd.concat([rows, predicted], axis=1))
+        if progress:
+            progress(f"held out {device}: {len(rows)} rows predicted")
+    return pd.concat(out)
+
+
+def ape_pct(frame: pd.DataFrame) -> pd.Series:
+    return (frame["predicted_ms"] - frame["latency_ms"]).abs() / frame["latency_ms"] * 100
+
+
+def error_table(predictions: pd.DataFrame, by: Sequence[str] = ("op_class", "device")) -> pd.DataFrame:
+    """MAPE, median APE, rows and 80 % interval coverage per group."""
+    frame = predictions.assign(ape=ape_pct(predictions),
+                               covered=(predictions["latency_ms"] >= predictions["p10_ms"])
+                               & (predictions["latency_ms"] <= predictions["p90_ms"]))
+    grouped = frame.groupby(list(by))
+    return pd.DataFrame({"rows": grouped.size(), "mape_pct": grouped["ape"].mean(),
+                         "median_ape_pct": grouped["ape"].median(), "coverage": grouped["covered"].mean()})
+
+
+def op_class_mape(predictions: pd.DataFrame) -> pd.Series:
+    """MAPE per op class, each device weighted equally (mean of the per-device MAPEs)."""
+    table = error_table(predictions)
+    return table["mape_pct"].groupby(level="op_class").mean()
+
+
+__all__ = ["OP_CLASS_ALIASES", "ape_pct", "error_table", "leave_one_device_out", "op_class_mape", "training_rows"]

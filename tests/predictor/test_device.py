@@ -1,0 +1,82 @@
+"""perfmodel predict on a GPU: the per-op device model over a real (tiny) HF model's graph."""
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+from typer.testing import CliRunner
+
+from perfmodel.cli.main import app
+from perfmodel.features.device_ops import device_op_features
+from perfmodel.hardware.catalog import load_catalog
+from perfmodel.jobs.spec import JobSpec
+from perfmodel.predictor import DevicePredictor
+from perfmodel.registry.registry import ModelRegistry
+from perfmodel.regressors.device_ops import DeviceOpRegressor, base_ms
+
+TINY_GPT2 = {"model_type": "gpt2", "n_embd": 64, "n_layer": 2, "n_head": 2, "vocab_size": 1000, "n_positions": 64}
+DEVICES = ("t4", "v100-pcie-32gb", "a100-pcie-40gb", "p100-pcie-16gb")
+
+
+def _synthetic(catalog, n=150, seed=0):
+    rng = np.random.default_rng(seed)
+    frames = []
+    for device in DEVICES:
+        for op_class in ("bmm", "linear"):
+            size = rng.integers(1, 2048, size=(n, 3))
+            frames.append(pd.DataFrame({"op_class": op_class, "op_name": op_class, "dtype": "fp32",
+                                        "device": device, "batch": rng.integers(1, 64, n), "m": size[:, 0],
+                                        "n": size[:, 1], "k": size[:, 2]}))
+        for op_class, name in (("elementwise", "add"), ("softmax", "softmax"), ("layernorm", "ln")):
+            frames.append(pd.DataFrame({"op_class": op_class, "op_name": name, "dtype": "fp32", "device": device,
+                                        "batch": rng.integers(1, 8192, n), "hidden": rng.integers(1, 8192, n)}))
+    ops = pd.concat(frames, ignore_index=True)
+    return ops.assign(latency_ms=1.5 * base_ms(device_op_features(ops, catalog)) + 0.006)
+
+
+@pytest.fixture(scope="module")
+def models_dir(tmp_path_factory):
+    catalog = load_catalog()
+    root = tmp_path_factory.mktemp("models")
+    registry = ModelRegistry(root)
+    entry = registry.save(DeviceOpRegressor(n_estimators=40).fit(_synthetic(catalog), catalog), "xgb-device-ops",
+                          {"devices": list(DEVICES)})
+    registry.promote(entry.ref)  # role from the regressor kind: device-ops
+    assert registry.promoted_ref("device-ops") == entry.ref and registry.promoted_ref() is None
+    return root
+
+
+def test_breakdown_is_an_explicit_sum_and_a_faster_gpu_is_faster(models_dir):
+    predictor = DevicePredictor.load(models_dir=models_dir)
+    spec = JobSpec.from_options(hf_config=TINY_GPT2, batch_size=4, seq_len=32, optimizer="adam")
+    t4, h100 = predictor.predict(spec, "Tesla T4"), predictor.predict(spec, "NVIDIA H100 80GB HBM3")
+    for result in (t4, h100):
+        parts = result.breakdown_ms
+        assert parts["forward"] > 0 and parts["backward"] > 0 and parts["optimizer"] > 0
+        assert result.iteration_time_ms == pytest.approx(sum(parts.values()))
+        lo, hi = result.interval_ms
+        assert lo <= result.iteration_time_ms <= hi
+    assert h100.accelerator == "h100-sxm5" and h100.iteration_time_ms < t4.iteration_time_ms
+    assert h100.extrapolated and not t4.extrapolated  # H100 is faster than any training GPU
+
+
+def test_inference_has_no_backward_or_optimizer(models_dir):
+    spec = JobSpec.from_options(hf_config=TINY_GPT2, batch_size=4, seq_len=32, mode="inference")
+    result = DevicePredictor.load(models_dir=models_dir).predict(spec, "t4")
+    assert result.breakdown_ms["backward"] == 0 and result.breakdown_ms["optimizer"] == 0
+    assert result.breakdown_ms["forward"] > 0
+
+
+def test_cli_predict_on_a_gpu_uses_the_device_model(models_dir, monkeypatch, tmp_path):
+    monkeypatch.setenv("PERFMODEL_MODELS_DIR", str(models_dir))
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(TINY_GPT2))
+    result = CliRunner().invoke(app, ["predict", "--hf-config", str(config), "-b", "2", "--seq-len", "16",
+                                      "--accelerator", "NVIDIA A100-PCIE-40GB", "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.output)
+    assert data["accelerator"] == "a100-pcie-40gb" and data["model_version"].startswith("xgb-device-ops/")
+    assert set(data["breakdown_ms"]) == {"forward", "backward", "optimizer", "communication", "overhead"}
+    bad = CliRunner().invoke(app, ["predict", "--hf-config", str(config), "--accelerator", "H1000"])
+    assert bad.exit_code == 2 and "H100" in bad.output

@@ -1,0 +1,77 @@
+"""xgb-device-ops on synthetic ops whose latency follows a known law of the device's spec sheet."""
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from perfmodel.errors import PerfmodelError
+from perfmodel.hardware.catalog import load_catalog
+from perfmodel.regressors import load_regressor
+from perfmodel.regressors.device_ops import DeviceOpRegressor, base_ms
+from perfmodel.features.device_ops import device_op_features
+
+TRAIN_DEVICES = ("t4", "v100-pcie-32gb", "a100-pcie-40gb", "p100-pcie-16gb")
+
+
+@pytest.fixture(scope="module")
+def catalog():
+    return load_catalog()
+
+
+def _synthetic(catalog, devices, n=600, seed=0):
+    """bmm and softmax rows; latency = 1.6 × (wave-quantised roofline) + 8 µs, the same efficiency law on every
+    device, so a model that learned it transfers to a device it never saw."""
+    rng = np.random.default_rng(seed)
+    frames = []
+    for device in devices:
+        size = rng.integers(16, 2048, size=(n, 3))
+        bmm = pd.DataFrame({"op_class": "bmm", "op_name": "bmm", "dtype": "fp32", "device": device,
+                            "batch": rng.integers(1, 16, n), "m": size[:, 0], "n": size[:, 1], "k": size[:, 2]})
+        soft = pd.DataFrame({"op_class": "softmax", "op_name": "softmax", "dtype": "fp32", "device": device,
+                             "batch": rng.integers(1, 4096, n), "hidden": rng.integers(16, 8192, n)})
+        frames += [bmm, soft]
+    ops = pd.concat(frames, ignore_index=True)
+    ops["latency_ms"] = 1.6 * base_ms(device_op_features(ops, catalog)) + 0.008
+    return ops
+
+
+def test_contract_fit_returns_self_and_predict_has_no_side_effects(catalog):
+    ops = _synthetic(catalog, TRAIN_DEVICES, n=200)
+    model = DeviceOpRegressor(n_estimators=40)
+    assert model.get_params()["n_estimators"] == 40 and not hasattr(model, "boosters_")
+    assert model.fit(ops, catalog) is model
+    first = model.predict(ops, catalog).latency_ms
+    np.testing.assert_array_equal(first, model.predict(ops, catalog).latency_ms)
+
+
+def test_transfers_to_a_device_it_never_saw(catalog):
+    model = DeviceOpRegressor(n_estimators=150).fit(_synthetic(catalog, TRAIN_DEVICES), catalog)
+    held_out = _synthetic(catalog, ["v100-sxm2-32gb", "a100-pcie-80gb"], n=300, seed=1)
+    prediction = model.predict(held_out, catalog)
+    ape = np.abs(prediction.latency_ms - held_out["latency_ms"]) / held_out["latency_ms"]
+    assert np.median(ape) < 0.05
+    assert np.all(prediction.p10_ms <= prediction.latency_ms) and np.all(prediction.latency_ms <= prediction.p90_ms)
+
+
+def test_save_load_predicts_identically_and_flags_extrapolation(catalog, tmp_path):
+    model = DeviceOpRegressor(n_estimators=30).fit(_synthetic(catalog, TRAIN_DEVICES, n=150), catalog)
+    model.save(tmp_path / "m")
+    loaded = load_regressor(tmp_path / "m")
+    query = _synthetic(catalog, ["h100-sxm5", "v100-sxm2-32gb"], n=50, seed=2)
+    query.loc[query.index[:5], "dtype"] = "fp16"
+    a, b = model.predict(query, catalog), loaded.predict(query, catalog)
+    np.testing.assert_array_equal(a.latency_ms, b.latency_ms)
+    # H100 is faster than any training device; fp16 was never trained on
+    assert a.extrapolated[query["device"].to_numpy() == "h100-sxm5"].all()
+    assert a.extrapolated[:5].all()
+    inside = (query["device"].to_numpy() == "v100-sxm2-32gb") & (query["dtype"].to_numpy() == "fp32")
+    assert not a.extrapolated[inside].any()
+
+
+def test_refuses_unknown_classes_and_bad_latencies(catalog):
+    model = DeviceOpRegressor(n_estimators=10).fit(_synthetic(catalog, TRAIN_DEVICES[:2], n=50), catalog)
+    with pytest.raises(PerfmodelError, match="no booster"):
+        model.predict(pd.DataFrame({"op_class": ["conv2d"], "dtype": ["fp32"], "device": ["t4"]}), catalog)
+    bad = _synthetic(catalog, TRAIN_DEVICES[:1], n=10).assign(latency_ms=0.0)
+    with pytest.raises(PerfmodelError, match="positive"):
+        DeviceOpRegressor(n_estimators=5).fit(bad, catalog)
