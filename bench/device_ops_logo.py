@@ -29,7 +29,9 @@ def main() -> None:
                         "(fp16: vidur's A100-80GB and A40 rows; training keeps every dtype of the other GPUs)")
     parser.add_argument("--holdout-source", default="neusight", help="hold out the GPUs of this source")
     parser.add_argument("--max-rows-per-class", type=int, default=40000)
-    parser.add_argument("--n-estimators", type=int, default=250)
+    parser.add_argument("--n-estimators", type=int, default=DeviceOpRegressor().n_estimators)
+    parser.add_argument("--max-depth", type=int, default=DeviceOpRegressor().max_depth)
+    parser.add_argument("--devices", help="comma-separated GPUs to hold out (default: every GPU of the source)")
     args = parser.parse_args()
 
     catalog = load_catalog()
@@ -39,11 +41,13 @@ def main() -> None:
     ops = ops[ops["op_class"].isin(OP_CLASSES)]
     evaluated = (ops["source"] == args.holdout_source) & (ops["dtype"] == args.dtype)
     devices = sorted(set(ops.loc[evaluated, "device"]))
+    if args.devices:
+        devices = [d for d in devices if d in args.devices.split(",")]
     print(f"{len(ops)} rows of {ops['device'].nunique()} devices ({', '.join(sorted(set(ops['dtype'])))}); "
           f"holding out {devices}, evaluating their {args.dtype} rows of {args.holdout_source}")
     started = time.perf_counter()
     predictions = leave_one_device_out(
-        ops, catalog, lambda: DeviceOpRegressor(n_estimators=args.n_estimators,
+        ops, catalog, lambda: DeviceOpRegressor(n_estimators=args.n_estimators, max_depth=args.max_depth,
                                                 max_rows_per_class=args.max_rows_per_class),
         devices=devices, progress=print)
     predictions = predictions[(predictions["source"] == args.holdout_source) & (predictions["dtype"] == args.dtype)]

@@ -1,7 +1,8 @@
 """Measured-profile transfer across GPUs, against NeuSight's per-op label tables.
 
 Run: .venv/bin/python bench/transfer.py [--datasets ../shared/datasets] [--model NAME/VERSION]
-                                         [--max-rows-per-class 20000] [--n-estimators N] [--models gpt2_large,...]
+                                         [--max-rows-per-class 20000] [--n-estimators N] [--nthread 1]
+                                         [--models gpt2_large,...]
 
 For every NeuSight per-op label table (`neusight/label/<GPU>/<model>-<inf|train>-<seq>-<batch>.csv`, torch.fx
 nodes of a one-layer model, timed per node) that exists on two or more GPUs, each GPU's forward per-op times are
@@ -50,6 +51,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-rows-per-class", type=int, default=20000, help="training rows per op class")
     parser.add_argument("--n-estimators", type=int, default=None, help="boosting rounds [the regressor's default]")
     parser.add_argument("--models", default="", help="comma-separated model names to keep (default: all)")
+    parser.add_argument("--nthread", type=int, default=1,
+                        help="XGBoost threads [1: on a shared 2-core machine, 2 threads spin against other jobs]")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     started = time.perf_counter()
@@ -83,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         from perfmodel.regressors.device_ops import DeviceOpRegressor
 
-        settings = {"max_rows_per_class": args.max_rows_per_class, "seed": args.seed}
+        settings = {"max_rows_per_class": args.max_rows_per_class, "seed": args.seed, "nthread": args.nthread}
         if args.n_estimators is not None:
             settings["n_estimators"] = args.n_estimators
         print(f"regressor: xgb-device-ops {settings}, trained per target GPU without it, on NeuSight's op sweeps "
@@ -114,8 +117,9 @@ def main(argv: list[str] | None = None) -> int:
     per_gpu["mapped_%"] = per_gpu["mapped_ms"] / per_gpu["total_ms"] * 100
     print(per_gpu.to_string(**fmt))
     total = cov["total_ms"].sum()
-    print(f"   all: {cov['mapped_ms'].sum() / total * 100:.2f} % mapped, {cov['no-kernel_ms'].sum() / total * 100:.2f} %"
-          f" no kernel, {cov['unmapped_ms'].sum() / total * 100:.3f} % unmapped; per table "
+    print(f"   all: {cov['mapped_ms'].sum() / total * 100:.2f} % mapped, "
+          f"{cov['no-kernel_ms'].sum() / total * 100:.2f} % no kernel, "
+          f"{cov['unmapped_ms'].sum() / total * 100:.3f} % unmapped; per table "
           f"{cov['mapped_share'].min() * 100:.1f}-{cov['mapped_share'].max() * 100:.1f} % mapped")
     print("\n== nodes without a row (measured forward ms summed over all tables and GPUs)")
     print(result.unmapped.head(20).to_string(index=False, float_format=lambda x: f"{x:.2f}"))

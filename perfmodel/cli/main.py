@@ -451,7 +451,7 @@ def train(regressor: Annotated[str, typer.Option(help="roofline, xgb-ops, xgb-gr
 @user_errors
 def train_ops(store: StoreOpt = None,
               sources: Annotated[str, typer.Option(help="comma-separated import sources to learn from")] =
-              "neusight,vidur",
+              "neusight,vidur,deepbench",
               name: Annotated[str, typer.Option(help="registry name")] = "xgb-device-ops",
               promote: Annotated[bool, typer.Option(help="make it the promoted device-ops model")] = False,
               seed: Annotated[int, typer.Option(help="random seed")] = 0) -> None:
@@ -461,6 +461,7 @@ def train_ops(store: StoreOpt = None,
     from perfmodel.hardware.catalog import load_catalog
     from perfmodel.registry.registry import ModelRegistry
     from perfmodel.regressors.device_ops import DeviceOpRegressor
+    from perfmodel.store import ProfileStore
 
     with ProfileStore(store) as profile_store:
         measured = profile_store.op_measurements(source=sources.split(","), extra=False)
@@ -563,6 +564,85 @@ def predict(model: ModelArg = None, hf_config: HFConfigOpt = None, task: TaskOpt
     out.print("  " + ", ".join(f"{k} {v:.2f} ms" for k, v in result.breakdown_ms.items()))
     if result.extrapolated:
         out.print("  [yellow]extrapolated:[/] " + "; ".join(result.extrapolation_reasons))
+
+
+PREDICTION_COLUMNS = ("predicted_ms", "p10_ms", "p90_ms", "extrapolated")
+_COMPRESSION = {".gz": "gzip", ".bz2": "bz2", ".xz": "xz", ".zip": "zip", ".zst": "zstd"}
+
+
+def _device_ops_model(ref: str | None) -> tuple[Any, str]:
+    """The xgb-device-ops regressor `ref` names (NAME/VERSION or NAME), or the one promoted for `device-ops`."""
+    from perfmodel.registry.registry import ModelRegistry
+    from perfmodel.regressors import load_regressor
+
+    registry = ModelRegistry()
+    if ref is None and registry.promoted_ref("device-ops") is None:
+        raise PerfmodelError(f"no promoted device-ops model in {registry.root}: give --model NAME/VERSION (see "
+                             "`perfmodel models list`) or promote an xgb-device-ops model with "
+                             "`perfmodel models promote NAME/VERSION`")
+    entry = registry.get(ref, role="device-ops")
+    if entry.manifest.regressor != "xgb-device-ops":
+        raise PerfmodelError(f"{entry.ref} is an {entry.manifest.regressor!r} model; predict-ops needs an "
+                             "'xgb-device-ops' model (per op, any accelerator)")
+    return load_regressor(entry.path), entry.ref
+
+
+def _write_atomically(frame: Any, path: Path) -> None:
+    """`frame` as CSV at `path` (compressed by its suffix), written to a temporary file beside it and renamed over
+    it: a failure leaves no partial file."""
+    import os
+    import tempfile
+
+    if not path.parent.is_dir():
+        raise PerfmodelError(f"cannot write {path}: no such folder {path.parent}")
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        frame.to_csv(tmp, index=False, compression=_COMPRESSION.get(path.suffix.lower()))
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+@app.command("predict-ops")
+@user_errors
+def predict_ops(
+        table: Annotated[Path, typer.Argument(
+            metavar="IN", help="CSV (or .csv.gz) of ops in NeuSight's schema: OPName, Device and the op's shape "
+                               "columns (B, M, N, K / B, H / conv)")],
+        output: Annotated[Path, typer.Argument(
+            metavar="OUT", help="CSV to write: IN's columns + predicted_ms, p10_ms, p90_ms, extrapolated")],
+        model: Annotated[Optional[str], typer.Option(
+            "--model", help="NAME/VERSION (or NAME: its newest) of an xgb-device-ops model (default: the promoted "
+                            "device-ops model)")] = None,
+) -> None:
+    """Predict the latency of every op of a table on its device (any hardware-catalog accelerator).
+
+    OPName is one of bmm, linear, conv, add, addu, mul, mulu, div, divu, pow, powu, relu, gelu, tanh, softmax, ln;
+    Device a catalog name or alias (`perfmodel hw list`); a `dtype` column (fp32, fp16, bf16) is optional (fp32)."""
+    import time
+
+    from perfmodel.hardware.catalog import load_catalog
+    from perfmodel.predictor.op_table import ops_from_neusight_frame, read_op_table
+
+    started = time.perf_counter()
+    if not output.parent.is_dir():
+        raise PerfmodelError(f"cannot write {output}: no such folder {output.parent}")
+    frame = read_op_table(table)
+    clash = [c for c in PREDICTION_COLUMNS if c in frame.columns]
+    if clash:
+        raise PerfmodelError(f"{table} already has column(s) {', '.join(clash)}: rename them (predict-ops adds them)")
+    catalog = load_catalog()
+    ops = ops_from_neusight_frame(frame, catalog)
+    regressor, ref = _device_ops_model(model)
+    predicted = regressor.predict(ops, catalog).frame(frame.index)
+    _write_atomically(frame.join(predicted), output)
+    devices = sorted(ops["device"].unique())
+    extrapolated = int(predicted["extrapolated"].sum())
+    out.print(f"predicted {len(frame)} ops on {len(devices)} device(s) ({', '.join(devices)}) with {ref} in "
+              f"{time.perf_counter() - started:.2f} s -> {output}"
+              + (f"; {extrapolated} extrapolated" if extrapolated else ""), highlight=False)
 
 
 def main() -> None:

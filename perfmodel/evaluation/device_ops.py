@@ -14,11 +14,16 @@ from perfmodel.hardware.spec import HardwareSpec
 # upstream op classes the per-op regressor learns under another class: a plain GEMM is a bmm with batch 1; an RMS
 # norm is a layer norm without the mean (same memory traffic)
 OP_CLASS_ALIASES = {"gemm": "bmm", "rmsnorm": "layernorm"}
+# dtypes whose peak the catalog gives (DeepBench's int8 inference kernels have no catalog peak: left out)
+TRAINED_DTYPES = ("fp32", "fp16", "bf16")
 
 
 def training_rows(measurements: pd.DataFrame) -> pd.DataFrame:
-    """Op measurements as the regressor's rows: forward ops only, aliased op classes, positive latency."""
+    """Op measurements as the regressor's rows: forward ops of `TRAINED_DTYPES` only, aliased op classes,
+    positive latency."""
     rows = measurements
+    if "dtype" in rows:
+        rows = rows[rows["dtype"].isin(TRAINED_DTYPES)]
     if "phase" in rows:
         rows = rows[rows["phase"].isin(["forward", "total"])]
     rows = rows.assign(op_class=rows["op_class"].replace(OP_CLASS_ALIASES))

@@ -22,7 +22,7 @@ import pandas as pd
 from perfmodel.errors import PerfmodelError
 from perfmodel.hardware.spec import HardwareSpec
 
-DTYPE_BYTES: dict[str, int] = {"fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2, "fp8": 1}
+DTYPE_BYTES: dict[str, int] = {"fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2, "fp8": 1, "int8": 1}
 
 # the op classes the cross-device regressors learn, and how a row of each describes its shape
 GEMM_CLASSES = ("bmm", "linear", "conv2d")
@@ -162,23 +162,29 @@ def op_work(ops: pd.DataFrame) -> OpWork:
     return OpWork(**fields)
 
 
-def peak_gflops(spec: HardwareSpec, dtype: str) -> float:
-    """The peak a GEMM of `dtype` can reach: the tensor/matrix peak for half precision, fp32 otherwise."""
-    if dtype in ("fp16", "bf16"):
+def peak_gflops(spec: HardwareSpec, dtype: str, gemm: bool = True) -> float:
+    """The peak an op of `dtype` can reach: for a GEMM the tensor/matrix peak in half precision, and in fp32 the
+    fp32 matrix peak where the device has one (AMD CDNA: rocBLAS runs fp32 GEMMs on its matrix cores; NVIDIA's
+    TF32 is off for fp32 matmuls in PyTorch by default, so its fp32 GEMMs use the CUDA-core peak)."""
+    if gemm and dtype in ("fp16", "bf16"):
         half = spec.peak_bf16_gflops if dtype == "bf16" and spec.peak_bf16_gflops else spec.peak_fp16_gflops
         return half or spec.peak_fp32_gflops
+    if gemm and spec.peak_fp32_matrix_gflops:
+        return max(spec.peak_fp32_gflops, spec.peak_fp32_matrix_gflops)
     return spec.peak_fp32_gflops
 
 
-def _device_columns(devices: pd.Series, dtypes: pd.Series, catalog: Mapping[str, HardwareSpec]) -> pd.DataFrame:
+def _device_columns(devices: pd.Series, dtypes: pd.Series, gemm: np.ndarray,
+                    catalog: Mapping[str, HardwareSpec]) -> pd.DataFrame:
     missing = sorted(set(devices) - set(catalog))
     if missing:
         raise PerfmodelError(f"device(s) {missing} are not in the hardware catalog given")
     table = {}
-    for device, dtype in set(zip(devices, dtypes)):
+    keys = list(zip(devices, dtypes, gemm))
+    for device, dtype, is_gemm in set(keys):
         spec = catalog[device]
-        table[(device, dtype)] = {
-            "peak_gflops": peak_gflops(spec, dtype),
+        table[(device, dtype, is_gemm)] = {
+            "peak_gflops": peak_gflops(spec, dtype, bool(is_gemm)),
             "memory_bandwidth_gbps": spec.memory_bandwidth_gbps,
             "compute_units": float(spec.compute_units),
             "l2_cache_mb": spec.l2_cache_mb or np.nan,
@@ -190,7 +196,7 @@ def _device_columns(devices: pd.Series, dtypes: pd.Series, catalog: Mapping[str,
             "watts_per_core": (spec.tdp_w / (spec.compute_units * spec.fp32_cores_per_cu)
                                if spec.tdp_w and spec.fp32_cores_per_cu else np.nan),
         }
-    return pd.DataFrame([table[key] for key in zip(devices, dtypes)], columns=list(DEVICE_FEATURES))
+    return pd.DataFrame([table[key] for key in keys], columns=list(DEVICE_FEATURES))
 
 
 def _log2p(x: np.ndarray) -> np.ndarray:
@@ -201,7 +207,7 @@ def device_op_features(ops: pd.DataFrame, catalog: Mapping[str, HardwareSpec]) -
     """The `DEVICE_OP_FEATURES` columns (in order) of every row; `catalog` maps each row's `device` to its spec."""
     dtypes = ops["dtype"] if "dtype" in ops else pd.Series(["fp32"] * len(ops), index=ops.index)
     work = op_work(ops)
-    device = _device_columns(ops["device"], dtypes, catalog)
+    device = _device_columns(ops["device"], dtypes, ops["op_class"].isin(GEMM_CLASSES).to_numpy(), catalog)
     bytes_total = work.bytes_read + work.bytes_written
     peak = device["peak_gflops"].to_numpy() * 1e9
     bandwidth = device["memory_bandwidth_gbps"].to_numpy() * 1e9

@@ -121,7 +121,8 @@ def ops_from_neusight_frame(frame: pd.DataFrame, catalog: Mapping[str, HardwareS
     n = len(frame)
     for required in (OPNAME_COLUMN, DEVICE_COLUMN, *((LATENCY_COLUMN,) if with_latency else ())):
         if required.lower() not in columns:
-            raise PerfmodelError(f"the table has no {required!r} column (columns: {', '.join(map(str, frame.columns))})")
+            raise PerfmodelError(f"the table has no {required!r} column "
+                                 f"(columns: {', '.join(map(str, frame.columns))})")
 
     op_names = _text(frame[columns[OPNAME_COLUMN.lower()]])
     op_class = op_names.map(OPNAME_CLASS)
