@@ -1,16 +1,107 @@
 """Peak memory of one device from the graph alone: weights + gradients + optimizer state + activations +
-workspace (explicit sum). Issue 5 refines it for sharding (tensor/pipeline/ZeRO) and checkpointing."""
+workspace (explicit sum, `MemoryEstimate.peak_bytes`), for one shard of a placement.
+
+Conventions
+-----------
+The graph (and `spec.batch_size`) is the batch ONE data-parallel replica processes per optimizer step; the
+placement options only say how that replica's model is split (tensor / pipeline parallel) and how its training
+state is sharded over the data-parallel ranks (ZeRO). Bytes are exact integers; GB are 1e9 bytes.
+
+Bytes per parameter (training), `P` = parameters of the shard (as in the ZeRO paper, Rajbhandari et al. 2020,
+section 3.1: mixed-precision Adam = 2 + 2 + 12 = 16 bytes/param):
+
+    precision   weights  gradients  optimizer state                       SGD(momentum)  Adam/AdamW
+    fp32          4         4       states x 4                              12             16
+    fp16/bf16     2         2       states x 2 (torch keeps them in the     6              8
+                                    parameters' dtype)
+    amp           2         2       4 (fp32 master weights) + states x 4    12             16
+
+`states` (`OPTIMIZER_STATES`) is 1 for SGD (momentum buffer) and 2 for Adam/AdamW (first and second moments).
+amp follows the ZeRO / Megatron split (half working weights and gradients, fp32 master weights counted as
+optimizer state, so ZeRO-1 shards them). torch autocast as the profiler runs it keeps fp32 weights and fp32
+gradients instead (4 + 4 + states x 4): the same 16 bytes/param for Adam without ZeRO, split differently.
+Inference keeps only weights: 4 bytes/param for fp32 and amp (autocast leaves weights fp32), 2 for fp16/bf16.
+
+Activations
+-----------
+Training keeps every compute node's output for backward (`Graph.totals.activation_bytes`, an upper bound: views
+excluded; in-place ops and outputs no backward reads are counted too). Backward then frees them in reverse order
+while it produces the gradients, so activations and gradients are not all alive at once: the step's peak of the
+two is max over the backward position i of (activations of nodes <= i + gradients of the parameters of nodes >= i)
+(`backward_overlap_bytes`), and `activations_bytes` is that peak minus `gradients_bytes` (the activations' share
+at the peak; `peak_bytes` stays an explicit sum). It is between 0 and the stored activations. Float32 outputs count 2 bytes per element under amp (autocast runs compute in half precision; graphs
+are captured on the meta device without autocast, so their dtypes say float32). Inference frees each activation
+after its consumers ran: the two largest outputs bound the live set.
+
+Activations scale linearly with the batch: a micro-batch of `micro_batch_size` samples holds
+`activations x micro_batch_size / spec.batch_size`. Without pipeline parallelism one micro-batch is live at a time
+(gradient accumulation).
+
+Placement shard
+---------------
+- `tensor_parallel = t`: weights, gradients, optimizer state and activations / t (Megatron layers with sequence
+  parallelism, which shards the layer-boundary activations too; without it about 10·s·b·h bytes per layer stay
+  replicated, so this is a lower bound there).
+- `pipeline_parallel = p`: each stage holds 1/p of the layers: weights, gradients, optimizer / p. Activations: the
+  FIRST stage is the worst one: under the 1F1B schedule it keeps up to p micro-batches in flight (min(p, number of
+  micro-batches)), each holding 1/p of the layers' activations: activations(micro-batch) x min(p, m) / p.
+- `zero_stage` over `data_parallel = d` ranks: ZeRO-1 shards optimizer state (/d), ZeRO-2 also gradients, ZeRO-3
+  (FSDP) also weights, which are all-gathered one layer at a time: weights = min(W, W/d + largest layer's weights).
+  Each stage therefore never increases per-device memory.
+- `activation_checkpointing`: only each layer's output (its last node's outputs) is kept, and one layer at a time
+  is recomputed in backward: activations = boundary outputs + the largest layer's activations (capped at the
+  un-checkpointed figure). A "layer" is a maximal run of consecutive nodes owned by the same repeated block: the
+  module path up to its last numeric component (`model.layers.3`, `stages.2.blocks.0`), else its first component
+  (`Mixed_5b`). This ignores tensors a layer saves that are not its output (e.g. a residual stream read later) and
+  the recompute's own backward temporaries.
+
+Workspace: `WORKSPACE_FRACTION` of the rest (allocator fragmentation, library workspaces).
+
+`fits(estimate, hardware)` compares `peak_bytes` with `USABLE_MEMORY_FRACTION` of `HardwareSpec.memory_gb`.
+"""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
-from perfmodel.graph.ir import Graph
-from perfmodel.jobs.spec import JobSpec, Mode, OptimizerName
+from perfmodel.graph.flops import DTYPE_BYTES
+from perfmodel.graph.ir import Graph, Node, TensorMeta
+from perfmodel.graph.opkinds import OpKind
+from perfmodel.hardware.spec import HardwareSpec
+from perfmodel.jobs.spec import JobSpec, Mode, OptimizerName, Precision
 
 # optimizer state tensors per parameter: SGD momentum buffer; Adam/AdamW first and second moments
 OPTIMIZER_STATES = {OptimizerName.sgd: 1, OptimizerName.adam: 2, OptimizerName.adamw: 2}
 WORKSPACE_FRACTION = 0.05  # allocator fragmentation and library workspaces, of the rest
+# of HardwareSpec.memory_gb a job may use: the CUDA/ROCm context, the caching allocator's reserve and library
+# handles take the rest (about 0.5-1.5 GB of a 16-80 GB device)
+USABLE_MEMORY_FRACTION = 0.95
+HALF_BYTES = 2
+FP32_BYTES = 4
+
+
+@dataclass(frozen=True)
+class BytesPerParam:
+    weights: int
+    gradients: int
+    optimizer: int
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.gradients + self.optimizer
+
+
+def bytes_per_param(precision: Precision, optimizer: OptimizerName, mode: Mode = Mode.train) -> BytesPerParam:
+    """Bytes each parameter costs (see the module docstring's table)."""
+    states = OPTIMIZER_STATES[optimizer]
+    if mode == Mode.inference:
+        return BytesPerParam(HALF_BYTES if precision in (Precision.fp16, Precision.bf16) else FP32_BYTES, 0, 0)
+    if precision == Precision.fp32:
+        return BytesPerParam(FP32_BYTES, FP32_BYTES, states * FP32_BYTES)
+    if precision in (Precision.fp16, Precision.bf16):
+        return BytesPerParam(HALF_BYTES, HALF_BYTES, states * HALF_BYTES)
+    return BytesPerParam(HALF_BYTES, HALF_BYTES, FP32_BYTES + states * FP32_BYTES)  # amp: fp32 master + states
 
 
 @dataclass(frozen=True)
@@ -27,16 +118,148 @@ class MemoryEstimate:
                 + self.workspace_bytes)
 
 
-def estimate_memory(spec: JobSpec, graph: Graph) -> MemoryEstimate:
-    weights = graph.totals.param_bytes
+def _tensor_bytes(t: TensorMeta, precision: Precision) -> int:
+    if precision == Precision.amp and t.dtype == "float32":
+        return t.numel * HALF_BYTES
+    return t.numel * DTYPE_BYTES.get(t.dtype, 4)
+
+
+def _output_bytes(node: Node, precision: Precision) -> int:
+    return sum(_tensor_bytes(t, precision) for t in node.output_tensors)
+
+
+def layer_key(module: str | None) -> str | None:
+    """The repeated block owning a module path: up to its last numeric component, else its first component."""
+    if not module:
+        return None
+    parts = module.split(".")
+    numeric = [i for i, part in enumerate(parts) if part.isdigit()]
+    return ".".join(parts[: numeric[-1] + 1]) if numeric else parts[0]
+
+
+def layers(graph: Graph) -> list[list[Node]]:
+    """Maximal runs of consecutive nodes with the same `layer_key` (nodes without a module join the run before)."""
+    runs: list[list[Node]] = []
+    current: str | None = None
+    for node in graph.nodes:
+        key = layer_key(node.module)
+        if runs and (key is None or key == current):
+            runs[-1].append(node)
+            continue
+        runs.append([node])
+        current = key
+    return runs
+
+
+def _kept_nodes(nodes: list[Node]) -> list[Node]:
+    return [n for n in nodes if n.kind != OpKind.view]
+
+
+@dataclass(frozen=True)
+class ActivationProfile:
+    """Training activations at the graph's batch: everything kept, the layers' outputs, the largest layer."""
+    full_bytes: int
+    boundary_bytes: int
+    largest_layer_bytes: int
+
+    @property
+    def checkpointed_bytes(self) -> int:
+        return min(self.full_bytes, self.boundary_bytes + self.largest_layer_bytes)
+
+
+def activation_profile(graph: Graph, precision: Precision) -> ActivationProfile:
+    runs = [run for run in (_kept_nodes(r) for r in layers(graph)) if run]
+    return ActivationProfile(
+        full_bytes=sum(_output_bytes(n, precision) for n in _kept_nodes(list(graph.nodes))),
+        boundary_bytes=sum(_output_bytes(run[-1], precision) for run in runs),
+        largest_layer_bytes=max((sum(_output_bytes(n, precision) for n in run) for run in runs), default=0),
+    )
+
+
+def training_activation_bytes(graph: Graph, precision: Precision, *, checkpointing: bool = False) -> int:
+    """Bytes training keeps for backward at the graph's batch, on one device (see the module docstring)."""
+    profile = activation_profile(graph, precision)
+    return profile.checkpointed_bytes if checkpointing else profile.full_bytes
+
+
+def inference_activation_bytes(graph: Graph, precision: Precision) -> int:
+    """The two largest outputs: an inference step frees each activation once its consumers ran."""
+    outputs = sorted((_output_bytes(n, precision) for n in graph.nodes), reverse=True)
+    return sum(outputs[:2])
+
+
+def backward_overlap_bytes(graph: Graph, precision: Precision, activation_scale: float, gradients: int) -> int:
+    """The activations' share of the step's peak of activations + gradients (see the module docstring).
+
+    Backward walks the nodes in reverse: when it reaches node i, the saved outputs of nodes <= i are alive and the
+    gradients of the parameters of nodes >= i exist. Per-node activations are scaled by `activation_scale` (the
+    shard's stored activations / the graph's), per-node gradients so they sum to `gradients`; the result is
+    max_i(activations <= i + gradients >= i) - gradients, in [0, scaled activations]."""
+    nodes = list(graph.nodes)
+    total_params = sum(n.params for n in nodes)
+    grad_per_param = gradients / total_params if total_params else 0.0
+    prefix, suffix = 0.0, float(gradients)
+    peak = float(gradients)  # after backward (the optimizer step): every gradient, no activation
+    for node in nodes:
+        if node.kind != OpKind.view:
+            prefix += _output_bytes(node, precision) * activation_scale
+        # a tied weight is read by several nodes: never more gradient than the model has
+        peak = max(peak, prefix + min(float(gradients), suffix))
+        suffix = max(0.0, suffix - node.params * grad_per_param)
+    return math.ceil(peak - gradients)
+
+
+def largest_layer_params(graph: Graph) -> int:
+    """Parameter elements read by the largest layer (an upper bound per layer: a tied weight counts in each)."""
+    return max((sum(n.params for n in run) for run in layers(graph)), default=0)
+
+
+def _check_positive(**values: int) -> None:
+    for name, value in values.items():
+        if value < 1:
+            raise ValueError(f"{name} must be >= 1, got {value}")
+
+
+def estimate_memory(spec: JobSpec, graph: Graph, *, tensor_parallel: int = 1, pipeline_parallel: int = 1,
+                    data_parallel: int = 1, zero_stage: int = 0, activation_checkpointing: bool = False,
+                    micro_batch_size: int | None = None) -> MemoryEstimate:
+    """Peak memory of the worst device of a placement shard (the defaults: the whole job on one device)."""
+    _check_positive(tensor_parallel=tensor_parallel, pipeline_parallel=pipeline_parallel,
+                    data_parallel=data_parallel)
+    if zero_stage not in (0, 1, 2, 3):
+        raise ValueError(f"zero_stage must be 0, 1, 2 or 3, got {zero_stage}")
+    micro = spec.batch_size if micro_batch_size is None else min(micro_batch_size, spec.batch_size)
+    _check_positive(micro_batch_size=micro)
+    tp, pp, dp = tensor_parallel, pipeline_parallel, data_parallel
+    per_param = bytes_per_param(spec.precision, spec.optimizer, spec.mode)
+    params = graph.totals.params
+    model_split = tp * pp
+
+    # weights: / (tp pp); ZeRO-3 also / dp, plus one all-gathered layer (never more than unsharded)
+    weights_full = math.ceil(params * per_param.weights / model_split)
+    weights = weights_full
+    if zero_stage >= 3:
+        gathered = math.ceil(largest_layer_params(graph) * per_param.weights / tp)
+        weights = min(weights_full, math.ceil(weights_full / dp) + gathered)
+    gradients = math.ceil(params * per_param.gradients / model_split / (dp if zero_stage >= 2 else 1))
+    optimizer = math.ceil(params * per_param.optimizer / model_split / (dp if zero_stage >= 1 else 1))
+
+    scale = micro / spec.batch_size  # activations of one micro-batch, of the graph's batch
     if spec.mode == Mode.train:
-        gradients = weights
-        optimizer = weights * OPTIMIZER_STATES[spec.optimizer]
-        activations = graph.totals.activation_bytes  # every compute output is kept for backward (upper bound)
+        acts = activation_profile(graph, spec.precision)
+        in_flight = min(pp, math.ceil(spec.batch_size / micro))  # 1F1B: the first stage's micro-batches
+        stored = acts.full_bytes * scale * in_flight / pp
+        if activation_checkpointing:  # layer outputs of every micro-batch in flight + one layer recomputed
+            stored = min(stored, (acts.boundary_bytes * in_flight / pp + acts.largest_layer_bytes) * scale)
+        activations = backward_overlap_bytes(graph, spec.precision, stored / tp / acts.full_bytes
+                                             if acts.full_bytes else 0.0, gradients)
     else:
-        gradients = optimizer = 0
-        # inference frees each activation after its consumers ran: the two largest live tensors bound it
-        outputs = sorted((sum(t.numel for t in n.output_tensors) * 4 for n in graph.nodes), reverse=True)
-        activations = sum(outputs[:2])
+        activations = math.ceil(inference_activation_bytes(graph, spec.precision) * scale / tp)
     rest = weights + gradients + optimizer + activations
     return MemoryEstimate(weights, gradients, optimizer, activations, int(rest * WORKSPACE_FRACTION))
+
+
+def fits(estimate: MemoryEstimate, hardware: HardwareSpec, *,
+         usable_fraction: float = USABLE_MEMORY_FRACTION) -> bool:
+    """Whether the estimate's peak fits in `usable_fraction` of the device's memory (memory_gb x 1e9 bytes)."""
+    return estimate.peak_bytes <= hardware.memory_gb * 1e9 * usable_fraction

@@ -1,0 +1,330 @@
+"""The α-β (latency-bandwidth, Hockney) cost model of collectives, fitted to public NCCL measurements.
+
+A link type is two numbers: α, the fixed cost of one message step (ms), and β, the time per byte on the link
+(ms/byte; 1/β is the effective bandwidth per direction). With S the bytes each rank contributes (the whole
+buffer, not a shard) and p ranks, the standard algorithm costs (Thakur, Rabenseifner & Gropp 2005; Patarasuk &
+Yuan 2009; NCCL's own docs/tuning model, "busbw" = 2(p-1)/p · S / t for all-reduce) are:
+
+    send/recv (one message)          T = α + S·β
+    ring reduce-scatter / all-gather T = (p-1)·α + (p-1)/p · S·β
+    ring all-reduce                  T = 2(p-1)·α + 2(p-1)/p · S·β           (reduce-scatter then all-gather)
+    tree all-reduce                  T = 2·⌈log2 p⌉·α + 2·S·β                (pipelined reduce up a binary tree,
+                                                                              then broadcast down; NCCL's double
+                                                                              binary tree: each tree carries S/2,
+                                                                              an interior rank receives from two
+                                                                              children, so ~S per phase per rank)
+    hierarchical all-reduce, n nodes of g devices (intra link i, inter link o, r NIC rails per node, r = g default):
+        T = [(g-1)·α_i + (g-1)/g · S·β_i]                      intra-node reduce-scatter (each GPU owns S/g)
+          + [2(n-1)·α_o + 2(n-1)/n · (S/g)·β_o · g/r]          inter-node ring all-reduce of each S/g shard, the g
+                                                                 shards in parallel over r rails
+          + [(g-1)·α_i + (g-1)/g · S·β_i]                      intra-node all-gather
+
+With g = 1 the hierarchical cost is the ring over n nodes; with n = 1 it is the ring over g devices. Its β part
+equals the flat ring's over p = n·g ranks when β_o = β_i (and r = g): (g-1)/g + (n-1)/(n·g) = (ng-1)/(ng).
+So with β_o ≥ β_i it is never cheaper in β than the same p ranks on one node; in α it has 2(n+g-2) steps against
+the flat ring's 2(ng-1) (that is what it is for), so it is never cheaper overall only while
+α_o·(n-1) + α_i·(g-1) ≥ α_i·(ng-1).
+
+Fitting (`fit_link`): T = a·α + b·β is linear in (α, β) with a, b from the algorithm's formula, so α, β ≥ 0 come
+from non-negative least squares on the relative residuals (each row divided by its measured time), which weighs
+a 2 KB message and a 1 GB message alike.
+
+Links for hardware with no fit (`link_for_accelerator`, `network_link`): see those functions' docstrings.
+Fitted links are in `links.json` next to this module (written by `bench/collectives.py --write`, read by
+`load_links`), each with its data source, row count and fit MAPE.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from perfmodel.hardware.spec import HardwareSpec
+
+ALGORITHMS = ("ring", "tree", "send_recv", "allgather", "reduce_scatter")
+LINKS_FILE = "links.json"
+LINKS_SCHEMA_VERSION = 1
+
+# PCIe x16 usable bandwidth per direction, GB/s (8 GT/s 128b/130b x16 = 15.75 for gen3; doubling per generation)
+PCIE_X16_GBPS = {1: 4.0, 2: 8.0, 3: 15.75, 4: 31.5, 5: 63.0, 6: 121.0, 7: 242.0}
+# used only when links.json has no fitted link of the family to take a value from
+DEFAULT_EFFICIENCY = 0.7
+DEFAULT_ALPHA_MS = 0.01
+DEFAULT_NETWORK_EFFICIENCY = 0.8
+
+ArrayLike = float | int | Sequence[float] | np.ndarray
+
+
+@dataclass(frozen=True)
+class LinkModel:
+    """One link type: α (ms per message step) and β (ms per byte per direction)."""
+
+    alpha_ms: float
+    beta_ms_per_byte: float
+    name: str
+    source: str
+
+    def __post_init__(self) -> None:
+        if not (self.alpha_ms >= 0 and math.isfinite(self.alpha_ms)):
+            raise ValueError(f"alpha_ms must be finite and >= 0, got {self.alpha_ms}")
+        if not (self.beta_ms_per_byte >= 0 and math.isfinite(self.beta_ms_per_byte)):
+            raise ValueError(f"beta_ms_per_byte must be finite and >= 0, got {self.beta_ms_per_byte}")
+
+    @property
+    def bandwidth_gbps(self) -> float:
+        """Effective bandwidth per direction, GB/s (1e9 bytes/s): 1/β."""
+        return math.inf if self.beta_ms_per_byte == 0 else 1e-6 / self.beta_ms_per_byte
+
+    @property
+    def alpha_us(self) -> float:
+        return self.alpha_ms * 1e3
+
+
+# --- costs ----------------------------------------------------------------------------------------------------------
+
+def _check_ranks(p: np.ndarray) -> None:
+    if np.any(p < 1):
+        raise ValueError("world size must be >= 1")
+
+
+def coefficients(algorithm: str, message_bytes: ArrayLike, world_size: ArrayLike = 2) -> tuple[np.ndarray, np.ndarray]:
+    """(a, b) with T = a·α + b·β for `algorithm` (see the module docstring), broadcast over arrays."""
+    s = np.asarray(message_bytes, dtype=float)
+    p = np.asarray(world_size, dtype=float)
+    _check_ranks(p)
+    s, p = np.broadcast_arrays(s, p)
+    if algorithm == "ring":
+        return 2 * (p - 1), 2 * (p - 1) / p * s
+    if algorithm in ("allgather", "reduce_scatter"):
+        return p - 1, (p - 1) / p * s
+    if algorithm == "tree":
+        steps = np.ceil(np.log2(p))
+        return 2 * steps, np.where(p > 1, 2 * s, 0.0)
+    if algorithm == "send_recv":
+        return np.ones_like(s), s.copy()
+    raise ValueError(f"unknown algorithm {algorithm!r}; expected one of {ALGORITHMS}")
+
+
+def collective_ms(link: LinkModel, algorithm: str, message_bytes: ArrayLike, world_size: ArrayLike = 2) -> np.ndarray:
+    """Time (ms) of one collective of `message_bytes` over `world_size` ranks on `link`."""
+    a, b = coefficients(algorithm, message_bytes, world_size)
+    return a * link.alpha_ms + b * link.beta_ms_per_byte
+
+
+def send_recv_ms(link: LinkModel, message_bytes: ArrayLike) -> np.ndarray:
+    """α + S·β."""
+    return collective_ms(link, "send_recv", message_bytes)
+
+
+def ring_allreduce_ms(link: LinkModel, message_bytes: ArrayLike, world_size: ArrayLike) -> np.ndarray:
+    """2(p-1)·α + 2(p-1)/p·S·β."""
+    return collective_ms(link, "ring", message_bytes, world_size)
+
+
+def tree_allreduce_ms(link: LinkModel, message_bytes: ArrayLike, world_size: ArrayLike) -> np.ndarray:
+    """2⌈log2 p⌉·α + 2·S·β (0 for p = 1)."""
+    return collective_ms(link, "tree", message_bytes, world_size)
+
+
+def allgather_ms(link: LinkModel, message_bytes: ArrayLike, world_size: ArrayLike) -> np.ndarray:
+    """(p-1)·α + (p-1)/p·S·β, S the gathered (whole) buffer."""
+    return collective_ms(link, "allgather", message_bytes, world_size)
+
+
+def reduce_scatter_ms(link: LinkModel, message_bytes: ArrayLike, world_size: ArrayLike) -> np.ndarray:
+    """(p-1)·α + (p-1)/p·S·β, S the buffer each rank reduces (its output is S/p)."""
+    return collective_ms(link, "reduce_scatter", message_bytes, world_size)
+
+
+def allreduce_ms(link: LinkModel, message_bytes: ArrayLike, world_size: ArrayLike,
+                 algorithm: str = "ring") -> np.ndarray:
+    """All-reduce by `algorithm`: "ring", "tree", or "best" (the cheaper of the two per element, as NCCL's tuner
+    picks)."""
+    if algorithm == "best":
+        return np.minimum(ring_allreduce_ms(link, message_bytes, world_size),
+                          tree_allreduce_ms(link, message_bytes, world_size))
+    if algorithm not in ("ring", "tree"):
+        raise ValueError(f"all-reduce algorithm must be ring, tree or best, got {algorithm!r}")
+    return collective_ms(link, algorithm, message_bytes, world_size)
+
+
+def hierarchical_allreduce_ms(intra: LinkModel, inter: LinkModel, message_bytes: ArrayLike, nodes: ArrayLike,
+                              devices_per_node: ArrayLike, rails: ArrayLike | None = None) -> np.ndarray:
+    """Intra-node reduce-scatter + inter-node ring all-reduce of S/g (g shards in parallel over `rails` NICs per
+    node, default one per device) + intra-node all-gather. See the module docstring."""
+    s = np.asarray(message_bytes, dtype=float)
+    n = np.asarray(nodes, dtype=float)
+    g = np.asarray(devices_per_node, dtype=float)
+    _check_ranks(n)
+    _check_ranks(g)
+    r = g if rails is None else np.asarray(rails, dtype=float)
+    _check_ranks(r)
+    share = g / np.minimum(r, g)  # shards per rail
+    intra_part = 2 * reduce_scatter_ms(intra, s, g)  # reduce-scatter and all-gather cost the same
+    a, b = coefficients("ring", s / g, n)
+    return intra_part + a * inter.alpha_ms + b * share * inter.beta_ms_per_byte
+
+
+# --- fitting --------------------------------------------------------------------------------------------------------
+
+def _nnls2(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """argmin ||x·c - y||² over c ≥ 0 for a two-column x (exact: the unconstrained optimum, else the best
+    one-column fit, else zero)."""
+    candidates = []
+    solution, *_ = np.linalg.lstsq(x, y, rcond=None)
+    if np.all(solution >= 0):
+        candidates.append(solution)
+    for j in range(2):
+        col = x[:, j]
+        denom = float(col @ col)
+        c = np.zeros(2)
+        if denom > 0:
+            c[j] = max(0.0, float(col @ y) / denom)
+        candidates.append(c)
+    return min(candidates, key=lambda c: float(np.sum((x @ c - y) ** 2)))
+
+
+def fit_link(message_bytes: ArrayLike, world_size: ArrayLike, latency_ms: ArrayLike,
+             algorithm: str | Sequence[str] = "ring", *, name: str = "fitted", source: str = "fit") -> LinkModel:
+    """α, β ≥ 0 minimising Σ ((a·α + b·β - t) / t)² over the rows (one link type), with (a, b) the coefficients of
+    `algorithm` (one for all rows, or one per row, e.g. all-reduce and send/recv rows of the same link)."""
+    s = np.asarray(message_bytes, dtype=float).ravel()
+    t = np.asarray(latency_ms, dtype=float).ravel()
+    p = np.broadcast_to(np.asarray(world_size, dtype=float), s.shape).ravel()
+    if s.size == 0 or s.shape != t.shape:
+        raise ValueError("need equally long, non-empty message_bytes and latency_ms")
+    if np.any(~np.isfinite(t)) or np.any(t <= 0) or np.any(s < 0):
+        raise ValueError("latencies must be finite and > 0, message sizes >= 0")
+    algos = np.broadcast_to(np.asarray(algorithm, dtype=object), s.shape)
+    a = np.empty_like(s)
+    b = np.empty_like(s)
+    for algo in set(algos.tolist()):
+        mask = algos == algo
+        a[mask], b[mask] = coefficients(str(algo), s[mask], p[mask])
+    x = np.column_stack([a / t, b / t])
+    alpha, beta = _nnls2(x, np.ones_like(t))
+    return LinkModel(alpha_ms=float(alpha), beta_ms_per_byte=float(beta), name=name, source=source)
+
+
+def predict(link: LinkModel, message_bytes: ArrayLike, world_size: ArrayLike,
+            algorithm: str | Sequence[str] = "ring") -> np.ndarray:
+    """`collective_ms` with one algorithm per row allowed (as `fit_link` takes them)."""
+    s = np.asarray(message_bytes, dtype=float).ravel()
+    p = np.broadcast_to(np.asarray(world_size, dtype=float), s.shape).ravel()
+    algos = np.broadcast_to(np.asarray(algorithm, dtype=object), s.shape)
+    out = np.empty_like(s)
+    for algo in set(algos.tolist()):
+        mask = algos == algo
+        out[mask] = collective_ms(link, str(algo), s[mask], p[mask])
+    return out
+
+
+def mape(predicted: ArrayLike, measured: ArrayLike) -> float:
+    """Mean absolute percentage error, %."""
+    pred, meas = np.asarray(predicted, dtype=float), np.asarray(measured, dtype=float)
+    return float(np.mean(np.abs(pred - meas) / meas) * 100)
+
+
+# --- the fitted table -----------------------------------------------------------------------------------------------
+
+def links_path() -> Path:
+    """Where `links.json` lives (next to this module)."""
+    return Path(str(resources.files("perfmodel.placement").joinpath(LINKS_FILE)))
+
+
+def load_link_table(path: Path | str | None = None) -> list[dict[str, Any]]:
+    """The entries of links.json (each: name, alpha_ms, beta_ms_per_byte, source, rows, fit_mape_pct, ...)."""
+    data = json.loads(Path(path or links_path()).read_text(encoding="utf-8"))
+    if data.get("schema_version") != LINKS_SCHEMA_VERSION:
+        raise ValueError(f"links file schema_version {data.get('schema_version')!r} is not "
+                         f"{LINKS_SCHEMA_VERSION}")
+    return list(data["links"])
+
+
+def load_links(path: Path | str | None = None) -> dict[str, LinkModel]:
+    """The fitted links by name."""
+    return {e["name"]: LinkModel(alpha_ms=e["alpha_ms"], beta_ms_per_byte=e["beta_ms_per_byte"], name=e["name"],
+                                 source=e["source"])
+            for e in load_link_table(path)}
+
+
+def dump_link_table(entries: Sequence[Mapping[str, Any]]) -> str:
+    """links.json text for `entries` (the format `load_link_table` reads)."""
+    return json.dumps({"schema_version": LINKS_SCHEMA_VERSION, "links": list(entries)}, indent=2) + "\n"
+
+
+# --- links from a spec sheet ----------------------------------------------------------------------------------------
+
+def interconnect_family(interconnect: str | None) -> str | None:
+    """"nvlink" (nvlink1..5 and the bridges), "pcie", "infinity-fabric", or None."""
+    if not interconnect:
+        return None
+    name = interconnect.lower()
+    if name.startswith("nvlink"):
+        return "nvlink"
+    if name.startswith("pcie"):
+        return "pcie"
+    if name.startswith("infinity"):
+        return "infinity-fabric"
+    return name
+
+
+def nominal_intra_gbps(spec: HardwareSpec) -> float | None:
+    """Per-direction GPU-to-GPU bandwidth on the datasheet, GB/s: half the quoted bidirectional interconnect
+    bandwidth, or a PCIe x16 link of the spec's generation for PCIe-only parts."""
+    if spec.interconnect_bandwidth_gbps:
+        return spec.interconnect_bandwidth_gbps / 2
+    if spec.pcie_gen:
+        return PCIE_X16_GBPS.get(spec.pcie_gen)
+    return None
+
+
+def link_for_accelerator(spec: HardwareSpec, table: Sequence[Mapping[str, Any]] | None = None, *,
+                         efficiency: float | None = None) -> LinkModel:
+    """The intra-node link of `spec`'s GPUs, from the spec alone.
+
+    Rule: β = 1 / (B · e), B = `nominal_intra_gbps(spec)` (per direction); e and α come from the fitted intra-node
+    all-reduce links of the same interconnect family in `table` (links.json by default; entries with
+    "use_for_spec": true): e = the median of their fitted bandwidth / nominal bandwidth, α = the median of their α.
+    With no such link: every usable intra-node link's median, else DEFAULT_EFFICIENCY / DEFAULT_ALPHA_MS.
+    `efficiency` overrides e.
+    """
+    nominal = nominal_intra_gbps(spec)
+    if nominal is None:
+        raise ValueError(f"{spec.name}: no interconnect bandwidth or PCIe generation in the spec")
+    family = interconnect_family(spec.interconnect) or "pcie"
+    entries = [e for e in (load_link_table() if table is None else table)
+               if e.get("use_for_spec") and e.get("scope") == "intra" and e.get("nominal_gbps")]
+    same = [e for e in entries if e.get("family") == family] or entries
+    if same:
+        ratio = float(np.median([e["bandwidth_gbps"] / e["nominal_gbps"] for e in same]))
+        alpha = float(np.median([e["alpha_ms"] for e in same]))
+        basis = ",".join(sorted(e["name"] for e in same))
+    else:
+        ratio, alpha, basis = DEFAULT_EFFICIENCY, DEFAULT_ALPHA_MS, "defaults"
+    e = efficiency if efficiency is not None else ratio
+    if not e > 0:
+        raise ValueError("efficiency must be > 0")
+    return LinkModel(alpha_ms=alpha, beta_ms_per_byte=1e-6 / (nominal * e), name=f"{family}-{spec.name}",
+                     source=f"spec:{spec.name} ({nominal:g} GB/s/dir x {e:.2f}; alpha from {basis})")
+
+
+def network_link(gbps: float, latency_us: float, *, efficiency: float = DEFAULT_NETWORK_EFFICIENCY,
+                 name: str | None = None) -> LinkModel:
+    """An inter-node link from its line rate (Gb/s, per NIC, per direction) and one-way latency (µs):
+    β = 8 / (gbps · efficiency) ns per byte, α = latency. The default efficiency (0.8) is what NCCL typically
+    reaches on InfiniBand/RoCE with GPUDirect RDMA; the vidur cloud/DGX measurements reach far less (see
+    links.json), so pass a lower one for TCP sockets."""
+    if not (gbps > 0 and efficiency > 0 and latency_us >= 0):
+        raise ValueError("gbps and efficiency must be > 0, latency_us >= 0")
+    gbytes = gbps / 8 * efficiency
+    return LinkModel(alpha_ms=latency_us * 1e-3, beta_ms_per_byte=1e-6 / gbytes,
+                     name=name or f"network-{gbps:g}gbps", source=f"spec:{gbps:g} Gb/s x {efficiency:g}, "
+                                                                     f"{latency_us:g} us")

@@ -1,0 +1,38 @@
+import pytest
+from pydantic import ValidationError
+
+from perfmodel.placement.spec import Parallelism, PlacementSpec
+
+
+def test_grid_is_data_parallel_over_every_device():
+    spec = PlacementSpec.grid("t4", nodes=4, per_node=2, global_batch_size=64)
+    assert spec.devices == 8 and spec.nodes == 4 and not spec.consolidated
+    assert spec.parallelism.data == 8 and spec.per_replica_batch_size == 8 == spec.micro_batch_size
+
+
+def test_consolidated_tensor_and_pipeline_split():
+    spec = PlacementSpec(accelerator="a100-sxm4-80gb", devices_per_node=(8,), global_batch_size=32,
+                         parallelism=Parallelism(data=2, tensor=2, pipeline=2, micro_batches=4))
+    assert spec.consolidated and spec.per_replica_batch_size == 16 and spec.micro_batch_size == 4
+
+
+@pytest.mark.parametrize("fields, field", [
+    ({"devices_per_node": (4,), "parallelism": Parallelism(data=2)}, "parallelism"),
+    ({"devices_per_node": (2, 2), "parallelism": Parallelism(data=1, tensor=4)}, "parallelism.tensor"),
+    ({"devices_per_node": (2,), "parallelism": Parallelism(data=2), "global_batch_size": 3}, "global_batch_size"),
+    ({"devices_per_node": (0, 2)}, "devices_per_node"),
+    ({"inter_node_bandwidth_gbps": 0}, "inter_node_bandwidth_gbps"),
+    ({"intra_node_link": "nvlink9"}, "intra_node_link"),
+])
+def test_inconsistent_placements_name_the_field_at_fault(fields, field):
+    with pytest.raises(ValidationError) as info:
+        PlacementSpec(**{"accelerator": "t4", "global_batch_size": 8, **fields})
+    assert field.split(".")[0] in str(info.value)
+
+
+def test_frozen_and_no_unknown_fields():
+    spec = PlacementSpec.grid("t4", global_batch_size=8)
+    with pytest.raises(ValidationError):
+        spec.model_copy(update={}).__class__(accelerator="t4", global_batch_size=8, gpus=4)
+    with pytest.raises(ValidationError):
+        spec.global_batch_size = 16

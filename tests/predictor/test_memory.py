@@ -1,0 +1,150 @@
+"""estimate_memory: the explicit sum, placement shards (tensor/pipeline/ZeRO), checkpointing, precision, fits."""
+
+import pytest
+
+from perfmodel.graph.ir import Graph, GraphTotals, Node, TensorMeta
+from perfmodel.graph.opkinds import OpKind
+from perfmodel.hardware.catalog import get_accelerator
+from perfmodel.jobs.spec import JobSpec, Mode, OptimizerName, Precision, ZooSource
+from perfmodel.predictor.memory import (MemoryEstimate, bytes_per_param, estimate_memory, fits, layer_key,
+                                        layers)
+
+
+def _graph(layers_: int = 8, hidden: int = 256, batch: int = 8, params_per_layer: int | None = None,
+           mode: str = "train") -> Graph:
+    """A stack of `layers_` blocks (linear + gelu + linear + add) over a [batch, 128, hidden] activation."""
+    act = TensorMeta(shape=(batch, 128, hidden), dtype="float32")
+    wide = TensorMeta(shape=(batch, 128, 4 * hidden), dtype="float32")
+    p = params_per_layer if params_per_layer is not None else 8 * hidden * hidden
+    nodes = [Node(id="embed", op="aten.embedding", kind=OpKind.embedding, output_tensors=(act,), params=1000 * hidden,
+                  module="embed")]
+    for i in range(layers_):
+        prefix = f"model.layers.{i}"
+        nodes += [
+            Node(id=f"fc1_{i}", op="aten.linear", kind=OpKind.linear, output_tensors=(wide,), params=p // 2,
+                 module=f"{prefix}.mlp.fc1"),
+            Node(id=f"act_{i}", op="aten.gelu", kind=OpKind.activation, output_tensors=(wide,),
+                 module=f"{prefix}.mlp.act"),
+            Node(id=f"fc2_{i}", op="aten.linear", kind=OpKind.linear, output_tensors=(act,), params=p // 2,
+                 module=f"{prefix}.mlp.fc2"),
+            Node(id=f"add_{i}", op="aten.add", kind=OpKind.elementwise, output_tensors=(act,), module=prefix),
+        ]
+    params = sum(n.params for n in nodes)
+    activation_bytes = sum(t.numel * 4 for n in nodes for t in n.output_tensors)
+    totals = GraphTotals.from_nodes(nodes, params=params, param_bytes=4 * params, activation_bytes=activation_bytes)
+    return Graph(name="stack", source="torch.export", mode=mode, nodes=tuple(nodes), totals=totals)
+
+
+def _spec(**kw) -> JobSpec:
+    return JobSpec(source=ZooSource(name="resnet18"), batch_size=kw.pop("batch_size", 8), **kw)
+
+
+GRAPH = _graph()
+
+
+def test_peak_is_the_explicit_sum():
+    est = estimate_memory(_spec(optimizer=OptimizerName.adam), GRAPH)
+    assert est.peak_bytes == (est.weights_bytes + est.gradients_bytes + est.optimizer_bytes + est.activations_bytes
+                              + est.workspace_bytes)
+    params = GRAPH.totals.params
+    assert (est.weights_bytes, est.gradients_bytes, est.optimizer_bytes) == (4 * params, 4 * params, 8 * params)
+    assert 0 < est.activations_bytes <= GRAPH.totals.activation_bytes
+
+
+@pytest.mark.parametrize(("precision", "optimizer", "total"), [
+    (Precision.fp32, OptimizerName.sgd, 12), (Precision.fp32, OptimizerName.adam, 16),
+    (Precision.fp16, OptimizerName.adam, 8), (Precision.bf16, OptimizerName.sgd, 6),
+    (Precision.amp, OptimizerName.adam, 16), (Precision.amp, OptimizerName.adamw, 16),
+    (Precision.amp, OptimizerName.sgd, 12),
+])
+def test_bytes_per_param(precision, optimizer, total):
+    assert bytes_per_param(precision, optimizer).total == total
+
+
+def test_amp_halves_float_activations():
+    fp32 = estimate_memory(_spec(), GRAPH)
+    amp = estimate_memory(_spec(precision=Precision.amp), GRAPH)
+    assert amp.activations_bytes < fp32.activations_bytes
+
+
+def test_tensor_parallel_halves_state():
+    one = estimate_memory(_spec(optimizer=OptimizerName.adam), GRAPH)
+    two = estimate_memory(_spec(optimizer=OptimizerName.adam), GRAPH, tensor_parallel=2)
+    assert two.weights_bytes == one.weights_bytes // 2
+    assert two.gradients_bytes == one.gradients_bytes // 2
+    assert two.optimizer_bytes == one.optimizer_bytes // 2
+    assert two.activations_bytes <= one.activations_bytes
+
+
+@pytest.mark.parametrize("precision", list(Precision))
+@pytest.mark.parametrize("dp", [1, 2, 8])
+def test_zero_stages_never_increase_memory(precision, dp):
+    spec = _spec(optimizer=OptimizerName.adam, precision=precision)
+    peaks = [estimate_memory(spec, GRAPH, data_parallel=dp, zero_stage=z).peak_bytes for z in range(4)]
+    assert all(b <= a for a, b in zip(peaks, peaks[1:])), peaks
+    if dp > 1:
+        assert peaks[3] < peaks[0]
+        z = [estimate_memory(spec, GRAPH, data_parallel=dp, zero_stage=s) for s in range(4)]
+        assert z[1].optimizer_bytes < z[0].optimizer_bytes
+        assert z[2].gradients_bytes < z[1].gradients_bytes
+        assert z[3].weights_bytes < z[2].weights_bytes
+
+
+@pytest.mark.parametrize("placement", [{}, {"tensor_parallel": 2}, {"pipeline_parallel": 4, "micro_batch_size": 2},
+                                       {"data_parallel": 4, "zero_stage": 3}])
+def test_checkpointing_never_increases_activations(placement):
+    spec = _spec()
+    plain = estimate_memory(spec, GRAPH, **placement)
+    ckpt = estimate_memory(spec, GRAPH, activation_checkpointing=True, **placement)
+    assert ckpt.activations_bytes <= plain.activations_bytes
+    assert ckpt.peak_bytes <= plain.peak_bytes
+    if not placement:
+        assert ckpt.activations_bytes < plain.activations_bytes
+
+
+def test_pipeline_stages_shrink_weights():
+    spec = _spec(optimizer=OptimizerName.adam)
+    stages = [estimate_memory(spec, GRAPH, pipeline_parallel=pp) for pp in (1, 2, 4)]
+    assert stages[0].weights_bytes > stages[1].weights_bytes > stages[2].weights_bytes
+    assert stages[0].optimizer_bytes > stages[1].optimizer_bytes > stages[2].optimizer_bytes
+
+
+def test_pipeline_first_stage_keeps_micro_batches_in_flight():
+    spec = _spec(batch_size=8)
+    one_micro = estimate_memory(spec, GRAPH, pipeline_parallel=4, micro_batch_size=8)  # 1 micro-batch in flight
+    four_micro = estimate_memory(spec, GRAPH, pipeline_parallel=4, micro_batch_size=2)  # 4 in flight of 1/4 size
+    assert four_micro.activations_bytes <= one_micro.activations_bytes
+    assert four_micro.activations_bytes > 0
+
+
+def test_inference_has_no_gradients_or_optimizer():
+    est = estimate_memory(_spec(mode=Mode.inference, optimizer=OptimizerName.adam), _graph(mode="inference"))
+    assert est.gradients_bytes == 0 and est.optimizer_bytes == 0
+    assert est.weights_bytes == 4 * GRAPH.totals.params
+    half = estimate_memory(_spec(mode=Mode.inference, precision=Precision.fp16), _graph(mode="inference"))
+    assert half.weights_bytes == 2 * GRAPH.totals.params
+
+
+def test_fits():
+    gpu = get_accelerator("a100-sxm4-80gb")
+    big = _graph(layers_=96, hidden=256, params_per_layer=175_000_000_000 // 96)
+    assert big.totals.params > 175e9
+    assert not fits(estimate_memory(_spec(precision=Precision.fp16, mode=Mode.inference), big), gpu)
+    assert not fits(estimate_memory(_spec(precision=Precision.fp16, optimizer=OptimizerName.adam), big), gpu)
+    assert fits(estimate_memory(_spec(), _graph(layers_=2, hidden=64)), gpu)
+    assert fits(MemoryEstimate(0, 0, 0, 0, 0), gpu)
+
+
+def test_invalid_placements_are_rejected():
+    with pytest.raises(ValueError):
+        estimate_memory(_spec(), GRAPH, tensor_parallel=0)
+    with pytest.raises(ValueError):
+        estimate_memory(_spec(), GRAPH, zero_stage=4)
+
+
+def test_layers_follow_repeated_blocks():
+    assert layer_key("model.layers.3.self_attn.q_proj") == "model.layers.3"
+    assert layer_key("stages.2.blocks.0.mlp.fc1") == "stages.2.blocks.0"
+    assert layer_key("Mixed_5b.branch1x1.conv") == "Mixed_5b"
+    assert layer_key(None) is None
+    assert len(layers(GRAPH)) == 1 + 8
