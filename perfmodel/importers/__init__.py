@@ -9,29 +9,25 @@ Credit the sources (see each module, and shared/datasets/README.md) wherever res
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 from perfmodel.errors import PerfmodelError
-from perfmodel.importers.common import DeviceResolver, ImportStats
-from perfmodel.importers.deepbench import deepbench_files, import_deepbench
-from perfmodel.importers.neusight import import_neusight, neusight_files
-from perfmodel.importers.vidur import import_vidur, vidur_files
+from perfmodel.importers.common import DatasetImporter, DeviceResolver, ImportStats
+from perfmodel.importers.deepbench import import_deepbench
+from perfmodel.importers.neusight import import_neusight
+from perfmodel.importers.vidur import import_vidur
 from perfmodel.profilers.external import OpMeasurement
 
-Importer = Callable[..., Iterator[OpMeasurement]]
+Importer = DatasetImporter
 
-IMPORTERS: dict[str, Importer] = {
+IMPORTERS: dict[str, DatasetImporter] = {
     "neusight": import_neusight,
     "vidur": import_vidur,
     "deepbench": import_deepbench,
 }
 
 # name -> the data files its importer reads, relative to the dataset folder
-DATA_FILES: dict[str, Callable[..., list[str]]] = {
-    "neusight": neusight_files,
-    "vidur": vidur_files,
-    "deepbench": deepbench_files,
-}
+DATA_FILES: dict[str, Callable[..., list[str]]] = {name: importer.files_in for name, importer in IMPORTERS.items()}
 
 
 def get_importer(name: str) -> Importer:
@@ -42,6 +38,6 @@ def get_importer(name: str) -> Importer:
         raise PerfmodelError(f"unknown dataset {name!r}: choose one of {', '.join(IMPORTERS)}") from None
 
 
-__all__ = ["DATA_FILES", "IMPORTERS", "DeviceResolver", "ImportStats", "Importer", "OpMeasurement",
+__all__ = ["DATA_FILES", "IMPORTERS", "DatasetImporter", "DeviceResolver", "ImportStats", "Importer", "OpMeasurement",
            "get_importer", "import_deepbench", "import_neusight", "import_vidur"]
 

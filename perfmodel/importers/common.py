@@ -163,3 +163,31 @@ def rows(frame: pd.DataFrame) -> Iterator[tuple[int, dict[str, Any]]]:
     view of one: the row numbers stay those of the file)."""
     for index, row in zip(frame.index, frame.to_dict("records")):
         yield int(index), row
+
+
+RecordsFn = Callable[[Path, list[Path], "ImportStats", "DeviceResolver"], Iterator[OpMeasurement]]
+
+
+@dataclass(frozen=True)
+class DatasetImporter:
+    """One dataset's importer: where its files are and how to read them (`records`). Calling it checks the folder
+    now and yields the records lazily; `files` limits the import to some data files (relative paths, see
+    `files_in`)."""
+
+    source: str
+    markers: tuple[str, ...]  # folders a dataset of this kind has (checked before anything is read)
+    file_patterns: tuple[str, ...]
+    layout_hint: str  # said when the folder does not look like the dataset
+    records: RecordsFn
+
+    def files_in(self, root: Path) -> list[str]:
+        """The data files the importer reads, relative to the dataset root."""
+        return [relative(root, p) for p in data_files(root, self.file_patterns)]
+
+    def __call__(self, root: Path | str, *, stats: ImportStats | None = None,
+                 catalog: Mapping[str, HardwareSpec] | None = None,
+                 files: Iterable[str] | None = None) -> Iterator[OpMeasurement]:
+        root = check_root(root, self.source, self.markers, self.layout_hint)
+        chosen = select_files(root, data_files(root, self.file_patterns), files)
+        return self.records(root, chosen, stats if stats is not None else ImportStats(), DeviceResolver(catalog))
+

@@ -26,24 +26,21 @@ Mapping:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from perfmodel.hardware.spec import HardwareSpec
 from perfmodel.importers.common import (
+    DatasetImporter,
     DeviceResolver,
     ImportStats,
-    check_root,
     compact,
-    data_files,
     first,
     integer,
     number,
     read_csv,
     relative,
     rows,
-    select_files,
 )
 from perfmodel.profilers.external import OpMeasurement
 
@@ -85,21 +82,6 @@ RNN_TIMES = (("forward", ("Time Forward (msec)",)),
              ("backward_data", ("Time Backward wrt Inputs (msec)", "Time Backward wrt inputs (msec)")),
              ("backward_weight", ("Time Backward wrt Weights (msec)", "Time Backward wrt weights (msec)")),
              ("total", ("Total Time",)))
-
-
-def deepbench_files(root: Path) -> list[str]:
-    """The data files the importer reads, relative to the dataset root."""
-    return [relative(root, p) for p in data_files(root, FILE_PATTERNS)]
-
-
-def import_deepbench(root: Path | str, *, stats: ImportStats | None = None,
-                     catalog: Mapping[str, HardwareSpec] | None = None,
-                     files: Iterable[str] | None = None) -> Iterator[OpMeasurement]:
-    """The op records of a DeepBench dataset folder (checked now; read as the records are iterated). `files`
-    limits the import to some data files (relative paths, see `deepbench_files`)."""
-    root = check_root(root, SOURCE, MARKERS, "expected tidy/deepbench_<section>.csv (the tidy extracts)")
-    chosen = select_files(root, data_files(root, FILE_PATTERNS), files)
-    return _records(root, chosen, stats if stats is not None else ImportStats(), DeviceResolver(catalog))
 
 
 def _records(root: Path, paths: list[Path], stats: ImportStats, resolve: DeviceResolver) -> Iterator[OpMeasurement]:
@@ -242,3 +224,8 @@ def _allreduce(row: dict[str, Any]) -> Iterator[dict[str, Any] | None]:
            "extra": compact({**_origin(row), "algorithm": str(row.get("Selected Algorithm") or "").strip() or None,
                              "std_ms": number(row.get("Std Dev All Reduce Time (msec)")),
                              "gbytes_per_s": number(row.get("Gigabytes/sec"))})}
+
+
+import_deepbench = DatasetImporter(SOURCE, MARKERS, FILE_PATTERNS,
+                                   "expected tidy/deepbench_<section>.csv (the tidy extracts)", _records)
+deepbench_files = import_deepbench.files_in

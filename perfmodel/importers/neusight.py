@@ -18,23 +18,20 @@ element-wise, ln and softmax act on a (B, H) tensor (ln and softmax over H).
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from perfmodel.hardware.spec import HardwareSpec
 from perfmodel.importers.common import (
+    DatasetImporter,
     DeviceResolver,
     ImportStats,
-    check_root,
     compact,
-    data_files,
     integer,
     number,
     read_csv,
     relative,
     rows,
-    select_files,
 )
 from perfmodel.profilers.external import OpMeasurement
 
@@ -50,21 +47,6 @@ FILE_PATTERNS = (
     "data/dataset/test/*",
 )
 MARKERS = ("data/dataset/train/collect", "data/dataset_amd/train/collect", "data/dataset/test")
-
-
-def neusight_files(root: Path) -> list[str]:
-    """The data files the importer reads, relative to the dataset root."""
-    return [relative(root, p) for p in data_files(root, FILE_PATTERNS)]
-
-
-def import_neusight(root: Path | str, *, stats: ImportStats | None = None,
-                    catalog: Mapping[str, HardwareSpec] | None = None,
-                    files: Iterable[str] | None = None) -> Iterator[OpMeasurement]:
-    """The op records of a NeuSight dataset folder (checked now; read as the records are iterated). `files`
-    limits the import to some data files (relative paths, see `neusight_files`)."""
-    root = check_root(root, SOURCE, MARKERS, "expected data/dataset/train/collect/<op>/p<torch>/<GPU>.csv.gz")
-    chosen = select_files(root, data_files(root, FILE_PATTERNS), files)
-    return _records(root, chosen, stats if stats is not None else ImportStats(), DeviceResolver(catalog))
 
 
 def _records(root: Path, paths: list[Path], stats: ImportStats, resolve: DeviceResolver) -> Iterator[OpMeasurement]:
@@ -152,3 +134,8 @@ def kernel_signature(name: object) -> str | None:
 def _triple(row: dict[str, Any], prefix: str) -> list[int] | None:
     values = [integer(row.get(f"{prefix} {axis}")) for axis in "xyz"]
     return None if None in values else values  # type: ignore[return-value]
+
+
+import_neusight = DatasetImporter(SOURCE, MARKERS, FILE_PATTERNS,
+                                  "expected data/dataset/train/collect/<op>/p<torch>/<GPU>.csv.gz", _records)
+neusight_files = import_neusight.files_in

@@ -29,23 +29,20 @@ LayerNorm otherwise: phi-2), attn_rope (q and k: width (n_head + n_kv_head) d / 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from perfmodel.hardware.spec import HardwareSpec
 from perfmodel.importers.common import (
+    DatasetImporter,
     DeviceResolver,
     ImportStats,
-    check_root,
     compact,
-    data_files,
     integer,
     number,
     read_csv,
     relative,
     rows,
-    select_files,
 )
 from perfmodel.profilers.external import OpMeasurement
 
@@ -79,21 +76,6 @@ FILE_PATTERNS = (
     "data/profiling/network/*/send_recv",
 )
 MARKERS = ("data/profiling/compute", "data/profiling/network")
-
-
-def vidur_files(root: Path) -> list[str]:
-    """The data files the importer reads, relative to the dataset root."""
-    return [relative(root, p) for p in data_files(root, FILE_PATTERNS)]
-
-
-def import_vidur(root: Path | str, *, stats: ImportStats | None = None,
-                 catalog: Mapping[str, HardwareSpec] | None = None,
-                 files: Iterable[str] | None = None) -> Iterator[OpMeasurement]:
-    """The op records of a vidur dataset folder (checked now; read as the records are iterated). `files` limits
-    the import to some data files (relative paths, see `vidur_files`)."""
-    root = check_root(root, SOURCE, MARKERS, "expected data/profiling/compute/<gpu>/<org>/<model>/mlp.csv.gz")
-    chosen = select_files(root, data_files(root, FILE_PATTERNS), files)
-    return _records(root, chosen, stats if stats is not None else ImportStats(), DeviceResolver(catalog))
 
 
 def _records(root: Path, paths: list[Path], stats: ImportStats, resolve: DeviceResolver) -> Iterator[OpMeasurement]:
@@ -215,3 +197,8 @@ def _collective_records(frame: Any, common: dict[str, Any], facts: dict[str, Any
                            "rank": integer(row.get("rank")), **timing}),
             **common,
         )
+
+
+import_vidur = DatasetImporter(SOURCE, MARKERS, FILE_PATTERNS,
+                               "expected data/profiling/compute/<gpu>/<org>/<model>/mlp.csv.gz", _records)
+vidur_files = import_vidur.files_in
