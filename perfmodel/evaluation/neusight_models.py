@@ -30,6 +30,7 @@ import pandas as pd
 
 from perfmodel.errors import PerfmodelError, UnknownNameError
 from perfmodel.graph.ir import Graph
+from perfmodel.hardware.catalog import get_accelerator
 from perfmodel.hardware.spec import HardwareSpec
 from perfmodel.predictor.device_ops import PredictFn, graph_op_rows, predict_graph_ms
 
@@ -93,10 +94,21 @@ def neusight_root(datasets: str | Path) -> Path:
     return path / "neusight" if (path / "neusight" / "label").is_dir() else path
 
 
+def label_folder_device(folder: str, catalog, cache: dict[str, str | None]) -> str | None:
+    """The catalog id of a label folder's GPU (e.g. "Tesla_V100-PCIE-32GB"), None when the catalog lacks it;
+    `cache` remembers each folder's answer."""
+    if folder not in cache:
+        try:
+            cache[folder] = get_accelerator(folder, catalog).name
+        except UnknownNameError:
+            cache[folder] = None
+    return cache[folder]
+
+
 def scan_labels(root: str | Path, catalog: Mapping[str, HardwareSpec] | None = None
                 ) -> tuple[list[ModelLabel], list[tuple[Path, str]]]:
     """The single-GPU labels under `root/label` (sorted), and the files skipped with the reason."""
-    from perfmodel.hardware.catalog import get_accelerator, load_catalog
+    from perfmodel.hardware.catalog import load_catalog
 
     root = neusight_root(root)
     label_dir = root / "label"
@@ -115,12 +127,7 @@ def scan_labels(root: str | Path, catalog: Mapping[str, HardwareSpec] | None = N
             skipped.append((path, f"variant {name.variant!r} (torch.compile or multi-GPU)"))
             continue
         gpu = path.parent.name
-        if gpu not in devices:
-            try:
-                devices[gpu] = get_accelerator(gpu, catalog).name
-            except UnknownNameError:
-                devices[gpu] = None
-        if devices[gpu] is None:
+        if label_folder_device(gpu, catalog, devices) is None:
             skipped.append((path, f"GPU {gpu!r} is not in the hardware catalog"))
             continue
         data = json.loads(path.read_text())

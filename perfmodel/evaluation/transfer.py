@@ -370,8 +370,7 @@ class LabelTable:
 def scan_label_tables(root: str | Path, catalog: Mapping[str, HardwareSpec]) -> tuple[list[LabelTable], list[str]]:
     """The per-op label tables under `root/label/<GPU>/` (root: the NeuSight folder or the one holding it) whose
     GPU the catalog knows, and the files skipped with why."""
-    from perfmodel.evaluation.neusight_models import neusight_root, parse_label_name
-    from perfmodel.hardware.catalog import get_accelerator
+    from perfmodel.evaluation.neusight_models import label_folder_device, neusight_root, parse_label_name
 
     label_dir = neusight_root(root) / "label"
     if not label_dir.is_dir():
@@ -384,12 +383,7 @@ def scan_label_tables(root: str | Path, catalog: Mapping[str, HardwareSpec]) -> 
             skipped.append(f"{path.parent.name}/{path.name}: not <model>-<train|inf>-<seq>-<batch>.csv")
             continue
         gpu = path.parent.name
-        if gpu not in devices:
-            try:
-                devices[gpu] = get_accelerator(gpu, catalog).name
-            except UnknownNameError:
-                devices[gpu] = None
-        if devices[gpu] is None:
+        if label_folder_device(gpu, catalog, devices) is None:
             skipped.append(f"{gpu}/{path.name}: GPU not in the hardware catalog")
             continue
         tables.append(LabelTable(path, gpu, devices[gpu], name.model, name.mode, name.seq_len, name.batch_size))
