@@ -64,14 +64,14 @@ class DevicePredictor:
         entry = ModelRegistry(models_dir).get(ref, role="device-ops")
         return cls(load_regressor(entry.path), entry.ref, load_catalog())
 
-    def predict(self, spec: JobSpec, accelerator: str) -> Prediction:
+    def predict(self, spec: JobSpec, accelerator: str, *, graph: Any = None) -> Prediction:
         from perfmodel.graph import graph_for_job
         from perfmodel.hardware.catalog import get_accelerator
 
         hardware = get_accelerator(accelerator)
         if hardware.name not in self.catalog:
             raise PerfmodelError(f"accelerator {hardware.name!r} is not in this predictor's catalog")
-        graph = graph_for_job(spec)
+        graph = graph if graph is not None else graph_for_job(spec)
         precision = spec.precision.value
         rows = graph_op_rows(graph, dtype=ROW_DTYPE[precision], mode=spec.mode.value)
         if precision == "amp":  # autocast: GEMMs in half precision, the rest in fp32

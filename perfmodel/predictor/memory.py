@@ -222,8 +222,12 @@ def _check_positive(**values: int) -> None:
 
 def estimate_memory(spec: JobSpec, graph: Graph, *, tensor_parallel: int = 1, pipeline_parallel: int = 1,
                     data_parallel: int = 1, zero_stage: int = 0, activation_checkpointing: bool = False,
-                    micro_batch_size: int | None = None) -> MemoryEstimate:
-    """Peak memory of the worst device of a placement shard (the defaults: the whole job on one device)."""
+                    micro_batch_size: int | None = None, micro_batches: int | None = None) -> MemoryEstimate:
+    """Peak memory of the worst device of a placement shard (the defaults: the whole job on one device).
+
+    `micro_batches`, when given, is the number of micro-batches per iteration and `spec`/`graph` are one
+    micro-batch (the placement model captures graphs at the micro-batch size); otherwise `spec.batch_size` is the
+    replica's batch, split into micro-batches of `micro_batch_size`."""
     _check_positive(tensor_parallel=tensor_parallel, pipeline_parallel=pipeline_parallel,
                     data_parallel=data_parallel)
     if zero_stage not in (0, 1, 2, 3):
@@ -247,7 +251,8 @@ def estimate_memory(spec: JobSpec, graph: Graph, *, tensor_parallel: int = 1, pi
     scale = micro / spec.batch_size  # activations of one micro-batch, of the graph's batch
     if spec.mode == Mode.train:
         acts = activation_profile(graph, spec.precision)
-        in_flight = min(pp, math.ceil(spec.batch_size / micro))  # 1F1B: the first stage's micro-batches
+        per_iteration = micro_batches if micro_batches is not None else math.ceil(spec.batch_size / micro)
+        in_flight = min(pp, per_iteration)  # 1F1B: the first stage's micro-batches
         stored = acts.full_bytes * scale * in_flight / pp
         if activation_checkpointing:  # layer outputs of every micro-batch in flight + one layer recomputed
             stored = min(stored, (acts.boundary_bytes * in_flight / pp + acts.largest_layer_bytes) * scale)

@@ -7,6 +7,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from perfmodel.jobs.spec import JobSpec
+from perfmodel.placement.spec import PlacementSpec
 from perfmodel.predictor.memory import estimate_memory
 from perfmodel.units import samples_per_s
 
@@ -21,10 +22,15 @@ class Prediction(BaseModel):
     iteration_time_ms: float
     throughput_samples_per_s: float
     interval_ms: tuple[float, float]  # [p10, p90]
-    breakdown_ms: dict[str, float]  # forward + backward + optimizer + communication + overhead = iteration
-    peak_memory_bytes: int
+    breakdown_ms: dict[str, float]  # forward + backward + optimizer + communication (+ pipeline_bubble) + overhead
+    peak_memory_bytes: int  # per device
     extrapolated: bool
     extrapolation_reasons: tuple[str, ...] = ()
+    devices: int = 1
+    nodes: int = 1
+    fits: bool | None = None  # peak_memory_bytes within the accelerator's usable memory (None: no capacity known)
+    memory_capacity_bytes: int | None = None
+    placement: PlacementSpec | None = None
 
 
 class Predictor:
@@ -43,13 +49,13 @@ class Predictor:
         entry = ModelRegistry(models_dir).get(ref)
         return cls(load_regressor(entry.path), entry.ref, read_domain(entry.path))
 
-    def predict(self, spec: JobSpec, accelerator: str = "cpu") -> Prediction:
+    def predict(self, spec: JobSpec, accelerator: str = "cpu", *, graph: Any = None) -> Prediction:
         from perfmodel.features.dataset import sample_for_prediction
         from perfmodel.graph import graph_for_job
         from perfmodel.hardware.catalog import get_accelerator
 
         hardware = get_accelerator(accelerator)
-        sample = sample_for_prediction(spec, hardware, graph=graph_for_job(spec))
+        sample = sample_for_prediction(spec, hardware, graph=graph if graph is not None else graph_for_job(spec))
         out = self.regressor.predict([sample])
         breakdown = {
             "forward": float(out.forward_ms[0]),

@@ -1,0 +1,230 @@
+"""What throughput job X reaches on placement Y: per-device compute from the single-device predictors plus the
+placement model (`perfmodel.placement.iteration`) for communication, pipelining and memory.
+
+    predictor = PlacementPredictor.load()
+    predictor.predict(spec, PlacementSpec.grid("a100-sxm4-80gb", nodes=2, per_node=8, global_batch_size=512))
+
+The compute of one micro-batch on one device (`ShardCompute`) comes from the CPU iteration model (role
+`default`, the host the corpus was profiled on) or the per-op device model (role `device-ops`, any catalog GPU),
+and is cached per (job, accelerator, micro-batch): a scheduler's repeated questions about one job only redo the
+array arithmetic of the placement model. `predict_matrix` answers jobs × placements in one vectorised call.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from perfmodel.errors import PerfmodelError
+from perfmodel.graph.ir import Graph
+from perfmodel.hardware.spec import HardwareSpec
+from perfmodel.jobs.spec import JobSpec
+from perfmodel.placement.comm import LinkModel, link_for_accelerator, network_link
+from perfmodel.placement.iteration import (ComputeArrays, IterationParams, PlacementArrays, ShardCompute,
+                                           iteration_breakdown, layer_stats, load_params)
+from perfmodel.placement.spec import PlacementSpec
+from perfmodel.predictor.memory import (USABLE_MEMORY_FRACTION, bytes_per_param, estimate_memory, layer_key,
+                                        layers)
+from perfmodel.predictor.predict import Prediction
+from perfmodel.units import samples_per_s
+
+# datasheet GPU-to-GPU bandwidth of the links a placement may name instead of the catalog's, GB/s bidirectional
+INTRA_LINK_BIDIR_GBPS = {"nvlink1": 160.0, "nvlink2": 300.0, "nvlink3": 600.0, "nvlink4": 900.0, "nvlink5": 1800.0,
+                         "infinity-fabric": 400.0}
+BREAKDOWN_KEYS = ("forward", "backward", "optimizer", "communication", "pipeline_bubble", "overhead")
+
+
+def block_outputs(graph: Graph) -> list[int]:
+    """Output bytes of each repeated block (module paths with a layer index) of the graph, in order."""
+    from perfmodel.predictor.memory import _output_bytes  # one definition of a node's output size
+    from perfmodel.jobs.spec import Precision
+
+    precision = Precision(graph.precision) if getattr(graph, "precision", None) else Precision.fp32
+    sizes = []
+    for run in layers(graph):
+        key = layer_key(run[0].module)
+        if key and any(part.isdigit() for part in key.split(".")):
+            sizes.append(_output_bytes(run[-1], precision))
+    return sizes
+
+
+def intra_link(hardware: HardwareSpec, override: str | None) -> LinkModel:
+    """The intra-node link of `hardware`, or of the link a placement names instead (same efficiency rule)."""
+    if override is None:
+        return link_for_accelerator(hardware)
+    if override.startswith("pcie"):
+        spec = hardware.model_copy(update={"interconnect": "pcie", "interconnect_bandwidth_gbps": None,
+                                           "pcie_gen": int(override.removeprefix("pcie"))})
+    else:
+        spec = hardware.model_copy(update={"interconnect": override,
+                                           "interconnect_bandwidth_gbps": INTRA_LINK_BIDIR_GBPS[override]})
+    return link_for_accelerator(spec)
+
+
+@dataclass(frozen=True)
+class _Links:
+    intra: LinkModel
+    inter: LinkModel
+
+
+class PlacementPredictor:
+    """Single-device predictors (CPU iteration model, per-op device model) + the placement model."""
+
+    def __init__(self, cpu: Any | None, device: Any | None, params: IterationParams | None = None):
+        self.cpu = cpu
+        self.device = device
+        self.params = params or IterationParams()
+        self._computes: dict[tuple[str, str, int], tuple[ShardCompute, Prediction]] = {}
+        self._graphs: dict[str, Graph] = {}
+        self._lock = threading.Lock()
+
+    @classmethod
+    def load(cls, models_dir: Any = None, model_version: str | None = None) -> PlacementPredictor:
+        """The promoted models of both roles; `model_version` (NAME/VERSION) replaces the one of its role.
+        Raises if an artifact does not load."""
+        from perfmodel.predictor.device import DevicePredictor
+        from perfmodel.predictor.predict import Predictor
+        from perfmodel.registry.registry import ModelRegistry, role_of
+
+        registry = ModelRegistry(models_dir)
+        refs: dict[str, str | None] = {"default": None, "device-ops": None}
+        if model_version is not None:
+            entry = registry.get(model_version)  # a non-None ref resolves by name, whatever the role
+            refs[role_of(entry.manifest.regressor)] = entry.ref
+        cpu = Predictor.load(refs["default"], models_dir) if _has_role(registry, refs["default"], "default") else None
+        device = (DevicePredictor.load(refs["device-ops"], models_dir)
+                  if _has_role(registry, refs["device-ops"], "device-ops") else None)
+        if cpu is None and device is None:
+            raise PerfmodelError(f"no promoted model in {registry.root}: train one (`perfmodel train`) and promote it")
+        return cls(cpu, device, load_params())
+
+    @property
+    def model_versions(self) -> dict[str, str]:
+        out = {}
+        if self.cpu is not None:
+            out["default"] = self.cpu.model_version
+        if self.device is not None:
+            out["device-ops"] = self.device.model_version
+        return out
+
+    # --- compute of one device --------------------------------------------------------------------------------------
+
+    def _single(self, hardware: HardwareSpec) -> Any:
+        predictor = self.device if hardware.kind == "gpu" else self.cpu
+        if predictor is None:
+            role = "device-ops" if hardware.kind == "gpu" else "default"
+            raise PerfmodelError(f"no {role} model loaded: cannot predict {hardware.name}")
+        return predictor
+
+    def compute(self, spec: JobSpec, hardware: HardwareSpec, micro_batch_size: int, *,
+                graph: Graph | None = None) -> tuple[ShardCompute, Prediction]:
+        """One micro-batch of `spec`'s model on one `hardware` device, and its single-device prediction (cached).
+        `graph`, if given, is `spec`'s graph at `spec.batch_size`; graphs of other batch sizes are captured."""
+        key = (spec.key(), hardware.name, micro_batch_size)
+        cached = self._computes.get(key)
+        if cached is not None:
+            return cached
+        micro_spec = spec.model_copy(update={"batch_size": micro_batch_size})
+        if graph is not None and micro_batch_size == spec.batch_size:
+            micro_graph = graph
+        else:
+            micro_graph = self._graph(micro_spec)
+        single = self._single(hardware).predict(micro_spec, hardware.name, graph=micro_graph)
+        b = single.breakdown_ms
+        blocks, block_bytes = layer_stats(block_outputs(micro_graph))
+        per_param = bytes_per_param(spec.precision, spec.optimizer, spec.mode)
+        compute = ShardCompute(
+            forward_ms=b["forward"], backward_ms=b["backward"], optimizer_ms=b["optimizer"],
+            overhead_ms=b.get("overhead", 0.0), params=micro_graph.totals.params,
+            gradient_bytes_per_param=per_param.gradients if spec.mode.value == "train" else 0,
+            layers=blocks, layer_activation_bytes=block_bytes)
+        with self._lock:
+            self._computes[key] = (compute, single)
+            self._graphs.setdefault(micro_spec.key(), micro_graph)
+        return compute, single
+
+    def _graph(self, spec: JobSpec) -> Graph:
+        from perfmodel.graph import graph_for_job
+
+        cached = self._graphs.get(spec.key())
+        return cached if cached is not None else graph_for_job(spec)
+
+    # --- placements -------------------------------------------------------------------------------------------------
+
+    def links(self, placement: PlacementSpec, hardware: HardwareSpec) -> _Links:
+        if placement.devices == 1:
+            zero = LinkModel(0.0, 0.0, "none", "one device")
+            return _Links(zero, zero)
+        if hardware.kind != "gpu":
+            raise PerfmodelError(f"placement.accelerator: multi-device placements need a GPU; {hardware.name} is a "
+                                 f"{hardware.kind}")
+        return _Links(intra_link(hardware, placement.intra_node_link),
+                      network_link(placement.inter_node_bandwidth_gbps, placement.inter_node_latency_us))
+
+    def predict(self, spec: JobSpec, placement: PlacementSpec, *, graph: Graph | None = None) -> Prediction:
+        return self.predict_matrix([spec], [placement], graphs=[graph])[0][0]
+
+    def predict_matrix(self, specs: Sequence[JobSpec], placements: Sequence[PlacementSpec], *,
+                       graphs: Sequence[Graph | None] | None = None) -> list[list[Prediction]]:
+        """Every job on every placement: one vectorised pass of the placement model over all pairs."""
+        from perfmodel.hardware.catalog import get_accelerator
+
+        graphs = list(graphs) if graphs is not None else [None] * len(specs)
+        hardware = [get_accelerator(p.accelerator) for p in placements]
+        links = [self.links(p, h) for p, h in zip(placements, hardware)]
+        pairs = [(i, j) for i in range(len(specs)) for j in range(len(placements))]
+        computed = [self.compute(specs[i], hardware[j], placements[j].micro_batch_size, graph=graphs[i])
+                    for i, j in pairs]
+        c = ComputeArrays.stack([sc for sc, _ in computed])
+        p = placement_arrays([placements[j] for _, j in pairs], [links[j] for _, j in pairs])
+        out = iteration_breakdown(c, p, self.params)
+        rows: list[list[Prediction]] = [[] for _ in specs]
+        for k, (i, j) in enumerate(pairs):
+            rows[i].append(self._prediction(specs[i], placements[j], hardware[j], computed[k][1],
+                                            {name: float(v[k]) for name, v in out.items()}))
+        return rows
+
+    def _prediction(self, spec: JobSpec, placement: PlacementSpec, hardware: HardwareSpec, single: Prediction,
+                    out: dict[str, float]) -> Prediction:
+        iteration_ms = out["iteration_ms"]
+        breakdown = {k: out[k] for k in BREAKDOWN_KEYS}
+        ratio = iteration_ms / single.iteration_time_ms if single.iteration_time_ms > 0 else 1.0
+        memory = self.memory(spec, placement)
+        capacity = int(hardware.memory_gb * 1e9 * USABLE_MEMORY_FRACTION)
+        return Prediction(
+            job=spec.name, job_key=spec.key(), accelerator=hardware.name, model_version=single.model_version,
+            iteration_time_ms=iteration_ms,
+            throughput_samples_per_s=samples_per_s(placement.global_batch_size, iteration_ms),
+            interval_ms=(single.interval_ms[0] * ratio, single.interval_ms[1] * ratio), breakdown_ms=breakdown,
+            peak_memory_bytes=memory, extrapolated=single.extrapolated,
+            extrapolation_reasons=single.extrapolation_reasons, devices=placement.devices, nodes=placement.nodes,
+            fits=memory <= capacity, memory_capacity_bytes=capacity, placement=placement)
+
+    def memory(self, spec: JobSpec, placement: PlacementSpec) -> int:
+        """Peak bytes on the fullest device of the placement."""
+        par = placement.parallelism
+        micro_spec = spec.model_copy(update={"batch_size": placement.micro_batch_size})
+        estimate = estimate_memory(micro_spec, self._graph(micro_spec), tensor_parallel=par.tensor,
+                                   pipeline_parallel=par.pipeline, data_parallel=par.data,
+                                   zero_stage=par.zero_stage, activation_checkpointing=par.activation_checkpointing,
+                                   micro_batches=par.micro_batches)
+        return estimate.peak_bytes
+
+
+def placement_arrays(placements: Sequence[PlacementSpec], links: Sequence[_Links]) -> PlacementArrays:
+    """The vectorised form of placements (and their links), one entry each."""
+    rows = np.array([(p.parallelism.tensor, p.parallelism.pipeline, p.parallelism.data, p.parallelism.micro_batches,
+                      p.parallelism.zero_stage, float(p.parallelism.activation_checkpointing),
+                      min(p.nodes, p.parallelism.data), lk.intra.alpha_ms, lk.intra.beta_ms_per_byte,
+                      lk.inter.alpha_ms, lk.inter.beta_ms_per_byte) for p, lk in zip(placements, links)],
+                    dtype=float).reshape(-1, 11)
+    return PlacementArrays(*(rows[:, k] for k in range(11)))
+
+
+def _has_role(registry: Any, ref: str | None, role: str) -> bool:
+    return ref is not None or registry.promoted_ref(role) is not None
+
