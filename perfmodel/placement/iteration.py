@@ -7,6 +7,7 @@ fitted constants (`IterationParams`). With t, p, d the tensor, pipeline and data
 
     stage time of one micro-batch  s = (fwd + bwd + recompute) / (t·p) · (1 + tp_penalty·(t-1))
                                        + tensor-parallel all-reduces of its layers
+                                       + layer_overhead · layers / p      (host cost per block, any batch)
     compute                        = m · s                                  (every micro-batch through a stage)
     pipeline_bubble                = (p-1) · s                              (1F1B fill and drain)
     pipeline send/recv             = 2 · (m + p - 2) · send(layer activation / t)        (p > 1)
@@ -66,6 +67,8 @@ class IterationParams:
     overhead_ms: float = 0.0  # per-iteration framework cost (data loading, Python, launch gaps)
     multi_device_overhead_ms: float = 0.0  # per-iteration cost of any distributed run (DDP hooks, syncs)
     tp_penalty: float = 0.0  # compute inefficiency per extra tensor-parallel rank (smaller GEMMs)
+    tp_sync_ms: float = 0.0  # per tensor-parallel all-reduce, beyond α-β: the wait for the slowest rank
+    layer_overhead_ms: float = 0.0  # host-side cost per block per micro-batch (Python, launches), any batch size
     compute_scale: float = 1.0  # calibration of the compute predictor for the data it was fitted on
     source: str = "defaults"
 
@@ -159,9 +162,10 @@ def iteration_breakdown(c: ComputeArrays, p: PlacementArrays, params: IterationP
 
     layers_per_stage = np.maximum(c.layers / pp, 1.0)
     tp_calls = layers_per_stage * (TP_ALLREDUCES_PER_LAYER + TP_ALLREDUCES_RECOMPUTE * p.checkpointing)
-    tp_ms = np.where(t > 1, tp_calls * _ring(p.intra_alpha_ms, p.intra_beta_ms_per_byte, c.layer_activation_bytes,
-                                             t), 0.0)
-    stage_ms = fwd + bwd + recompute + tp_ms
+    tp_ms = np.where(t > 1, tp_calls * (_ring(p.intra_alpha_ms, p.intra_beta_ms_per_byte, c.layer_activation_bytes,
+                                              t) + params.tp_sync_ms), 0.0)
+    launch = layers_per_stage * params.layer_overhead_ms
+    stage_ms = fwd + bwd + recompute + tp_ms + launch
 
     pp_message = c.layer_activation_bytes / t
     pp_ms = np.where(pp > 1, 2 * (m + pp - 2) * (p.intra_alpha_ms + pp_message * p.intra_beta_ms_per_byte), 0.0)
@@ -182,7 +186,7 @@ def iteration_breakdown(c: ComputeArrays, p: PlacementArrays, params: IterationP
         "optimizer": optimizer,
         "communication": m * tp_ms + pp_ms + dp_ms,
         "pipeline_bubble": (pp - 1) * stage_ms,
-        "overhead": overhead,
+        "overhead": overhead + m * launch,
     }
     out["iteration_ms"] = sum(out.values())
     out["tensor_parallel_ms"] = m * tp_ms

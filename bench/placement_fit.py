@@ -1,0 +1,102 @@
+"""Fit and validate the placement model, leave-one-model-out, on adaptdl (Pollux, T4 nodes) and vtrain (A100 node).
+
+Run: .venv/bin/python bench/placement_fit.py [--datasets ../shared/datasets] [--write]
+
+Data (credit: petuum/adaptdl osdi21-artifact, Apache-2.0; VIA-Research/vTrain MICRO'24, MIT); see
+`perfmodel.evaluation.placement` for what is fitted on what. Prints the step-time MAPE of every held-out model
+and of each data set, and the parameters fitted on all models. `--write` stores them in
+perfmodel/placement/iteration_params.json: `adaptdl-t4` and `vtrain-a100` as fitted, and `default` (what
+`PlacementPredictor` uses): the DDP overlap and distributed overhead of adaptdl (PyTorch DDP, as most jobs a
+scheduler sees) and the tensor-parallel sync and per-block host cost of vtrain, with no compute calibration.
+vtrain's compute needs the per-op device model's predictions of 32 (configuration, micro-batch) pairs: ~45 s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from perfmodel.evaluation.placement import (ADAPTDL_MODELS, adaptdl_params, adaptdl_rows, evaluate_adaptdl,
+                                            evaluate_vtrain, fit_adaptdl, fit_vtrain, mape, vtrain_arrays,
+                                            vtrain_computes, vtrain_params, vtrain_rows)
+from perfmodel.placement.comm import load_links
+from perfmodel.placement.iteration import IterationParams, dump_params, params_path
+
+DEFAULT_DATASETS = Path(__file__).resolve().parents[1].parent / "shared" / "datasets"
+VTRAIN_LINK = "nvswitch-a100-dgx"
+
+
+def report(name: str, results: list, frame) -> float:
+    print(f"\n{name}: leave-one-model-out step-time error")
+    print(f"  {'held-out model':<16} {'rows':>5} {'MAPE %':>7} {'median %':>8}")
+    for r in results:
+        print(f"  {r.held_out:<16} {r.rows:>5} {r.mape_pct:>7.1f} {r.median_ape_pct:>8.1f}")
+    total = mape(frame.predicted_ms.to_numpy(), frame.step_ms.to_numpy())
+    print(f"  {'all':<16} {len(frame):>5} {total:>7.1f} "
+          f"{np.median(np.abs(frame.predicted_ms - frame.step_ms) / frame.step_ms) * 100:>8.1f}")
+    return total
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--datasets", type=Path, default=DEFAULT_DATASETS)
+    parser.add_argument("--write", action="store_true", help="store the fitted parameters (iteration_params.json)")
+    args = parser.parse_args()
+    if not (args.datasets / "adaptdl").is_dir() or not (args.datasets / "vtrain").is_dir():
+        print(f"no adaptdl/vtrain data under {args.datasets}", file=sys.stderr)
+        return 2
+
+    started = time.perf_counter()
+    adaptdl = adaptdl_rows(args.datasets / "adaptdl")
+    results, frame = evaluate_adaptdl(adaptdl)
+    adaptdl_mape = report("adaptdl (Pollux: 4 nodes x 4 T4, DDP; compute = the job's measured 1-GPU step)",
+                          results, frame)
+    for kind, part in frame.groupby(frame.nodes > 1):
+        print(f"  {'spread' if kind else 'one node':<16} {len(part):>5} "
+              f"{mape(part.predicted_ms.to_numpy(), part.step_ms.to_numpy()):>7.1f}")
+    theta_a = fit_adaptdl(adaptdl)
+    fitted_a = adaptdl_params(theta_a, "adaptdl placements.csv, all apps")
+    print(f"  fit on all apps: PCIe alpha {10 ** theta_a[0] * 1e3:.1f} us, {1e-6 / 10 ** theta_a[1]:.2f} GB/s; "
+          f"network alpha {10 ** theta_a[2] * 1e3:.1f} us, {1e-6 / 10 ** theta_a[3]:.2f} GB/s; "
+          f"dp_overlap {fitted_a.dp_overlap:.2f}, distributed overhead {fitted_a.multi_device_overhead_ms:.2f} ms")
+    print("  gradient volume per app: " + "; ".join(f"{k} {v[0] / 1e6:.1f} M params" for k, v in
+                                                   ADAPTDL_MODELS.items()))
+
+    from perfmodel.predictor.placed import PlacementPredictor
+
+    predictor = PlacementPredictor.load()
+    vtrain = vtrain_rows(args.datasets / "vtrain")
+    computes = vtrain_computes(vtrain, predictor)
+    c, p = vtrain_arrays(vtrain, computes, load_links()[VTRAIN_LINK])
+    results, frame = evaluate_vtrain(vtrain, c, p)
+    vtrain_mape = report(f"vtrain (Megatron GPT, 2/4/8 A100, every TP/DP/PP split; compute = "
+                         f"{predictor.model_versions.get('device-ops')})", results, frame)
+    for column in ("tp", "pp", "dp", "micro_batch"):
+        groups = frame.groupby(column)
+        print(f"  by {column:<11} " + ", ".join(
+            f"{k}: {mape(g.predicted_ms.to_numpy(), g.step_ms.to_numpy()):.1f}" for k, g in groups))
+    theta_v = fit_vtrain(c, p, vtrain.step_ms.to_numpy(float))
+    fitted_v = vtrain_params(theta_v, "vtrain ground_truth_single.csv, all configurations")
+    print(f"  fit on all: compute_scale {fitted_v.compute_scale:.3f}, tp_penalty {fitted_v.tp_penalty:.3f}, "
+          f"tp_sync {fitted_v.tp_sync_ms * 1e3:.0f} us, dp_overlap {fitted_v.dp_overlap:.2f}, "
+          f"overhead {fitted_v.overhead_ms:.1f} ms, per-block host cost {fitted_v.layer_overhead_ms:.2f} ms")
+
+    print(f"\nsummary: adaptdl {adaptdl_mape:.1f} % (target <= 8), vtrain {vtrain_mape:.1f} % (target <= 10); "
+          f"{time.perf_counter() - started:.0f} s")
+    if args.write:
+        default = IterationParams(dp_overlap=fitted_a.dp_overlap,
+                                  multi_device_overhead_ms=fitted_a.multi_device_overhead_ms,
+                                  tp_sync_ms=fitted_v.tp_sync_ms, layer_overhead_ms=fitted_v.layer_overhead_ms,
+                                  source="adaptdl DDP overlap/overhead + vtrain TP sync/per-block cost")
+        table = {"default": default, "adaptdl-t4": fitted_a, "vtrain-a100": fitted_v}
+        params_path().write_text(dump_params(table))
+        print(f"wrote {params_path()}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
