@@ -7,7 +7,9 @@ Data (credit: petuum/adaptdl osdi21-artifact, Apache-2.0; VIA-Research/vTrain MI
 and of each data set, and the parameters fitted on all models. `--write` stores them in
 perfmodel/placement/iteration_params.json: `adaptdl-t4` and `vtrain-a100` as fitted, and `default` (what
 `PlacementPredictor` uses): the DDP overlap and distributed overhead of adaptdl (PyTorch DDP, as most jobs a
-scheduler sees) and the tensor-parallel sync and per-block host cost of vtrain, with no compute calibration.
+scheduler sees) and the tensor-parallel sync of vtrain; no compute calibration and no per-block host cost (both
+describe Megatron on the A100 as the device model predicts it; left out, a one-device placement predicts exactly
+what the single-device predictor does).
 vtrain's compute needs the per-op device model's predictions of 32 (configuration, micro-batch) pairs: ~45 s.
 """
 
@@ -90,8 +92,8 @@ def main() -> int:
     if args.write:
         default = IterationParams(dp_overlap=fitted_a.dp_overlap,
                                   multi_device_overhead_ms=fitted_a.multi_device_overhead_ms,
-                                  tp_sync_ms=fitted_v.tp_sync_ms, layer_overhead_ms=fitted_v.layer_overhead_ms,
-                                  source="adaptdl DDP overlap/overhead + vtrain TP sync/per-block cost")
+                                  tp_sync_ms=fitted_v.tp_sync_ms,
+                                  source="adaptdl DDP overlap/overhead + vtrain TP sync")
         table = {"default": default, "adaptdl-t4": fitted_a, "vtrain-a100": fitted_v}
         params_path().write_text(dump_params(table))
         print(f"wrote {params_path()}")
