@@ -539,31 +539,76 @@ def models_promote(ref: Annotated[str, typer.Argument(help="NAME/VERSION (or NAM
 @app.command()
 @user_errors
 def predict(model: ModelArg = None, hf_config: HFConfigOpt = None, task: TaskOpt = None, module: ModuleOpt = None,
-            onnx: OnnxOpt = None, batch_size: BatchOpt = 1, seq_len: SeqOpt = None, precision: PrecisionOpt = "fp32",
-            optimizer: OptimizerOpt = "sgd", mode: ModeOpt = "train",
+            onnx: OnnxOpt = None,
+            batch_size: Annotated[int, typer.Option("--batch-size", "-b", help="global batch per iteration")] = 1,
+            seq_len: SeqOpt = None, precision: PrecisionOpt = "fp32", optimizer: OptimizerOpt = "sgd",
+            mode: ModeOpt = "train",
             accelerator: Annotated[str, typer.Option(help="catalog name or alias (`perfmodel hw list`)")] = "cpu",
-            model_version: Annotated[Optional[str], typer.Option(help="NAME/VERSION [the promoted model]")] = None,
+            nodes: Annotated[int, typer.Option(help="nodes (with --per-node devices each)")] = 1,
+            per_node: Annotated[int, typer.Option(help="devices per node")] = 1,
+            devices_per_node: Annotated[Optional[str], typer.Option(
+                help="uneven layout instead of --nodes/--per-node, e.g. 4,4,2")] = None,
+            tp: Annotated[int, typer.Option(help="tensor-parallel degree")] = 1,
+            pp: Annotated[int, typer.Option(help="pipeline stages")] = 1,
+            micro_batches: Annotated[int, typer.Option(help="micro-batches per replica per iteration")] = 1,
+            zero: Annotated[int, typer.Option(help="ZeRO stage 0-3 (3 = FSDP)")] = 0,
+            checkpointing: Annotated[bool, typer.Option(help="activation checkpointing")] = False,
+            intra_link: Annotated[Optional[str], typer.Option(
+                help="override the catalog's intra-node link: nvlink1..5, infinity-fabric, pcie3..5")] = None,
+            inter_node_gbps: Annotated[float, typer.Option(help="network per node, Gb/s")] = 100.0,
+            inter_node_latency_us: Annotated[float, typer.Option(help="network latency, us")] = 5.0,
+            model_version: Annotated[Optional[str], typer.Option(help="NAME/VERSION [the promoted models]")] = None,
             as_json: JsonOpt = False) -> None:
-    """Predict a job's iteration time and throughput from its graph alone (nothing is run). On a GPU the per-op
-    device model answers (any catalog GPU, from its spec sheet); on the profiled CPU the iteration model."""
-    from perfmodel.hardware.catalog import get_accelerator
-    from perfmodel.predictor import DevicePredictor, Predictor
+    """Predict a job's iteration time, throughput and per-device memory on a placement from its graph alone
+    (nothing is run). Compute per device comes from the per-op device model on a GPU (any catalog GPU, from its
+    spec sheet) or the iteration model on the profiled CPU; the placement model adds communication, the pipeline
+    bubble and the memory of each device's shard."""
+    from perfmodel.predictor.placed import PlacementPredictor
 
     spec = job_spec(model, hf_config, task, module, onnx, batch_size, seq_len, precision, optimizer, mode)
-    on_gpu = get_accelerator(accelerator).kind == "gpu"
-    predictor = DevicePredictor.load(model_version) if on_gpu else Predictor.load(model_version)
-    result = predictor.predict(spec, accelerator)
+    placement = placement_spec(accelerator, batch_size, nodes=nodes, per_node=per_node,
+                               devices_per_node=devices_per_node, tp=tp, pp=pp, micro_batches=micro_batches,
+                               zero=zero, checkpointing=checkpointing, intra_link=intra_link,
+                               inter_node_gbps=inter_node_gbps, inter_node_latency_us=inter_node_latency_us)
+    result = PlacementPredictor.load(model_version=model_version).predict(spec, placement)
     if as_json:
         print_json(result.model_dump(mode="json"))
         return
     lo, hi = result.interval_ms
-    out.print(f"[bold]{result.job}[/] b={spec.batch_size} {spec.mode.value} on {result.accelerator}: "
-              f"{result.iteration_time_ms:.2f} ms/iteration (80 % interval {lo:.2f}-{hi:.2f}), "
-              f"{result.throughput_samples_per_s:.1f} samples/s, peak memory ~{result.peak_memory_bytes / 2**30:.2f} "
-              f"GiB  [dim]{result.model_version}[/]")
+    layout = "+".join(str(n) for n in placement.devices_per_node)
+    out.print(f"[bold]{result.job}[/] b={placement.global_batch_size} {spec.mode.value} on {layout} x "
+              f"{result.accelerator}: {result.iteration_time_ms:.2f} ms/iteration (80 % interval {lo:.2f}-{hi:.2f}), "
+              f"{result.throughput_samples_per_s:.1f} samples/s  [dim]{result.model_version}[/]")
     out.print("  " + ", ".join(f"{k} {v:.2f} ms" for k, v in result.breakdown_ms.items()))
+    fits = "fits" if result.fits else "[red]does not fit[/]"
+    out.print(f"  peak memory per device ~{result.peak_memory_bytes / 2**30:.2f} GiB of "
+              f"{(result.memory_capacity_bytes or 0) / 2**30:.1f} GiB usable: {fits}")
     if result.extrapolated:
         out.print("  [yellow]extrapolated:[/] " + "; ".join(result.extrapolation_reasons))
+
+
+def placement_spec(accelerator: str, global_batch_size: int, *, nodes: int = 1, per_node: int = 1,
+                   devices_per_node: str | None = None, tp: int = 1, pp: int = 1, micro_batches: int = 1,
+                   zero: int = 0, checkpointing: bool = False, intra_link: str | None = None,
+                   inter_node_gbps: float = 100.0, inter_node_latency_us: float = 5.0) -> Any:
+    """A PlacementSpec from CLI options: data parallel over whatever the tensor and pipeline degrees leave."""
+    from perfmodel.placement.spec import Parallelism, PlacementSpec
+
+    if devices_per_node:
+        try:
+            layout = tuple(int(n) for n in devices_per_node.split(","))
+        except ValueError:
+            raise PerfmodelError(f"--devices-per-node: expected integers like 4,4,2, got {devices_per_node!r}")
+    else:
+        layout = (per_node,) * nodes
+    devices = sum(layout)
+    if devices % (tp * pp):
+        raise PerfmodelError(f"--tp {tp} x --pp {pp} does not divide the {devices} devices")
+    parallelism = Parallelism(data=devices // (tp * pp), tensor=tp, pipeline=pp, micro_batches=micro_batches,
+                              zero_stage=zero, activation_checkpointing=checkpointing)
+    return PlacementSpec(accelerator=accelerator, devices_per_node=layout, intra_node_link=intra_link,
+                         inter_node_bandwidth_gbps=inter_node_gbps, inter_node_latency_us=inter_node_latency_us,
+                         parallelism=parallelism, global_batch_size=global_batch_size)
 
 
 PREDICTION_COLUMNS = ("predicted_ms", "p10_ms", "p90_ms", "extrapolated")
@@ -643,6 +688,91 @@ def predict_ops(
     out.print(f"predicted {len(frame)} ops on {len(devices)} device(s) ({', '.join(devices)}) with {ref} in "
               f"{time.perf_counter() - started:.2f} s -> {output}"
               + (f"; {extrapolated} extrapolated" if extrapolated else ""), highlight=False)
+
+
+export_app = typer.Typer(no_args_is_help=True, help="Export predictions for schedulers.")
+app.add_typer(export_app, name="export")
+
+
+def _write_text_atomically(text: str, path: Path) -> None:
+    import os
+    import tempfile
+
+    if not path.parent.is_dir():
+        raise PerfmodelError(f"cannot write {path}: no such folder {path.parent}")
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as handle:
+            handle.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+@export_app.command("gavel")
+@user_errors
+def export_gavel(
+    output: Annotated[Path, typer.Argument(help="JSON file to write (the consolidated matrix); the spread one "
+                                                "goes to <stem>.spread.json beside it")],
+    job: Annotated[list[str], typer.Option("--job", help="ZOO_NAME:BATCH (per-worker batch), repeatable")],
+    accelerators: Annotated[str, typer.Option(help="comma-separated catalog names (Gavel's worker types)")],
+    scale_factors: Annotated[str, typer.Option(help="comma-separated device counts")] = "1,2,4,8",
+    seq_len: SeqOpt = None, precision: PrecisionOpt = "fp32", optimizer: OptimizerOpt = "sgd",
+    inter_node_gbps: Annotated[float, typer.Option(help="network per node, Gb/s")] = 100.0,
+) -> None:
+    """Throughputs (samples/s) of jobs x accelerator types x scale factors in Gavel's layout
+    {"('<job> (batch size B)', scale_factor)": {worker_type: throughput}}: data parallel with the per-worker
+    batch fixed, consolidated on one node and spread one device per node. A job that does not fit in a device's
+    memory gets throughput 0."""
+    import json
+
+    from perfmodel.placement.gavel import gavel_layout
+    from perfmodel.placement.spec import PlacementSpec
+    from perfmodel.predictor.placed import PlacementPredictor
+
+    factors = _int_list(scale_factors, "--scale-factors")
+    names = [a.strip() for a in accelerators.split(",") if a.strip()]
+    jobs = []
+    for item in job:
+        name, _, batch = item.partition(":")
+        if not batch.isdigit() or int(batch) < 1:
+            raise PerfmodelError(f"--job: expected ZOO_NAME:BATCH like resnet50:32, got {item!r}")
+        jobs.append(job_spec(name, None, None, None, None, int(batch), seq_len, precision, optimizer, "train"))
+    predictor = PlacementPredictor.load()
+    entries = []
+    for spec in jobs:
+        job_type = f"{spec.name} (batch size {spec.batch_size})"
+        for accelerator in names:
+            for sf in factors:
+                layouts = [(True, 1, sf)] + ([(False, sf, 1)] if sf > 1 else [])
+                for consolidated, n, g in layouts:
+                    placement = PlacementSpec.grid(accelerator, nodes=n, per_node=g, global_batch_size=spec.batch_size
+                                                   * sf, inter_node_bandwidth_gbps=inter_node_gbps)
+                    result = predictor.predict(spec, placement)
+                    throughput = result.throughput_samples_per_s if result.fits else 0.0
+                    entries.append((job_type, result.accelerator, sf, consolidated, throughput))
+    matrices = gavel_layout(entries)
+    spread_path = output.with_name(f"{output.stem}.spread.json")
+    _write_text_atomically(json.dumps(matrices["consolidated"], indent=2, sort_keys=True) + "\n", output)
+    _write_text_atomically(json.dumps(matrices["spread"], indent=2, sort_keys=True) + "\n", spread_path)
+    out.print(f"wrote {output} and {spread_path}: {len(jobs)} jobs x {len(names)} worker types x scale factors "
+              f"{factors}")
+
+
+def _int_list(text: str, option: str) -> list[int]:
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise PerfmodelError(f"{option}: expected comma-separated integers, got {text!r}") from None
+    if not values or any(v < 1 for v in values):
+        raise PerfmodelError(f"{option}: expected integers >= 1, got {text!r}")
+    return values
+
+
+from perfmodel.cli.serve import serve  # noqa: E402  (the HTTP service, issue 6)
+
+app.command("serve")(serve)
 
 
 def main() -> None:

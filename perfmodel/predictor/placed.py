@@ -30,7 +30,6 @@ from perfmodel.placement.spec import PlacementSpec
 from perfmodel.predictor.memory import (USABLE_MEMORY_FRACTION, bytes_per_param, estimate_memory, layer_key,
                                         layers)
 from perfmodel.predictor.predict import Prediction
-from perfmodel.units import samples_per_s
 
 # datasheet GPU-to-GPU bandwidth of the links a placement may name instead of the catalog's, GB/s bidirectional
 INTRA_LINK_BIDIR_GBPS = {"nvlink1": 160.0, "nvlink2": 300.0, "nvlink3": 600.0, "nvlink4": 900.0, "nvlink5": 1800.0,
@@ -71,6 +70,10 @@ class _Links:
     inter: LinkModel
 
 
+_NO_LINK = LinkModel(0.0, 0.0, "none", "one device")
+_NO_LINKS = _Links(_NO_LINK, _NO_LINK)
+
+
 class PlacementPredictor:
     """Single-device predictors (CPU iteration model, per-op device model) + the placement model."""
 
@@ -80,6 +83,10 @@ class PlacementPredictor:
         self.params = params or IterationParams()
         self._computes: dict[tuple[str, str, int], tuple[ShardCompute, Prediction]] = {}
         self._graphs: dict[str, Graph] = {}
+        self._memory: dict[tuple[Any, ...], int] = {}
+        self._hardware: dict[str, HardwareSpec] = {}
+        self._links: dict[tuple[Any, ...], _Links] = {}
+        self._catalog: dict[str, HardwareSpec] | None = None
         self._lock = threading.Lock()
 
     @classmethod
@@ -155,37 +162,78 @@ class PlacementPredictor:
 
     # --- placements -------------------------------------------------------------------------------------------------
 
+    def hardware(self, name: str) -> HardwareSpec:
+        from perfmodel.hardware.catalog import get_accelerator, load_catalog
+
+        spec = self._hardware.get(name)
+        if spec is None:
+            if self._catalog is None:
+                self._catalog = load_catalog()
+            spec = self._hardware[name] = get_accelerator(name, self._catalog)
+        return spec
+
     def links(self, placement: PlacementSpec, hardware: HardwareSpec) -> _Links:
         if placement.devices == 1:
-            zero = LinkModel(0.0, 0.0, "none", "one device")
-            return _Links(zero, zero)
+            return _NO_LINKS
         if hardware.kind != "gpu":
             raise PerfmodelError(f"placement.accelerator: multi-device placements need a GPU; {hardware.name} is a "
                                  f"{hardware.kind}")
-        return _Links(intra_link(hardware, placement.intra_node_link),
-                      network_link(placement.inter_node_bandwidth_gbps, placement.inter_node_latency_us))
+        key = (hardware.name, placement.intra_node_link, placement.inter_node_bandwidth_gbps,
+               placement.inter_node_latency_us)
+        found = self._links.get(key)
+        if found is None:
+            found = self._links[key] = _Links(
+                intra_link(hardware, placement.intra_node_link),
+                network_link(placement.inter_node_bandwidth_gbps, placement.inter_node_latency_us))
+        return found
+
+    def matrix_arrays(self, specs: Sequence[JobSpec], placements: Sequence[PlacementSpec], *,
+                      graphs: Sequence[Graph | None] | None = None) -> dict[str, np.ndarray]:
+        """The placement model over jobs × placements: every breakdown component as a (jobs, placements) array,
+        plus `throughput_samples_per_s`. Computes not cached yet are predicted first (seconds per new job ×
+        accelerator × micro-batch); with them cached this is array arithmetic (`bench/placement_batch.py`)."""
+        graphs = list(graphs) if graphs is not None else [None] * len(specs)
+        hardware = [self.hardware(p.accelerator) for p in placements]
+        unique: dict[tuple[int, str, int], int] = {}
+        computes: list[ShardCompute] = []
+        index = np.empty((len(specs), len(placements)), dtype=np.intp)
+        for j, (placement, hw) in enumerate(zip(placements, hardware)):
+            micro = placement.micro_batch_size
+            for i, spec in enumerate(specs):
+                key = (i, hw.name, micro)
+                k = unique.get(key)
+                if k is None:
+                    k = unique[key] = len(computes)
+                    computes.append(self.compute(spec, hw, micro, graph=graphs[i])[0])
+                index[i, j] = k
+        c = ComputeArrays.stack(computes)
+        c = ComputeArrays(**{name: value[index].ravel() for name, value in vars(c).items()})
+        p = placement_arrays(placements, [self.links(pl, hw) for pl, hw in zip(placements, hardware)])
+        p = PlacementArrays(**{name: np.tile(value, len(specs)) for name, value in vars(p).items()})
+        out = iteration_breakdown(c, p, self.params)
+        shape = (len(specs), len(placements))
+        result = {name: value.reshape(shape) for name, value in out.items()}
+        global_batch = np.array([pl.global_batch_size for pl in placements], dtype=float)
+        result["throughput_samples_per_s"] = global_batch[None, :] * 1e3 / result["iteration_ms"]
+        return result
 
     def predict(self, spec: JobSpec, placement: PlacementSpec, *, graph: Graph | None = None) -> Prediction:
         return self.predict_matrix([spec], [placement], graphs=[graph])[0][0]
 
     def predict_matrix(self, specs: Sequence[JobSpec], placements: Sequence[PlacementSpec], *,
                        graphs: Sequence[Graph | None] | None = None) -> list[list[Prediction]]:
-        """Every job on every placement: one vectorised pass of the placement model over all pairs."""
-        from perfmodel.hardware.catalog import get_accelerator
-
+        """Every job on every placement, as `Prediction`s (one vectorised pass of the placement model)."""
         graphs = list(graphs) if graphs is not None else [None] * len(specs)
-        hardware = [get_accelerator(p.accelerator) for p in placements]
-        links = [self.links(p, h) for p, h in zip(placements, hardware)]
-        pairs = [(i, j) for i in range(len(specs)) for j in range(len(placements))]
-        computed = [self.compute(specs[i], hardware[j], placements[j].micro_batch_size, graph=graphs[i])
-                    for i, j in pairs]
-        c = ComputeArrays.stack([sc for sc, _ in computed])
-        p = placement_arrays([placements[j] for _, j in pairs], [links[j] for _, j in pairs])
-        out = iteration_breakdown(c, p, self.params)
-        rows: list[list[Prediction]] = [[] for _ in specs]
-        for k, (i, j) in enumerate(pairs):
-            rows[i].append(self._prediction(specs[i], placements[j], hardware[j], computed[k][1],
-                                            {name: float(v[k]) for name, v in out.items()}))
+        arrays = self.matrix_arrays(specs, placements, graphs=graphs)
+        rows: list[list[Prediction]] = []
+        for i, spec in enumerate(specs):
+            row = []
+            for j, placement in enumerate(placements):
+                hw = self.hardware(placement.accelerator)
+                single = self.compute(spec, hw, placement.micro_batch_size, graph=graphs[i])[1]
+                row.append(self._prediction(spec, placement, hw, single,
+                                            {name: float(v[i, j]) for name, v in arrays.items()}))
+            rows.append(row)
         return rows
 
     def _prediction(self, spec: JobSpec, placement: PlacementSpec, hardware: HardwareSpec, single: Prediction,
@@ -197,21 +245,26 @@ class PlacementPredictor:
         capacity = int(hardware.memory_gb * 1e9 * USABLE_MEMORY_FRACTION)
         return Prediction(
             job=spec.name, job_key=spec.key(), accelerator=hardware.name, model_version=single.model_version,
-            iteration_time_ms=iteration_ms,
-            throughput_samples_per_s=samples_per_s(placement.global_batch_size, iteration_ms),
+            iteration_time_ms=iteration_ms, throughput_samples_per_s=out["throughput_samples_per_s"],
             interval_ms=(single.interval_ms[0] * ratio, single.interval_ms[1] * ratio), breakdown_ms=breakdown,
             peak_memory_bytes=memory, extrapolated=single.extrapolated,
             extrapolation_reasons=single.extrapolation_reasons, devices=placement.devices, nodes=placement.nodes,
             fits=memory <= capacity, memory_capacity_bytes=capacity, placement=placement)
 
     def memory(self, spec: JobSpec, placement: PlacementSpec) -> int:
-        """Peak bytes on the fullest device of the placement."""
+        """Peak bytes on the fullest device of the placement (cached per job and parallel layout)."""
         par = placement.parallelism
+        key = (spec.key(), placement.micro_batch_size, par.tensor, par.pipeline, par.data, par.zero_stage,
+               par.activation_checkpointing, par.micro_batches)
+        cached = self._memory.get(key)
+        if cached is not None:
+            return cached
         micro_spec = spec.model_copy(update={"batch_size": placement.micro_batch_size})
         estimate = estimate_memory(micro_spec, self._graph(micro_spec), tensor_parallel=par.tensor,
                                    pipeline_parallel=par.pipeline, data_parallel=par.data,
                                    zero_stage=par.zero_stage, activation_checkpointing=par.activation_checkpointing,
                                    micro_batches=par.micro_batches)
+        self._memory[key] = estimate.peak_bytes
         return estimate.peak_bytes
 
 

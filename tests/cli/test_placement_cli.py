@@ -1,0 +1,58 @@
+"""`perfmodel predict` with placement options and `perfmodel export gavel`, through typer's runner."""
+
+import json
+
+from typer.testing import CliRunner
+
+from perfmodel.cli.main import app
+
+runner = CliRunner()
+
+
+def run(*args):
+    return runner.invoke(app, [str(a) for a in args])
+
+
+def test_predict_on_a_spread_placement_reports_communication_memory_and_fit():
+    result = run("predict", "resnet18", "-b", 64, "--accelerator", "NVIDIA T4", "--nodes", 2, "--per-node", 2,
+                 "--json")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["devices"] == 4 and data["nodes"] == 2 and data["accelerator"] == "t4"
+    assert data["breakdown_ms"]["communication"] > 0
+    assert data["iteration_time_ms"] == sum(data["breakdown_ms"].values())
+    assert data["fits"] is True and 0 < data["peak_memory_bytes"] < data["memory_capacity_bytes"]
+    assert data["placement"]["parallelism"]["data"] == 4
+
+
+def test_bad_placements_exit_2_naming_the_problem():
+    result = run("predict", "resnet18", "-b", 10, "--accelerator", "t4", "--nodes", 4)
+    assert result.exit_code == 2 and "global_batch_size" in result.output
+    result = run("predict", "resnet18", "-b", 8, "--accelerator", "t4", "--per-node", 4, "--tp", 3)
+    assert result.exit_code == 2 and "--tp" in result.output
+    result = run("predict", "resnet18", "-b", 8, "--accelerator", "t4", "--devices-per-node", "4,x")
+    assert result.exit_code == 2 and "--devices-per-node" in result.output
+
+
+def test_export_gavel_writes_consolidated_and_spread_matrices(tmp_path):
+    out = tmp_path / "throughputs.json"
+    result = run("export", "gavel", out, "--job", "resnet18:16", "--accelerators", "t4,v100", "--scale-factors",
+                 "1,2,4")
+    assert result.exit_code == 0, result.output
+    consolidated = json.loads(out.read_text())
+    spread = json.loads((tmp_path / "throughputs.spread.json").read_text())
+    keys = {str(("resnet18 (batch size 16)", sf)) for sf in (1, 2, 4)}
+    assert set(consolidated) == keys and set(spread) == keys
+    for key in keys:
+        assert set(consolidated[key]) == {"t4", "v100-sxm2-32gb"}
+        for worker, throughput in consolidated[key].items():
+            assert 0 < spread[key][worker] <= throughput
+    one = consolidated[str(("resnet18 (batch size 16)", 1))]["t4"]
+    four = consolidated[str(("resnet18 (batch size 16)", 4))]["t4"]
+    assert one < four <= 4 * one
+
+
+def test_export_gavel_rejects_a_malformed_job(tmp_path):
+    result = run("export", "gavel", tmp_path / "x.json", "--job", "resnet18", "--accelerators", "t4")
+    assert result.exit_code == 2 and "ZOO_NAME:BATCH" in result.output
+    assert not (tmp_path / "x.json").exists()

@@ -1,0 +1,34 @@
+"""The placement model against Pollux's measured T4 placements (adaptdl), leave-one-model-out."""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from perfmodel.evaluation.placement import ADAPTDL_MODELS, adaptdl_rows, evaluate_adaptdl, mape
+
+ADAPTDL = Path(__file__).resolve().parents[2].parent / "shared" / "datasets" / "adaptdl"
+
+
+@pytest.fixture(scope="module")
+def rows():
+    if not ADAPTDL.is_dir():
+        pytest.skip(f"adaptdl dataset not found at {ADAPTDL} (../shared/datasets is not beside this checkout)")
+    return adaptdl_rows(ADAPTDL)
+
+
+def test_rows_carry_layout_and_the_one_gpu_compute(rows):
+    assert set(rows.app) == set(ADAPTDL_MODELS)
+    row = rows[rows.placement == "1443"].iloc[0]
+    assert row.devices == 12 and row.nodes == 4
+    single = rows[rows.placement == "1"]
+    np.testing.assert_allclose(single.single_ms, single.step_ms, rtol=0.5)  # its own (median) step
+
+
+def test_leave_one_model_out_beats_ignoring_communication(rows):
+    results, frame = evaluate_adaptdl(rows)
+    assert {r.held_out for r in results} == set(ADAPTDL_MODELS)
+    assert not frame.predicted_ms.isna().any()
+    ours = mape(frame.predicted_ms.to_numpy(), frame.step_ms.to_numpy())
+    compute_only = mape(frame.single_ms.to_numpy(), frame.step_ms.to_numpy())
+    assert ours < 15 and ours < compute_only / 2

@@ -1,0 +1,121 @@
+"""The placement model's invariants, on random jobs and placements (no predictor needed)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from perfmodel.placement.iteration import (ComputeArrays, IterationParams, PlacementArrays, ShardCompute,
+                                           iteration_breakdown, load_params)
+
+RNG = np.random.default_rng(7)
+N = 400
+PARAMS = [IterationParams(), load_params(), IterationParams(dp_overlap=1.0, multi_device_overhead_ms=3.0,
+                                                            tp_sync_ms=0.1, layer_overhead_ms=1.0)]
+
+
+def computes(n: int = N, *, batch_scale: np.ndarray | None = None, params_scale: float = 1.0) -> ComputeArrays:
+    """Random jobs; compute affine in the micro-batch (a fixed part + a part per sample), as real kernels are."""
+    scale = np.ones(n) if batch_scale is None else batch_scale
+    fixed = RNG.uniform(0.1, 5, n)
+    per_sample = RNG.uniform(1, 100, n)
+    fwd = fixed + per_sample * scale
+    return ComputeArrays(forward_ms=fwd, backward_ms=2 * fwd, optimizer_ms=RNG.uniform(0, 5, n),
+                         overhead_ms=RNG.uniform(0, 2, n), params=RNG.uniform(1e6, 1e9, n) * params_scale,
+                         gradient_bytes_per_param=np.full(n, 4.0), layers=RNG.integers(1, 48, n).astype(float),
+                         layer_activation_bytes=RNG.uniform(1e5, 1e8, n) * scale)
+
+
+def placements(n: int = N, *, data: np.ndarray, nodes: np.ndarray, tensor=None, pipeline=None,
+               micro_batches=None) -> PlacementArrays:
+    ones = np.ones(n)
+    return PlacementArrays(tensor=ones if tensor is None else tensor, pipeline=ones if pipeline is None else pipeline,
+                           data=data.astype(float), micro_batches=ones if micro_batches is None else micro_batches,
+                           zero_stage=np.zeros(n), checkpointing=np.zeros(n), nodes=nodes.astype(float),
+                           intra_alpha_ms=np.full(n, 0.005), intra_beta_ms_per_byte=np.full(n, 1e-8),
+                           inter_alpha_ms=np.full(n, 0.02), inter_beta_ms_per_byte=np.full(n, 1e-7))
+
+
+def with_compute(c: ComputeArrays, **changes: np.ndarray) -> ComputeArrays:
+    return ComputeArrays(**{**vars(c), **changes})
+
+
+@pytest.mark.parametrize("params", PARAMS)
+def test_the_iteration_is_the_explicit_sum_of_its_parts(params):
+    c = computes()
+    p = placements(data=RNG.integers(1, 9, N), nodes=np.ones(N))
+    out = iteration_breakdown(c, p, params)
+    parts = ["forward", "backward", "optimizer", "communication", "pipeline_bubble", "overhead"]
+    np.testing.assert_allclose(out["iteration_ms"], sum(out[k] for k in parts))
+    np.testing.assert_allclose(out["communication"],
+                               out["tensor_parallel_ms"] + out["pipeline_p2p_ms"] + out["data_parallel_ms"])
+    assert all(np.all(out[k] >= 0) for k in parts)
+
+
+def test_one_device_is_the_device_compute():
+    c = computes()
+    p = placements(data=np.ones(N), nodes=np.ones(N))
+    out = iteration_breakdown(c, p, load_params())
+    np.testing.assert_allclose(out["iteration_ms"], c.forward_ms + c.backward_ms + c.optimizer_ms + c.overhead_ms)
+    assert np.all(out["communication"] == 0)
+
+
+@pytest.mark.parametrize("params", PARAMS)
+@pytest.mark.parametrize("devices", [2, 4, 8, 16])
+def test_more_devices_never_beat_linear_scaling(params, devices):
+    """Strong scaling: the global batch split over `devices` replicas is never more than `devices` times faster;
+    weak scaling: the same per-device batch on more devices never iterates faster than on one."""
+    for per_node in (1, 2, 4, 8):
+        if devices % per_node:
+            continue
+        nodes = np.full(N, devices // per_node)
+        state = np.random.default_rng(11)  # the same jobs, whole (`full`) and with 1/devices of the batch
+        fixed, per_sample = state.uniform(0.1, 5, N), state.uniform(1, 100, N)
+        base = dict(optimizer_ms=np.zeros(N), overhead_ms=np.zeros(N), params=np.full(N, 3e8),
+                    gradient_bytes_per_param=np.full(N, 4.0), layers=np.full(N, 12.0),
+                    layer_activation_bytes=np.full(N, 1e6))
+        full = ComputeArrays(forward_ms=fixed + per_sample, backward_ms=2 * (fixed + per_sample), **base)
+        shard = ComputeArrays(forward_ms=fixed + per_sample / devices, backward_ms=2 * (fixed + per_sample / devices),
+                              **base)
+        t1 = iteration_breakdown(full, placements(data=np.ones(N), nodes=np.ones(N)), params)["iteration_ms"]
+        tn = iteration_breakdown(shard, placements(data=np.full(N, devices), nodes=nodes), params)["iteration_ms"]
+        assert np.all(tn * devices >= t1 - 1e-9)  # throughput(n) <= n x throughput(1)
+        weak = iteration_breakdown(full, placements(data=np.full(N, devices), nodes=nodes), params)["iteration_ms"]
+        assert np.all(weak >= t1 - 1e-9)
+
+
+@pytest.mark.parametrize("params", PARAMS)
+@pytest.mark.parametrize("devices,per_node", [(2, 1), (4, 1), (4, 2), (8, 2), (8, 4), (16, 4), (16, 8)])
+def test_a_spread_placement_is_never_faster_than_a_consolidated_one(params, devices, per_node):
+    c = computes()
+    consolidated = iteration_breakdown(c, placements(data=np.full(N, devices), nodes=np.ones(N)), params)
+    spread = iteration_breakdown(c, placements(data=np.full(N, devices), nodes=np.full(N, devices // per_node)),
+                                 params)
+    assert np.all(spread["iteration_ms"] >= consolidated["iteration_ms"] - 1e-9)
+
+
+@pytest.mark.parametrize("params", PARAMS)
+def test_a_bigger_all_reduce_is_never_cheaper(params):
+    c = computes()
+    for nodes in (1, 2, 4):
+        p = placements(data=np.full(N, 8), nodes=np.full(N, nodes))
+        small = iteration_breakdown(c, p, params)
+        big = iteration_breakdown(with_compute(c, params=c.params * 3), p, params)
+        assert np.all(big["data_parallel_ms"] >= small["data_parallel_ms"] - 1e-12)
+        assert np.all(big["iteration_ms"] >= small["iteration_ms"] - 1e-9)
+
+
+def test_pipeline_bubble_follows_1f1b():
+    c = computes()
+    m = np.full(N, 8.0)
+    p = placements(data=np.ones(N), nodes=np.ones(N), pipeline=np.full(N, 4.0), micro_batches=m)
+    out = iteration_breakdown(c, p, IterationParams())
+    stage = (c.forward_ms + c.backward_ms) / 4
+    np.testing.assert_allclose(out["pipeline_bubble"], 3 * stage)
+    np.testing.assert_allclose(out["forward"] + out["backward"], 8 * stage)
+
+
+def test_shard_compute_stacks_into_arrays():
+    one = ShardCompute(1.0, 2.0, 0.5, 0.1, 1000, 4, 12, 4096)
+    arrays = ComputeArrays.stack([one, one])
+    assert arrays.params.tolist() == [1000, 1000] and arrays.layers.tolist() == [12, 12]
