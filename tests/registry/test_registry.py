@@ -85,6 +85,7 @@ def test_predict_cli_json(registry):
     for field in ("iteration_time_ms", "throughput_samples_per_s", "interval_ms", "breakdown_ms",
                   "peak_memory_bytes", "accelerator", "model_version", "extrapolated"):
         assert field in data
-    assert set(data["breakdown_ms"]) == {"forward", "backward", "optimizer", "communication", "overhead"}
+    assert set(data["breakdown_ms"]) == {"forward", "backward", "optimizer", "communication", "pipeline_bubble",
+                                         "overhead"}
     bad = runner.invoke(app, ["predict", "resnet18", "--accelerator", "h1000"])
     assert bad.exit_code == 2 and "error:" in bad.stderr
