@@ -11,8 +11,10 @@ setup:
 run: setup
 	$(VENV)/bin/perfmodel profile resnet18 --batch-size 8
 
+# The suite runs next to a throwaway PostgreSQL server (scripts/with-postgres.sh installs Debian's postgresql when
+# root and it is missing); where none can be started, the PostgreSQL tests skip and say why.
 test: setup
-	$(VENV)/bin/python -m pytest -q
+	bash scripts/with-postgres.sh $(VENV)/bin/python -m pytest -q
 
 bench: setup
 	$(VENV)/bin/python bench/profile_cost.py

@@ -31,7 +31,7 @@ from perfmodel.errors import PerfmodelError
 from perfmodel.graph.ir import Graph
 from perfmodel.hardware.catalog import get_accelerator, load_catalog
 from perfmodel.hardware.spec import HardwareSpec
-from perfmodel.jobs.spec import HFConfigSource, JobSpec, ModuleSource, OnnxSource, ZooSource
+from perfmodel.jobs.spec import GraphSource, HFConfigSource, JobSpec, ModuleSource, OnnxSource, ZooSource
 from perfmodel.profilers.records import Environment, Outcome, Profile
 from perfmodel.regressors.base import NodePhase, Sample
 from perfmodel.settings import get_settings
@@ -173,6 +173,8 @@ def family_of(spec: JobSpec) -> str:
         return f"hf:{source.config.get('model_type')}"
     if isinstance(source, ModuleSource):
         return f"module:{source.path}"
+    if isinstance(source, GraphSource):
+        return f"ir:{source.graph.get('name')}"
     return "onnx"
 
 

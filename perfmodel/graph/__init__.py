@@ -14,7 +14,7 @@ from perfmodel.graph.flops import COST_TABLE, OpCall, OpCost, op_cost
 from perfmodel.graph.from_onnx import graph_from_onnx
 from perfmodel.graph.ir import SCHEMA_VERSION, Graph, GraphTotals, Node, TensorMeta
 from perfmodel.graph.opkinds import OpKind, kind_of, kind_of_onnx
-from perfmodel.jobs.spec import JobSpec, OnnxSource
+from perfmodel.jobs.spec import GraphSource, JobSpec, OnnxSource
 
 __all__ = [
     "COST_TABLE", "SCHEMA_VERSION", "Graph", "GraphTotals", "Node", "OpCall", "OpCost", "OpKind", "TensorMeta",
@@ -37,7 +37,10 @@ def __getattr__(name: str) -> Any:
 
 
 def graph_for_job(spec: JobSpec) -> Graph:
-    """The graph of any job: read from the ONNX file for an ONNX source, captured with torch.export otherwise."""
+    """The graph of any job: the IR itself for an IR source, read from the ONNX file for an ONNX source, captured
+    with torch.export otherwise."""
+    if isinstance(spec.source, GraphSource):
+        return spec.source.parsed().model_copy(update={"job_key": spec.key()})
     if isinstance(spec.source, OnnxSource):
         graph = graph_from_onnx(spec.source.path, batch_size=spec.batch_size, seq_len=spec.seq_len, name=spec.name)
         return graph.model_copy(update={"job_key": spec.key()})

@@ -1,6 +1,7 @@
 """Stage 1: what a job is (`JobSpec`) and how its model is built (`build_job`)."""
 
 from perfmodel.jobs.spec import (
+    GraphSource,
     HFConfigSource,
     JobSpec,
     Mode,
@@ -12,6 +13,7 @@ from perfmodel.jobs.spec import (
 )
 
 __all__ = [
+    "GraphSource",
     "HFConfigSource",
     "JobSpec",
     "Mode",

@@ -18,7 +18,7 @@ from perfmodel.device import resolve_device
 from perfmodel.errors import JobLoadError, PerfmodelError
 from perfmodel.jobs import custom
 from perfmodel.jobs.hf import build_hf_model
-from perfmodel.jobs.spec import HFConfigSource, JobSpec, ModuleSource, OnnxSource, Precision, ZooSource
+from perfmodel.jobs.spec import GraphSource, HFConfigSource, JobSpec, ModuleSource, OnnxSource, Precision, ZooSource
 from perfmodel.jobs.zoo import InputKind, get_entry
 
 _DTYPES = {Precision.fp16: torch.float16, Precision.bf16: torch.bfloat16}
@@ -77,6 +77,8 @@ def build_job(spec: JobSpec, device: str | torch.device = "cpu", seed: int = 0) 
     source = spec.source
     if isinstance(source, OnnxSource):
         raise PerfmodelError("an ONNX job has no PyTorch module: its graph and timings come from ONNX Runtime")
+    if isinstance(source, GraphSource):
+        raise PerfmodelError("an IR job has no module to build: it holds only its graph (predict it, not profile it)")
     torch.manual_seed(seed)
     loss_fn: Callable[[Any], torch.Tensor] = mean_loss
     build_device = device

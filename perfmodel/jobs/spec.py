@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Mapping
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
@@ -67,11 +68,43 @@ class OnnxSource(_Source):
     path: str = Field(description="path to an .onnx file")
 
 
+class GraphSource(_Source):
+    """A graph IR captured elsewhere (`perfmodel graph --json` on the client's machine): used as is, never
+    re-captured. Its shapes are those of the batch it was captured at."""
+
+    kind: Literal["ir"] = "ir"
+    graph: dict[str, Any] = Field(description="the graph IR, as `perfmodel graph --json` prints it "
+                                              "(`schema_version`, `name`, `source`, `mode`, `nodes`, `totals`, ...)")
+
+    @model_validator(mode="after")
+    def _is_graph_ir(self) -> "GraphSource":
+        self.parsed()  # a graph that does not load is refused here, naming what is wrong
+        return self
+
+    def parsed(self) -> Any:
+        """The `perfmodel.graph.ir.Graph` this IR holds (validated); a ValueError naming the bad field otherwise."""
+        from pydantic import ValidationError
+
+        from perfmodel.graph.ir import SCHEMA_VERSION, Graph
+
+        version = self.graph.get("schema_version")
+        if version != SCHEMA_VERSION:
+            raise ValueError(f"graph.schema_version: {version!r} is not supported (expected {SCHEMA_VERSION})")
+        try:
+            return Graph.model_validate(self.graph)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(part) for part in ("graph", *first["loc"]))
+            more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
+            raise ValueError(f"{where}: {first['msg']}{more}") from None
+
+
 ModelSource = Annotated[
-    Union[ZooSource, HFConfigSource, ModuleSource, OnnxSource], Field(discriminator="kind")
+    Union[ZooSource, HFConfigSource, ModuleSource, OnnxSource, GraphSource], Field(discriminator="kind")
 ]
 
 DEFAULT_SEQ_LEN = 128
+_KEY_ATTR = "key_cache__"  # where `JobSpec.key()` keeps its value (not a field)
 
 
 class JobSpec(BaseModel):
@@ -86,9 +119,19 @@ class JobSpec(BaseModel):
     optimizer: OptimizerName = OptimizerName.sgd
     mode: Mode = Mode.train
 
+    @model_validator(mode="after")
+    def _ir_mode_matches(self) -> "JobSpec":
+        if isinstance(self.source, GraphSource):
+            captured = self.source.graph.get("mode", "train")
+            if captured != self.mode.value:
+                raise ValueError(f"mode: the graph IR was captured for {captured!r}, the job says "
+                                 f"{self.mode.value!r}")
+        return self
+
     @property
     def name(self) -> str:
-        """A short human name: the zoo name, the HF model type, the module callable or the ONNX file name."""
+        """A short human name: the zoo name, the HF model type, the module callable, the ONNX file name or the
+        IR's graph name."""
         src = self.source
         if isinstance(src, ZooSource):
             return src.name
@@ -96,12 +139,24 @@ class JobSpec(BaseModel):
             return f"hf:{src.config.get('model_type', 'model')}"
         if isinstance(src, ModuleSource):
             return f"module:{src.path.rpartition(':')[2]}"
+        if isinstance(src, GraphSource):
+            return f"ir:{src.graph.get('name', 'graph')}"
         return f"onnx:{Path(src.path).stem}"
 
     def key(self) -> str:
-        """Stable content hash: equal specs get equal keys (the store uses it to resume sweeps)."""
-        canonical = json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
-        return hashlib.sha256(canonical.encode()).hexdigest()[:24]
+        """Stable content hash: equal specs get equal keys (the store uses it to resume sweeps). Computed once
+        per spec (an IR source makes it a hash of megabytes); kept outside the fields, so equality ignores it."""
+        cached = self.__dict__.get(_KEY_ATTR)
+        if cached is None:
+            canonical = json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+            cached = self.__dict__[_KEY_ATTR] = hashlib.sha256(canonical.encode()).hexdigest()[:24]
+        return cached
+
+    def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> "JobSpec":
+        copied = super().model_copy(update=update, deep=deep)
+        if update:
+            copied.__dict__.pop(_KEY_ATTR, None)  # another spec: its key is computed afresh
+        return copied
 
     @classmethod
     def from_options(

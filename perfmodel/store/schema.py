@@ -19,6 +19,7 @@ from sqlalchemy import (
     Connection,
     Double,
     Engine,
+    ForeignKey,
     Index,
     Integer,
     MetaData,
@@ -39,7 +40,8 @@ from perfmodel.errors import PerfmodelError
 from perfmodel.store.tables import Base, SchemaInfo, UTCDateTime
 
 # v1: profiles, op_records, onnx_nodes. v2: + op_measurements (op timings imported from public GPU benchmarks).
-STORE_SCHEMA_VERSION = 2
+# v3: + jobs, observations, model_events (the HTTP service's registered jobs and what they measured).
+STORE_SCHEMA_VERSION = 3
 
 Migration = Callable[[Connection], None]
 
@@ -77,8 +79,47 @@ def _v1_to_v2(connection: Connection) -> None:
     table.create(connection)
 
 
+def _v2_to_v3(connection: Connection) -> None:
+    """Add the service's `jobs`, `observations` and `model_events` tables, spelled out as they were at v3."""
+    metadata = MetaData()
+    Table(
+        "jobs",
+        metadata,
+        Column("id", Integer, primary_key=True, autoincrement=True),
+        Column("key", String(64), nullable=False, unique=True),
+        Column("name", Text, nullable=False),
+        Column("source_kind", String(32), nullable=False),
+        Column("spec_json", JSON(none_as_null=True), nullable=False),
+        Column("graph_json", Text),
+        Column("created_at", UTCDateTime, nullable=False),
+    )
+    Table(
+        "observations",
+        metadata,
+        Column("id", Integer, primary_key=True, autoincrement=True),
+        Column("job_id", Integer, ForeignKey("jobs.id", ondelete="CASCADE"), nullable=False, index=True),
+        Column("accelerator", String(64), nullable=False),
+        Column("devices", Integer, nullable=False),
+        Column("placement_json", JSON(none_as_null=True), nullable=False),
+        Column("throughput_samples_per_s", Double, nullable=False),
+        Column("predicted_throughput_samples_per_s", Double, nullable=False),
+        Column("model_version", Text, nullable=False),
+        Column("created_at", UTCDateTime, nullable=False),
+    )
+    Table(
+        "model_events",
+        metadata,
+        Column("id", Integer, primary_key=True, autoincrement=True),
+        Column("action", String(16), nullable=False),
+        Column("model_version", Text, nullable=False),
+        Column("detail", Text),
+        Column("created_at", UTCDateTime, nullable=False),
+    )
+    metadata.create_all(connection)
+
+
 # MIGRATIONS[v] upgrades a store from version v to v + 1. Add one step per schema change, never edit old ones.
-MIGRATIONS: Mapping[int, Migration] = {1: _v1_to_v2}
+MIGRATIONS: Mapping[int, Migration] = {1: _v1_to_v2, 2: _v2_to_v3}
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 

@@ -1,5 +1,6 @@
 """The store's tables (SQLAlchemy 2.0 typed declarative). One row per profiling run, plus its op and ONNX rows;
-and, apart from the runs, op timings imported from public GPU benchmarks (`op_measurements`, schema v2).
+and, apart from the runs, op timings imported from public GPU benchmarks (`op_measurements`, schema v2), and the
+HTTP service's jobs, observed throughputs and model promotions (`jobs`, `observations`, `model_events`, schema v3).
 
 Units are in the column names. Times are UTC, stored without a zone and returned zone-aware (`UTCDateTime`), so
 SQLite and PostgreSQL behave the same. The full job spec and environment are kept as JSON next to the columns
@@ -200,3 +201,50 @@ class OpMeasurementRow(Base):
     latency_ms: Mapped[float] = mapped_column(Double)
     extra: Mapped[dict[str, Any]]
     imported_at: Mapped[datetime]
+
+
+# --- the service's records (schema v3): registered jobs, observed throughputs, model promotions ---
+
+
+class JobRow(Base):
+    """A job registered with the service (`POST /v1/jobs`). `key` is `JobSpec.key()`, the job's public id; the
+    graph IR is kept as JSON text, so any worker answers for the job without capturing it again."""
+
+    __tablename__ = "jobs"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    key: Mapped[str] = mapped_column(String(64), unique=True)
+    name: Mapped[str] = mapped_column(Text)
+    source_kind: Mapped[str] = mapped_column(String(32))
+    spec_json: Mapped[dict[str, Any]]
+    graph_json: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime]
+
+
+class ObservationRow(Base):
+    """The throughput a running job measured on a placement (`POST /v1/observations`), next to what the service
+    predicted for it then (uncalibrated) and with which model."""
+
+    __tablename__ = "observations"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    accelerator: Mapped[str] = mapped_column(String(64))
+    devices: Mapped[int] = mapped_column(Integer)
+    placement_json: Mapped[dict[str, Any]]
+    throughput_samples_per_s: Mapped[float] = mapped_column(Double)
+    predicted_throughput_samples_per_s: Mapped[float] = mapped_column(Double)
+    model_version: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[datetime]
+
+
+class ModelEventRow(Base):
+    """A model promotion asked of the service: promoted, or refused (its artifact did not load) with the reason."""
+
+    __tablename__ = "model_events"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    action: Mapped[str] = mapped_column(String(16))
+    model_version: Mapped[str] = mapped_column(Text)
+    detail: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime]

@@ -1,4 +1,5 @@
-"""Store fixtures: realistic `Profile`s built from the records directly, and stores on SQLite (and PostgreSQL).
+"""Store fixtures: realistic `Profile`s built from the records directly, and a `store` opened on each `store_url`
+(a SQLite file and, where a server runs, PostgreSQL: see tests/conftest.py).
 
 Tests reach the builders through the `factory` fixture (`factory.profile(...)`). They are deterministic (fixed
 timestamps), so a test and a subprocess build equal profiles; the kill test's child loads this file with `runpy`.
@@ -6,14 +7,11 @@ timestamps), so a test and a subprocess build equal profiles; the kill test's ch
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from sqlalchemy import create_engine
 
 from perfmodel.graph.opkinds import OpKind
 from perfmodel.jobs.spec import HFConfigSource, JobSpec, Mode, OptimizerName, Precision, ZooSource
@@ -28,9 +26,7 @@ from perfmodel.profilers.records import (
     Profile,
 )
 from perfmodel.store import ProfileStore
-from perfmodel.store.tables import Base
 
-POSTGRES_ENV = "PERFMODEL_TEST_POSTGRES_URL"
 BASE_TIME = datetime(2025, 3, 14, 9, 26, 53, 589793, tzinfo=timezone.utc)
 
 _OP_CYCLE = [  # (name, kind, input shapes, phase) of a small MLP step, repeated
@@ -192,27 +188,6 @@ def make_hf_profile() -> Profile:
 def factory() -> SimpleNamespace:
     return SimpleNamespace(profile=make_profile, hf_profile=make_hf_profile, cpu_environment=cpu_environment,
                            cuda_environment=cuda_environment)
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    """A fresh store URL: a SQLite file, and (with PERFMODEL_TEST_POSTGRES_URL set) an emptied PostgreSQL DB."""
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'store' / 'perfmodel.db'}"
-        return
-    url = os.environ.get(POSTGRES_ENV)
-    if not url:
-        pytest.skip(f"set {POSTGRES_ENV} to run against PostgreSQL")
-    engine = create_engine(url)
-    Base.metadata.drop_all(engine)
-    yield url
-    Base.metadata.drop_all(engine)
-    engine.dispose()
-
-
-@pytest.fixture
-def sqlite_url(tmp_path: Path) -> str:
-    return f"sqlite:///{tmp_path / 'store' / 'perfmodel.db'}"
 
 
 @pytest.fixture

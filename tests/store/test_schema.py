@@ -26,8 +26,9 @@ def _database_path(sqlite_url: str) -> str:
 
 def test_a_new_store_has_every_table_and_the_current_version(store):
     assert set(inspect(store.engine).get_table_names()) >= {"schema_info", "profiles", "op_records", "onnx_nodes",
-                                                             "op_measurements"}
-    assert _version(store) == STORE_SCHEMA_VERSION == 2
+                                                             "op_measurements", "jobs", "observations",
+                                                             "model_events"}
+    assert _version(store) == STORE_SCHEMA_VERSION == 3
     with store.engine.connect() as connection:
         assert connection.execute(select(SchemaInfo.id, SchemaInfo.version)).all() == [(1, STORE_SCHEMA_VERSION)]
     with ProfileStore(store.url) as reopened:  # opening again changes nothing
@@ -123,6 +124,9 @@ def test_the_tables_compile_for_postgresql():
     assert "REFERENCES profiles (id) ON DELETE CASCADE" in ddl
 
 
+V1_TABLES = ("schema_info", "profiles", "op_records", "onnx_nodes")
+
+
 def _make_v1_store(url: str, profile) -> int:
     """A store as perfmodel v1 wrote it (every table but op_measurements, stamped v1), holding one profile."""
     from perfmodel.store.rows import op_values, profile_values
@@ -132,7 +136,7 @@ def _make_v1_store(url: str, profile) -> int:
     engine = open_engine(url)
     try:
         with write_transaction(engine) as connection:
-            v1_tables = [t for t in Base.metadata.sorted_tables if t.name != "op_measurements"]
+            v1_tables = [t for t in Base.metadata.sorted_tables if t.name in V1_TABLES]
             Base.metadata.create_all(connection, tables=v1_tables)
             connection.execute(insert(SchemaInfo).values(id=1, version=1))
             profile_id = connection.execute(
@@ -145,14 +149,14 @@ def _make_v1_store(url: str, profile) -> int:
         engine.dispose()
 
 
-def test_a_v1_store_is_migrated_to_v2_with_an_op_measurements_table(store_url, factory):
+def test_a_v1_store_is_migrated_to_the_current_version_with_an_op_measurements_table(store_url, factory):
     from perfmodel.profilers.external import OpMeasurement
     from perfmodel.store.tables import Base
 
     profile = factory.profile(n_ops=15)
     profile_id = _make_v1_store(store_url, profile)
     with ProfileStore(store_url) as store:
-        assert _version(store) == 2
+        assert _version(store) == STORE_SCHEMA_VERSION
         inspector = inspect(store.engine)
         assert "op_measurements" in inspector.get_table_names()
         # the migration's frozen table is the table a new store gets
@@ -173,4 +177,4 @@ def test_a_v1_store_is_migrated_to_v2_with_an_op_measurements_table(store_url, f
                                op_name="bmm", dtype="fp32", phase="forward", batch=1, m=2, n=3, k=4, latency_ms=0.5)
         assert store.add_op_measurements([record]) == 1
     with ProfileStore(store_url) as reopened:  # opening again changes nothing
-        assert _version(reopened) == 2 and reopened.count_op_measurements() == 1
+        assert _version(reopened) == STORE_SCHEMA_VERSION and reopened.count_op_measurements() == 1

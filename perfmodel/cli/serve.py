@@ -1,0 +1,68 @@
+"""`perfmodel serve`: the scheduler-facing HTTP service (uvicorn). Every option falls back to its `PERFMODEL_*`
+environment variable (see service/settings.py), then to the default: 127.0.0.1:8000, one worker, the SQLite store
+under PERFMODEL_HOME and the shipped models."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+
+Opt = typer.Option
+
+
+def serve(
+        host: Annotated[Optional[str], Opt(help="address to listen on (env PERFMODEL_HOST, 127.0.0.1)")] = None,
+        port: Annotated[Optional[int], Opt(help="TCP port (env PERFMODEL_PORT, 8000)")] = None,
+        workers: Annotated[Optional[int], Opt(help="worker processes (env PERFMODEL_WORKERS, 1)")] = None,
+        store: Annotated[Optional[str], Opt("--store", help="store URL (env PERFMODEL_STORE_URL, SQLite under "
+                                                             "PERFMODEL_HOME)")] = None,
+        models_dir: Annotated[Optional[Path], Opt(help="model registry (env PERFMODEL_MODELS_DIR, the shipped "
+                                                       "models/)")] = None,
+        model_version: Annotated[Optional[str], Opt(help="NAME/VERSION to serve instead of the promoted model "
+                                                         "of its role (env PERFMODEL_MODEL_VERSION)")] = None,
+        log_level: Annotated[Optional[str], Opt(help="uvicorn log level (env PERFMODEL_LOG_LEVEL, info)")] = None,
+        access_log: Annotated[bool, Opt(help="log every request (costs throughput)")] = False,
+        hash_token: Annotated[Optional[str], Opt("--hash-token", metavar="TOKEN",
+                                                 help="print the SHA-256 of TOKEN (for PERFMODEL_TOKEN_SHA256) "
+                                                      "and exit")] = None,
+) -> None:
+    """Serve predictions over HTTP (API v1; docs at /docs). Writes need a bearer token whose SHA-256 is in
+    PERFMODEL_TOKEN_SHA256 (comma-separated); with none configured, writes are open."""
+    from pydantic import ValidationError
+
+    from perfmodel.errors import PerfmodelError
+    from service.settings import ServiceSettings, hash_token as sha256_of
+
+    if hash_token is not None:
+        typer.echo(sha256_of(hash_token))
+        return
+    overrides: dict[str, Any] = {"host": host, "port": port, "workers": workers, "store_url": store,
+                                 "models_dir": models_dir, "model_version": model_version, "log_level": log_level}
+    overrides = {k: v for k, v in overrides.items() if v is not None}
+    try:
+        settings = ServiceSettings(**overrides)
+        run(settings, overrides, access_log=access_log)
+    except (PerfmodelError, ValidationError) as exc:
+        typer.echo("error: " + " ".join(str(exc).split()), err=True)
+        raise typer.Exit(2) from None
+
+
+def run(settings: Any, overrides: dict[str, Any], *, access_log: bool = False) -> None:
+    import uvicorn
+
+    from service.app import create_app
+
+    common = dict(host=settings.host, port=settings.port, log_level=settings.log_level, access_log=access_log,
+                  server_header=False)
+    if settings.workers == 1:
+        uvicorn.run(create_app(settings), **common)
+        return
+    # each worker process builds its own app from the environment: hand the options on through it
+    for name, value in overrides.items():
+        os.environ[f"PERFMODEL_{name.upper()}"] = str(value)
+    sys.stdout.flush()
+    uvicorn.run("service.app:app_from_env", factory=True, workers=settings.workers, **common)

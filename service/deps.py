@@ -1,0 +1,59 @@
+"""Typed dependencies of the routers: the process's `ServiceState` (store, predictor, job cache) and bearer-token
+checks. Tokens are compared by their SHA-256 digest in constant time; the settings never hold a token in clear."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from typing import Annotated
+
+from fastapi import Depends, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from service.errors import ApiError
+from service.state import ServiceState
+
+bearer = HTTPBearer(auto_error=False, description="a token whose SHA-256 is in PERFMODEL_TOKEN_SHA256 "
+                                                  "(writes) or PERFMODEL_READ_TOKEN_SHA256 (reads)")
+Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]
+
+
+def get_state(request: Request) -> ServiceState:
+    return request.app.state.service
+
+
+State = Annotated[ServiceState, Depends(get_state)]
+
+
+def _matches(credentials: HTTPAuthorizationCredentials | None, digests: tuple[str, ...]) -> bool:
+    if credentials is None:
+        return False
+    given = hashlib.sha256(credentials.credentials.encode()).hexdigest()
+    found = False
+    for digest in digests:  # every digest is compared: the time does not tell which one matched
+        found |= hmac.compare_digest(given, digest)
+    return found
+
+
+def _unauthorized(why: str) -> ApiError:
+    return ApiError(401, why, headers={"WWW-Authenticate": "Bearer"})
+
+
+def require_write(state: State, credentials: Credentials) -> None:
+    settings = state.settings
+    if settings.writes_open:
+        return
+    if not _matches(credentials, settings.token_sha256):
+        raise _unauthorized("this request writes: it needs a bearer token with write access")
+
+
+def require_read(state: State, credentials: Credentials) -> None:
+    settings = state.settings
+    if not settings.read_requires_token:
+        return
+    if not _matches(credentials, settings.token_sha256 + settings.read_token_sha256):
+        raise _unauthorized("reads need a bearer token on this server")
+
+
+WriteAccess = Depends(require_write)
+ReadAccess = Depends(require_read)

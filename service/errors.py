@@ -1,0 +1,94 @@
+"""Errors the API answers with, and the handlers that turn them (and bad input anywhere) into 4xx responses.
+
+Validation errors are 422 with FastAPI's shape, `{"detail": [{"loc": [...], "msg": ..., "type": ...}]}`, where
+`loc` names the field; a `PerfmodelError` (bad input found past validation: an unknown accelerator, a graph that
+cannot be captured) is a 422 too. The request's input is never echoed back (an IR can be megabytes).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+
+from perfmodel.errors import PerfmodelError
+
+
+class ApiError(Exception):
+    """An HTTP error with a JSON `detail` (a message, or a list of FastAPI-style validation errors)."""
+
+    def __init__(self, status_code: int, detail: str | list[dict[str, Any]], headers: dict[str, str] | None = None):
+        super().__init__(detail if isinstance(detail, str) else detail[0].get("msg", ""))
+        self.status_code = status_code
+        self.detail = detail
+        self.headers = headers
+
+
+class NotFound(ApiError):
+    def __init__(self, message: str):
+        super().__init__(404, message)
+
+
+class ModelRefused(ApiError):
+    """A model that does not load is never promoted; the old one keeps serving."""
+
+    def __init__(self, message: str):
+        super().__init__(409, message)
+
+
+def field_error(loc: list[Any], message: str, status_code: int = 422) -> ApiError:
+    """A 422 about one field (extended by the field the message itself names first)."""
+    loc, message = with_field(list(loc), message)
+    return ApiError(status_code, [{"loc": loc, "msg": message, "type": "value_error"}])
+
+
+# loc segments that are pydantic's names for validators and union members, not fields the client wrote
+_INTERNAL_LOC = re.compile(r"[\[\]()]|^constrained-|^job_(id|spec)$")
+
+
+# a message that starts by naming its field: "global_batch_size: 3 does not split into ..."
+_FIELD_PREFIX = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z0-9_]+)*): ")
+
+
+def with_field(loc: list[Any], message: str) -> tuple[list[Any], str]:
+    """`loc` extended by the field a message names at its start (pydantic's "Value error, " dropped)."""
+    message = " ".join(message.removeprefix("Value error, ").split())
+    named = _FIELD_PREFIX.match(message)
+    if named:
+        parts = [int(p) if p.isdigit() else p for p in named.group(1).split(".")]
+        if loc[-len(parts):] != parts:
+            loc = [*loc, *parts]
+    return loc, message
+
+
+def clean_errors(errors: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    out = []
+    for e in errors:
+        loc = [part for part in e.get("loc", ()) if not (isinstance(part, str) and _INTERNAL_LOC.search(part))]
+        loc, message = with_field(loc, str(e.get("msg", "")))
+        out.append({"loc": loc, "msg": message, "type": str(e.get("type", ""))})
+    return out
+
+
+async def _api_error(_request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, ApiError)
+    return JSONResponse({"detail": exc.detail}, status_code=exc.status_code, headers=exc.headers)
+
+
+async def _validation_error(_request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)
+    return JSONResponse({"detail": clean_errors(list(exc.errors()))}, status_code=422)
+
+
+async def _perfmodel_error(_request: Request, exc: Exception) -> JSONResponse:
+    loc, message = with_field(["body"], str(exc))
+    return JSONResponse({"detail": [{"loc": loc, "msg": message, "type": "value_error"}]}, status_code=422)
+
+
+def install(app: FastAPI) -> None:
+    app.add_exception_handler(ApiError, _api_error)
+    app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(PerfmodelError, _perfmodel_error)

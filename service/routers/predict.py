@@ -1,0 +1,146 @@
+"""`/v1/predict` (one job on one placement) and `/v1/predict/matrix` (jobs × placements, or × accelerator types ×
+device counts, in one vectorised call; optionally in Gavel's layout). Predictions are calibrated by what the job
+observed on the accelerator (`calibrated`, `calibration_factor`)."""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from collections.abc import Sequence
+from typing import Any
+
+from fastapi import APIRouter, Response
+from starlette.concurrency import run_in_threadpool
+
+from perfmodel.errors import PerfmodelError
+from perfmodel.hardware.catalog import get_accelerator
+from service.deps import ReadAccess, State
+from service.errors import field_error
+from service.routers.common import json_response, resolve_job
+from service.schemas import (ErrorOut, GavelResponse, MatrixGrid, MatrixRequest, MatrixResponse, PlacementIn,
+                             PredictRequest, PredictResponse)
+from service.state import JobEntry, ServiceState
+
+router = APIRouter(prefix="/v1/predict", tags=["predict"], dependencies=[ReadAccess])
+_ERRORS: dict[int | str, dict[str, Any]] = {404: {"model": ErrorOut}, 422: {"model": ErrorOut}}
+
+
+@router.post("", response_model=PredictResponse, responses=_ERRORS)
+async def predict(body: PredictRequest, state: State) -> Response:
+    """The fields of `perfmodel predict --json` for the job on the placement, calibrated by its observations."""
+    entry = await resolve_job(state, body.job, ("body", "job"))
+    placement = state.placement(body.placement, entry.spec.batch_size, ("body", "placement"))
+    state.check_ir_batch(entry, placement, ("body", "placement"))
+    warm = (placement.accelerator, placement.micro_batch_size, state.generation)
+    if warm in entry.warm:
+        prediction = state.raw_predictions([entry], [placement])[0][0]
+    else:  # the first prediction of this job on this accelerator runs the per-device model: not on the loop
+        prediction = (await run_in_threadpool(state.raw_predictions, [entry], [placement]))[0][0]
+        entry.warm.add(warm)
+    data = state.respond(entry, prediction)
+    state.metrics.count_predictions("predict", 1, int(data["calibrated"]))
+    return json_response(data)
+
+
+@router.post("/matrix", response_model=MatrixResponse | GavelResponse, responses=_ERRORS)
+async def predict_matrix(body: MatrixRequest, state: State) -> Response:
+    """Every job on every placement. `grid` generates the placements: each accelerator × device count,
+    consolidated (and with `spread`, one device per node too). `layout: gavel` answers Gavel's dictionaries."""
+    entries = [await resolve_job(state, ref, ("body", "jobs", i)) for i, ref in enumerate(body.jobs)]
+    data = await run_in_threadpool(matrix, state, entries, body)
+    return json_response(data)
+
+
+def grid_placements(state: ServiceState, grid: MatrixGrid) -> tuple[list[PlacementIn], list[bool]]:
+    """The placements of a grid and whether each is consolidated (as few nodes as possible)."""
+    placements: list[PlacementIn] = []
+    consolidated: list[bool] = []
+    for i, name in enumerate(grid.accelerators):
+        try:
+            hardware = get_accelerator(name, state.catalog)
+        except PerfmodelError as exc:
+            raise field_error(["body", "grid", "accelerators", i], str(exc)) from None
+        for count in dict.fromkeys(grid.device_counts):
+            if count > 1 and hardware.kind != "gpu":
+                continue  # multi-device placements are GPU placements
+            per_node = min(grid.per_node or count, count)
+            full, rest = divmod(count, per_node)
+            placements.append(PlacementIn(accelerator=hardware.name,
+                                          devices_per_node=(per_node,) * full + ((rest,) if rest else ())))
+            consolidated.append(True)
+            if grid.spread and count > 1 and per_node > 1:
+                placements.append(PlacementIn(accelerator=hardware.name, devices_per_node=(1,) * count))
+                consolidated.append(False)
+    if not placements:
+        raise field_error(["body", "grid"], "the grid holds no placement (multi-device placements need a GPU)")
+    return placements, consolidated
+
+
+def matrix(state: ServiceState, entries: Sequence[JobEntry], body: MatrixRequest) -> dict[str, Any]:
+    if body.grid is not None:
+        given, consolidated = grid_placements(state, body.grid)
+        where: tuple[str, ...] = ("body", "grid")
+    else:
+        assert body.placements is not None
+        given = body.placements
+        consolidated = [p.nodes == 1 for p in given]
+        where = ("body", "placements")
+    rows: list[list[Any]] = [[] for _ in entries]
+    by_batch: dict[int, list[int]] = defaultdict(list)  # jobs of one batch size share their placements
+    for i, entry in enumerate(entries):
+        by_batch[entry.spec.batch_size].append(i)
+    for batch_size, members in by_batch.items():
+        placements = [state.placement(p, batch_size, (*where, j)) for j, p in enumerate(given)]
+        group = [entries[i] for i in members]
+        for entry in group:
+            for j, placement in enumerate(placements):
+                state.check_ir_batch(entry, placement, (*where, j))
+        for i, row in zip(members, state.raw_predictions(group, placements, where)):
+            rows[i] = row
+    calibrated_cells = 0
+    throughput: list[list[float]] = []
+    iteration: list[list[float]] = []
+    calibrated: list[list[bool]] = []
+    for entry, row in zip(entries, rows):
+        factors = state.factors(entry)
+        t_row, i_row, c_row = [], [], []
+        for prediction in row:
+            factor, count = factors.get(prediction.accelerator, (1.0, 0))
+            t_row.append(prediction.throughput_samples_per_s * factor)
+            i_row.append(prediction.iteration_time_ms / factor)
+            c_row.append(count > 0)
+            calibrated_cells += count > 0
+        throughput.append(t_row)
+        iteration.append(i_row)
+        calibrated.append(c_row)
+    state.metrics.count_predictions("matrix", len(entries) * len(given), calibrated_cells)
+    versions = state.predictor.model_versions
+    if body.layout == "gavel":
+        return gavel(entries, rows, throughput, consolidated, versions)
+    out: dict[str, Any] = {
+        "layout": "matrix", "jobs": [e.key for e in entries],
+        "placements": [{"accelerator": row_prediction.accelerator, "devices": p.devices, "nodes": p.nodes,
+                        "consolidated": c, "placement": p.model_dump(mode="json", exclude_none=True)}
+                       for p, c, row_prediction in zip(given, consolidated, rows[0])],
+        "throughput_samples_per_s": throughput, "iteration_time_ms": iteration,
+        "fits": [[p.fits for p in row] for row in rows], "calibrated": calibrated, "model_versions": versions,
+    }
+    if body.detail:
+        out["predictions"] = [[state.respond(entry, p) for p in row] for entry, row in zip(entries, rows)]
+    return out
+
+
+def gavel(entries: Sequence[JobEntry], rows: Sequence[Sequence[Any]], throughput: Sequence[Sequence[float]],
+          consolidated: Sequence[bool], versions: dict[str, str]) -> dict[str, Any]:
+    """Gavel's throughput dictionaries; a job type is "<name> (batch size <b>)", with the job id added where two
+    jobs of the request would share one."""
+    from perfmodel.placement.gavel import gavel_layout
+
+    names = {e.key: f"{e.spec.name} (batch size {e.spec.batch_size})" for e in entries}
+    clashes = Counter(names.values())
+    job_types = {key: name if clashes[name] == 1 else f"{name} [{key}]" for key, name in names.items()}
+    cells = ((job_types[entry.key], prediction.accelerator, prediction.devices, consolidated[j], value)
+             for entry, row, values in zip(entries, rows, throughput)
+             for j, (prediction, value) in enumerate(zip(row, values)))
+    layout = gavel_layout(cells)
+    return {"layout": "gavel", **layout, "job_types": {t: key for key, t in job_types.items()},
+            "model_versions": versions}

@@ -1,0 +1,301 @@
+"""Request and response bodies of API v1 (pydantic). Units are in the field names.
+
+A job is given by its id (what `POST /v1/jobs` returned: the spec's content hash) or inline as a job spec. The API
+takes three model sources: a zoo name, a Hugging Face config, or the graph IR that `perfmodel graph --json`
+printed on the client's machine; module paths and server-side ONNX paths are refused (the server never imports or
+runs user code, nor reads files a client names). ONNX models are uploaded to `POST /v1/jobs` as multipart.
+
+A placement is a `PlacementSpec` whose `global_batch_size` may be left out: it then is the job's batch size times
+the data-parallel degree (every replica runs the job's batch), and without `parallelism` every device is a
+data-parallel replica.
+"""
+
+from __future__ import annotations
+
+import math
+from datetime import datetime
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
+
+from perfmodel.jobs.spec import GraphSource, HFConfigSource, JobSpec, ZooSource
+from perfmodel.placement.spec import Parallelism, PlacementSpec
+from perfmodel.predictor.predict import Prediction
+
+JOB_ID_PATTERN = r"^[0-9a-f]{24}$"
+REFUSED_SOURCES = {
+    "module": "module sources are a CLI feature: the server never imports or runs user code; send the IR that "
+              "`perfmodel graph --module ... --json` prints (source kind 'ir') instead",
+    "onnx": "the server reads no file a client names: upload the ONNX model to POST /v1/jobs (multipart)",
+}
+
+ApiModelSource = Annotated[Union[ZooSource, HFConfigSource, GraphSource], Field(discriminator="kind")]
+JobId = Annotated[str, Field(pattern=JOB_ID_PATTERN, description="a job id from POST /v1/jobs",
+                             examples=["572a996d1292de806bef48d2"])]
+
+
+class _In(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class ApiJobSpec(JobSpec):
+    """A job spec as the API takes it: a zoo name, an HF config or a graph IR, plus how it runs."""
+
+    source: ApiModelSource  # type: ignore[assignment]
+
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse_user_code(cls, data: Any) -> Any:
+        if isinstance(data, dict) and isinstance(data.get("source"), dict):
+            kind = data["source"].get("kind")
+            if isinstance(kind, str) and kind in REFUSED_SOURCES:
+                raise ValueError(f"source.kind {kind!r} is refused: {REFUSED_SOURCES[kind]}")
+        return data
+
+    @model_validator(mode="after")
+    def _known_zoo_name(self) -> "ApiJobSpec":
+        if isinstance(self.source, ZooSource):
+            from perfmodel.jobs.zoo import get_entry
+
+            try:
+                get_entry(self.source.name)
+            except KeyError as exc:  # UnknownNameError: names the closest zoo models
+                raise ValueError(f"source.name: {exc}") from None
+        return self
+
+
+def _job_ref_kind(value: Any) -> str:
+    return "job_id" if isinstance(value, str) else "job_spec"
+
+
+JobRef = Annotated[Union[Annotated[JobId, Tag("job_id")], Annotated[ApiJobSpec, Tag("job_spec")]],
+                   Discriminator(_job_ref_kind), Field(description="a job id, or a job spec inline")]
+
+
+class PlacementIn(PlacementSpec):
+    """A placement; `global_batch_size` defaults to the job's batch size × the data-parallel degree, and
+    `parallelism` to data parallelism over every device."""
+
+    global_batch_size: int | None = Field(default=None, ge=1, description="samples per iteration over all "  # type: ignore[assignment]
+                                          "replicas; default: the job's batch size × parallelism.data")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "PlacementIn":  # the rest is checked in `to_spec`, once the batch is known
+        if "parallelism" not in self.model_fields_set:
+            self.__dict__["parallelism"] = Parallelism(data=self.devices)
+        return self
+
+    def to_spec(self, batch_size: int) -> PlacementSpec:
+        """The full placement for a job of `batch_size` (pydantic ValidationError if inconsistent)."""
+        values = {name: getattr(self, name) for name in self.model_fields_set}
+        values["parallelism"] = self.parallelism
+        if self.global_batch_size is None:
+            values["global_batch_size"] = batch_size * self.parallelism.data
+        return PlacementSpec(**values)
+
+
+# --- jobs ---
+
+
+class GraphSummary(BaseModel):
+    name: str
+    source: str
+    mode: str
+    nodes: int
+    params: int
+    flops_fwd: int
+    flops_bwd: int
+    activation_bytes: int
+
+
+class JobOut(BaseModel):
+    job_id: str = Field(description="the job's id: its spec's content hash (the same spec always gets it)")
+    name: str
+    created: bool = Field(description="false: the job was registered before, this is the same job")
+    source_kind: str
+    batch_size: int
+    seq_len: int
+    precision: str
+    optimizer: str
+    mode: str
+    created_at: datetime
+    graph: GraphSummary
+
+
+class AcceleratorCalibration(BaseModel):
+    accelerator: str
+    observations: int
+    calibration_factor: float = Field(description="geometric mean of observed / predicted throughput")
+
+
+class ObservationOut(BaseModel):
+    id: int
+    accelerator: str
+    devices: int
+    throughput_samples_per_s: float
+    predicted_throughput_samples_per_s: float = Field(description="the current model's uncalibrated prediction")
+    calibrated_throughput_samples_per_s: float = Field(
+        description="leave-one-out: calibrated by this job's other observations on the accelerator")
+    created_at: datetime
+
+
+class CalibrationReport(BaseModel):
+    observations: int
+    mape_uncalibrated_pct: float | None = Field(description="MAPE of the uncalibrated predictions vs observed")
+    mape_calibrated_pct: float | None = Field(
+        description="MAPE of leave-one-out calibrated predictions vs observed (each observation predicted with a "
+                    "factor from the job's other observations on its accelerator)")
+    by_accelerator: list[AcceleratorCalibration]
+    recent: list[ObservationOut] = Field(description="the latest observations, newest first")
+
+
+class JobDetail(JobOut):
+    spec: dict[str, Any] = Field(description="the job spec (an IR source's graph is left out: see `graph`)")
+    calibration: CalibrationReport
+
+
+class JobList(BaseModel):
+    jobs: list[JobOut]
+
+
+# --- predictions ---
+
+
+class PredictRequest(_In):
+    job: JobRef
+    placement: PlacementIn
+
+
+class PredictResponse(Prediction):
+    job_id: str
+    calibrated: bool = Field(description="true: scaled by what this job observed on this accelerator")
+    calibration_factor: float = Field(description="observed / predicted throughput (geometric mean); 1 if none")
+    observations: int = Field(description="observations of this job on this accelerator behind the factor")
+    uncalibrated_iteration_time_ms: float
+    uncalibrated_throughput_samples_per_s: float
+
+
+class MatrixGrid(_In):
+    accelerators: list[str] = Field(min_length=1, max_length=64, description="catalog names or aliases")
+    device_counts: list[Annotated[int, Field(ge=1, le=4096)]] = Field(default=[1], min_length=1, max_length=16)
+    per_node: int | None = Field(default=None, ge=1, le=64, description="devices a node holds: a consolidated "
+                                 "placement of n devices fills nodes of this size; default: n on one node")
+    spread: bool = Field(default=False, description="also one device per node for each count > 1 (Gavel's "
+                                                    "unconsolidated placements)")
+
+
+class MatrixRequest(_In):
+    jobs: list[JobRef] = Field(min_length=1, max_length=10_000)
+    placements: list[PlacementIn] | None = Field(default=None, min_length=1, max_length=1024)
+    grid: MatrixGrid | None = Field(default=None, description="instead of `placements`: accelerators × device "
+                                                              "counts (multi-device on GPUs only)")
+    layout: Literal["matrix", "gavel"] = Field(default="matrix", description="gavel: Gavel's throughput "
+                                               "dictionaries, keyed by job type and worker type")
+    detail: bool = Field(default=False, description="also every full prediction (matrix layout)")
+
+    @model_validator(mode="after")
+    def _one_placement_source(self) -> "MatrixRequest":
+        if (self.placements is None) == (self.grid is None):
+            raise ValueError("placements, grid: give exactly one of them")
+        return self
+
+
+class MatrixPlacement(BaseModel):
+    accelerator: str
+    devices: int
+    nodes: int
+    consolidated: bool
+    placement: dict[str, Any] = Field(description="the placement as given (global_batch_size per job)")
+
+
+class MatrixResponse(BaseModel):
+    layout: Literal["matrix"] = "matrix"
+    jobs: list[str] = Field(description="job ids, one per row")
+    placements: list[MatrixPlacement] = Field(description="one per column")
+    throughput_samples_per_s: list[list[float]]
+    iteration_time_ms: list[list[float]]
+    fits: list[list[bool | None]]
+    calibrated: list[list[bool]]
+    model_versions: dict[str, str]
+    predictions: list[list[PredictResponse]] | None = None
+
+
+class GavelResponse(BaseModel):
+    layout: Literal["gavel"] = "gavel"
+    consolidated: dict[str, dict[str, float]] = Field(description="{job type key: {worker type: samples/s}}")
+    spread: dict[str, dict[str, float]]
+    job_types: dict[str, str] = Field(description="job type -> job id")
+    model_versions: dict[str, str]
+
+
+# --- observations ---
+
+
+class ObservationRequest(_In):
+    job: JobId
+    placement: PlacementIn
+    throughput_samples_per_s: float = Field(gt=0, description="what the running job measured")
+
+    @model_validator(mode="after")
+    def _finite(self) -> "ObservationRequest":
+        if not math.isfinite(self.throughput_samples_per_s):
+            raise ValueError("throughput_samples_per_s: must be finite")
+        return self
+
+
+class ObservationResponse(BaseModel):
+    observation_id: int
+    job_id: str
+    accelerator: str
+    throughput_samples_per_s: float
+    predicted_throughput_samples_per_s: float = Field(description="the uncalibrated prediction for this placement")
+    error_pct: float = Field(description="(predicted - observed) / observed × 100, uncalibrated")
+    calibrated: bool = Field(description="true: from now on this job's predictions on this accelerator are "
+                                         "calibrated with what it observed")
+    calibration_factor: float
+    observations: int = Field(description="observations of this job on this accelerator")
+    message: str
+
+
+# --- models, accelerators, health ---
+
+
+class ModelOut(BaseModel):
+    model: str = Field(description="NAME/VERSION")
+    regressor: str
+    role: str
+    promoted: bool = Field(description="the registry's promoted model of its role")
+    serving: bool = Field(description="this server answers with it now")
+    training_samples: int | None
+    created_at: datetime
+    metrics: dict[str, Any]
+
+
+class ModelEventOut(BaseModel):
+    action: str
+    model_version: str
+    detail: str | None
+    created_at: datetime
+
+
+class ModelsResponse(BaseModel):
+    serving: dict[str, str] = Field(description="role -> NAME/VERSION this server answers with")
+    models: list[ModelOut]
+    events: list[ModelEventOut] = Field(description="the latest promotions asked of the service, newest first")
+
+
+class PromoteResponse(BaseModel):
+    promoted: str
+    serving: dict[str, str]
+    previous: dict[str, str]
+
+
+class Health(BaseModel):
+    status: str
+    model_versions: dict[str, str] = {}
+    writes: Literal["token", "open"] = "token"
+    detail: str | None = None
+
+
+class ErrorOut(BaseModel):
+    detail: str | list[dict[str, Any]]

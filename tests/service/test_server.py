@@ -1,0 +1,90 @@
+"""A real `perfmodel serve` (uvicorn, loopback, free port) in a subprocess, driven by `perfmodel.client.Client`."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from perfmodel.client import Client, ServiceError
+from service.settings import hash_token
+from tests.service.conftest import SMALL_JOB, small_onnx
+
+TOKEN = "integration-token"
+START_TIMEOUT_S = 90
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def server(tmp_path: Path, models_dir: Path, sqlite_url: str):
+    port = _free_port()
+    env = {**os.environ, "PERFMODEL_PORT": str(port), "PERFMODEL_STORE_URL": sqlite_url,
+           "PERFMODEL_MODELS_DIR": str(models_dir), "PERFMODEL_TOKEN_SHA256": hash_token(TOKEN),
+           "PERFMODEL_LOG_LEVEL": "warning"}
+    log = (tmp_path / "server.log").open("w")
+    process = subprocess.Popen([str(Path(sys.executable).parent / "perfmodel"), "serve"], env=env, stdout=log,
+                               stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + START_TIMEOUT_S
+    try:
+        while True:
+            if process.poll() is not None:
+                pytest.fail(f"perfmodel serve exited: {(tmp_path / 'server.log').read_text()[-2000:]}")
+            try:
+                if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                pytest.fail("perfmodel serve did not become ready")
+            time.sleep(0.2)
+        yield url
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+        log.close()
+
+
+def test_a_scheduler_talks_to_a_real_server_with_the_client(server, tmp_path):
+    with Client(server, token=TOKEN) as pm, Client(server) as anonymous:
+        assert pm.ready() and pm.health()["writes"] == "token"
+        job = pm.register_job(zoo="mlp-recommender", batch_size=8)
+        assert job["created"] and pm.register_job(SMALL_JOB)["job_id"] == job["job_id"]
+        with pytest.raises(ServiceError) as denied:
+            anonymous.register_job(zoo="mlp-recommender", batch_size=4)
+        assert denied.value.status_code == 401
+        onnx_job = pm.register_onnx(small_onnx(tmp_path / "mlp.onnx"), batch_size=4)
+        assert onnx_job["source_kind"] == "ir"
+        single = anonymous.predict(job["job_id"], {"accelerator": "t4"})
+        assert single["throughput_samples_per_s"] > 0 and single["calibrated"] is False
+        matrix = pm.matrix([job["job_id"], onnx_job["job_id"]],
+                           grid={"accelerators": ["t4", "a100-sxm4-80gb"], "device_counts": [1, 4]})
+        assert len(matrix["throughput_samples_per_s"]) == 2 and len(matrix["placements"]) == 4
+        assert matrix["throughput_samples_per_s"][0][0] == pytest.approx(single["throughput_samples_per_s"])
+        gavel = pm.matrix([job["job_id"]], grid={"accelerators": ["t4"], "device_counts": [1, 2]}, layout="gavel")
+        assert gavel["consolidated"][str(("mlp-recommender (batch size 8)", 2))]["t4"] > 0
+        observed = pm.observe(job["job_id"], {"accelerator": "t4"},
+                              throughput_samples_per_s=single["throughput_samples_per_s"] * 0.8)
+        assert observed["calibration_factor"] == pytest.approx(0.8)
+        assert pm.predict(job["job_id"], {"accelerator": "t4"})["calibrated"] is True
+        assert pm.job(job["job_id"])["calibration"]["observations"] == 1
+        assert any(a["name"] == "t4" for a in pm.accelerators())
+        assert pm.models()["serving"]["default"] == "xgb-ops/v1"
+        with pytest.raises(ServiceError) as bad:
+            pm.predict(job["job_id"], {"accelerator": "t4", "global_batch_size": 0})
+        assert bad.value.status_code == 422 and "global_batch_size" in str(bad.value)
+        metrics = httpx.get(f"{server}/metrics").text
+        assert 'route="/v1/predict",status="200"' in metrics
+        pm.delete_job(job["job_id"])
+        assert [j["job_id"] for j in pm.jobs()] == [onnx_job["job_id"]]
