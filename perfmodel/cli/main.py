@@ -633,8 +633,12 @@ def _device_ops_model(ref: str | None) -> tuple[Any, str]:
 
 
 def _write_atomically(frame: Any, path: Path) -> None:
-    """`frame` as CSV at `path` (compressed by its suffix), written to a temporary file beside it and renamed over
-    it: a failure leaves no partial file."""
+    """`frame` as CSV at `path` (compressed by its suffix), atomically (`_atomic_write`)."""
+    _atomic_write(path, lambda tmp: frame.to_csv(tmp, index=False, compression=_COMPRESSION.get(path.suffix.lower())))
+
+
+def _atomic_write(path: Path, write: Callable[[str], Any]) -> None:
+    """`write(tmp)` to a temporary file beside `path`, then renamed over it: a failure leaves no partial file."""
     import os
     import tempfile
 
@@ -643,7 +647,7 @@ def _write_atomically(frame: Any, path: Path) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     os.close(fd)
     try:
-        frame.to_csv(tmp, index=False, compression=_COMPRESSION.get(path.suffix.lower()))
+        write(tmp)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -695,19 +699,7 @@ app.add_typer(export_app, name="export")
 
 
 def _write_text_atomically(text: str, path: Path) -> None:
-    import os
-    import tempfile
-
-    if not path.parent.is_dir():
-        raise PerfmodelError(f"cannot write {path}: no such folder {path.parent}")
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as handle:
-            handle.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    _atomic_write(path, lambda tmp: Path(tmp).write_text(text))
 
 
 @export_app.command("gavel")
