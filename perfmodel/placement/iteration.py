@@ -195,12 +195,6 @@ def iteration_breakdown(c: ComputeArrays, p: PlacementArrays, params: IterationP
     return out
 
 
-def _check(arrays: dict[str, np.ndarray]) -> None:
-    for name, value in arrays.items():
-        if not np.all(np.isfinite(value)):
-            raise ValueError(f"{name}: non-finite values")
-
-
 def layer_stats(layer_outputs: list[int]) -> tuple[int, int]:
     """(blocks, bytes per block output) from the output sizes of a model's repeated blocks."""
     if not layer_outputs:

@@ -22,7 +22,7 @@ import numpy as np
 from perfmodel.errors import PerfmodelError
 from perfmodel.graph.ir import Graph
 from perfmodel.hardware.spec import HardwareSpec
-from perfmodel.jobs.spec import JobSpec
+from perfmodel.jobs.spec import JobSpec, Precision
 from perfmodel.placement.comm import LinkModel, link_for_accelerator, network_link
 from perfmodel.placement.iteration import (ComputeArrays, IterationParams, PlacementArrays, ShardCompute,
                                            iteration_breakdown, layer_stats, load_params)
@@ -37,12 +37,10 @@ INTRA_LINK_BIDIR_GBPS = {"nvlink1": 160.0, "nvlink2": 300.0, "nvlink3": 600.0, "
 BREAKDOWN_KEYS = ("forward", "backward", "optimizer", "communication", "pipeline_bubble", "overhead")
 
 
-def block_outputs(graph: Graph) -> list[int]:
+def block_outputs(graph: Graph, precision: Precision) -> list[int]:
     """Output bytes of each repeated block (module paths with a layer index) of the graph, in order."""
     from perfmodel.predictor.memory import _output_bytes  # one definition of a node's output size
-    from perfmodel.jobs.spec import Precision
 
-    precision = Precision(graph.precision) if getattr(graph, "precision", None) else Precision.fp32
     sizes = []
     for run in layers(graph):
         key = layer_key(run[0].module)
@@ -142,7 +140,7 @@ class PlacementPredictor:
             micro_graph = self._graph(micro_spec)
         single = self._single(hardware).predict(micro_spec, hardware.name, graph=micro_graph)
         b = single.breakdown_ms
-        blocks, block_bytes = layer_stats(block_outputs(micro_graph))
+        blocks, block_bytes = layer_stats(block_outputs(micro_graph, spec.precision))
         per_param = bytes_per_param(spec.precision, spec.optimizer, spec.mode)
         compute = ShardCompute(
             forward_ms=b["forward"], backward_ms=b["backward"], optimizer_ms=b["optimizer"],
