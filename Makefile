@@ -8,8 +8,10 @@ export PERFMODEL_VENV := $(VENV)
 setup:
 	@bash scripts/setup.sh
 
+# the service on its embedded default: the SQLite store under PERFMODEL_HOME (~/.perfmodel) and the shipped models,
+# on 127.0.0.1:8000 (PERFMODEL_HOST / PERFMODEL_PORT and the other PERFMODEL_* settings change that)
 run: setup
-	$(VENV)/bin/perfmodel profile resnet18 --batch-size 8
+	$(VENV)/bin/perfmodel serve
 
 # The suite runs next to a throwaway PostgreSQL server (scripts/with-postgres.sh installs Debian's postgresql when
 # root and it is missing); where none can be started, the PostgreSQL tests skip and say why.
@@ -17,4 +19,4 @@ test: setup
 	bash scripts/with-postgres.sh $(VENV)/bin/python -m pytest -q
 
 bench: setup
-	$(VENV)/bin/python bench/profile_cost.py
+	$(VENV)/bin/python bench/service.py

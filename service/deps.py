@@ -18,7 +18,7 @@ bearer = HTTPBearer(auto_error=False, description="a token whose SHA-256 is in P
 Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]
 
 
-def get_state(request: Request) -> ServiceState:
+async def get_state(request: Request) -> ServiceState:
     return request.app.state.service
 
 
@@ -39,7 +39,7 @@ def _unauthorized(why: str) -> ApiError:
     return ApiError(401, why, headers={"WWW-Authenticate": "Bearer"})
 
 
-def require_write(state: State, credentials: Credentials) -> None:
+async def require_write(state: State, credentials: Credentials) -> None:
     settings = state.settings
     if settings.writes_open:
         return
@@ -47,7 +47,7 @@ def require_write(state: State, credentials: Credentials) -> None:
         raise _unauthorized("this request writes: it needs a bearer token with write access")
 
 
-def require_read(state: State, credentials: Credentials) -> None:
+async def require_read(state: State, credentials: Credentials) -> None:
     settings = state.settings
     if not settings.read_requires_token:
         return

@@ -199,6 +199,16 @@ class ServiceState:
         except PerfmodelError as exc:
             raise field_error(list(where), str(exc).removeprefix("placement.")) from None
 
+    def raw_matrix(self, entries: Sequence[JobEntry], placements: Sequence[PlacementSpec],
+                   where: Sequence[str | int]) -> dict[str, Any]:
+        """`PlacementPredictor.matrix_arrays` of the jobs × placements, uncalibrated: (jobs, placements) arrays
+        of the breakdown, `iteration_ms`, `throughput_samples_per_s`, `peak_memory_bytes`, `fits`."""
+        try:
+            return self.predictor.matrix_arrays([e.spec for e in entries], placements,
+                                                graphs=[e.graph for e in entries])
+        except PerfmodelError as exc:
+            raise field_error(list(where), str(exc).removeprefix("placement.")) from None
+
     def factors(self, entry: JobEntry) -> dict[str, tuple[float, int]]:
         """accelerator -> (calibration factor, observations) of a job, against the serving model."""
         if entry.factors_generation == self.generation:

@@ -102,7 +102,7 @@ def dump_params(table: dict[str, IterationParams | dict[str, Any]]) -> str:
 
 @dataclass(frozen=True)
 class ComputeArrays:
-    """`ShardCompute` fields as arrays, one entry per pair."""
+    """`ShardCompute` fields as arrays: one entry per pair, or any shapes that broadcast with the placement's."""
 
     forward_ms: np.ndarray
     backward_ms: np.ndarray
@@ -120,7 +120,7 @@ class ComputeArrays:
 
 @dataclass(frozen=True)
 class PlacementArrays:
-    """A placement as arrays, one entry per pair: degrees, micro-batches, layout, and the two links' α, β."""
+    """A placement as arrays (one entry per pair, or broadcast): degrees, micro-batches, layout, the links' α, β."""
 
     tensor: np.ndarray
     pipeline: np.ndarray

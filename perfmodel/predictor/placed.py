@@ -205,15 +205,27 @@ class PlacementPredictor:
                     computes.append(self.compute(spec, hw, micro, graph=graphs[i])[0])
                 index[i, j] = k
         c = ComputeArrays.stack(computes)
-        c = ComputeArrays(**{name: value[index].ravel() for name, value in vars(c).items()})
+        c = ComputeArrays(**{name: value[index] for name, value in vars(c).items()})  # (jobs, placements)
         p = placement_arrays(placements, [self.links(pl, hw) for pl, hw in zip(placements, hardware)])
-        p = PlacementArrays(**{name: np.tile(value, len(specs)) for name, value in vars(p).items()})
-        out = iteration_breakdown(c, p, self.params)
+        p = PlacementArrays(**{name: value[None, :] for name, value in vars(p).items()})  # broadcast over jobs
         shape = (len(specs), len(placements))
-        result = {name: value.reshape(shape) for name, value in out.items()}
+        result = {name: np.broadcast_to(value, shape) for name, value in iteration_breakdown(c, p, self.params).items()}
         global_batch = np.array([pl.global_batch_size for pl in placements], dtype=float)
         result["throughput_samples_per_s"] = global_batch[None, :] * 1e3 / result["iteration_ms"]
+        result["peak_memory_bytes"] = self._memory_matrix(specs, placements)
+        capacity = np.array([int(hw.memory_gb * 1e9 * USABLE_MEMORY_FRACTION) for hw in hardware], dtype=np.int64)
+        result["memory_capacity_bytes"] = np.broadcast_to(capacity, shape)
+        result["fits"] = result["peak_memory_bytes"] <= capacity[None, :]
         return result
+
+    def _memory_matrix(self, specs: Sequence[JobSpec], placements: Sequence[PlacementSpec]) -> np.ndarray:
+        """`memory` of every job on every placement, estimated once per distinct job."""
+        first: dict[str, int] = {}
+        rows = [first.setdefault(spec.key(), i) for i, spec in enumerate(specs)]
+        distinct = np.array([[self.memory(specs[i], pl) for pl in placements] for i in first.values()],
+                            dtype=np.int64).reshape(len(first), len(placements))
+        position = {i: k for k, i in enumerate(first.values())}
+        return distinct[[position[i] for i in rows]]
 
     def predict(self, spec: JobSpec, placement: PlacementSpec, *, graph: Graph | None = None) -> Prediction:
         return self.predict_matrix([spec], [placement], graphs=[graph])[0][0]
@@ -230,24 +242,22 @@ class PlacementPredictor:
                 hw = self.hardware(placement.accelerator)
                 single = self.compute(spec, hw, placement.micro_batch_size, graph=graphs[i])[1]
                 row.append(self._prediction(spec, placement, hw, single,
-                                            {name: float(v[i, j]) for name, v in arrays.items()}))
+                                            {name: v[i, j].item() for name, v in arrays.items()}))
             rows.append(row)
         return rows
 
     def _prediction(self, spec: JobSpec, placement: PlacementSpec, hardware: HardwareSpec, single: Prediction,
-                    out: dict[str, float]) -> Prediction:
+                    out: dict[str, Any]) -> Prediction:
         iteration_ms = out["iteration_ms"]
         breakdown = {k: out[k] for k in BREAKDOWN_KEYS}
         ratio = iteration_ms / single.iteration_time_ms if single.iteration_time_ms > 0 else 1.0
-        memory = self.memory(spec, placement)
-        capacity = int(hardware.memory_gb * 1e9 * USABLE_MEMORY_FRACTION)
         return Prediction(
             job=spec.name, job_key=spec.key(), accelerator=hardware.name, model_version=single.model_version,
             iteration_time_ms=iteration_ms, throughput_samples_per_s=out["throughput_samples_per_s"],
             interval_ms=(single.interval_ms[0] * ratio, single.interval_ms[1] * ratio), breakdown_ms=breakdown,
-            peak_memory_bytes=memory, extrapolated=single.extrapolated,
+            peak_memory_bytes=out["peak_memory_bytes"], extrapolated=single.extrapolated,
             extrapolation_reasons=single.extrapolation_reasons, devices=placement.devices, nodes=placement.nodes,
-            fits=memory <= capacity, memory_capacity_bytes=capacity, placement=placement)
+            fits=out["fits"], memory_capacity_bytes=out["memory_capacity_bytes"], placement=placement)
 
     def memory(self, spec: JobSpec, placement: PlacementSpec) -> int:
         """Peak bytes on the fullest device of the placement (cached per job and parallel layout)."""

@@ -8,11 +8,13 @@ from collections import Counter, defaultdict
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 from fastapi import APIRouter, Response
 from starlette.concurrency import run_in_threadpool
 
 from perfmodel.errors import PerfmodelError
 from perfmodel.hardware.catalog import get_accelerator
+from perfmodel.predictor.predict import Prediction
 from service.deps import ReadAccess, State
 from service.errors import field_error
 from service.routers.common import json_response, resolve_job
@@ -84,7 +86,11 @@ def matrix(state: ServiceState, entries: Sequence[JobEntry], body: MatrixRequest
         given = body.placements
         consolidated = [p.nodes == 1 for p in given]
         where = ("body", "placements")
-    rows: list[list[Any]] = [[] for _ in entries]
+    accelerators: list[str] = []
+    shape = (len(entries), len(given))
+    raw_throughput, raw_iteration = np.empty(shape), np.empty(shape)
+    fits = np.empty(shape, dtype=bool)
+    rows: list[list[Prediction]] = [[] for _ in entries]
     by_batch: dict[int, list[int]] = defaultdict(list)  # jobs of one batch size share their placements
     for i, entry in enumerate(entries):
         by_batch[entry.spec.batch_size].append(i)
@@ -94,53 +100,53 @@ def matrix(state: ServiceState, entries: Sequence[JobEntry], body: MatrixRequest
         for entry in group:
             for j, placement in enumerate(placements):
                 state.check_ir_batch(entry, placement, (*where, j))
-        for i, row in zip(members, state.raw_predictions(group, placements, where)):
-            rows[i] = row
-    calibrated_cells = 0
-    throughput: list[list[float]] = []
-    iteration: list[list[float]] = []
-    calibrated: list[list[bool]] = []
-    for entry, row in zip(entries, rows):
-        factors = state.factors(entry)
-        t_row, i_row, c_row = [], [], []
-        for prediction in row:
-            factor, count = factors.get(prediction.accelerator, (1.0, 0))
-            t_row.append(prediction.throughput_samples_per_s * factor)
-            i_row.append(prediction.iteration_time_ms / factor)
-            c_row.append(count > 0)
-            calibrated_cells += count > 0
-        throughput.append(t_row)
-        iteration.append(i_row)
-        calibrated.append(c_row)
-    state.metrics.count_predictions("matrix", len(entries) * len(given), calibrated_cells)
+        arrays = state.raw_matrix(group, placements, where)
+        accelerators = accelerators or [state.predictor.hardware(p.accelerator).name for p in placements]
+        raw_throughput[members] = arrays["throughput_samples_per_s"]
+        raw_iteration[members] = arrays["iteration_ms"]
+        fits[members] = arrays["fits"]
+        if body.detail:
+            for i, row in zip(members, state.raw_predictions(group, placements, where)):
+                rows[i] = row
+    # calibration: each job's factor on each column's accelerator (1 where it observed nothing there)
+    factor = np.ones(shape)
+    calibrated = np.zeros(shape, dtype=bool)
+    columns: dict[str, list[int]] = defaultdict(list)
+    for j, accelerator in enumerate(accelerators):
+        columns[accelerator].append(j)
+    for i, entry in enumerate(entries):
+        for accelerator, (value, count) in state.factors(entry).items():
+            factor[i, columns.get(accelerator, [])] = value
+            calibrated[i, columns.get(accelerator, [])] = count > 0
+    throughput = raw_throughput * factor
+    state.metrics.count_predictions("matrix", throughput.size, int(calibrated.sum()))
     versions = state.predictor.model_versions
     if body.layout == "gavel":
-        return gavel(entries, rows, throughput, consolidated, versions)
+        return gavel(entries, given, accelerators, np.where(fits, throughput, 0.0), consolidated, versions)
     out: dict[str, Any] = {
         "layout": "matrix", "jobs": [e.key for e in entries],
-        "placements": [{"accelerator": row_prediction.accelerator, "devices": p.devices, "nodes": p.nodes,
-                        "consolidated": c, "placement": p.model_dump(mode="json", exclude_none=True)}
-                       for p, c, row_prediction in zip(given, consolidated, rows[0])],
-        "throughput_samples_per_s": throughput, "iteration_time_ms": iteration,
-        "fits": [[p.fits for p in row] for row in rows], "calibrated": calibrated, "model_versions": versions,
+        "placements": [{"accelerator": accelerator, "devices": p.devices, "nodes": p.nodes, "consolidated": c,
+                        "placement": p.model_dump(mode="json", exclude_none=True)}
+                       for p, c, accelerator in zip(given, consolidated, accelerators)],
+        "throughput_samples_per_s": throughput.tolist(), "iteration_time_ms": (raw_iteration / factor).tolist(),
+        "fits": fits.tolist(), "calibrated": calibrated.tolist(), "model_versions": versions,
     }
     if body.detail:
         out["predictions"] = [[state.respond(entry, p) for p in row] for entry, row in zip(entries, rows)]
     return out
 
 
-def gavel(entries: Sequence[JobEntry], rows: Sequence[Sequence[Any]], throughput: Sequence[Sequence[float]],
-          consolidated: Sequence[bool], versions: dict[str, str]) -> dict[str, Any]:
-    """Gavel's throughput dictionaries; a job type is "<name> (batch size <b>)", with the job id added where two
-    jobs of the request would share one."""
+def gavel(entries: Sequence[JobEntry], placements: Sequence[PlacementIn], accelerators: Sequence[str],
+          throughput: np.ndarray, consolidated: Sequence[bool], versions: dict[str, str]) -> dict[str, Any]:
+    """Gavel's throughput dictionaries (a job that does not fit a placement gets 0); a job type is "<name> (batch
+    size <b>)", with the job id added where two jobs of the request would share one."""
     from perfmodel.placement.gavel import gavel_layout
 
     names = {e.key: f"{e.spec.name} (batch size {e.spec.batch_size})" for e in entries}
     clashes = Counter(names.values())
     job_types = {key: name if clashes[name] == 1 else f"{name} [{key}]" for key, name in names.items()}
-    cells = ((job_types[entry.key], prediction.accelerator, prediction.devices, consolidated[j], value)
-             for entry, row, values in zip(entries, rows, throughput)
-             for j, (prediction, value) in enumerate(zip(row, values)))
+    cells = ((job_types[entry.key], accelerators[j], placement.devices, consolidated[j], throughput[i, j])
+             for i, entry in enumerate(entries) for j, placement in enumerate(placements))
     layout = gavel_layout(cells)
     return {"layout": "gavel", **layout, "job_types": {t: key for key, t in job_types.items()},
             "model_versions": versions}

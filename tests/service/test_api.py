@@ -145,6 +145,24 @@ def test_the_matrix_covers_jobs_by_placements_and_gavel(client):
     assert cpu_pair.status_code == 422 and "need a GPU" in cpu_pair.text
 
 
+def test_the_matrix_agrees_with_single_predictions_and_gavel_zeroes_what_does_not_fit(client):
+    small = _register(client)
+    huge = _register(client, {**SMALL_JOB, "batch_size": 2**22})  # activations beyond a T4's 16 GB
+    placements = [{"accelerator": "t4"}, {"accelerator": "a100-sxm4-80gb", "devices_per_node": [4]}]
+    body = client.post("/v1/predict/matrix", json={"jobs": [small, huge], "placements": placements,
+                                                   "detail": True}).json()
+    for i, job in enumerate((small, huge)):
+        for j, placement in enumerate(placements):
+            single = client.post("/v1/predict", json={"job": job, "placement": placement}).json()
+            assert body["fits"][i][j] == single["fits"] == body["predictions"][i][j]["fits"]
+            assert body["throughput_samples_per_s"][i][j] == pytest.approx(single["throughput_samples_per_s"])
+    assert body["fits"][0][0] and not body["fits"][1][0]
+    gavel = client.post("/v1/predict/matrix", json={"jobs": [small, huge], "placements": placements,
+                                                    "layout": "gavel"}).json()
+    assert gavel["consolidated"][str(("mlp-recommender (batch size 4194304)", 1))]["t4"] == 0.0
+    assert gavel["consolidated"][str(("mlp-recommender (batch size 8)", 1))]["t4"] > 0
+
+
 def test_observations_calibrate_later_predictions_and_show_the_error_before_and_after(client):
     job_id = _register(client)
     t4 = {"accelerator": "t4"}

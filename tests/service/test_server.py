@@ -2,58 +2,31 @@
 
 from __future__ import annotations
 
-import os
-import socket
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import httpx
 import pytest
 
 from perfmodel.client import Client, ServiceError
+from service.launch import LocalServer
 from service.settings import hash_token
 from tests.service.conftest import SMALL_JOB, small_onnx
 
 TOKEN = "integration-token"
-START_TIMEOUT_S = 90
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture
 def server(tmp_path: Path, models_dir: Path, sqlite_url: str):
-    port = _free_port()
-    env = {**os.environ, "PERFMODEL_PORT": str(port), "PERFMODEL_STORE_URL": sqlite_url,
-           "PERFMODEL_MODELS_DIR": str(models_dir), "PERFMODEL_TOKEN_SHA256": hash_token(TOKEN),
-           "PERFMODEL_LOG_LEVEL": "warning"}
-    log = (tmp_path / "server.log").open("w")
-    process = subprocess.Popen([str(Path(sys.executable).parent / "perfmodel"), "serve"], env=env, stdout=log,
-                               stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + START_TIMEOUT_S
+    env = {"PERFMODEL_STORE_URL": sqlite_url, "PERFMODEL_MODELS_DIR": str(models_dir),
+           "PERFMODEL_TOKEN_SHA256": hash_token(TOKEN)}
     try:
-        while True:
-            if process.poll() is not None:
-                pytest.fail(f"perfmodel serve exited: {(tmp_path / 'server.log').read_text()[-2000:]}")
-            try:
-                if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail("perfmodel serve did not become ready")
-            time.sleep(0.2)
-        yield url
+        running = LocalServer(env, log_path=tmp_path / "server.log").start()
+    except RuntimeError as exc:
+        pytest.fail(str(exc))
+    try:
+        yield running.url
     finally:
-        process.terminate()
-        process.wait(timeout=30)
-        log.close()
+        running.stop()
 
 
 def test_a_scheduler_talks_to_a_real_server_with_the_client(server, tmp_path):
