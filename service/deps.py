@@ -39,21 +39,23 @@ def _unauthorized(why: str) -> ApiError:
     return ApiError(401, why, headers={"WWW-Authenticate": "Bearer"})
 
 
-async def require_write(state: State, credentials: Credentials) -> None:
-    settings = state.settings
-    if settings.writes_open:
-        return
-    if not _matches(credentials, settings.token_sha256):
+async def require_write(request: Request, credentials: Credentials) -> ServiceState:
+    """The state, for a request that writes: it needs a write token unless none is configured."""
+    state: ServiceState = request.app.state.service
+    if not state.settings.writes_open and not _matches(credentials, state.settings.token_sha256):
         raise _unauthorized("this request writes: it needs a bearer token with write access")
+    return state
 
 
-async def require_read(state: State, credentials: Credentials) -> None:
+async def require_read(request: Request, credentials: Credentials) -> ServiceState:
+    """The state, for a request that reads: open unless PERFMODEL_READ_REQUIRES_TOKEN."""
+    state: ServiceState = request.app.state.service
     settings = state.settings
-    if not settings.read_requires_token:
-        return
-    if not _matches(credentials, settings.token_sha256 + settings.read_token_sha256):
+    if settings.read_requires_token and not _matches(credentials, settings.token_sha256 + settings.read_token_sha256):
         raise _unauthorized("reads need a bearer token on this server")
+    return state
 
 
-WriteAccess = Depends(require_write)
-ReadAccess = Depends(require_read)
+# what an endpoint takes: the process's state, once the request's access is checked (one dependency per request)
+Reader = Annotated[ServiceState, Depends(require_read)]
+Writer = Annotated[ServiceState, Depends(require_write)]

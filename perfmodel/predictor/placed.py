@@ -209,7 +209,7 @@ class PlacementPredictor:
         p = placement_arrays(placements, [self.links(pl, hw) for pl, hw in zip(placements, hardware)])
         p = PlacementArrays(**{name: value[None, :] for name, value in vars(p).items()})  # broadcast over jobs
         shape = (len(specs), len(placements))
-        result = {name: np.broadcast_to(value, shape) for name, value in iteration_breakdown(c, p, self.params).items()}
+        result = {name: value.reshape(shape) for name, value in iteration_breakdown(c, p, self.params).items()}
         global_batch = np.array([pl.global_batch_size for pl in placements], dtype=float)
         result["throughput_samples_per_s"] = global_batch[None, :] * 1e3 / result["iteration_ms"]
         result["peak_memory_bytes"] = self._memory_matrix(specs, placements)

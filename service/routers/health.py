@@ -8,7 +8,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from sqlalchemy import text
 from starlette.concurrency import run_in_threadpool
 
-from service.deps import ReadAccess, State
+from service.deps import Reader, State
 from service.routers.common import json_response
 from service.schemas import Health
 
@@ -41,7 +41,7 @@ async def readyz(state: State) -> Response:
                           "writes": "open" if state.settings.writes_open else "token"})
 
 
-@router.get("/metrics", dependencies=[ReadAccess], response_class=Response,
+@router.get("/metrics", response_class=Response,
             responses={200: {"content": {CONTENT_TYPE_LATEST: {}}, "description": "Prometheus text format"}})
-async def metrics(state: State) -> Response:
+async def metrics(state: Reader) -> Response:
     return Response(state.metrics.exposition(), media_type=CONTENT_TYPE_LATEST)

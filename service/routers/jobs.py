@@ -17,7 +17,7 @@ from starlette.datastructures import UploadFile
 from perfmodel.errors import PerfmodelError
 from perfmodel.graph.ir import Graph
 from perfmodel.jobs.spec import DEFAULT_SEQ_LEN, GraphSource, JobSpec, Mode, OptimizerName, Precision
-from service.deps import ReadAccess, State, WriteAccess
+from service.deps import Reader, Writer
 from service.errors import field_error
 from service.routers.common import json_response, registered_job
 from service.schemas import JOB_ID_PATTERN, ApiJobSpec, ErrorOut, JobDetail, JobList, JobOut
@@ -78,11 +78,11 @@ def _body_errors(exc: ValidationError) -> RequestValidationError:
                                    for e in exc.errors(include_url=False, include_input=False, include_context=False)])
 
 
-@router.post("", status_code=201, response_model=JobOut, dependencies=[WriteAccess], openapi_extra={
+@router.post("", status_code=201, response_model=JobOut, openapi_extra={
     "requestBody": _REGISTER_BODY}, responses={200: {"model": JobOut, "description": "registered before: same id"},
                                                 401: {"model": ErrorOut}, 413: {"model": ErrorOut},
                                                 422: {"model": ErrorOut}})
-async def register_job(request: Request, state: State) -> Response:
+async def register_job(request: Request, state: Writer) -> Response:
     """Register a job: a job spec as JSON (zoo name, HF config, or the graph IR of `perfmodel graph --json`), or
     an ONNX model uploaded as multipart with its run settings. Its graph is captured once and kept; the same spec
     registered again returns the same id (200 instead of 201)."""
@@ -150,8 +150,8 @@ def _graph_of_upload(upload: UploadFile, options: OnnxForm) -> Graph:
             raise field_error(["body", "file"], " ".join(str(exc).replace(str(path), filename).split())) from None
 
 
-@router.get("", response_model=JobList, dependencies=[ReadAccess])
-async def list_jobs(state: State) -> Response:
+@router.get("", response_model=JobList)
+async def list_jobs(state: Reader) -> Response:
     """Every registered job (graph sizes included)."""
     records = await run_in_threadpool(state.store.jobs)
     out = []
@@ -163,9 +163,9 @@ async def list_jobs(state: State) -> Response:
     return json_response({"jobs": out})
 
 
-@router.get("/{job_id}", response_model=JobDetail, dependencies=[ReadAccess],
+@router.get("/{job_id}", response_model=JobDetail,
             responses={404: {"model": ErrorOut}, 422: {"model": ErrorOut}})
-async def get_job(job_id: JobIdPath, state: State) -> Response:
+async def get_job(job_id: JobIdPath, state: Reader) -> Response:
     """A registered job, its graph's size, and what observations did to its error: the MAPE of the uncalibrated
     predictions against what it measured, and of leave-one-out calibrated ones."""
     entry = await registered_job(state, job_id)
@@ -176,9 +176,9 @@ async def get_job(job_id: JobIdPath, state: State) -> Response:
     return json_response({**job_out(entry, False), "spec": spec, "calibration": report})
 
 
-@router.delete("/{job_id}", status_code=204, dependencies=[WriteAccess],
+@router.delete("/{job_id}", status_code=204,
                responses={401: {"model": ErrorOut}, 404: {"model": ErrorOut}})
-async def delete_job(job_id: JobIdPath, state: State) -> Response:
+async def delete_job(job_id: JobIdPath, state: Writer) -> Response:
     """Forget a job and its observations."""
     await run_in_threadpool(state.delete, job_id)
     return Response(status_code=204)

@@ -9,7 +9,7 @@ from starlette.concurrency import run_in_threadpool
 
 from perfmodel.errors import PerfmodelError
 from perfmodel.registry.registry import role_of
-from service.deps import ReadAccess, State, WriteAccess
+from service.deps import Reader, Writer
 from service.errors import ApiError
 from service.routers.common import json_response
 from service.schemas import ErrorOut, ModelsResponse, PromoteResponse
@@ -18,8 +18,8 @@ router = APIRouter(prefix="/v1/models", tags=["models"])
 EVENTS_SHOWN = 20
 
 
-@router.get("", response_model=ModelsResponse, dependencies=[ReadAccess], responses={409: {"model": ErrorOut}})
-async def models(state: State) -> Response:
+@router.get("", response_model=ModelsResponse, responses={409: {"model": ErrorOut}})
+async def models(state: Reader) -> Response:
     """Every model of the registry, which is promoted and which this server answers with; the latest promotions."""
     try:
         entries = await run_in_threadpool(state.registry.entries)
@@ -38,9 +38,9 @@ async def models(state: State) -> Response:
     })
 
 
-@router.post("/{version:path}/promote", response_model=PromoteResponse, dependencies=[WriteAccess],
+@router.post("/{version:path}/promote", response_model=PromoteResponse,
              responses={401: {"model": ErrorOut}, 404: {"model": ErrorOut}, 409: {"model": ErrorOut}})
-async def promote(state: State, version: str = PathParam(description="NAME/VERSION (or NAME: its newest)",
+async def promote(state: Writer, version: str = PathParam(description="NAME/VERSION (or NAME: its newest)",
                                                          examples=["xgb-ops/v1"])) -> Response:
     """Load the model, promote it in the registry and serve it without a restart. A model that does not load is
     refused (409, with the reason) and the old model keeps serving."""

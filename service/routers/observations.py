@@ -7,16 +7,16 @@ from __future__ import annotations
 from fastapi import APIRouter, Response
 from starlette.concurrency import run_in_threadpool
 
-from service.deps import State, WriteAccess
+from service.deps import Writer
 from service.routers.common import json_response, registered_job
 from service.schemas import ErrorOut, ObservationRequest, ObservationResponse
 
 router = APIRouter(prefix="/v1/observations", tags=["observations"])
 
 
-@router.post("", status_code=201, response_model=ObservationResponse, dependencies=[WriteAccess],
+@router.post("", status_code=201, response_model=ObservationResponse,
              responses={401: {"model": ErrorOut}, 404: {"model": ErrorOut}, 422: {"model": ErrorOut}})
-async def observe(body: ObservationRequest, state: State) -> Response:
+async def observe(body: ObservationRequest, state: Writer) -> Response:
     """Record the throughput a registered job measured on a placement."""
     entry = await registered_job(state, body.job)
     placement = state.placement(body.placement, entry.spec.batch_size, ("body", "placement"))

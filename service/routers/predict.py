@@ -15,19 +15,19 @@ from starlette.concurrency import run_in_threadpool
 from perfmodel.errors import PerfmodelError
 from perfmodel.hardware.catalog import get_accelerator
 from perfmodel.predictor.predict import Prediction
-from service.deps import ReadAccess, State
+from service.deps import Reader
 from service.errors import field_error
 from service.routers.common import json_response, resolve_job
 from service.schemas import (ErrorOut, GavelResponse, MatrixGrid, MatrixRequest, MatrixResponse, PlacementIn,
                              PredictRequest, PredictResponse)
 from service.state import JobEntry, ServiceState
 
-router = APIRouter(prefix="/v1/predict", tags=["predict"], dependencies=[ReadAccess])
+router = APIRouter(prefix="/v1/predict", tags=["predict"])
 _ERRORS: dict[int | str, dict[str, Any]] = {404: {"model": ErrorOut}, 422: {"model": ErrorOut}}
 
 
 @router.post("", response_model=PredictResponse, responses=_ERRORS)
-async def predict(body: PredictRequest, state: State) -> Response:
+async def predict(body: PredictRequest, state: Reader) -> Response:
     """The fields of `perfmodel predict --json` for the job on the placement, calibrated by its observations."""
     entry = await resolve_job(state, body.job, ("body", "job"))
     placement = state.placement(body.placement, entry.spec.batch_size, ("body", "placement"))
@@ -44,7 +44,7 @@ async def predict(body: PredictRequest, state: State) -> Response:
 
 
 @router.post("/matrix", response_model=MatrixResponse | GavelResponse, responses=_ERRORS)
-async def predict_matrix(body: MatrixRequest, state: State) -> Response:
+async def predict_matrix(body: MatrixRequest, state: Reader) -> Response:
     """Every job on every placement. `grid` generates the placements: each accelerator × device count,
     consolidated (and with `spread`, one device per node too). `layout: gavel` answers Gavel's dictionaries."""
     entries = [await resolve_job(state, ref, ("body", "jobs", i)) for i, ref in enumerate(body.jobs)]

@@ -192,13 +192,14 @@ def test_observations_calibrate_later_predictions_and_show_the_error_before_and_
                                                  "throughput_samples_per_s": 1.0}).status_code == 404
 
 
-def test_accelerators_and_models(client):
+def test_accelerators_and_models(client, models_dir):
     accelerators = client.get("/v1/accelerators").json()
     names = {a["name"] for a in accelerators}
     assert {"t4", "a100-sxm4-80gb", "v100-sxm2-32gb", "cpu"} <= names and len(accelerators) >= 39
     models = client.get("/v1/models").json()
-    assert models["serving"] == {"default": "xgb-ops/v1", "device-ops": "xgb-device-ops/v1"}
-    assert {m["model"] for m in models["models"] if m["serving"]} == {"xgb-ops/v1", "xgb-device-ops/v1"}
+    promoted = json.loads((models_dir / "promoted.json").read_text())  # the registry's promoted model per role
+    assert models["serving"] == promoted and set(promoted) == {"default", "device-ops"}
+    assert {m["model"] for m in models["models"] if m["serving"]} == set(promoted.values())
 
 
 def _add_version(models_dir, name: str, version: str, *, break_artifact: bool) -> None:
