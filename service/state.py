@@ -190,6 +190,14 @@ class ServiceState:
                 f"batches of {placement.micro_batch_size} per device (set global_batch_size to "
                 f"{entry.spec.batch_size} × parallelism.data × micro_batches, or register the IR of that batch)"))
 
+    def raw_prediction(self, entry: JobEntry, placement: PlacementSpec,
+                       where: Sequence[str | int] = ("body", "placement")) -> Prediction:
+        """The uncalibrated prediction of one job on one placement; the model's refusals are 422s."""
+        try:
+            return self.predictor.predict(entry.spec, placement, graph=entry.graph)
+        except PerfmodelError as exc:
+            raise field_error(list(where), str(exc).removeprefix("placement.")) from None
+
     def raw_predictions(self, entries: Sequence[JobEntry], placements: Sequence[PlacementSpec],
                         where: Sequence[str | int] = ("body", "placement")) -> list[list[Prediction]]:
         """Uncalibrated predictions of every job on every placement; the model's refusals are 422s."""
@@ -253,7 +261,7 @@ class ServiceState:
 
     def observe(self, entry: JobEntry, placement: PlacementSpec, throughput: float) -> dict[str, Any]:
         """Store what the job measured, next to the uncalibrated prediction; later predictions are calibrated."""
-        predicted = self.raw_predictions([entry], [placement])[0][0]
+        predicted = self.raw_prediction(entry, placement)
         record = self.store.add_observation(
             entry.key, placement=placement.model_dump(mode="json"), accelerator=predicted.accelerator,
             devices=placement.devices, throughput_samples_per_s=throughput,

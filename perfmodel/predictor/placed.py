@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 import numpy as np
@@ -213,7 +213,7 @@ class PlacementPredictor:
         global_batch = np.array([pl.global_batch_size for pl in placements], dtype=float)
         result["throughput_samples_per_s"] = global_batch[None, :] * 1e3 / result["iteration_ms"]
         result["peak_memory_bytes"] = self._memory_matrix(specs, placements)
-        capacity = np.array([int(hw.memory_gb * 1e9 * USABLE_MEMORY_FRACTION) for hw in hardware], dtype=np.int64)
+        capacity = np.array([capacity_bytes(hw) for hw in hardware], dtype=np.int64)
         result["memory_capacity_bytes"] = np.broadcast_to(capacity, shape)
         result["fits"] = result["peak_memory_bytes"] <= capacity[None, :]
         return result
@@ -228,7 +228,16 @@ class PlacementPredictor:
         return distinct[[position[i] for i in rows]]
 
     def predict(self, spec: JobSpec, placement: PlacementSpec, *, graph: Graph | None = None) -> Prediction:
-        return self.predict_matrix([spec], [placement], graphs=[graph])[0][0]
+        """One job on one placement: the same model as `matrix_arrays`, evaluated in floats."""
+        hw = self.hardware(placement.accelerator)
+        compute, single = self.compute(spec, hw, placement.micro_batch_size, graph=graph)
+        c = ComputeArrays(**{f.name: float(getattr(compute, f.name)) for f in fields(ComputeArrays)})
+        p = PlacementArrays(*placement_row(placement, self.links(placement, hw)))
+        out: dict[str, Any] = iteration_breakdown(c, p, self.params)
+        out["throughput_samples_per_s"] = placement.global_batch_size * 1e3 / out["iteration_ms"]
+        memory, capacity = self.memory(spec, placement), capacity_bytes(hw)
+        out.update(peak_memory_bytes=memory, memory_capacity_bytes=capacity, fits=memory <= capacity)
+        return self._prediction(spec, placement, hw, single, out)
 
     def predict_matrix(self, specs: Sequence[JobSpec], placements: Sequence[PlacementSpec], *,
                        graphs: Sequence[Graph | None] | None = None) -> list[list[Prediction]]:
@@ -276,14 +285,23 @@ class PlacementPredictor:
         return estimate.peak_bytes
 
 
+def placement_row(placement: PlacementSpec, links: _Links) -> tuple[float, ...]:
+    """A placement's `PlacementArrays` fields, in order, as floats."""
+    par = placement.parallelism
+    return (float(par.tensor), float(par.pipeline), float(par.data), float(par.micro_batches), float(par.zero_stage),
+            float(par.activation_checkpointing), float(min(placement.nodes, par.data)), links.intra.alpha_ms,
+            links.intra.beta_ms_per_byte, links.inter.alpha_ms, links.inter.beta_ms_per_byte)
+
+
 def placement_arrays(placements: Sequence[PlacementSpec], links: Sequence[_Links]) -> PlacementArrays:
     """The vectorised form of placements (and their links), one entry each."""
-    rows = np.array([(p.parallelism.tensor, p.parallelism.pipeline, p.parallelism.data, p.parallelism.micro_batches,
-                      p.parallelism.zero_stage, float(p.parallelism.activation_checkpointing),
-                      min(p.nodes, p.parallelism.data), lk.intra.alpha_ms, lk.intra.beta_ms_per_byte,
-                      lk.inter.alpha_ms, lk.inter.beta_ms_per_byte) for p, lk in zip(placements, links)],
-                    dtype=float).reshape(-1, 11)
-    return PlacementArrays(*(rows[:, k] for k in range(11)))
+    rows = np.array([placement_row(p, lk) for p, lk in zip(placements, links)], dtype=float)
+    return PlacementArrays(*rows.reshape(len(placements), len(fields(PlacementArrays))).T)
+
+
+def capacity_bytes(hardware: HardwareSpec) -> int:
+    """Memory a job may use on one device of `hardware`."""
+    return int(hardware.memory_gb * 1e9 * USABLE_MEMORY_FRACTION)
 
 
 def _has_role(registry: Any, ref: str | None, role: str) -> bool:

@@ -34,9 +34,9 @@ async def predict(body: PredictRequest, state: Reader) -> Response:
     state.check_ir_batch(entry, placement, ("body", "placement"))
     warm = (placement.accelerator, placement.micro_batch_size, state.generation)
     if warm in entry.warm:
-        prediction = state.raw_predictions([entry], [placement])[0][0]
+        prediction = state.raw_prediction(entry, placement)
     else:  # the first prediction of this job on this accelerator runs the per-device model: not on the loop
-        prediction = (await run_in_threadpool(state.raw_predictions, [entry], [placement]))[0][0]
+        prediction = await run_in_threadpool(state.raw_prediction, entry, placement)
         entry.warm.add(warm)
     data = state.respond(entry, prediction)
     state.metrics.count_predictions("predict", 1, int(data["calibrated"]))

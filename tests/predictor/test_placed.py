@@ -41,18 +41,43 @@ def test_data_parallel_adds_communication_and_never_beats_linear_scaling(predict
     assert spread.nodes == 4 and spread.devices == 4
 
 
+def _assert_same(a, b):
+    if isinstance(a, dict):
+        assert a.keys() == b.keys()
+        for key in a:
+            _assert_same(a[key], b[key])
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b)
+        for x, y in zip(a, b):
+            _assert_same(x, y)
+    elif isinstance(a, float):
+        assert a == pytest.approx(b)
+    else:
+        assert a == b
+
+
 def test_the_matrix_equals_one_by_one_predictions(predictor, spec):
+    # one pair is evaluated in floats, a matrix in arrays: the same model, so every field must agree
     other = JobSpec.from_options(zoo="mlp-recommender", batch_size=32)
     placements = [PlacementSpec(accelerator="a100", global_batch_size=32),
-                  PlacementSpec.grid("v100", nodes=2, per_node=2, global_batch_size=64)]
+                  PlacementSpec.grid("v100", nodes=2, per_node=2, global_batch_size=64),
+                  PlacementSpec(accelerator="a100", devices_per_node=(4, 4), global_batch_size=64,
+                                parallelism=Parallelism(data=2, tensor=2, pipeline=2, micro_batches=4, zero_stage=1,
+                                                        activation_checkpointing=True)),
+                  PlacementSpec(accelerator="t4", devices_per_node=(2, 2, 2), global_batch_size=48,
+                                parallelism=Parallelism(data=6, zero_stage=3))]
     matrix = predictor.predict_matrix([spec, other], placements)
     arrays = predictor.matrix_arrays([spec, other], placements)
-    assert arrays["iteration_ms"].shape == (2, 2)
+    assert arrays["iteration_ms"].shape == (2, 4)
     for i, job in enumerate([spec, other]):
         for j, placement in enumerate(placements):
             alone = predictor.predict(job, placement)
-            assert matrix[i][j].iteration_time_ms == pytest.approx(alone.iteration_time_ms)
+            _assert_same(matrix[i][j].model_dump(), alone.model_dump())
             assert arrays["iteration_ms"][i, j] == pytest.approx(alone.iteration_time_ms)
+            assert arrays["throughput_samples_per_s"][i, j] == pytest.approx(alone.throughput_samples_per_s)
+            assert arrays["fits"][i, j] == alone.fits
+            for part, value in alone.breakdown_ms.items():
+                assert arrays[part][i, j] == pytest.approx(value)
 
 
 def test_memory_shrinks_with_zero_and_tensor_parallelism_and_fits_is_against_the_catalog(predictor):
