@@ -48,8 +48,9 @@ from perfmodel.placement.comm import (
     nominal_intra_gbps,
     predict,
 )
+from perfmodel.settings import get_settings
 
-DEFAULT_DATASETS = Path(__file__).resolve().parents[1].parent / "shared" / "datasets"
+DEFAULT_DATASETS = get_settings().datasets_dir
 COLUMNS = ["dataset", "group", "algorithm", "message_bytes", "world_size", "nodes", "devices_per_node",
            "latency_ms", "device", "file"]
 

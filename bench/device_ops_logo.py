@@ -31,6 +31,7 @@ def main() -> None:
     parser.add_argument("--max-rows-per-class", type=int, default=40000)
     parser.add_argument("--n-estimators", type=int, default=DeviceOpRegressor().n_estimators)
     parser.add_argument("--max-depth", type=int, default=DeviceOpRegressor().max_depth)
+    parser.add_argument("--nthread", type=int, default=1, help="XGBoost threads (default 1)")
     parser.add_argument("--devices", help="comma-separated GPUs to hold out (default: every GPU of the source)")
     args = parser.parse_args()
 
@@ -48,7 +49,7 @@ def main() -> None:
     started = time.perf_counter()
     predictions = leave_one_device_out(
         ops, catalog, lambda: DeviceOpRegressor(n_estimators=args.n_estimators, max_depth=args.max_depth,
-                                                max_rows_per_class=args.max_rows_per_class),
+                                                max_rows_per_class=args.max_rows_per_class, nthread=args.nthread),
         devices=devices, progress=print)
     predictions = predictions[(predictions["source"] == args.holdout_source) & (predictions["dtype"] == args.dtype)]
     print(f"fit + predict: {time.perf_counter() - started:.0f} s\n")

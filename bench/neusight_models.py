@@ -30,8 +30,9 @@ from perfmodel.features.device_ops import roofline_ms
 from perfmodel.hardware.catalog import load_catalog
 from perfmodel.regressors.device_ops import DeviceOpRegressor
 from perfmodel.store import ProfileStore
+from perfmodel.settings import get_settings
 
-DEFAULT_DATASETS = Path(__file__).resolve().parents[1].parent / "shared" / "datasets"
+DEFAULT_DATASETS = get_settings().datasets_dir
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -42,6 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--predictor", choices=("xgb", "roofline"), default="xgb")
     parser.add_argument("--store", help="store URL with imported op measurements (for --predictor xgb)")
     parser.add_argument("--max-rows-per-class", type=int, default=30000)
+    parser.add_argument("--nthread", type=int, default=1, help="XGBoost threads (default 1)")
     args = parser.parse_args(argv)
 
     catalog = load_catalog()
@@ -65,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
             return lambda ops: roofline_ms(ops, catalog)
         if device not in fitted:  # leave this GPU out of training
             started = time.perf_counter()
-            fitted[device] = DeviceOpRegressor(max_rows_per_class=args.max_rows_per_class).fit(
+            fitted[device] = DeviceOpRegressor(max_rows_per_class=args.max_rows_per_class, nthread=args.nthread).fit(
                 training[training["device"] != device], catalog)
             print(f"   fitted without {device} in {time.perf_counter() - started:.0f} s")
         return lambda ops: fitted[device].predict(ops, catalog).latency_ms

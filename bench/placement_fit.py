@@ -27,8 +27,9 @@ from perfmodel.evaluation.placement import (ADAPTDL_MODELS, adaptdl_params, adap
                                             vtrain_computes, vtrain_params, vtrain_rows)
 from perfmodel.placement.comm import load_links
 from perfmodel.placement.iteration import IterationParams, dump_params, params_path
+from perfmodel.settings import get_settings
 
-DEFAULT_DATASETS = Path(__file__).resolve().parents[1].parent / "shared" / "datasets"
+DEFAULT_DATASETS = get_settings().datasets_dir
 VTRAIN_LINK = "nvswitch-a100-dgx"
 
 

@@ -38,8 +38,9 @@ from perfmodel.evaluation.transfer import (
     scan_label_tables,
 )
 from perfmodel.hardware.catalog import load_catalog
+from perfmodel.settings import get_settings
 
-DEFAULT_DATASETS = Path(__file__).resolve().parents[1].parent / "shared" / "datasets"
+DEFAULT_DATASETS = get_settings().datasets_dir
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -12,12 +12,18 @@ def _default_home() -> Path:
     return Path.home() / ".perfmodel"
 
 
+def _default_datasets_dir() -> Path:
+    return Path(__file__).resolve().parents[2] / "shared" / "datasets"  # beside the checkout
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="PERFMODEL_", extra="ignore")
 
     home: Path = Field(default_factory=_default_home, description="where the default SQLite store lives")
     store_url: str | None = Field(default=None, description="SQLAlchemy URL of the profile store; default: "
                                   "sqlite:///$PERFMODEL_HOME/perfmodel.db")
+    datasets_dir: Path = Field(default_factory=_default_datasets_dir, description="the public GPU measurements "
+                               "(read in place, never copied); default: shared/datasets beside the checkout")
 
     def resolved_store_url(self) -> str:
         if self.store_url:

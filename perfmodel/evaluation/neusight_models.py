@@ -41,6 +41,10 @@ UNCAPTURABLE: dict[str, str] = {
     "switch_transformers": "a mixture of experts (its router gives each expert the tokens nonzero() finds: "
                            "data-dependent shapes); torch.export on the meta device fails on it",
 }
+# the head NeuSight ran, by (model_type, mode), where it is not the config's `architectures` entry: its one-layer
+# tables (`label/<GPU>/bert_large-inf-*.csv`) end in BERT's pooler and a 2-class classifier, not the LM decoder
+# (a 1024 x 30522 GEMM over every token) of the config's BertLMHeadModel; its training tables do have the decoder
+LABEL_ARCHITECTURES: dict[tuple[str, str], str] = {("bert", "inference"): "BertForSequenceClassification"}
 # config keys holding a model's attention-probability dropout (BERT, GPT-2, OPT)
 ATTENTION_DROPOUT_KEYS = ("attention_probs_dropout_prob", "attn_pdrop", "attention_dropout")
 
@@ -158,12 +162,16 @@ class GraphCache:
     def for_root(cls, root: str | Path, **kwargs: Any) -> "GraphCache":
         return cls(config_dir=neusight_root(root) / "data" / "DLmodel_configs", **kwargs)
 
-    def config(self, model: str) -> dict[str, Any]:
+    def config(self, model: str, mode: str | None = None) -> dict[str, Any]:
+        """The model's HF config (eager attention), with the head NeuSight ran in `mode` (`LABEL_ARCHITECTURES`)."""
         from perfmodel.jobs.spec import load_hf_config
 
         config = dict(load_hf_config(self.config_dir / f"{model}.json"))
         if self.attn_implementation:
             config["attn_implementation"] = self.attn_implementation
+        head = LABEL_ARCHITECTURES.get((str(config.get("model_type")), str(mode)))
+        if head is not None:
+            config["architectures"] = [head]
         return config
 
     def attention_dropout(self, model: str) -> bool:
@@ -181,7 +189,7 @@ class GraphCache:
 
         start = time.perf_counter()
         try:
-            spec = JobSpec.from_options(hf_config=self.config(model), batch_size=batch_size, seq_len=seq_len,
+            spec = JobSpec.from_options(hf_config=self.config(model, mode), batch_size=batch_size, seq_len=seq_len,
                                         mode=mode)
             graph = graph_for_job(spec)
         except PerfmodelError as exc:

@@ -4,8 +4,9 @@ An op is a row of a DataFrame whose columns are the shape fields of an op measur
 `dtype`, `batch`, `m`, `n`, `k`, `hidden`, conv fields) plus `device` (a catalog id). `op_work` gives its FLOPs and
 bytes from a table of one function per op class. `device_op_features` adds the device's spec-sheet numbers and
 dimensionless ratios that transfer between devices: arithmetic intensity over the device's ridge point, GEMM tiles
-per compute unit (waves), working set over L2. It never uses the device's name, so a regressor trained on some GPUs
-answers for a GPU described only by its catalog entry.
+per compute unit (waves), working set over L2, and `rocm` (catalog vendor AMD: ROCm's kernels and launch path;
+the fastest element-wise ops in its sweeps take 13-20 µs, on CUDA GPUs 25-55 µs). It never uses the device's
+name, so a regressor trained on some GPUs answers for a GPU described only by its catalog entry.
 
 GEMM shapes follow NeuSight's sweep files: `bmm` is B × (M×K · K×N); `linear` is a (B·M)×K input times an N×K
 weight. A conv is 2-D, square (`input_size`, `kernel_size`), NCHW.
@@ -59,6 +60,8 @@ DEVICE_OP_FEATURES = (
     # op on device
     "intensity_over_ridge", "log_compute_ms", "log_memory_ms", "log_roofline_ms", "waves", "log_tiles",
     "wave_tail", "log_wave_compute_ms", "working_set_over_l2", "elements_per_core",
+    # software stack: 1 on AMD (ROCm/HIP kernels and launch path), 0 elsewhere (CUDA)
+    "rocm",
 )
 # the features that describe the device itself; a regressor that must answer for unseen devices can leave them
 # out and rely on the ratios (roofline times, waves, intensity over ridge) alone
@@ -245,6 +248,7 @@ def device_op_features(ops: pd.DataFrame, catalog: Mapping[str, HardwareSpec]) -
         "log_wave_compute_ms": np.log2(np.maximum(np.maximum(wave_compute_ms, compute_ms), 1e-9)),
         "working_set_over_l2": bytes_total / l2_bytes,
         "elements_per_core": elements / cores,
+        "rocm": np.asarray([float(catalog[d].vendor == "AMD") for d in ops["device"]]),
     }
     return pd.DataFrame(out, index=ops.index)[list(DEVICE_OP_FEATURES)]
 

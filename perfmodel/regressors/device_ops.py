@@ -6,13 +6,16 @@ Input: a DataFrame of ops (the shape columns of `perfmodel.features.device_ops`,
 
 - Features: `TRANSFER_FEATURES`, the device-op features without the ones that describe the device itself
   (`DEVICE_IDENTITY_FEATURES`): the op's shape and work, and its roofline and wave-quantised compute time, intensity
-  over ridge point and working set over L2 *on that device*. With a handful of training GPUs, trees that split on a
-  device's peak or SM count only learn which GPU a row came from; ratios to the device's spec transfer.
+  over ridge point and working set over L2 *on that device*, and `rocm` (the software stack). With a handful of
+  training GPUs, trees that split on a device's peak or SM count only learn which GPU a row came from; ratios to
+  the device's spec transfer. Each class's booster leaves out its `EXCLUDED_FEATURES` (saved as its feature names).
 - Target: log(latency) − log(base + `floor_ms`), base = max(wave-quantised compute time, memory time): the booster
   learns the efficiency the op reaches, the spec sheet gives the scale.
 - Interval (`quantiles`, default 10 / 90 %): quantiles of the log residuals of an inner leave-one-device-out fit
   (smaller boosters on at most `calibration_rows` rows per class), so its width is the error on a device the model
   did not see, not the training fit's. (XGBoost's multi-quantile objective was 30× slower to fit on these rows.)
+- Bound: for `ROOFLINE_BOUNDED` classes the median is never below the roofline time max(FLOPs / peak,
+  bytes / bandwidth) on that device (trees fitted on other GPUs can otherwise extrapolate past a new GPU's peak).
 - `extrapolated`: the row's dtype was never trained on for its op class, or its device's peak or bandwidth lies
   outside the training devices' range. Such rows get their interval widened by `EXTRAPOLATION_WIDEN`.
 """
@@ -29,22 +32,44 @@ import pandas as pd
 
 from perfmodel.errors import PerfmodelError
 from perfmodel.features.device_ops import (
-    DEVICE_IDENTITY_FEATURES, DEVICE_OP_FEATURES, OP_CLASSES, device_op_features,
+    DEVICE_IDENTITY_FEATURES, DEVICE_OP_FEATURES, GEMM_CLASSES, OP_CLASSES, VECTOR_CLASSES, device_op_features,
 )
 from perfmodel.hardware.spec import HardwareSpec
 from perfmodel.registry.manifest import Manifest, data_hash
 
 
 def _predict(booster, x: np.ndarray, nthread: int) -> np.ndarray:
+    """`x` holds the booster's own feature columns (`booster.feature_names`), in that order."""
     import xgboost as xgb
 
     if len(x) == 0:
         return np.zeros(0)
-    return np.asarray(booster.predict(xgb.DMatrix(x, feature_names=list(TRANSFER_FEATURES), nthread=nthread)),
+    return np.asarray(booster.predict(xgb.DMatrix(x, feature_names=booster.feature_names, nthread=nthread)),
                       dtype=np.float64)
 
 TRANSFER_FEATURES = tuple(f for f in DEVICE_OP_FEATURES if f not in DEVICE_IDENTITY_FEATURES)
+# features a class's booster leaves out, because across a handful of training GPUs they mostly say which GPU a
+# row came from. GEMMs: working set over L2 (the training GPUs' L2 is 2-6 MB, an A100's 40 MB; trees fitted on it
+# extrapolate a large-L2 GPU's big GEMMs past its peak; leaving it out costs memory-bound fp16 GEMMs a little) and
+# `rocm` (one AMD GPU at most has GEMM rows, DeepBench's MI25: the flag would only name it).
+# Memory-bound classes: the compute-side times and ratios (peak FLOP/s, tiles, waves), which do not bound them.
+EXCLUDED_FEATURES: dict[str, tuple[str, ...]] = {
+    **dict.fromkeys(GEMM_CLASSES, ("working_set_over_l2", "rocm")),
+    **dict.fromkeys(VECTOR_CLASSES, ("intensity_over_ridge", "log_compute_ms", "log_roofline_ms", "waves",
+                                     "log_tiles", "wave_tail", "log_wave_compute_ms")),
+}
+
+
+def class_features(op_class: str) -> tuple[str, ...]:
+    """The `TRANSFER_FEATURES` the booster of `op_class` uses."""
+    excluded = EXCLUDED_FEATURES.get(op_class, ())
+    return tuple(f for f in TRANSFER_FEATURES if f not in excluded)
+
 EXTRAPOLATION_WIDEN = 1.5  # interval half-widths (in log space) × this for extrapolated rows
+# op classes whose kernels do every FLOP and move every byte the work model counts, so no measurement beats
+# max(FLOPs / peak, bytes / bandwidth): predictions are bounded below by it (as NeuSight bounds its per-tile
+# utilisation). conv2d is not: cuDNN's Winograd and FFT kernels do fewer FLOPs than the direct convolution.
+ROOFLINE_BOUNDED = frozenset({"bmm", "linear", "elementwise", "softmax", "layernorm"})
 DOMAIN_FILE = "op_domain.json"
 
 
@@ -100,7 +125,8 @@ class DeviceOpRegressor:
                 "eta": self.learning_rate, "min_child_weight": self.min_child_weight, "subsample": self.subsample,
                 "seed": self.seed, "nthread": self.nthread}
 
-    def _residual_quantiles(self, x: np.ndarray, y: np.ndarray, devices: np.ndarray, params: dict) -> list[float]:
+    def _residual_quantiles(self, x: np.ndarray, y: np.ndarray, devices: np.ndarray, params: dict,
+                            features: tuple[str, ...]) -> list[float]:
         """Quantiles of log(measured / predicted) over an inner leave-one-device-out fit (pooled residuals of
         every held-out device); with one device, of the training residuals."""
         from perfmodel.regressors._xgb import train_booster
@@ -115,7 +141,7 @@ class DeviceOpRegressor:
         for device in groups if len(groups) > 1 else [None]:
             test = devices == device if device is not None else np.ones(len(y), dtype=bool)
             train = ~test if device is not None else test
-            booster = train_booster(x[train], y[train], TRANSFER_FEATURES, params, rounds)
+            booster = train_booster(x[train], y[train], features, params, rounds)
             residuals.append(y[test] - _predict(booster, x[test], self.nthread))
         pooled = np.concatenate(residuals)
         return [float(np.quantile(pooled, q)) for q in self.quantiles]
@@ -136,9 +162,10 @@ class DeviceOpRegressor:
                 rows = rows.sample(n=self.max_rows_per_class, random_state=self.seed)
             features = device_op_features(rows, catalog)
             target = np.log(rows["latency_ms"].to_numpy()) - np.log(base_ms(features) + self.floor_ms)
-            x = features[list(TRANSFER_FEATURES)].to_numpy()
-            self.boosters_[op_class] = train_booster(x, target, TRANSFER_FEATURES, params, self.n_estimators)
-            residual_quantiles = self._residual_quantiles(x, target, rows["device"].to_numpy(), params)
+            names = class_features(op_class)
+            x = features[list(names)].to_numpy()
+            self.boosters_[op_class] = train_booster(x, target, names, params, self.n_estimators)
+            residual_quantiles = self._residual_quantiles(x, target, rows["device"].to_numpy(), params, names)
             devices = [catalog[d] for d in sorted(set(rows["device"]))]
             self.domain_["op_classes"][op_class] = {
                 "dtypes": sorted(set(rows.get("dtype", pd.Series(["fp32"])))),
@@ -181,8 +208,10 @@ class DeviceOpRegressor:
             if not mask.any():
                 continue
             rows = features[mask]
-            log_ms = _predict(booster, rows[list(TRANSFER_FEATURES)].to_numpy(), self.nthread)
+            log_ms = _predict(booster, rows[list(booster.feature_names)].to_numpy(), self.nthread)
             log_ms = log_ms + np.log(base_ms(rows) + self.floor_ms)
+            if op_class in ROOFLINE_BOUNDED:  # a held-out device's trees can extrapolate past its peak
+                log_ms = np.maximum(log_ms, np.log(np.exp2(rows["log_roofline_ms"].to_numpy())))
             q_low, q_high = self.domain_["op_classes"][op_class]["log_residual_quantiles"]
             idx = positions[mask]
             median[idx] = log_ms
@@ -218,7 +247,9 @@ class DeviceOpRegressor:
         manifest = Manifest.read(directory)
         if manifest.regressor != cls.name:
             raise PerfmodelError(f"{directory} holds a {manifest.regressor!r} model, not {cls.name!r}")
-        manifest.check_features(TRANSFER_FEATURES)
+        unknown = sorted(set(manifest.feature_names) - set(TRANSFER_FEATURES))
+        if unknown:  # each booster keeps its own feature names: a model fitted on fewer features still loads
+            raise PerfmodelError(f"model expects features this perfmodel does not compute: {unknown[:8]}")
         model = cls(**manifest.settings)
         model.domain_ = json.loads((directory / DOMAIN_FILE).read_text())
         model.boosters_ = {}

@@ -116,7 +116,7 @@ def test_sweep_is_resumable(tmp_path):
     path = tmp_path / "tiny.py"
     path.write_text("import torch\ndef make(b):\n    return torch.nn.Linear(8, 8), torch.randn(b, 8)\n")
     sweep = tmp_path / "sweep.yaml"
-    sweep.write_text(f"jobs:\n  - module: tiny.py:make\n    batch_size: [1, 2]\n    mode: [train, inference]\n")
+    sweep.write_text("jobs:\n  - module: tiny.py:make\n    batch_size: [1, 2]\n    mode: [train, inference]\n")
     first = run("profile", "--sweep", sweep, "--repeats", 2, "--warmup", 0, "--no-per-op", "--json")
     assert first.exit_code == 0, first.output
     assert sum("profile_id" in r for r in json.loads(first.stdout)) == 4

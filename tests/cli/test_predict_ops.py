@@ -14,8 +14,9 @@ from perfmodel.evaluation.transfer import neusight_sweep_ops
 from perfmodel.hardware.catalog import load_catalog
 from perfmodel.registry.registry import ModelRegistry
 from perfmodel.regressors.device_ops import DeviceOpRegressor
+from perfmodel.settings import get_settings
 
-NEUSIGHT = Path(__file__).resolve().parents[2].parent / "shared" / "datasets" / "neusight"
+NEUSIGHT = get_settings().datasets_dir / "neusight"
 
 # every op class, devices by the names NeuSight writes, a column of text and numbers as a user wrote them
 IN_CSV = """\

@@ -21,8 +21,9 @@ from perfmodel.evaluation.neusight_models import (
 )
 from perfmodel.features.device_ops import roofline_ms
 from perfmodel.hardware.catalog import load_catalog
+from perfmodel.settings import get_settings
 
-DATASETS = Path(__file__).resolve().parents[2].parent / "shared" / "datasets"
+DATASETS = get_settings().datasets_dir
 NEUSIGHT = DATASETS / "neusight"
 
 TINY_BERT = {"architectures": ["BertForMaskedLM"], "model_type": "bert", "hidden_size": 64, "num_hidden_layers": 2,
@@ -114,3 +115,12 @@ def test_evaluate_a_real_label_with_the_roofline(neusight):
     assert bert["ape_total"] < 100  # the roofline is a lower bound, but not a wild one for these GEMM-bound models
     assert "mixture of experts" in results.loc["switchxl4", "error"]
     assert graphs.capture_s[("bert_large", 2, 512, "train")] > 0
+
+
+def test_config_gives_the_head_neusight_ran_in_each_mode(tmp_path):
+    (tmp_path / "tiny.json").write_text(json.dumps(TINY_BERT))
+    graphs = GraphCache(config_dir=tmp_path)
+    # BERT inference labels were timed with a sequence-classification head, training ones with the LM head
+    assert graphs.config("tiny", "inference")["architectures"] == ["BertForSequenceClassification"]
+    assert graphs.config("tiny", "train")["architectures"] == TINY_BERT["architectures"]
+    assert graphs.config("tiny")["architectures"] == TINY_BERT["architectures"]

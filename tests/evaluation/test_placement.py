@@ -1,13 +1,13 @@
 """The placement model against Pollux's measured T4 placements (adaptdl), leave-one-model-out."""
 
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from perfmodel.evaluation.placement import ADAPTDL_MODELS, adaptdl_rows, evaluate_adaptdl, mape
+from perfmodel.settings import get_settings
 
-ADAPTDL = Path(__file__).resolve().parents[2].parent / "shared" / "datasets" / "adaptdl"
+ADAPTDL = get_settings().datasets_dir / "adaptdl"
 
 
 @pytest.fixture(scope="module")

@@ -72,3 +72,10 @@ def test_unknown_op_class_dtype_or_device_is_refused(catalog):
         op_work(_ops(op_class=["bmm"], dtype="fp64"))
     with pytest.raises(PerfmodelError, match="catalog"):
         device_op_features(_ops(op_class=["bmm"], dtype="fp32", batch=1, m=2, n=2, k=2, device="tpu-v9"), catalog)
+
+
+def test_rocm_flags_the_software_stack_from_the_catalog_vendor(catalog):
+    ops = _ops(op_class="softmax", op_name="softmax", dtype="fp32", batch=8, hidden=512,
+               device=["mi210", "a100-pcie-40gb"])
+    features = device_op_features(ops, catalog)
+    assert features["rocm"].tolist() == [1.0, 0.0]

@@ -12,8 +12,9 @@ import pytest
 
 from perfmodel.errors import UnknownNameError
 from perfmodel.hardware.catalog import get_accelerator, normalize_name, shipped_specs
+from perfmodel.settings import get_settings
 
-DATASETS = Path(__file__).resolve().parents[2].parent / "shared" / "datasets"
+DATASETS = get_settings().datasets_dir
 
 # torch.cuda.get_device_name() (CUDA / ROCm) and the datasets' folder-style names -> catalog id
 DEVICE_NAMES = {

@@ -11,8 +11,9 @@ import pytest
 
 from perfmodel.hardware.catalog import save_local
 from perfmodel.hardware.spec import HardwareSpec
+from perfmodel.settings import get_settings
 
-DATASETS = Path(__file__).resolve().parents[2].parent / "shared" / "datasets"
+DATASETS = get_settings().datasets_dir
 
 # test catalog id -> the names the datasets give the device
 TEST_DEVICES: dict[str, tuple[str, ...]] = {

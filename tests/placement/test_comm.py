@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -26,8 +25,9 @@ from perfmodel.placement.comm import (
     send_recv_ms,
     tree_allreduce_ms,
 )
+from perfmodel.settings import get_settings
 
-DATASETS = Path(__file__).resolve().parents[2].parent / "shared" / "datasets"
+DATASETS = get_settings().datasets_dir
 VIDUR = DATASETS / "vidur"
 
 LINK = LinkModel(alpha_ms=0.01, beta_ms_per_byte=1e-8, name="test", source="hand")  # 10 µs, 100 GB/s

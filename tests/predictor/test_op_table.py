@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -11,8 +10,9 @@ from perfmodel.errors import PerfmodelError
 from perfmodel.features.device_ops import OP_CLASSES, SHAPE_COLUMNS
 from perfmodel.hardware.catalog import load_catalog
 from perfmodel.predictor.op_table import OP_COLUMNS, OPNAME_CLASS, ops_from_neusight_frame, read_op_table
+from perfmodel.settings import get_settings
 
-NEUSIGHT = Path(__file__).resolve().parents[2].parent / "shared" / "datasets" / "neusight"
+NEUSIGHT = get_settings().datasets_dir / "neusight"
 
 # what every NeuSight op name must become (written out, not derived from the table under test)
 EXPECTED_CLASS = {"bmm": "bmm", "linear": "linear", "conv": "conv2d", "softmax": "softmax", "ln": "layernorm",

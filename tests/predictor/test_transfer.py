@@ -25,8 +25,9 @@ from perfmodel.evaluation.transfer import (
 from perfmodel.hardware.catalog import load_catalog
 from perfmodel.predictor.transfer import transfer_ops
 from perfmodel.regressors.device_ops import DeviceOpRegressor
+from perfmodel.settings import get_settings
 
-NEUSIGHT = Path(__file__).resolve().parents[2].parent / "shared" / "datasets" / "neusight"
+NEUSIGHT = get_settings().datasets_dir / "neusight"
 
 
 def neusight() -> Path:

@@ -75,3 +75,33 @@ def test_refuses_unknown_classes_and_bad_latencies(catalog):
     bad = _synthetic(catalog, TRAIN_DEVICES[:1], n=10).assign(latency_ms=0.0)
     with pytest.raises(PerfmodelError, match="positive"):
         DeviceOpRegressor(n_estimators=5).fit(bad, catalog)
+
+
+def test_bounded_classes_never_beat_the_roofline_and_boosters_keep_their_own_features(catalog):
+    from perfmodel.features.device_ops import roofline_ms
+    from perfmodel.regressors.device_ops import ROOFLINE_BOUNDED, class_features
+
+    # measured 10 % above the roofline on the training GPUs: a model can only match it from above
+    ops = _synthetic(catalog, TRAIN_DEVICES, n=200)
+    ops["latency_ms"] = 1.1 * roofline_ms(ops, catalog)
+    model = DeviceOpRegressor(n_estimators=40).fit(ops, catalog)
+    for op_class, booster in model.boosters_.items():
+        assert tuple(booster.feature_names) == class_features(op_class)
+    query = _synthetic(catalog, ["h100-sxm5", "l4"], n=100, seed=3)
+    predicted = model.predict(query, catalog).latency_ms
+    bounded = query["op_class"].isin(ROOFLINE_BOUNDED).to_numpy()
+    assert bounded.any()
+    assert np.all(predicted[bounded] >= roofline_ms(query, catalog)[bounded] * (1 - 1e-9))
+
+
+def test_load_refuses_a_model_of_features_this_code_does_not_compute(catalog, tmp_path):
+    import json
+
+    model = DeviceOpRegressor(n_estimators=5).fit(_synthetic(catalog, TRAIN_DEVICES[:2], n=30), catalog)
+    model.save(tmp_path / "m")
+    manifest_path = tmp_path / "m" / "manifest.json"
+    manifest = json.loads(manifest_path.read_text())
+    manifest["feature_names"] = [*manifest["feature_names"], "flux_capacitance"]
+    manifest_path.write_text(json.dumps(manifest))
+    with pytest.raises(PerfmodelError, match="flux_capacitance"):
+        DeviceOpRegressor.load(tmp_path / "m")
