@@ -124,7 +124,7 @@ def test_read_op_table_keeps_cells_as_written(tmp_path):
 
 def test_neusight_files_map_whole(catalog):
     if not NEUSIGHT.is_dir():
-        pytest.skip(f"NeuSight dataset not found at {NEUSIGHT} (shared/datasets is not beside this checkout)")
+        pytest.skip(f"NeuSight dataset not found at {NEUSIGHT} (set PERFMODEL_DATASETS_DIR, or put shared/datasets beside the checkout)")
     files = [NEUSIGHT / "data/dataset/test/linear.csv.gz", NEUSIGHT / "data/dataset/test/elem.csv.gz",
              NEUSIGHT / "data/dataset/train/collect/conv/p2.1.0/Tesla T4.csv.gz"]
     for path in files:

@@ -32,7 +32,7 @@ NEUSIGHT = get_settings().datasets_dir / "neusight"
 
 def neusight() -> Path:
     if not NEUSIGHT.is_dir():
-        pytest.skip(f"NeuSight dataset not found at {NEUSIGHT} (shared/datasets is not beside this checkout)")
+        pytest.skip(f"NeuSight dataset not found at {NEUSIGHT} (set PERFMODEL_DATASETS_DIR, or put shared/datasets beside the checkout)")
     return NEUSIGHT
 
 
