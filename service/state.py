@@ -78,6 +78,7 @@ class ServiceState:
         self._capture_lock = threading.Lock()  # one graph capture at a time (torch.export is not thread-safe)
         self._promote_lock = threading.Lock()
         self._last_observation_id = store.last_observation_id()
+        self._promoted_seen: dict[str, str | None] = {}
         self._promoted_seen = self._promoted_refs()
         metrics.set_models(predictor.model_versions)
 
@@ -313,7 +314,7 @@ class ServiceState:
         try:
             return {role: self.registry.promoted_ref(role) for role in ROLES}
         except (OSError, ValueError):  # a promoted.json being replaced or unreadable: look again next time
-            return dict(self._promoted_seen) if hasattr(self, "_promoted_seen") else {}
+            return dict(self._promoted_seen)
 
     def promote(self, version: str) -> dict[str, Any]:
         """Load `version` with the other role's promoted model; on success promote it in the registry and serve it
