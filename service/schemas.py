@@ -179,9 +179,15 @@ class MatrixGrid(_In):
     accelerators: list[str] = Field(min_length=1, max_length=64, description="catalog names or aliases")
     device_counts: list[Annotated[int, Field(ge=1, le=4096)]] = Field(default=[1], min_length=1, max_length=16)
     per_node: int | None = Field(default=None, ge=1, le=64, description="devices a node holds: a consolidated "
-                                 "placement of n devices fills nodes of this size; default: n on one node")
+                                 "placement of n devices fills nodes of this size; default: the catalog's "
+                                 "node_devices of the accelerator, else n on one node")
     spread: bool = Field(default=False, description="also one device per node for each count > 1 (Gavel's "
                                                     "unconsolidated placements)")
+    inter_node_bandwidth_gbps: float | None = Field(
+        default=None, gt=0, description="network of one node over all its NICs, Gb/s (1e9 bit/s, not GB/s); "
+                                        "default: each accelerator's node_network_gbit_s in the catalog, else 100")
+    inter_node_latency_us: float | None = Field(default=None, ge=0, description="one-way network latency, µs; "
+                                                "default: the placement's (5)")
 
 
 class MatrixRequest(_In):

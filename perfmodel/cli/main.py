@@ -57,12 +57,13 @@ def user_errors(fn: F) -> F:
 ModelArg = Annotated[Optional[str], typer.Argument(help="zoo model name (see `perfmodel zoo list`)")]
 HFConfigOpt = Annotated[Optional[Path], typer.Option("--hf-config", help="HF config.json (or its folder)")]
 TaskOpt = Annotated[Optional[str], typer.Option(help="HF head: base, causal-lm, masked-lm, seq2seq-lm, "
-                                                     "sequence-classification")]
+                                                     "sequence-classification, question-answering")]
 ModuleOpt = Annotated[Optional[str], typer.Option("--module", help="path/to/file.py:NAME")]
 OnnxOpt = Annotated[Optional[Path], typer.Option("--onnx", help="an .onnx file")]
 BatchOpt = Annotated[int, typer.Option("--batch-size", "-b", help="batch size")]
 SeqOpt = Annotated[Optional[int], typer.Option("--seq-len", help="sequence length of token models [128]")]
-PrecisionOpt = Annotated[str, typer.Option(help="fp32, fp16, bf16 or amp")]
+PrecisionOpt = Annotated[str, typer.Option(help="fp32 (PyTorch's defaults: TF32 convs on Ampere+), fp32-strict, "
+                                                "tf32, amp, amp-bf16, fp16 or bf16")]
 OptimizerOpt = Annotated[str, typer.Option(help="sgd (momentum 0.9), adam or adamw")]
 ModeOpt = Annotated[str, typer.Option(help="train or inference")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="machine-readable output")]
@@ -282,7 +283,8 @@ def profiles_import(directory: Annotated[Path, typer.Argument(help="folder holdi
 
 @profiles_app.command("ops-summary")
 @user_errors
-def profiles_ops_summary(source: Annotated[Optional[str], typer.Option(help="neusight, vidur or deepbench")] = None,
+def profiles_ops_summary(source: Annotated[Optional[str], typer.Option(
+                             help="neusight, vidur, deepbench, llmservingsim or phantora")] = None,
                          store: StoreOpt = None, as_json: JsonOpt = False) -> None:
     """Count the imported op measurements (`perfmodel import`) per source, device, op class and dtype."""
     from perfmodel.cli.render import render_measurement_counts
@@ -300,7 +302,8 @@ def profiles_ops_summary(source: Annotated[Optional[str], typer.Option(help="neu
 @app.command("import")
 @user_errors
 def import_dataset(
-        source: Annotated[str, typer.Argument(help="the dataset: neusight, vidur or deepbench")],
+        source: Annotated[str, typer.Argument(help="the dataset: neusight, vidur, deepbench, llmservingsim "
+                                                   "or phantora")],
         path: Annotated[Path, typer.Argument(help="its folder, e.g. ../shared/datasets/neusight (read in place)")],
         replace: Annotated[bool, typer.Option(help="first drop what the store holds from the files read "
                                                    "(after a change in how they are mapped)")] = False,
@@ -390,7 +393,9 @@ def hw_probe(save: Annotated[bool, typer.Option(help="record it as catalog entry
     if as_json:
         print_json(spec.model_dump(mode="json"))
     else:
-        out.print(f"{spec.name}: {spec.vendor} {spec.compute_units} cores, {spec.threads} threads, "
+        model = spec.aliases[0] if spec.aliases else "unnamed CPU"
+        out.print(f"{spec.name}: {model} ({spec.vendor or 'unknown vendor'}), {spec.compute_units} cores, "
+                  f"{spec.threads} threads, "
                   f"{spec.peak_fp32_gflops:.1f} GFLOP/s fp32 GEMM, {spec.memory_bandwidth_gbps:.1f} GB/s copy, "
                   f"{spec.memory_gb:.1f} GB" + (" (saved)" if save else ""))
 
@@ -451,7 +456,7 @@ def train(regressor: Annotated[str, typer.Option(help="roofline, xgb-ops, xgb-gr
 @user_errors
 def train_ops(store: StoreOpt = None,
               sources: Annotated[str, typer.Option(help="comma-separated import sources to learn from")] =
-              "neusight,vidur,deepbench",
+              "neusight,vidur,deepbench,llmservingsim,phantora",
               name: Annotated[str, typer.Option(help="registry name")] = "xgb-device-ops",
               promote: Annotated[bool, typer.Option(help="make it the promoted device-ops model")] = False,
               seed: Annotated[int, typer.Option(help="random seed")] = 0) -> None:
@@ -555,7 +560,11 @@ def predict(model: ModelArg = None, hf_config: HFConfigOpt = None, task: TaskOpt
             checkpointing: Annotated[bool, typer.Option(help="activation checkpointing")] = False,
             intra_link: Annotated[Optional[str], typer.Option(
                 help="override the catalog's intra-node link: nvlink1..5, infinity-fabric, pcie3..5")] = None,
-            inter_node_gbps: Annotated[float, typer.Option(help="network per node, Gb/s")] = 100.0,
+            ep: Annotated[int, typer.Option(help="expert-parallel degree (mixture of experts; divides the "
+                                                 "data-parallel degree)")] = 1,
+            inter_node_gbps: Annotated[Optional[float], typer.Option(
+                help="network of one node over all its NICs, Gb/s [the catalog's node_network_gbit_s, else "
+                     "100]")] = None,
             inter_node_latency_us: Annotated[float, typer.Option(help="network latency, us")] = 5.0,
             model_version: Annotated[Optional[str], typer.Option(help="NAME/VERSION [the promoted models]")] = None,
             as_json: JsonOpt = False) -> None:
@@ -568,7 +577,7 @@ def predict(model: ModelArg = None, hf_config: HFConfigOpt = None, task: TaskOpt
     spec = job_spec(model, hf_config, task, module, onnx, batch_size, seq_len, precision, optimizer, mode)
     placement = placement_spec(accelerator, batch_size, nodes=nodes, per_node=per_node,
                                devices_per_node=devices_per_node, tp=tp, pp=pp, micro_batches=micro_batches,
-                               zero=zero, checkpointing=checkpointing, intra_link=intra_link,
+                               zero=zero, checkpointing=checkpointing, intra_link=intra_link, ep=ep,
                                inter_node_gbps=inter_node_gbps, inter_node_latency_us=inter_node_latency_us)
     result = PlacementPredictor.load(model_version=model_version).predict(spec, placement)
     if as_json:
@@ -589,9 +598,10 @@ def predict(model: ModelArg = None, hf_config: HFConfigOpt = None, task: TaskOpt
 
 def placement_spec(accelerator: str, global_batch_size: int, *, nodes: int = 1, per_node: int = 1,
                    devices_per_node: str | None = None, tp: int = 1, pp: int = 1, micro_batches: int = 1,
-                   zero: int = 0, checkpointing: bool = False, intra_link: str | None = None,
-                   inter_node_gbps: float = 100.0, inter_node_latency_us: float = 5.0) -> Any:
-    """A PlacementSpec from CLI options: data parallel over whatever the tensor and pipeline degrees leave."""
+                   zero: int = 0, checkpointing: bool = False, intra_link: str | None = None, ep: int = 1,
+                   inter_node_gbps: float | None = None, inter_node_latency_us: float = 5.0) -> Any:
+    """A PlacementSpec from CLI options: data parallel over whatever the tensor and pipeline degrees leave.
+    `inter_node_gbps` None: the catalog's network of the accelerator's server."""
     from perfmodel.placement.spec import Parallelism, PlacementSpec
 
     if devices_per_node:
@@ -604,7 +614,10 @@ def placement_spec(accelerator: str, global_batch_size: int, *, nodes: int = 1, 
     devices = sum(layout)
     if devices % (tp * pp):
         raise PerfmodelError(f"--tp {tp} x --pp {pp} does not divide the {devices} devices")
-    parallelism = Parallelism(data=devices // (tp * pp), tensor=tp, pipeline=pp, micro_batches=micro_batches,
+    data = devices // (tp * pp)
+    if ep < 1 or data % ep:
+        raise PerfmodelError(f"--ep {ep} does not divide the data-parallel degree {data}")
+    parallelism = Parallelism(data=data, tensor=tp, pipeline=pp, micro_batches=micro_batches, expert=ep,
                               zero_stage=zero, activation_checkpointing=checkpointing)
     return PlacementSpec(accelerator=accelerator, devices_per_node=layout, intra_node_link=intra_link,
                          inter_node_bandwidth_gbps=inter_node_gbps, inter_node_latency_us=inter_node_latency_us,
@@ -711,16 +724,17 @@ def export_gavel(
     accelerators: Annotated[str, typer.Option(help="comma-separated catalog names (Gavel's worker types)")],
     scale_factors: Annotated[str, typer.Option(help="comma-separated device counts")] = "1,2,4,8",
     seq_len: SeqOpt = None, precision: PrecisionOpt = "fp32", optimizer: OptimizerOpt = "sgd",
-    inter_node_gbps: Annotated[float, typer.Option(help="network per node, Gb/s")] = 100.0,
+    inter_node_gbps: Annotated[Optional[float], typer.Option(
+        help="network of one node over all its NICs, Gb/s [the catalog's node_network_gbit_s, else 100]")] = None,
 ) -> None:
     """Throughputs (samples/s) of jobs x accelerator types x scale factors in Gavel's layout
     {"('<job> (batch size B)', scale_factor)": {worker_type: throughput}}: data parallel with the per-worker
-    batch fixed, consolidated on one node and spread one device per node. A job that does not fit in a device's
-    memory gets throughput 0."""
+    batch fixed, consolidated (on one node, or on as few full nodes as the catalog's node_devices allow) and
+    spread one device per node. A job that does not fit in a device's memory gets throughput 0."""
     import json
 
     from perfmodel.placement.gavel import gavel_layout
-    from perfmodel.placement.spec import PlacementSpec
+    from perfmodel.placement.spec import Parallelism, PlacementSpec
     from perfmodel.predictor.placed import PlacementPredictor
 
     factors = _int_list(scale_factors, "--scale-factors")
@@ -736,11 +750,16 @@ def export_gavel(
     for spec in jobs:
         job_type = f"{spec.name} (batch size {spec.batch_size})"
         for accelerator in names:
+            node_devices = predictor.hardware(accelerator).node_devices
             for sf in factors:
-                layouts = [(True, 1, sf)] + ([(False, sf, 1)] if sf > 1 else [])
-                for consolidated, n, g in layouts:
-                    placement = PlacementSpec.grid(accelerator, nodes=n, per_node=g, global_batch_size=spec.batch_size
-                                                   * sf, inter_node_bandwidth_gbps=inter_node_gbps)
+                full = min(sf, node_devices or sf)
+                packed = (full,) * (sf // full) + ((sf % full,) if sf % full else ())
+                layouts = [(True, packed)] + ([(False, (1,) * sf)] if sf > 1 else [])
+                for consolidated, layout in layouts:
+                    placement = PlacementSpec(accelerator=accelerator, devices_per_node=layout,
+                                              global_batch_size=spec.batch_size * sf,
+                                              parallelism=Parallelism(data=sf),
+                                              inter_node_bandwidth_gbps=inter_node_gbps)
                     result = predictor.predict(spec, placement)
                     throughput = result.throughput_samples_per_s if result.fits else 0.0
                     entries.append((job_type, result.accelerator, sf, consolidated, throughput))

@@ -30,24 +30,37 @@ def training_rows(measurements: pd.DataFrame) -> pd.DataFrame:
     return rows[rows["latency_ms"] > 0].reset_index(drop=True)
 
 
+_CHIP_PREFIXES = ("rtx", "gtx", "titan", "radeon", "xeon")
+
+
+def chip_of(device: str) -> str:
+    """The chip a catalog id names, without memory size, form factor or edition: a100-pcie-40gb -> a100,
+    rtx-a6000 -> rtx-a6000, rtx-pro-6000-blackwell-server -> rtx-pro, mi210 -> mi210. Leave-one-GPU-out holds
+    out a chip: vidur's A100-80GB rows never help predict NeuSight's A100-40GB."""
+    parts = device.split("-")
+    return "-".join(parts[:2]) if parts[0] in _CHIP_PREFIXES and len(parts) > 1 else parts[0]
+
+
 def leave_one_device_out(ops: pd.DataFrame, catalog: Mapping[str, HardwareSpec], make_regressor: Callable[[], object],
                          devices: Sequence[str] | None = None,
-                         progress: Callable[[str], None] | None = None) -> pd.DataFrame:
+                         progress: Callable[[str], None] | None = None,
+                         group_of: Callable[[str], str] = chip_of) -> pd.DataFrame:
     """`ops` with `predicted_ms`, `p10_ms`, `p90_ms` and `extrapolated` columns, each row predicted by a regressor
-    fitted without its device. `devices`: those to hold out (default all); rows of other devices are only trained
-    on."""
+    fitted without its device's group (`group_of`: its chip, by default). `devices`: those to hold out (default
+    all); rows of other devices are only trained on."""
     held = list(devices) if devices is not None else sorted(set(ops["device"]))
+    groups = ops["device"].map(group_of)
     out = []
     for device in held:
-        test = ops["device"] == device
-        if not test.any():
+        if not (ops["device"] == device).any():
             raise PerfmodelError(f"no rows of device {device!r} to hold out")
+        test = groups == group_of(device)
         train = ops[~test]
-        if device in set(train["device"]):
-            raise AssertionError("leak: the held-out device is in the training rows")
+        if group_of(device) in set(train["device"].map(group_of)):
+            raise AssertionError("leak: the held-out device's chip is in the training rows")
         regressor = make_regressor().fit(train, catalog)
         classes = set(getattr(regressor, "boosters_", {})) or set(ops["op_class"])
-        rows = ops[test & ops["op_class"].isin(classes)]
+        rows = ops[(ops["device"] == device) & ops["op_class"].isin(classes)]
         predicted = regressor.predict(rows, catalog).frame(rows.index)
         out.append(pd.concat([rows, predicted], axis=1))
         if progress:
@@ -75,4 +88,4 @@ def op_class_mape(predictions: pd.DataFrame) -> pd.Series:
     return table["mape_pct"].groupby(level="op_class").mean()
 
 
-__all__ = ["OP_CLASS_ALIASES", "ape_pct", "error_table", "leave_one_device_out", "op_class_mape", "training_rows"]
+__all__ = ["OP_CLASS_ALIASES", "ape_pct", "chip_of", "error_table", "leave_one_device_out", "op_class_mape", "training_rows"]

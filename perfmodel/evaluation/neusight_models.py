@@ -9,10 +9,9 @@ with eager attention (NeuSight timed eager HF models: QKᵀ, scale, mask, softma
 `evaluate_models` predicts every label with a per-device predictor (`perfmodel.predictor.device_ops`) and
 returns measured and predicted forward / backward / total times and their APE.
 
-Switch-XL (`switchxl4`, a mixture of experts) is not captured: torch.export fails in its encoder (with
-transformers 5.x, on the mask built from `attention_mask=None`; given a mask, the export still fails), and its
-router picks experts with `nonzero()`, a data-dependent shape the meta device cannot trace. Its labels come back
-with an `error`.
+Switch-XL (`switchxl4`, a mixture of experts) is captured with balanced top-1 routing (`perfmodel.graph.moe`:
+every expert gets the same number of tokens, at most its `expert_capacity` per sequence) and an explicit
+all-ones attention mask (`perfmodel.graph.from_torch.EXPORT_INPUTS`).
 """
 
 from __future__ import annotations
@@ -37,10 +36,7 @@ from perfmodel.predictor.device_ops import PredictFn, graph_op_rows, predict_gra
 LABEL_NAME = re.compile(r"^(?P<model>.+?)-(?P<mode>train|inf)-(?P<seq>\d+)-(?P<batch>\d+)(?:-(?P<variant>.+))?$")
 MODES = {"train": "train", "inf": "inference"}
 # model types whose graph cannot be captured, and why (added to the capture error)
-UNCAPTURABLE: dict[str, str] = {
-    "switch_transformers": "a mixture of experts (its router gives each expert the tokens nonzero() finds: "
-                           "data-dependent shapes); torch.export on the meta device fails on it",
-}
+UNCAPTURABLE: dict[str, str] = {}
 # the head NeuSight ran, by (model_type, mode), where it is not the config's `architectures` entry: its one-layer
 # tables (`label/<GPU>/bert_large-inf-*.csv`) end in BERT's pooler and a 2-class classifier, not the LM decoder
 # (a 1024 x 30522 GEMM over every token) of the config's BertLMHeadModel; its training tables do have the decoder

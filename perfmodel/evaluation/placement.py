@@ -199,7 +199,7 @@ def fit_vtrain(c: ComputeArrays, p: PlacementArrays, measured: np.ndarray) -> np
 
 
 def _take(arrays: Any, mask: np.ndarray) -> Any:
-    return replace(arrays, **{k: v[mask] for k, v in vars(arrays).items()})
+    return replace(arrays, **{k: v[mask] if np.ndim(v) else v for k, v in vars(arrays).items()})  # scalars broadcast
 
 
 # --- leave one model out ---------------------------------------------------------------------------------------------

@@ -21,6 +21,7 @@ import numpy as np
 import pandas as pd
 
 from perfmodel.errors import PerfmodelError
+from perfmodel.hardware.math import on_tensor_cores, peak_gflops
 from perfmodel.hardware.spec import HardwareSpec
 
 DTYPE_BYTES: dict[str, int] = {"fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2, "fp8": 1, "int8": 1}
@@ -62,6 +63,8 @@ DEVICE_OP_FEATURES = (
     "wave_tail", "log_wave_compute_ms", "working_set_over_l2", "elements_per_core",
     # software stack: 1 on AMD (ROCm/HIP kernels and launch path), 0 elsewhere (CUDA)
     "rocm",
+    # a GEMM or convolution on tensor/matrix cores (TF32, fp16, bf16, fp8 math): other tiles, other efficiency
+    "tensor_math",
 )
 # the features that describe the device itself; a regressor that must answer for unseen devices can leave them
 # out and rely on the ratios (roofline times, waves, intensity over ridge) alone
@@ -165,29 +168,26 @@ def op_work(ops: pd.DataFrame) -> OpWork:
     return OpWork(**fields)
 
 
-def peak_gflops(spec: HardwareSpec, dtype: str, gemm: bool = True) -> float:
-    """The peak an op of `dtype` can reach: for a GEMM the tensor/matrix peak in half precision, and in fp32 the
-    fp32 matrix peak where the device has one (AMD CDNA: rocBLAS runs fp32 GEMMs on its matrix cores; NVIDIA's
-    TF32 is off for fp32 matmuls in PyTorch by default, so its fp32 GEMMs use the CUDA-core peak)."""
-    if gemm and dtype in ("fp16", "bf16"):
-        half = spec.peak_bf16_gflops if dtype == "bf16" and spec.peak_bf16_gflops else spec.peak_fp16_gflops
-        return half or spec.peak_fp32_gflops
-    if gemm and spec.peak_fp32_matrix_gflops:
-        return max(spec.peak_fp32_gflops, spec.peak_fp32_matrix_gflops)
-    return spec.peak_fp32_gflops
+def row_maths(ops: pd.DataFrame) -> pd.Series:
+    """The math of every row: its `math` column where given (a job's rows: `perfmodel.predictor.math_modes`), else
+    its dtype (a measurement's: fp32 rows ran in fp32, half rows on tensor cores)."""
+    dtypes = ops["dtype"] if "dtype" in ops else pd.Series(["fp32"] * len(ops), index=ops.index)
+    if "math" not in ops:
+        return dtypes
+    return ops["math"].where(ops["math"].notna(), dtypes)
 
 
-def _device_columns(devices: pd.Series, dtypes: pd.Series, gemm: np.ndarray,
+def _device_columns(devices: pd.Series, maths: pd.Series, gemm: np.ndarray,
                     catalog: Mapping[str, HardwareSpec]) -> pd.DataFrame:
     missing = sorted(set(devices) - set(catalog))
     if missing:
         raise PerfmodelError(f"device(s) {missing} are not in the hardware catalog given")
     table = {}
-    keys = list(zip(devices, dtypes, gemm))
-    for device, dtype, is_gemm in set(keys):
+    keys = list(zip(devices, maths, gemm))
+    for device, math, is_gemm in set(keys):
         spec = catalog[device]
-        table[(device, dtype, is_gemm)] = {
-            "peak_gflops": peak_gflops(spec, dtype, bool(is_gemm)),
+        table[(device, math, is_gemm)] = {
+            "peak_gflops": peak_gflops(spec, math, bool(is_gemm)),
             "memory_bandwidth_gbps": spec.memory_bandwidth_gbps,
             "compute_units": float(spec.compute_units),
             "l2_cache_mb": spec.l2_cache_mb or np.nan,
@@ -210,7 +210,9 @@ def device_op_features(ops: pd.DataFrame, catalog: Mapping[str, HardwareSpec]) -
     """The `DEVICE_OP_FEATURES` columns (in order) of every row; `catalog` maps each row's `device` to its spec."""
     dtypes = ops["dtype"] if "dtype" in ops else pd.Series(["fp32"] * len(ops), index=ops.index)
     work = op_work(ops)
-    device = _device_columns(ops["device"], dtypes, ops["op_class"].isin(GEMM_CLASSES).to_numpy(), catalog)
+    gemm = ops["op_class"].isin(GEMM_CLASSES).to_numpy()
+    maths = row_maths(ops)
+    device = _device_columns(ops["device"], maths, gemm, catalog)
     bytes_total = work.bytes_read + work.bytes_written
     peak = device["peak_gflops"].to_numpy() * 1e9
     bandwidth = device["memory_bandwidth_gbps"].to_numpy() * 1e9
@@ -249,6 +251,8 @@ def device_op_features(ops: pd.DataFrame, catalog: Mapping[str, HardwareSpec]) -
         "working_set_over_l2": bytes_total / l2_bytes,
         "elements_per_core": elements / cores,
         "rocm": np.asarray([float(catalog[d].vendor == "AMD") for d in ops["device"]]),
+        "tensor_math": np.asarray([float(on_tensor_cores(catalog[d], m, bool(g)))
+                                   for d, m, g in zip(ops["device"], maths, gemm)]),
     }
     return pd.DataFrame(out, index=ops.index)[list(DEVICE_OP_FEATURES)]
 

@@ -105,7 +105,7 @@ def graph_features(graph: Graph, hw: HardwareSpec, spec: JobSpec) -> dict[str, f
     row: dict[str, float] = {
         "is_train": 1.0 if graph.mode == "train" else 0.0,
         **{f"optimizer_{o}": 1.0 if optimizer == o else 0.0 for o in OPTIMIZERS},
-        **{f"precision_{p}": 1.0 if spec.precision.value == p else 0.0 for p in PRECISIONS},
+        **{f"precision_{p}": 1.0 if spec.precision.family == p else 0.0 for p in PRECISIONS},
         "log_batch_size": math.log(spec.batch_size),
         "log_nodes": _log(totals.nodes),
         "log_compute_nodes": _log(compute_nodes),

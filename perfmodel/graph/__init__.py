@@ -12,12 +12,13 @@ from typing import Any
 
 from perfmodel.graph.flops import COST_TABLE, OpCall, OpCost, op_cost
 from perfmodel.graph.from_onnx import graph_from_onnx
-from perfmodel.graph.ir import SCHEMA_VERSION, Graph, GraphTotals, Node, TensorMeta
+from perfmodel.graph.ir import SCHEMA_VERSION, Graph, GraphTotals, MoEInfo, Node, TensorMeta
 from perfmodel.graph.opkinds import OpKind, kind_of, kind_of_onnx
 from perfmodel.jobs.spec import GraphSource, JobSpec, OnnxSource
 
 __all__ = [
-    "COST_TABLE", "SCHEMA_VERSION", "Graph", "GraphTotals", "Node", "OpCall", "OpCost", "OpKind", "TensorMeta",
+    "COST_TABLE", "SCHEMA_VERSION", "Graph", "GraphTotals", "MoEInfo", "Node", "OpCall", "OpCost", "OpKind",
+    "TensorMeta",
     "capture_graph", "graph_for_job", "graph_from_module", "graph_from_onnx", "kind_of", "kind_of_onnx", "op_cost",
     "summarize",
 ]

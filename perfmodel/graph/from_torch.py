@@ -10,13 +10,18 @@ from them).
 Higher-order ops that wrap a subgraph (`wrap_with_set_grad_enabled`, `wrap_with_autocast`) are inlined: their
 subgraph's nodes appear with ids `<wrapper id>.<node name>`. A `cond` would have both branches inlined (an upper
 bound); no zoo model has one.
+
+Mixture-of-experts layers (Switch, and experts with transformers' experts interface: Mixtral, Qwen-MoE, OLMoE,
+PhiMoE, DeepSeek, gpt-oss, ...) route tokens with data-dependent ops the meta device cannot trace: while
+exporting, they run a static equivalent assuming balanced top-k routing (`perfmodel.graph.moe`), and the graph
+records them in `Graph.moe`. A dense model is captured as before.
 """
 
 from __future__ import annotations
 
 import operator
 import warnings
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -24,7 +29,8 @@ from torch import fx, nn
 
 from perfmodel.errors import PerfmodelError
 from perfmodel.graph.flops import OpCall, is_float, op_cost, tensor_bytes
-from perfmodel.graph.ir import Graph, GraphTotals, Node, TensorMeta
+from perfmodel.graph.ir import Graph, GraphTotals, MoEInfo, Node, TensorMeta
+from perfmodel.graph.moe import balanced_routing
 from perfmodel.graph.opkinds import OpKind, kind_of
 from perfmodel.jobs.spec import JobSpec
 
@@ -36,7 +42,7 @@ def graph_from_module(module: nn.Module, args: tuple, kwargs: Mapping[str, Any] 
     if mode not in ("train", "inference"):
         raise PerfmodelError(f"graph mode must be 'train' or 'inference', got {mode!r}")
     try:
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), balanced_routing(module) as moe_layers:
             warnings.simplefilter("ignore")
             exported = torch.export.export(module, tuple(args), dict(kwargs or {}), strict=False)
     except PerfmodelError:
@@ -44,7 +50,22 @@ def graph_from_module(module: nn.Module, args: tuple, kwargs: Mapping[str, Any] 
     except Exception as exc:  # a model torch.export cannot trace: report it in one line
         first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         raise PerfmodelError(f"torch.export could not capture {name}: {type(exc).__name__}: {first_line}") from exc
-    return graph_from_exported(exported, module, name=name, mode=mode, job_key=job_key)
+    return graph_from_exported(exported, module, name=name, mode=mode, job_key=job_key, moe=moe_layers.info())
+
+
+def _all_ones_attention_mask(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """An explicit all-ones `attention_mask` (what the model builds itself when it is None, outside export)."""
+    if "input_ids" not in kwargs or "attention_mask" in kwargs:
+        return kwargs
+    return {**kwargs, "attention_mask": torch.ones_like(kwargs["input_ids"])}
+
+
+# HF model_type -> the inputs torch.export needs beyond the job's: Switch Transformers builds its encoder mask
+# only when not compiling (`is_torchdynamo_compiling()`), and indexes a None mask under export otherwise. Given,
+# the mask also reaches the decoder's cross-attention (one more add per score there).
+EXPORT_INPUTS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
+    "switch_transformers": _all_ones_attention_mask,
+}
 
 
 def capture_graph(spec: JobSpec) -> Graph:
@@ -52,13 +73,18 @@ def capture_graph(spec: JobSpec) -> Graph:
     from perfmodel.jobs.build import build_job
 
     job = build_job(spec, "meta")
-    return graph_from_module(job.module, job.args, job.kwargs, name=spec.name, mode=spec.mode.value,
+    kwargs = dict(job.kwargs)
+    model_type = getattr(getattr(job.module, "config", None), "model_type", None)
+    if model_type in EXPORT_INPUTS:
+        kwargs = EXPORT_INPUTS[model_type](kwargs)
+    return graph_from_module(job.module, job.args, kwargs, name=spec.name, mode=spec.mode.value,
                              job_key=spec.key())
 
 
 def graph_from_exported(exported: torch.export.ExportedProgram, module: nn.Module | None = None, *, name: str,
-                        mode: str = "train", job_key: str | None = None) -> Graph:
-    """Build the graph of an already exported program (`module`, when given, says which parameters are frozen)."""
+                        mode: str = "train", job_key: str | None = None, moe: MoEInfo | None = None) -> Graph:
+    """Build the graph of an already exported program (`module`, when given, says which parameters are frozen;
+    `moe` describes its MoE layers, when it has some)."""
     builder = _Builder(exported, module, training=mode == "train")
     builder.visit(exported.graph_module, prefix="", grad_enabled=True)
     nodes = builder.nodes
@@ -66,7 +92,7 @@ def graph_from_exported(exported: torch.export.ExportedProgram, module: nn.Modul
     totals = GraphTotals.from_nodes(nodes, params=builder.param_elements, param_bytes=builder.param_bytes,
                                     activation_bytes=activation_bytes)
     return Graph(name=name, source="torch.export", mode=mode, job_key=job_key, nodes=tuple(nodes), totals=totals,
-                 inputs=tuple(builder.user_inputs))
+                 inputs=tuple(builder.user_inputs), moe=moe)
 
 
 # --- internals ---------------------------------------------------------------------------------------------------

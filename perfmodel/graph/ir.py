@@ -4,6 +4,10 @@ Built from PyTorch (`perfmodel.graph.from_torch`) and from ONNX (`perfmodel.grap
 with `schema_version`. Nodes are in execution (topological) order. Costs are per node for forward and for backward
 (backward is zero for nodes that need no gradient work, and for inference graphs). Totals are explicit sums over
 the nodes (`GraphTotals.from_nodes`).
+
+A mixture-of-experts model's graph also carries `Graph.moe` (`MoEInfo`): its sparse blocks were captured with
+balanced top-k routing (`perfmodel.graph.moe`), and the placement model needs the experts' sizes. The field is
+optional and left out of the JSON when absent, so dense graphs serialise as before and older IR JSON still loads.
 """
 
 from __future__ import annotations
@@ -89,6 +93,18 @@ class GraphTotals(_Frozen):
         )
 
 
+class MoEInfo(_Frozen):
+    """The mixture-of-experts layers of a graph, captured assuming perfectly balanced top-k routing."""
+
+    routing: Literal["balanced"] = "balanced"
+    experts: int = Field(gt=0, description="experts per MoE layer")
+    top_k: int = Field(gt=0, description="experts each token goes to")
+    layers: int = Field(gt=0, description="number of MoE layers")
+    expert_params: int = Field(ge=0, description="parameter elements of all experts of all MoE layers")
+    hidden: int = Field(gt=0, description="hidden size of the tokens sent to the experts")
+    tokens: int = Field(gt=0, description="tokens per micro-batch entering each MoE layer (batch x seq)")
+
+
 class Graph(_Frozen):
     schema_version: int = SCHEMA_VERSION
     name: str
@@ -98,6 +114,8 @@ class Graph(_Frozen):
     nodes: tuple[Node, ...]
     totals: GraphTotals
     inputs: tuple[TensorMeta, ...] = Field(default=(), description="the graph's user inputs")
+    moe: MoEInfo | None = Field(default=None, exclude_if=lambda value: value is None,
+                                description="mixture-of-experts layers (balanced routing assumed); None if dense")
 
     @property
     def edges(self) -> list[tuple[str, str]]:

@@ -1,19 +1,35 @@
 """The hardware catalog: `HardwareSpec`s by name, shipped with perfmodel and overlaid with this host's own.
 
-Two JSON files of the same format (`{"schema_version": 1, "accelerators": [{HardwareSpec fields}, ...]}`):
+Two JSON files of the same format (`{"schema_version": 1, "accelerators": [{HardwareSpec fields}, ...],
+"ambiguous": {"name": ["id", "id", ...], ...}}`, `ambiguous` optional):
 
 - `perfmodel/hardware/catalog.json`, shipped as package data (datasheet GPUs, and the `cpu` probe of the machine
-  the shipped models were trained on);
+  the shipped models were trained on: the corpus host, not necessarily the machine perfmodel runs on);
 - `$PERFMODEL_HOME/hardware.json`, written by `save_local` (`perfmodel hw probe --save`): an entry there replaces
   the shipped entry of the same name, or adds a new one.
 
 Look-ups (`get_accelerator`) match a name or an alias case-insensitively, with runs of spaces, `_` and `-` treated
-alike ("NVIDIA A100-SXM4-40GB", "nvidia a100 sxm4 40gb"). Files are read when asked, never at import.
+alike ("NVIDIA A100-SXM4-40GB", "nvidia a100 sxm4 40gb"). Every `torch.cuda.get_device_name()` string of a
+catalogued part is an alias of it. Files are read when asked, never at import.
+
+Short names that could mean several parts resolve one of two ways:
+
+- a documented default, for names that the public data and most users use for one part (its `source` says
+  "Default for the bare name ..."): `A100`, `A100 80GB` -> a100-sxm4-80gb (vidur's a100, DGX A100);
+  `V100` -> v100-sxm2-32gb (DGX-1); `H100`, `H100 80GB`, `H100 SXM` -> h100-sxm5; `H200` -> h200 (SXM);
+  `H800` -> h800-sxm; `RTXPRO6000` (llmservingsim's folder) -> rtx-pro-6000-blackwell-server (the card that
+  dataset measured). The SXM board is the default where one exists: it is what "H100" means in papers and clouds;
+- ambiguous, for names shared by parts of different generations or with no common choice (`RTX 6000` is a
+  Turing Quadro, an Ada and a Blackwell card; `A100 40GB` is sold as SXM4 and PCIe, both common): the file's
+  `ambiguous` table lists them, and `get_accelerator` raises `AmbiguousNameError` naming the candidates.
+
+An exact name or alias always wins over the ambiguous table (so a local entry can claim an ambiguous name).
 """
 
 from __future__ import annotations
 
 import difflib
+import functools
 import json
 import os
 import re
@@ -38,8 +54,29 @@ def normalize_name(name: str) -> str:
     return re.sub(r"[\s_\-]+", "-", name.strip().lower())
 
 
+class AmbiguousNameError(UnknownNameError):
+    """A name that several catalog entries answer to (`RTX 6000`): the message and `candidates` list them."""
+
+    def __init__(self, what: str, name: str, candidates: Iterable[str]):
+        candidates = list(candidates)
+        PerfmodelError.__init__(self, f"ambiguous {what} {name!r}: it names {len(candidates)} parts; "
+                                      f"use one of: {', '.join(candidates)}")
+        self.name = name
+        self.candidates = candidates
+        self.close_matches = candidates
+
+
 def parse_catalog(text: str, where: str) -> list[HardwareSpec]:
     """The entries of one catalog file's text; `where` names the file in error messages."""
+    return _parse_file(text, where)[0]
+
+
+def parse_ambiguous(text: str, where: str) -> dict[str, tuple[str, ...]]:
+    """The `ambiguous` table of one catalog file's text: each name as written -> the ids it may mean."""
+    return _parse_file(text, where)[1]
+
+
+def _parse_file(text: str, where: str) -> tuple[list[HardwareSpec], dict[str, tuple[str, ...]]]:
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
@@ -48,6 +85,9 @@ def parse_catalog(text: str, where: str) -> list[HardwareSpec]:
         found = data.get("schema_version") if isinstance(data, dict) else None
         raise PerfmodelError(f"hardware catalog {where}: schema_version {found!r} is not supported "
                              f"(expected {CATALOG_SCHEMA_VERSION})")
+    unknown_keys = set(data) - {"schema_version", "accelerators", "ambiguous"}
+    if unknown_keys:
+        raise PerfmodelError(f"hardware catalog {where}: unknown top-level keys {sorted(unknown_keys)}")
     entries = data.get("accelerators")
     if not isinstance(entries, list):
         raise PerfmodelError(f"hardware catalog {where}: 'accelerators' must be a list of entries")
@@ -59,19 +99,37 @@ def parse_catalog(text: str, where: str) -> list[HardwareSpec]:
             label = entry.get("name", f"#{i}") if isinstance(entry, dict) else f"#{i}"
             raise PerfmodelError(f"hardware catalog {where}: entry {label!r} is invalid: {exc}") from None
     _check_unique(specs, where)
-    return specs
+    ambiguous = _check_ambiguous(data.get("ambiguous", {}), specs, where)
+    return specs, ambiguous
 
 
-def dump_catalog(specs: Iterable[HardwareSpec]) -> str:
-    """Catalog file text for `specs` (sorted by name), the format `parse_catalog` reads."""
+def dump_catalog(specs: Iterable[HardwareSpec], ambiguous: Mapping[str, Iterable[str]] | None = None) -> str:
+    """Catalog file text for `specs` (sorted by name) and an optional `ambiguous` table, the format
+    `parse_catalog` reads."""
     entries = [spec.model_dump(mode="json") for spec in sorted(specs, key=lambda s: s.name)]
-    return json.dumps({"schema_version": CATALOG_SCHEMA_VERSION, "accelerators": entries}, indent=2) + "\n"
+    data: dict[str, object] = {"schema_version": CATALOG_SCHEMA_VERSION, "accelerators": entries}
+    if ambiguous:
+        data["ambiguous"] = {name: list(ids) for name, ids in sorted(ambiguous.items())}
+    return json.dumps(data, indent=2) + "\n"
 
 
 def shipped_specs() -> list[HardwareSpec]:
     """The entries shipped with perfmodel."""
-    text = resources.files("perfmodel.hardware").joinpath(SHIPPED_FILE).read_text(encoding="utf-8")
-    return parse_catalog(text, f"perfmodel/hardware/{SHIPPED_FILE}")
+    return parse_catalog(_shipped_text(), f"perfmodel/hardware/{SHIPPED_FILE}")
+
+
+def shipped_ambiguous() -> dict[str, tuple[str, ...]]:
+    """The shipped `ambiguous` table: each name as written -> the ids it may mean (read once, then cached)."""
+    return dict(_shipped_ambiguous())
+
+
+@functools.cache
+def _shipped_ambiguous() -> tuple[tuple[str, tuple[str, ...]], ...]:
+    return tuple(parse_ambiguous(_shipped_text(), f"perfmodel/hardware/{SHIPPED_FILE}").items())
+
+
+def _shipped_text() -> str:
+    return resources.files("perfmodel.hardware").joinpath(SHIPPED_FILE).read_text(encoding="utf-8")
 
 
 def local_catalog_path() -> Path:
@@ -81,12 +139,23 @@ def local_catalog_path() -> Path:
 
 def local_specs(path: Path | None = None) -> list[HardwareSpec]:
     """The entries of the local file; none when it does not exist."""
+    return _read_local(path)[0]
+
+
+def _read_local(path: Path | None = None) -> tuple[list[HardwareSpec], dict[str, tuple[str, ...]]]:
     path = path or local_catalog_path()
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
-        return []
-    return parse_catalog(text, str(path))
+        return [], {}
+    return _parse_file(text, str(path))
+
+
+def ambiguous_names(local_path: Path | None = None) -> dict[str, tuple[str, ...]]:
+    """Look-up key -> the ids an ambiguous name may mean: the shipped table, overlaid by the local file's."""
+    table = {normalize_name(name): ids for name, ids in _shipped_ambiguous()}
+    table.update({normalize_name(name): ids for name, ids in _read_local(local_path)[1].items()})
+    return table
 
 
 def load_catalog(local_path: Path | None = None) -> dict[str, HardwareSpec]:
@@ -98,20 +167,26 @@ def load_catalog(local_path: Path | None = None) -> dict[str, HardwareSpec]:
 
 
 def get_accelerator(name: str, catalog: Mapping[str, HardwareSpec] | None = None) -> HardwareSpec:
-    """The entry whose name or alias is `name` (case-insensitive). Unknown: `UnknownNameError` with close matches.
-    `catalog` defaults to `load_catalog()`; pass one to avoid re-reading the files in a loop."""
+    """The entry whose name or alias is `name` (case-insensitive). A name the catalog declares ambiguous
+    (`RTX 6000`): `AmbiguousNameError` listing the candidates in `catalog`. Unknown: `UnknownNameError` with close
+    matches. `catalog` defaults to `load_catalog()`; pass one to avoid re-reading the files in a loop."""
     catalog = load_catalog() if catalog is None else catalog
     index = _index(catalog.values())
+    key = normalize_name(name)
     try:
-        return index[normalize_name(name)]
+        return index[key]
     except KeyError:
-        known = {*catalog, *(alias for spec in catalog.values() for alias in spec.aliases)}
-        error = UnknownNameError("accelerator", name, known)
-        close = close_names(name, catalog.values())
-        if close:  # case- and separator-blind, so "nvidia h100" finds "NVIDIA H100 PCIe"
-            error.close_matches = close
-            error.args = (f"unknown accelerator {name!r}; did you mean: {', '.join(close)}?",)
-        raise error from None
+        pass
+    candidates = [entry for entry in ambiguous_names().get(key, ()) if entry in catalog]
+    if candidates:
+        raise AmbiguousNameError("accelerator", name.strip(), candidates)
+    known = {*catalog, *(alias for spec in catalog.values() for alias in spec.aliases)}
+    error = UnknownNameError("accelerator", name, known)
+    close = close_names(name, catalog.values())
+    if close:  # case- and separator-blind, so "nvidia h100" finds "NVIDIA H100 PCIe"
+        error.close_matches = close
+        error.args = (f"unknown accelerator {name!r}; did you mean: {', '.join(close)}?",)
+    raise error
 
 
 def close_names(name: str, specs: Iterable[HardwareSpec], n: int = 5) -> list[str]:
@@ -137,8 +212,9 @@ def close_names(name: str, specs: Iterable[HardwareSpec], n: int = 5) -> list[st
 def save_local(spec: HardwareSpec, path: Path | None = None) -> Path:
     """Add `spec` to the local file, replacing an entry of the same name; returns the file's path."""
     path = path or local_catalog_path()
-    kept = [s for s in local_specs(path) if s.name != spec.name]
-    text = dump_catalog([*kept, spec])
+    specs, ambiguous = _read_local(path)
+    kept = [s for s in specs if s.name != spec.name]
+    text = dump_catalog([*kept, spec], ambiguous)
     parse_catalog(text, str(path))  # refuse to write a file that would not load (e.g. a clashing alias)
     path.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.NamedTemporaryFile("w", encoding="utf-8", dir=path.parent, prefix=f".{path.name}.",
@@ -163,3 +239,26 @@ def _check_unique(specs: list[HardwareSpec], where: str) -> None:
         for key in {normalize_name(spec.name), *(normalize_name(a) for a in spec.aliases)}:
             if owner.setdefault(key, spec.name) != spec.name:
                 raise PerfmodelError(f"hardware catalog {where}: {key!r} names both {owner[key]!r} and {spec.name!r}")
+
+
+def _check_ambiguous(table: object, specs: list[HardwareSpec], where: str) -> dict[str, tuple[str, ...]]:
+    """The `ambiguous` table, checked: each name lists two or more distinct ids and is nobody's name or alias in
+    this file (a name that is an alias is not ambiguous)."""
+    if not isinstance(table, dict):
+        raise PerfmodelError(f"hardware catalog {where}: 'ambiguous' must map names to lists of catalog ids")
+    owner = {normalize_name(a): spec.name for spec in specs for a in (spec.name, *spec.aliases)}
+    seen: dict[str, str] = {}
+    checked: dict[str, tuple[str, ...]] = {}
+    for name, ids in table.items():
+        if not isinstance(ids, list) or not all(isinstance(i, str) and i for i in ids) or len(set(ids)) < 2:
+            raise PerfmodelError(f"hardware catalog {where}: ambiguous name {name!r} must list two or more "
+                                 f"distinct catalog ids")
+        key = normalize_name(name)
+        if key in owner:
+            raise PerfmodelError(f"hardware catalog {where}: ambiguous name {name!r} is also a name or alias of "
+                                 f"{owner[key]!r}")
+        if seen.setdefault(key, name) != name:
+            raise PerfmodelError(f"hardware catalog {where}: ambiguous names {seen[key]!r} and {name!r} are the "
+                                 f"same look-up key")
+        checked[name] = tuple(dict.fromkeys(ids))
+    return checked

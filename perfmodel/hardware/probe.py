@@ -1,5 +1,11 @@
 """Measure this host as a `HardwareSpec`: a CPU entry for the catalog (`perfmodel hw probe [--save]`).
 
+The CPU is named from what the OS prints, not assumed: `/proc/cpuinfo` (`model name`, `vendor_id`; `CPU
+implementer` / `Model` on Arm), else `lscpu` (`Model name`, `Vendor ID`), else `platform`. Reading the device
+(`read_cpu_identity`) is kept apart from parsing what it printed (`parse_cpuinfo`, `parse_lscpu`: pure functions of
+the text), so the parsing is tested on sample outputs of other machines. The model name becomes the entry's alias
+and the vendor its `vendor`; a virtual machine may print a generic name ("AMD EPYC"), which is then all we know.
+
 Peak fp32 is the best GEMM throughput seen: for each size n in `gemm_sizes` (default 2048 only), the best of a few
 timed batches of `torch.mm` on two n x n fp32 matrices (2·n³ FLOPs each; every batch does about as many FLOPs as one
 2048³ GEMM, so small sizes are timed over many calls). Memory bandwidth is the best of a few `copy_` of a large fp32
@@ -16,9 +22,13 @@ About 3 s on a 2-core machine at the defaults.
 from __future__ import annotations
 
 import os
+import platform
+import shutil
 import socket
+import subprocess
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -31,11 +41,62 @@ REPEATS = 5
 BYTES_PER_MIB = 2**20
 FP32_BYTES = 4
 
+LSCPU_TIMEOUT_S = 5.0
+
 # (substring of the CPU model or /proc/cpuinfo vendor_id, vendor), first match wins
 _VENDORS = (
-    ("intel", "Intel"), ("amd", "AMD"), ("apple", "Apple"), ("ampere", "Ampere"), ("graviton", "AWS"),
-    ("neoverse", "Arm"), ("arm", "Arm"), ("ibm", "IBM"), ("power", "IBM"),
+    ("intel", "Intel"), ("amd", "AMD"), ("hygon", "Hygon"), ("apple", "Apple"), ("ampere", "Ampere"),
+    ("graviton", "AWS"), ("neoverse", "Arm"), ("arm", "Arm"), ("ibm", "IBM"), ("power", "IBM"),
 )
+# exact vendor ids: x86 `vendor_id` strings, and Arm `CPU implementer` codes (as /proc/cpuinfo prints them)
+_VENDOR_IDS = {
+    "genuineintel": "Intel", "authenticamd": "AMD", "hygongenuine": "Hygon", "centaurhauls": "Centaur",
+    "shanghai": "Zhaoxin", "0x41": "Arm", "0x42": "Broadcom", "0x43": "Cavium", "0x46": "Fujitsu",
+    "0x48": "HiSilicon", "0x4e": "NVIDIA", "0x50": "Ampere", "0x51": "Qualcomm", "0x61": "Apple", "0x6d": "Microsoft",
+    "0xc0": "Ampere",
+}
+# keys naming the CPU model / vendor, in the order they are tried: x86 Linux, then Arm and others
+_CPUINFO_MODEL_KEYS = ("model name", "Model", "cpu model", "cpu", "Processor")
+_CPUINFO_VENDOR_KEYS = ("vendor_id", "CPU implementer", "vendor")
+_LSCPU_MODEL_KEYS = ("Model name",)
+_LSCPU_VENDOR_KEYS = ("Vendor ID",)
+
+
+@dataclass(frozen=True)
+class CpuIdentity:
+    """What the OS says the CPU is: `model` as printed ("AMD EPYC 7763 64-Core Processor"), `vendor` ("AMD") and
+    the raw `vendor_id` ("AuthenticAMD", or an Arm implementer code such as "0x41"); "" where unknown."""
+
+    model: str = ""
+    vendor: str = ""
+    vendor_id: str = ""
+
+
+def parse_cpuinfo(text: str) -> CpuIdentity:
+    """The CPU named in the text of /proc/cpuinfo (first processor block that names it)."""
+    return _identity(_key_values(text), _CPUINFO_MODEL_KEYS, _CPUINFO_VENDOR_KEYS)
+
+
+def parse_lscpu(text: str) -> CpuIdentity:
+    """The CPU named in the output of `lscpu`."""
+    return _identity(_key_values(text), _LSCPU_MODEL_KEYS, _LSCPU_VENDOR_KEYS)
+
+
+def read_cpu_identity(cpuinfo: Path = Path("/proc/cpuinfo")) -> CpuIdentity:
+    """This host's CPU: /proc/cpuinfo, else `lscpu`, else what `platform` knows (model only)."""
+    found = CpuIdentity()
+    try:
+        found = parse_cpuinfo(cpuinfo.read_text(errors="replace"))
+    except OSError:
+        pass
+    if not (found.model and found.vendor):
+        listed = _run_lscpu()
+        found = CpuIdentity(model=found.model or listed.model, vendor=found.vendor or listed.vendor,
+                            vendor_id=found.vendor_id or listed.vendor_id)
+    if not found.model:
+        model = platform.processor() or platform.machine()
+        found = CpuIdentity(model=model, vendor=found.vendor or vendor_of(model), vendor_id=found.vendor_id)
+    return found
 
 
 def probe_host(threads: int | None = None, *, gemm_sizes: tuple[int, ...] = GEMM_SIZES, copy_mib: int = COPY_MIB,
@@ -43,7 +104,7 @@ def probe_host(threads: int | None = None, *, gemm_sizes: tuple[int, ...] = GEMM
     """This host as the catalog's `cpu` entry, measured with `threads` torch threads (default: torch's own)."""
     import torch
 
-    from perfmodel.profilers.env import cpu_model_name, physical_cores
+    from perfmodel.profilers.env import physical_cores
 
     previous_threads = torch.get_num_threads()
     if threads is not None:
@@ -54,13 +115,13 @@ def probe_host(threads: int | None = None, *, gemm_sizes: tuple[int, ...] = GEMM
         bandwidth = copy_bandwidth_gbps(copy_mib, repeats)
     finally:
         torch.set_num_threads(previous_threads)
-    cpu_model = cpu_model_name()
+    cpu = read_cpu_identity()
     date = datetime.now(timezone.utc).date().isoformat()
     return HardwareSpec(
         name="cpu",
         kind="cpu",
-        vendor=vendor_of(cpu_model, _cpuinfo_vendor_id()),
-        aliases=(cpu_model,) if cpu_model and cpu_model.lower() != "cpu" else (),
+        vendor=cpu.vendor,
+        aliases=(cpu.model,) if cpu.model and cpu.model.lower() != "cpu" else (),
         peak_fp32_gflops=round(gflops, 1),
         memory_bandwidth_gbps=round(bandwidth, 2),
         memory_gb=round(host_memory_gb(), 2),
@@ -122,7 +183,11 @@ def host_memory_gb() -> float:
 
 
 def vendor_of(cpu_model: str, vendor_id: str = "") -> str:
-    """The CPU vendor from its model name ('AMD EPYC 7763' -> 'AMD'), else from cpuinfo's vendor_id, else ''."""
+    """The CPU vendor: from an exact vendor id ('GenuineIntel', Arm implementer '0x41'), else from the model name
+    ('AMD EPYC 7763' -> 'AMD'), else from words in the vendor id, else ''."""
+    exact = _VENDOR_IDS.get(vendor_id.strip().lower())
+    if exact:
+        return exact
     for text in (cpu_model, vendor_id):
         lowered = text.lower()
         for key, vendor in _VENDORS:
@@ -131,15 +196,35 @@ def vendor_of(cpu_model: str, vendor_id: str = "") -> str:
     return ""
 
 
-def _cpuinfo_vendor_id() -> str:
-    cpuinfo = Path("/proc/cpuinfo")
-    if not cpuinfo.is_file():
-        return ""
-    for line in cpuinfo.read_text(errors="replace").splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() in ("vendor_id", "CPU implementer") and value.strip():
-            return value.strip()
-    return ""
+def _key_values(text: str) -> list[tuple[str, str]]:
+    """`key: value` lines, in order (keys stripped; values stripped; lines without a value dropped)."""
+    pairs = []
+    for line in text.splitlines():
+        key, sep, value = line.partition(":")
+        if sep and value.strip():
+            pairs.append((key.strip(), value.strip()))
+    return pairs
+
+
+def _identity(pairs: list[tuple[str, str]], model_keys: tuple[str, ...], vendor_keys: tuple[str, ...]) -> CpuIdentity:
+    first = {}
+    for key, value in pairs:
+        first.setdefault(key, value)
+    model = next((first[k] for k in model_keys if k in first and not first[k].isdigit()), "")
+    vendor_id = next((first[k] for k in vendor_keys if k in first), "")
+    return CpuIdentity(model=model, vendor=vendor_of(model, vendor_id), vendor_id=vendor_id)
+
+
+def _run_lscpu() -> CpuIdentity:
+    """`lscpu`'s answer, or nothing when it is missing or fails (LC_ALL=C keeps its field names in English)."""
+    if shutil.which("lscpu") is None:
+        return CpuIdentity()
+    try:
+        result = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=LSCPU_TIMEOUT_S, check=True,
+                                env={**os.environ, "LC_ALL": "C"})
+    except (OSError, subprocess.SubprocessError):
+        return CpuIdentity()
+    return parse_lscpu(result.stdout)
 
 
 def l2_cache_mib(cpu_root: Path = Path("/sys/devices/system/cpu")) -> float | None:

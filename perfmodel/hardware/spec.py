@@ -70,4 +70,15 @@ class HardwareSpec(BaseModel):
                                                                   "bidirectional GB/s as the vendor quotes it; "
                                                                   "None for PCIe-only parts")
 
+    peer_to_peer: Literal["nvlink", "pcie", "none"] | None = Field(
+        default=None, description="how two devices of one node exchange data: nvlink (NVLink, NVSwitch, Infinity "
+                                  "Fabric), pcie (PCIe peer-to-peer), none (staged through host memory: GeForce cards "
+                                  "since the RTX 4090, and others whose driver disables P2P); None: unknown (GPUs are "
+                                  "then assumed to have PCIe P2P)")
+    node_devices: int | None = Field(default=None, gt=0, description="devices per node in the typical server of this "
+                                                                    "accelerator (8 on SXM / OAM boards)")
+    node_network_gbit_s: float | None = Field(
+        default=None, gt=0, description="typical network bandwidth of one such server, Gb/s (1e9 bit/s) summed over "
+                                        "its NICs, e.g. 3200 for 8 x 400 Gb/s on an H100 SXM server")
+
     source: str = Field(description="where the figures come from: a datasheet, or `perfmodel hw probe` on a host")

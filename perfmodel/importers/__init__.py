@@ -14,7 +14,9 @@ from collections.abc import Callable
 from perfmodel.errors import PerfmodelError
 from perfmodel.importers.common import DatasetImporter, DeviceResolver, ImportStats
 from perfmodel.importers.deepbench import import_deepbench
+from perfmodel.importers.llmservingsim import import_llmservingsim
 from perfmodel.importers.neusight import import_neusight
+from perfmodel.importers.phantora import import_phantora
 from perfmodel.importers.vidur import import_vidur
 from perfmodel.profilers.external import OpMeasurement
 
@@ -24,6 +26,8 @@ IMPORTERS: dict[str, DatasetImporter] = {
     "neusight": import_neusight,
     "vidur": import_vidur,
     "deepbench": import_deepbench,
+    "llmservingsim": import_llmservingsim,
+    "phantora": import_phantora,
 }
 
 # name -> the data files its importer reads, relative to the dataset folder
@@ -31,7 +35,8 @@ DATA_FILES: dict[str, Callable[..., list[str]]] = {name: importer.files_in for n
 
 
 def get_importer(name: str) -> Importer:
-    """The importer of a dataset by name (neusight, vidur, deepbench); unknown: a `PerfmodelError` naming them."""
+    """The importer of a dataset by name (neusight, vidur, deepbench, llmservingsim, phantora); unknown: a
+    `PerfmodelError` naming them."""
     try:
         return IMPORTERS[name.strip().lower()]
     except KeyError:
@@ -39,5 +44,6 @@ def get_importer(name: str) -> Importer:
 
 
 __all__ = ["DATA_FILES", "IMPORTERS", "DatasetImporter", "DeviceResolver", "ImportStats", "Importer", "OpMeasurement",
-           "get_importer", "import_deepbench", "import_neusight", "import_vidur"]
+           "get_importer", "import_deepbench", "import_llmservingsim", "import_neusight", "import_phantora",
+           "import_vidur"]
 

@@ -43,12 +43,31 @@ class BuiltJob:
         return autocast_context(self.spec.precision, self.device)
 
 
+# TF32 switches per precision: (matmul, cuDNN); None keeps PyTorch's defaults (matmul off, cuDNN on)
+_TF32 = {Precision.fp32_strict: (False, False), Precision.tf32: (True, True)}
+
+
+@contextlib.contextmanager
+def _tf32(matmul: bool, cudnn: bool) -> Any:
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = matmul, cudnn
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+
+
 def autocast_context(precision: Precision, device: torch.device) -> contextlib.AbstractContextManager:
-    """Autocast for `amp` (fp16 on CUDA/ROCm, bf16 on CPU); nothing for the other precisions."""
-    if precision != Precision.amp or device.type == "meta":
+    """The math a precision names, while a step runs: autocast for `amp` (fp16 on CUDA/ROCm, bf16 on CPU) and
+    `amp-bf16`; the TF32 switches for `tf32` (on) and `fp32-strict` (off); nothing for the others."""
+    if device.type == "meta":
         return contextlib.nullcontext()
-    dtype = torch.float16 if device.type == "cuda" else torch.bfloat16
-    return torch.autocast(device_type=device.type, dtype=dtype)
+    if precision in _TF32:
+        return _tf32(*_TF32[precision])
+    if not precision.autocast:
+        return contextlib.nullcontext()
+    half = precision == Precision.amp and device.type == "cuda"
+    return torch.autocast(device_type=device.type, dtype=torch.float16 if half else torch.bfloat16)
 
 
 def first_tensor(output: Any) -> torch.Tensor:

@@ -14,6 +14,7 @@ TASK_CLASSES = {
     "masked-lm": "AutoModelForMaskedLM",
     "seq2seq-lm": "AutoModelForSeq2SeqLM",
     "sequence-classification": "AutoModelForSequenceClassification",
+    "question-answering": "AutoModelForQuestionAnswering",  # span start/end logits (SQuAD fine-tuning)
 }
 
 

@@ -15,10 +15,38 @@ from perfmodel.errors import PerfmodelError
 
 
 class Precision(str, Enum):
+    """What math a job runs, named for what really runs (`perfmodel.predictor.math_modes` prices each op class):
+
+    - `fp32`: a plain PyTorch fp32 script. Matmuls in fp32 (`torch.backends.cuda.matmul.allow_tf32` defaults to
+      False), cuDNN convolutions in TF32 on GPUs that have it (`torch.backends.cudnn.allow_tf32` defaults to True).
+    - `fp32-strict`: TF32 off everywhere.
+    - `tf32`: matmuls and convolutions in TF32 (`torch.set_float32_matmul_precision("high")`, NGC containers).
+    - `amp`: autocast to fp16 (bf16 on CPU), weights and optimizer in fp32, GradScaler.
+    - `amp-bf16`: autocast to bf16.
+    - `fp16`, `bf16`: the model cast to half precision (`model.half()`): weights, activations and optimizer.
+    """
+
     fp32 = "fp32"
+    fp32_strict = "fp32-strict"
+    tf32 = "tf32"
+    amp = "amp"
+    amp_bf16 = "amp-bf16"
     fp16 = "fp16"
     bf16 = "bf16"
-    amp = "amp"  # autocast: fp16 on CUDA/ROCm, bf16 on CPU; weights stay fp32
+
+    @property
+    def autocast(self) -> bool:
+        return self in (Precision.amp, Precision.amp_bf16)
+
+    @property
+    def half_weights(self) -> bool:
+        """The module itself is cast to fp16/bf16."""
+        return self in (Precision.fp16, Precision.bf16)
+
+    @property
+    def family(self) -> str:
+        """fp32, fp16, bf16 or amp: what the CPU iteration models (trained before the math modes) know."""
+        return {Precision.fp32_strict: "fp32", Precision.tf32: "fp32", Precision.amp_bf16: "amp"}.get(self, self.value)
 
 
 class OptimizerName(str, Enum):
@@ -46,7 +74,8 @@ class HFConfigSource(_Source):
     config: dict[str, Any] = Field(description="a Hugging Face config (the content of config.json)")
     task: str | None = Field(
         default=None,
-        description="head to build: base, causal-lm, masked-lm, seq2seq-lm, sequence-classification; "
+        description="head to build: base, causal-lm, masked-lm, seq2seq-lm, sequence-classification, "
+                    "question-answering; "
         "default: the config's `architectures`, else base",
     )
 

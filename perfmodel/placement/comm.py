@@ -32,17 +32,53 @@ a 2 KB message and a 1 GB message alike.
 Links for hardware with no fit (`link_for_accelerator`, `network_link`): see those functions' docstrings.
 Fitted links are in `links.json` next to this module (written by `bench/collectives.py --write`, read by
 `load_links`), each with its data source, row count and fit MAPE.
+
+How two GPUs of one node talk (`HardwareSpec.peer_to_peer`, `peer_to_peer_mode`):
+
+- "nvlink": the NVLink / NVSwitch / Infinity Fabric link of `link_for_accelerator`.
+- "pcie": PCIe peer-to-peer: the PCIe link of the spec's generation (`link_for_accelerator` on a PCIe-only copy of
+  the spec: nominal x16 rate × the efficiency fitted on the PCIe all-reduce rows of links.json), no host
+  bottleneck (the GPUs DMA into each other through the PCIe switch or root complex).
+- "none" (GeForce cards since the RTX 4090, and any GPU whose driver disables P2P): NCCL stages every transfer
+  through host memory (SHM transport): device -> host over the sender's PCIe link, host -> device over the
+  receiver's. `host_staged_link` prices one such transfer alone: β = 1 / PCIE_EFFECTIVE_GBPS[pcie_gen] (the
+  chunks of the two hops are pipelined, so one hop's rate, not half of it), α = HOST_STAGED_ALPHA_US (staging and
+  the CPU proxy's hand-off per step, against ~5-10 µs for P2P). The host's root complex and memory are one
+  bottleneck: with g GPUs of a node transferring at once (every rank of a ring does), they share it, so each
+  gets PCIE_EFFECTIVE_GBPS / g: β_eff(g) = g·β (`host_shared_beta`). The placement model applies this with
+  g = the devices of the node, and compares with the same devices in one node (g = all of them).
+  Overlap: NCCL's host-staged transport runs on copy engines and a CPU proxy thread and contends with the
+  backward kernels for PCIe and host memory, so DDP hides less of the gradient all-reduce behind backward: the
+  fitted overlap fraction is multiplied by NO_P2P_OVERLAP_SCALE (0.5, an assumption: no public measurement of
+  it here). The network path of such GPUs is host-staged too (no GPUDirect RDMA on GeForce) and is left as
+  `network_link` prices it.
+- None (unknown): GPUs are assumed to have P2P; the link is the one `interconnect` names (as "nvlink" or "pcie").
+
+PCIE_EFFECTIVE_GBPS (one direction, x16, pinned host memory, what CUDA's bandwidthTest typically reaches):
+gen3 13, gen4 25, gen5 50 GB/s. Check against the public data (phantora, L40S, PCIe gen4, host<->device memcpy
+times vs size, 2 B to 4.45 GB): fitted α 0.34 µs / 13.5 GB/s host->device, 1.0 µs / 13.3 GB/s device->host
+(large copies 13.0-13.2 GB/s): half the table's gen4 figure, as pageable-memory copies (what frameworks issue)
+typically run; NCCL's staging buffers are pinned, so the table keeps the pinned rates.
+
+The network (`node_network_link`): a node's network is `node_network_gbit_s` Gb/s over all its NICs
+(`HardwareSpec`, or the placement's `inter_node_bandwidth_gbps`; DEFAULT_NODE_NETWORK_GBIT_S when neither says),
+split over `network_rails` NICs: one per GPU of the typical server (`node_devices`) where the network is fast
+enough for rails of at least MIN_RAIL_GBIT_S each (3200 Gb/s on 8 GPUs: 8 x 400; 400 on 8: 4 x 100, as a DGX-1),
+else fewer (100 Gb/s or 10 GbE: one NIC the node's GPUs share). g devices of a node use min(g, rails) rails, so all
+of a node's devices together never get more than the node's network, and one device per node gets one rail. The
+placement model prices a node's inter-node traffic (all its groups' shards at once) against it.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -58,6 +94,15 @@ PCIE_X16_GBPS = {1: 4.0, 2: 8.0, 3: 15.75, 4: 31.5, 5: 63.0, 6: 121.0, 7: 242.0}
 DEFAULT_EFFICIENCY = 0.7
 DEFAULT_ALPHA_MS = 0.01
 DEFAULT_NETWORK_EFFICIENCY = 0.8
+DEFAULT_NODE_NETWORK_GBIT_S = 100.0  # a node's network when neither the catalog nor the placement says
+MIN_RAIL_GBIT_S = 100.0  # per-GPU NIC rails are at least this fast; slower networks are NICs the GPUs share
+
+# host<->device DMA over a PCIe x16 link, one direction, pinned memory, GB/s by generation (module docstring)
+PCIE_EFFECTIVE_GBPS = {3: 13.0, 4: 25.0, 5: 50.0}
+HOST_STAGED_DEFAULT_GEN = 3  # a GPU whose PCIe generation the catalog lacks: the slowest the table knows
+HOST_STAGED_ALPHA_US = 30.0  # per message step when staged through host memory (~25-50 µs; P2P ~5-10 µs)
+NO_P2P_OVERLAP_SCALE = 0.5  # host-staged collectives hide half as much behind backward (an assumption)
+PeerToPeer = Literal["nvlink", "pcie", "none"]
 
 ArrayLike = float | int | Sequence[float] | np.ndarray
 
@@ -240,12 +285,19 @@ def links_path() -> Path:
 
 
 def load_link_table(path: Path | str | None = None) -> list[dict[str, Any]]:
-    """The entries of links.json (each: name, alpha_ms, beta_ms_per_byte, source, rows, fit_mape_pct, ...)."""
-    data = json.loads(Path(path or links_path()).read_text(encoding="utf-8"))
+    """The entries of links.json (each: name, alpha_ms, beta_ms_per_byte, source, rows, fit_mape_pct, ...); read
+    once per file version (path and modification time), a fresh copy each call."""
+    file = Path(path or links_path())
+    return [dict(entry) for entry in _read_link_table(str(file), file.stat().st_mtime_ns)]
+
+
+@functools.lru_cache(maxsize=8)
+def _read_link_table(path: str, mtime_ns: int) -> tuple[dict[str, Any], ...]:
+    data = json.loads(Path(path).read_text(encoding="utf-8"))
     if data.get("schema_version") != LINKS_SCHEMA_VERSION:
         raise ValueError(f"links file schema_version {data.get('schema_version')!r} is not "
                          f"{LINKS_SCHEMA_VERSION}")
-    return list(data["links"])
+    return tuple(data["links"])
 
 
 def load_links(path: Path | str | None = None) -> dict[str, LinkModel]:
@@ -328,3 +380,59 @@ def network_link(gbps: float, latency_us: float, *, efficiency: float = DEFAULT_
     return LinkModel(alpha_ms=latency_us * 1e-3, beta_ms_per_byte=1e-6 / gbytes,
                      name=name or f"network-{gbps:g}gbps", source=f"spec:{gbps:g} Gb/s x {efficiency:g}, "
                                                                      f"{latency_us:g} us")
+
+
+# --- GPUs without peer-to-peer, and the node's network -------------------------------------------------------------
+
+def peer_to_peer_mode(spec: HardwareSpec) -> PeerToPeer:
+    """How two GPUs of one node of `spec` exchange data: the catalog's `peer_to_peer`, or, when it is unknown,
+    P2P over the link `interconnect` names ("nvlink" for NVLink / Infinity Fabric parts, else "pcie")."""
+    if spec.peer_to_peer is not None:
+        return spec.peer_to_peer
+    family = interconnect_family(spec.interconnect)
+    return "nvlink" if family in ("nvlink", "infinity-fabric") else "pcie"
+
+
+def pcie_p2p_link(spec: HardwareSpec, table: Sequence[Mapping[str, Any]] | None = None) -> LinkModel:
+    """PCIe peer-to-peer between two GPUs of `spec`: `link_for_accelerator` of its PCIe generation (x16)."""
+    pcie = spec.model_copy(update={"interconnect": "pcie", "interconnect_bandwidth_gbps": None,
+                                   "pcie_gen": spec.pcie_gen or HOST_STAGED_DEFAULT_GEN})
+    return link_for_accelerator(pcie, table)
+
+
+def pcie_effective_gbps(gen: int) -> float:
+    """PCIE_EFFECTIVE_GBPS[gen]; generations outside the table double per generation from gen 3's rate."""
+    return PCIE_EFFECTIVE_GBPS.get(gen, PCIE_EFFECTIVE_GBPS[3] * 2.0 ** (gen - 3))
+
+
+def host_staged_link(spec: HardwareSpec) -> LinkModel:
+    """One transfer between two GPUs of `spec` staged through host memory, alone on the host (see the module
+    docstring): β = 1 / PCIE_EFFECTIVE_GBPS[pcie_gen], α = HOST_STAGED_ALPHA_US. `host_shared_beta` shares it."""
+    gen = spec.pcie_gen or HOST_STAGED_DEFAULT_GEN
+    gbps = pcie_effective_gbps(gen)
+    return LinkModel(alpha_ms=HOST_STAGED_ALPHA_US * 1e-3, beta_ms_per_byte=1e-6 / gbps,
+                     name=f"host-staged-pcie{gen}-{spec.name}",
+                     source=f"spec:{spec.name} (no P2P: PCIe gen{gen} {gbps:g} GB/s/dir via host memory, "
+                            f"{HOST_STAGED_ALPHA_US:g} us per step)")
+
+
+def host_shared_beta(beta_ms_per_byte: ArrayLike, devices_on_node: ArrayLike) -> np.ndarray:
+    """β of each of `devices_on_node` GPUs transferring at once through one host: g·β (PCIE_EFFECTIVE_GBPS / g)."""
+    return np.asarray(beta_ms_per_byte, dtype=float) * np.maximum(np.asarray(devices_on_node, dtype=float), 1.0)
+
+
+def network_rails(node_gbit_s: float, node_devices: int | None) -> int:
+    """NICs a node's network implies: one per device of the typical node (`node_devices`) at most, each at least
+    MIN_RAIL_GBIT_S, at least one."""
+    return int(max(1, min(node_devices or 1, node_gbit_s // MIN_RAIL_GBIT_S)))
+
+
+def node_network_link(node_gbit_s: float, latency_us: float, *, rails: int = 1, devices: int = 1,
+                      efficiency: float = DEFAULT_NETWORK_EFFICIENCY) -> LinkModel:
+    """What `devices` GPUs of one node get of its network together: `node_gbit_s` (Gb/s over all NICs) split
+    over `rails` NICs, min(devices, rails) of them usable (`network_link` of that rate)."""
+    if rails < 1 or devices < 1:
+        raise ValueError("rails and devices must be >= 1")
+    usable = node_gbit_s * min(devices, rails) / rails
+    return network_link(usable, latency_us, efficiency=efficiency,
+                        name=f"network-{node_gbit_s:g}gbit-{min(devices, rails)}of{rails}rails")

@@ -2,30 +2,65 @@
 
 Inputs: a job's *compute* on one device of the accelerator (`ShardCompute`: forward, backward, optimizer and
 overhead of one micro-batch of the whole model, from the predictors of the earlier issues or from a measured
-profile), the placement (`PlacementArrays`: degrees, micro-batches, nodes, the two links' α and β) and a few
-fitted constants (`IterationParams`). With t, p, d the tensor, pipeline and data degrees and m micro-batches:
+profile), the placement (`PlacementArrays`: degrees, micro-batches, how each parallel group sits on nodes, the two
+links' α and β) and a few fitted constants (`IterationParams`). With t, p, d, e the tensor, pipeline, data and
+expert degrees, m micro-batches, and T = 1 when training, 0 for inference:
 
     stage time of one micro-batch  s = (fwd + bwd + recompute) / (t·p) · (1 + tp_penalty·(t-1))
-                                       + tensor-parallel all-reduces of its layers
+                                       + tensor-parallel all-reduces of its layers ((2 + 2T) per layer)
+                                       + expert-parallel all-to-alls of its MoE layers ((2 + 2T) per layer, e > 1)
                                        + layer_overhead · layers / p      (host cost per block, any batch)
+                                       + host exposed: max(0, host issue time of the stage's kernels
+                                         - its device time)     (eager PyTorch's dispatch, see below)
     compute                        = m · s                                  (every micro-batch through a stage)
     pipeline_bubble                = (p-1) · s                              (1F1B fill and drain)
-    pipeline send/recv             = 2 · (m + p - 2) · send(layer activation / t)        (p > 1)
-    data-parallel all-reduce       exposed = max(AR(G) - overlap · bwd_last, AR(bucket))  (d > 1)
-    optimizer                      = optimizer / (t·p) / (d if ZeRO >= 1)
-    overhead                       = compute overhead + overhead_ms (the framework's fixed cost per iteration)
+    pipeline send/recv             = (1 + T) · (m + p - 2) · send(layer activation / t)          (p > 1)
+    data-parallel (T = 1, d > 1)   ZeRO-0   max(AR(G) - h_b, AR(bucket))                  once per iteration
+                                   ZeRO-1/2 max(RS(G) - h_b, RS(bucket)) + AG(G)          gradients reduce-scattered
+                                                                                          under backward, updated
+                                                                                          parameters all-gathered
+                                                                                          after the step (exposed)
+                                   ZeRO-3   m · [max(AG(G) - h_f, AG(bucket))             forward parameter gather
+                                                 + max(AG(G) + RS(G) - h_b,               backward gather + gradient
+                                                       AG(bucket) + RS(bucket))]          reduce-scatter, every
+                                                                                          micro-batch
+    optimizer (T = 1)              = O/(t·p) · (share of the parameters a rank steps: 1/d with ZeRO >= 1, else
+                                     dense + experts/e), never below O/(t·p) - (data- and expert-parallel
+                                     communication): a rank's step never saves more than its sharding costs
+
+The optimizer floor is what makes "n devices never more than n times one device's throughput" hold for every
+ZeRO stage: without it, a sharded step (O/d) plus cheap, well-hidden collectives would beat one device running the
+whole step. It is a modelling choice, not a measurement: where the unsharded step costs more than the sharding's
+communication (bert-large with Adam on 8 H100s: 9.4 ms step, 2.3 ms exposed ZeRO-1 gather) it credits ZeRO with
+less than the sharded step would save.
+    overhead                       = m · (layer_overhead · layers / p + host exposed) + overhead_ms
+                                     (+ multi_device_overhead_ms if distributed)
 
     iteration = compute + pipeline_bubble + communication + optimizer + overhead,
-    communication = tensor-parallel + pipeline + exposed data-parallel.
+    communication = tensor-parallel + expert-parallel + pipeline + data-parallel.
 
-The gradient all-reduce of G = params·grad bytes/(t·p) runs in DDP buckets while backward still runs: all but
-what backward cannot hide is overlapped, and the last bucket never is. ZeRO 1/2 replace it with a reduce-scatter
-plus an all-gather (same volume); ZeRO-3/FSDP adds the forward all-gather of parameters (1.5× the volume).
-Across nodes the all-reduce is hierarchical (`comm.hierarchical_allreduce_ms`) and never cheaper than the same
-devices in one node: a spread placement has every link the consolidated one has, or a slower one.
+G is the gradient bytes of a rank's shard (params · grad bytes / (t·p)); the ZeRO parameter all-gathers move the
+same bytes (the working parameters and the gradients share a dtype). h_b = overlap · (backward + recompute of a
+micro-batch stage): DDP buckets all-reduce while backward still runs, all but what backward cannot hide is
+overlapped, and the last bucket (25 MB, PyTorch's default) never is; h_f = overlap · forward (ZeRO-3 prefetch).
+`overlap` is the fitted `dp_overlap`, times comm.NO_P2P_OVERLAP_SCALE on GPUs without peer-to-peer.
+ZeRO-3 communication is never less than ZeRO-0's (AG + RS = AR for rings), nor is ZeRO-1/2's.
+
+Mixture of experts (e > 1): an MoE layer sends each rank's routed tokens (tokens · top_k · hidden · bytes / t)
+to the experts' ranks and back: two all-to-alls in forward, two in backward, each moving (e-1)/e of the buffer
+per rank. Expert gradients (expert params / e per rank) are reduced over the d/e ranks holding the same experts,
+the dense ones over all d. e = 1 is the dense model exactly.
+
+Placement: every collective runs on a group of ranks (Megatron's order: tensor innermost, then data, pipeline
+outermost) that spans `*_nodes` nodes. A group spanning n > 1 nodes runs hierarchically: intra-node phase(s) on
+its g = ranks/n members of each node, and the inter-node ring of each node's shards over that node's network,
+which all the node's groups of that kind share (the network β is the node's, `comm.node_network_link`). On GPUs
+without P2P (`host_staged`) the intra-node β is shared by the node's devices (`comm.host_shared_beta`). Every
+collective, and the pipeline's sends, costs at least what it costs with all the placement's devices in one node:
+a spread placement has every link the consolidated one has, or a slower one, so it is never faster.
 
 Every function takes numpy arrays of equal length (one entry per (job, placement) pair), so a batch of ten
-thousand pairs is a handful of array operations (`bench/placement_batch.py`).
+thousand pairs is a handful of array operations (`bench/placement_batch.py`); plain floats evaluate one pair.
 """
 
 from __future__ import annotations
@@ -35,14 +70,17 @@ import math
 from dataclasses import asdict, dataclass, fields
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
+from perfmodel.placement.comm import NO_P2P_OVERLAP_SCALE
+
 PARAMS_FILE = "iteration_params.json"
 DDP_BUCKET_BYTES = 25 * 2**20  # PyTorch DDP's default bucket_cap_mb = 25
-TP_ALLREDUCES_PER_LAYER = 4  # Megatron: 2 in forward (attention, MLP), 2 in backward
+TP_ALLREDUCES_FORWARD = 2  # Megatron: attention and MLP outputs in forward, as many in backward
 TP_ALLREDUCES_RECOMPUTE = 2  # the recomputed forward's
+MOE_ALL_TO_ALLS_FORWARD = 2  # dispatch and combine in forward, as many in backward
 
 
 @dataclass(frozen=True)
@@ -57,6 +95,11 @@ class ShardCompute:
     gradient_bytes_per_param: int
     layers: int  # repeated blocks the model is split over (pipeline stages, tensor-parallel all-reduces)
     layer_activation_bytes: int  # one block's output for the micro-batch (what TP all-reduces and PP sends)
+    moe_layers: int = 0  # mixture-of-experts layers (0: dense)
+    moe_dispatch_bytes: int = 0  # tokens x top_k x hidden x bytes of the micro-batch: one all-to-all's buffer
+    expert_params: int = 0  # parameters of all experts of all MoE layers (split over expert-parallel ranks)
+    host_forward_ms: float = 0.0  # host time to issue the forward's kernels (eager PyTorch), whatever t and p
+    host_backward_ms: float = 0.0  # and the backward's
 
 
 @dataclass(frozen=True)
@@ -113,6 +156,11 @@ class ComputeArrays:
     gradient_bytes_per_param: np.ndarray
     layers: np.ndarray
     layer_activation_bytes: np.ndarray
+    moe_layers: np.ndarray | float = 0.0
+    moe_dispatch_bytes: np.ndarray | float = 0.0
+    expert_params: np.ndarray | float = 0.0
+    host_forward_ms: np.ndarray | float = 0.0
+    host_backward_ms: np.ndarray | float = 0.0
 
     @classmethod
     def stack(cls, computes: list[ShardCompute]) -> ComputeArrays:
@@ -122,7 +170,11 @@ class ComputeArrays:
 @dataclass(frozen=True)
 class PlacementArrays:
     """A placement as arrays (one entry per pair, or broadcast), or floats for a single pair: degrees,
-    micro-batches, layout, the links' α, β."""
+    micro-batches, where the parallel groups sit, the links' α, β.
+
+    The intra β is one transfer's alone (on GPUs without P2P, `host_staged` = 1, the node's devices share it); the
+    inter β is the node's whole usable network (`comm.node_network_link`). `node_devices` is the devices on a
+    node (0: unknown; every group then has its nodes' network to itself). The new fields default to one node."""
 
     tensor: np.ndarray
     pipeline: np.ndarray
@@ -130,15 +182,22 @@ class PlacementArrays:
     micro_batches: np.ndarray
     zero_stage: np.ndarray
     checkpointing: np.ndarray  # 0/1
-    nodes: np.ndarray  # nodes the data-parallel group spans
+    nodes: np.ndarray  # nodes a data-parallel group spans
     intra_alpha_ms: np.ndarray
     intra_beta_ms_per_byte: np.ndarray
     inter_alpha_ms: np.ndarray
     inter_beta_ms_per_byte: np.ndarray
+    expert: np.ndarray | float = 1.0  # expert-parallel degree (divides data)
+    tensor_nodes: np.ndarray | float = 1.0  # nodes a tensor-parallel group spans
+    expert_nodes: np.ndarray | float = 1.0  # nodes an expert-parallel group spans
+    expert_data_nodes: np.ndarray | float = 1.0  # nodes the d/e ranks holding the same experts span
+    pipeline_nodes: np.ndarray | float = 1.0  # nodes the pipeline spans (> 1: stage sends cross the network)
+    node_devices: np.ndarray | float = 0.0  # devices on the fullest node (0: unknown)
+    host_staged: np.ndarray | float = 0.0  # 1: no GPU peer-to-peer, intra-node transfers go through host memory
 
 
 # The model is written once for arrays (many pairs) and plain floats (one pair: no numpy call overhead, ~10× faster
-# for a single prediction). Arithmetic works on both; these three are the only functions it needs.
+# for a single prediction). Arithmetic works on both; these three and `_when` are the only functions it needs.
 def _where(condition: Any, yes: Any, no: Any) -> Any:
     return np.where(condition, yes, no) if isinstance(condition, np.ndarray) else (yes if condition else no)
 
@@ -151,64 +210,140 @@ def _minimum(a: Any, b: Any) -> Any:
     return np.minimum(a, b) if isinstance(a, np.ndarray) or isinstance(b, np.ndarray) else min(a, b)
 
 
-def _ring(alpha: np.ndarray, beta: np.ndarray, size: np.ndarray, ranks: np.ndarray) -> np.ndarray:
-    return _where(ranks > 1, 2 * (ranks - 1) * alpha + 2 * (ranks - 1) / _maximum(ranks, 1) * size * beta, 0.0)
+def _when(condition: Any, cost: Any) -> Any:
+    """`cost()` where `condition` holds, else 0; not evaluated at all where it holds nowhere (one pair, or a batch
+    with no such pair)."""
+    if isinstance(condition, np.ndarray):
+        return np.where(condition, cost(), 0.0) if condition.any() else 0.0
+    return cost() if condition else 0.0
 
 
-def _hierarchical(p: PlacementArrays, size: np.ndarray, ranks: np.ndarray) -> np.ndarray:
-    """All-reduce of `size` bytes over `ranks` devices spread evenly over `p.nodes` nodes (one rail per device)."""
-    n = _minimum(p.nodes, ranks)
-    g = ranks / n
-    intra = _where(g > 1, (g - 1) * p.intra_alpha_ms + (g - 1) / g * size * p.intra_beta_ms_per_byte, 0.0)
-    inter = _where(n > 1, 2 * (n - 1) * p.inter_alpha_ms + 2 * (n - 1) / n * (size / g) * p.inter_beta_ms_per_byte
-                     * g, 0.0)
-    spread = 2 * intra + inter
-    consolidated = _ring(p.intra_alpha_ms, p.intra_beta_ms_per_byte, size, ranks)
-    return _where(n > 1, _maximum(spread, consolidated), consolidated)
+class _Group(NamedTuple):
+    """How a group of `ranks` ranks sits: n nodes of g members, `share` groups of its kind on a node sharing the
+    node's network, the intra-node β on the layout and with every device in one node. (A tuple: one pair's
+    evaluation builds a few of them, and a frozen dataclass costs microseconds each.)"""
+
+    ranks: Any
+    n: Any
+    g: Any
+    share: Any
+    beta: Any
+    beta_one_node: Any
+
+    @classmethod
+    def of(cls, p: PlacementArrays, ranks: Any, nodes: Any) -> _Group:
+        n = _minimum(_maximum(nodes, 1.0), ranks)
+        g = ranks / n
+        node_devices = _where(p.node_devices > 0, _maximum(p.node_devices, g), g)
+        devices = p.tensor * p.pipeline * p.data
+        return cls(ranks, n, g, node_devices / g,
+                   p.intra_beta_ms_per_byte * (1 + p.host_staged * (node_devices - 1)),
+                   p.intra_beta_ms_per_byte * (1 + p.host_staged * (devices - 1)))
+
+
+def _half_ring(p: PlacementArrays, group: _Group, size: Any) -> Any:
+    """A ring reduce-scatter (or all-gather) of `size` bytes per rank over `group`; an all-reduce is two of them.
+    Across nodes it is hierarchical (the intra-node phase on each node's g members, the inter-node ring of the
+    node's shards over its network) and never cheaper than the same ranks in one node."""
+    intra = (group.g - 1) * (p.intra_alpha_ms + size / group.g * group.beta)
+    inter = (group.n - 1) * (p.inter_alpha_ms + size / group.n * group.share * p.inter_beta_ms_per_byte)
+    one_node = (group.ranks - 1) * (p.intra_alpha_ms + size / group.ranks * group.beta_one_node)
+    return _maximum(intra + inter, one_node)
+
+
+def _all_to_all(p: PlacementArrays, group: _Group, size: Any) -> Any:
+    """Pairwise all-to-all: each rank sends (ranks-1)/ranks of its `size` bytes. Across nodes, the (n-1)/n that
+    leave a node go over its network for every rank on it; never cheaper than the same ranks in one node."""
+    intra = (group.g - 1) * (p.intra_alpha_ms + size / group.ranks * group.beta)
+    inter = (group.n - 1) * (p.inter_alpha_ms + size / group.n * group.g * group.share * p.inter_beta_ms_per_byte)
+    one_node = (group.ranks - 1) * (p.intra_alpha_ms + size / group.ranks * group.beta_one_node)
+    return _maximum(intra + inter, one_node)
+
+
+def _send(p: PlacementArrays, size: Any) -> Any:
+    """A pipeline stage's send of `size` bytes: over the network when the pipeline spans nodes (every device of
+    a node sending at once), never cheaper than within one node."""
+    devices = p.tensor * p.pipeline * p.data
+    one_node = p.intra_alpha_ms + size * p.intra_beta_ms_per_byte * (1 + p.host_staged * (devices - 1))
+    network = p.inter_alpha_ms + size * _maximum(p.node_devices, 1.0) * p.inter_beta_ms_per_byte
+    return _where(p.pipeline_nodes > 1, _maximum(network, one_node), one_node)
 
 
 def iteration_breakdown(c: ComputeArrays, p: PlacementArrays, params: IterationParams) -> dict[str, np.ndarray]:
     """Per-pair components (ms); `iteration_ms` is their explicit sum. Arrays in, arrays out; floats (one pair)
     in, floats out."""
-    t, pp, d, m = p.tensor, p.pipeline, p.data, p.micro_batches
+    t, pp, d, m, e = p.tensor, p.pipeline, p.data, p.micro_batches, p.expert
+    train = _where(c.gradient_bytes_per_param > 0, 1.0, 0.0)  # no gradients: inference
     split = t * pp
     scale = params.compute_scale * (1 + params.tp_penalty * (t - 1))
     fwd = c.forward_ms * scale / split
     bwd = c.backward_ms * scale / split
-    recompute = fwd * p.checkpointing
+    recompute = fwd * p.checkpointing * train
 
     layers_per_stage = _maximum(c.layers / pp, 1.0)
-    tp_calls = layers_per_stage * (TP_ALLREDUCES_PER_LAYER + TP_ALLREDUCES_RECOMPUTE * p.checkpointing)
-    tp_ms = _where(t > 1, tp_calls * (_ring(p.intra_alpha_ms, p.intra_beta_ms_per_byte, c.layer_activation_bytes,
-                                              t) + params.tp_sync_ms), 0.0)
+    tp_calls = layers_per_stage * (TP_ALLREDUCES_FORWARD * (1 + train) + TP_ALLREDUCES_RECOMPUTE * p.checkpointing
+                                   * train)
+    tp_ms = _when(t > 1, lambda: tp_calls * (2 * _half_ring(p, _Group.of(p, t, p.tensor_nodes),
+                                                            c.layer_activation_bytes) + params.tp_sync_ms))
+    moe = (e > 1) & (c.moe_layers > 0)
+    ep_ms = _when(moe, lambda: c.moe_layers / pp * MOE_ALL_TO_ALLS_FORWARD * (1 + train)
+                  * _all_to_all(p, _Group.of(p, e, p.expert_nodes), c.moe_dispatch_bytes / t))
     launch = layers_per_stage * params.layer_overhead_ms
-    stage_ms = fwd + bwd + recompute + tp_ms + launch
+    # the host issues a stage's kernels whatever their size: a tensor-parallel shard has as many kernels as the
+    # whole model, smaller ones; what the stage's device time cannot hide is exposed every micro-batch. One device
+    # with no recompute keeps the device predictor's exact figure (`overhead_ms`, from the kernel stream)
+    host_stage = (c.host_forward_ms * (1 + p.checkpointing * train) + c.host_backward_ms * train) / pp
+    single = (split == 1) & (p.checkpointing * train == 0)
+    host_exposed = _maximum(host_stage - (fwd + bwd + recompute), _where(single, c.overhead_ms, 0.0))
+    stage_ms = fwd + bwd + recompute + tp_ms + ep_ms + launch + host_exposed
 
-    pp_message = c.layer_activation_bytes / t
-    pp_ms = _where(pp > 1, 2 * (m + pp - 2) * (p.intra_alpha_ms + pp_message * p.intra_beta_ms_per_byte), 0.0)
+    pp_ms = _when(pp > 1, lambda: (1 + train) * (m + pp - 2) * _send(p, c.layer_activation_bytes / t))
 
+    # data parallel: dense gradients over the d replicas, expert gradients over the d/e holding the same experts.
+    # RS = AG = half an all-reduce (rings; the one-node guard scales alike), so one half-ring per size.
     gradient_bytes = c.params * c.gradient_bytes_per_param / split
-    volume = _where(p.zero_stage >= 3, 1.5, 1.0)
-    allreduce = _hierarchical(p, gradient_bytes, d) * volume
-    last_bucket = _hierarchical(p, _minimum(gradient_bytes, DDP_BUCKET_BYTES), d)
-    hidden_by = params.dp_overlap * (bwd + recompute + tp_ms * 0.5)
-    dp_ms = _where(d > 1, _maximum(allreduce - hidden_by, last_bucket), 0.0)
+    expert_bytes = _where(moe, c.expert_params * c.gradient_bytes_per_param / split, 0.0)
+    dense_bytes = gradient_bytes - expert_bytes
+    overlap = params.dp_overlap * (1 - p.host_staged * (1 - NO_P2P_OVERLAP_SCALE))
+    hidden_by_backward = overlap * (bwd + recompute + tp_ms * 0.5)
+    hidden_by_forward = overlap * fwd
 
-    optimizer = c.optimizer_ms / split / _where(p.zero_stage >= 1, d, 1)
-    distributed = (t * pp * d) > 1
-    overhead = c.overhead_ms + params.overhead_ms + params.multi_device_overhead_ms * distributed
+    def data_parallel() -> Any:
+        group = _Group.of(p, d, p.nodes)
+        half = _half_ring(p, group, dense_bytes) + _when(moe, lambda: _half_ring(
+            p, _Group.of(p, d / e, p.expert_data_nodes), expert_bytes / e))
+        bucket = _half_ring(p, group, _minimum(dense_bytes, DDP_BUCKET_BYTES))
+        zero0 = _maximum(2 * half - hidden_by_backward, 2 * bucket)
+        zero12 = _maximum(half - hidden_by_backward, bucket) + half
+        zero3 = m * (_maximum(half - hidden_by_forward, bucket) + _maximum(2 * half - hidden_by_backward, 2 * bucket))
+        return _where(p.zero_stage >= 3, zero3, _where(p.zero_stage >= 1, zero12, zero0))
+
+    dp_ms = _when((d > 1) & (train > 0), data_parallel)
+
+    # optimizer: a rank steps its share of the parameters, never saving more than the sharding's communication
+    full_step = c.optimizer_ms * train / split
+    expert_share = c.expert_params / _maximum(c.params, 1.0)
+    kept = _where(p.zero_stage >= 1, 1 / d, 1 - _where(moe, expert_share * (1 - 1 / e), 0.0))
+    optimizer = _maximum(full_step * kept, full_step - dp_ms - m * ep_ms)
+
+    distributed = _where(t * pp * d > 1, 1.0, 0.0)
+    overhead = params.overhead_ms + params.multi_device_overhead_ms * distributed
     out = {
         "forward": m * fwd,
         "backward": m * (bwd + recompute),
         "optimizer": optimizer,
-        "communication": m * tp_ms + pp_ms + dp_ms,
+        "communication": m * tp_ms + m * ep_ms + pp_ms + dp_ms,
         "pipeline_bubble": (pp - 1) * stage_ms,
-        "overhead": overhead + m * launch,
+        "overhead": overhead + m * (launch + host_exposed),
     }
     out["iteration_ms"] = sum(out.values())
     out["tensor_parallel_ms"] = m * tp_ms
+    out["expert_parallel_ms"] = m * ep_ms
     out["pipeline_p2p_ms"] = pp_ms
     out["data_parallel_ms"] = dp_ms
+    shape = np.shape(out["iteration_ms"])
+    if shape:  # arrays: every component over every pair, also those no pair of the batch has (0 everywhere)
+        out = {k: v if np.shape(v) == shape else np.broadcast_to(v, shape).copy() for k, v in out.items()}
     return out
 
 

@@ -5,9 +5,14 @@ parallelism. One pydantic model shared by the CLI and the HTTP service.
                   parallelism=Parallelism(data=8))
     PlacementSpec.grid("t4", nodes=4, per_node=1, global_batch_size=64)   # spread: 4 nodes × 1 GPU
 
-Invariants checked here: data × tensor × pipeline degrees = device count; the global batch splits evenly into
-data-parallel replicas and micro-batches; a tensor-parallel group fits in one node (cross-node tensor parallelism
-is refused: no one runs it, and the comm model would have to guess).
+Invariants checked here: data × tensor × pipeline degrees = device count; the expert-parallel degree divides the
+data-parallel one; the global batch splits evenly into data-parallel replicas and micro-batches; a tensor-parallel
+group sits in one node (its degree divides every node's devices) or spans whole nodes (all nodes hold the same
+number of devices, and the degree is a multiple of it: Megatron's TP 16 over two 8-GPU nodes).
+
+The network: `inter_node_bandwidth_gbps` is in Gb/s (1e9 bit/s; the name predates the `_gbit_s` spelling and is
+kept for API compatibility) over all the NICs of one node. None (the default) takes the catalog's
+`node_network_gbit_s` of the accelerator's typical server, or 100 Gb/s where the catalog has none.
 """
 
 from __future__ import annotations
@@ -25,15 +30,25 @@ class Parallelism(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     data: int = Field(default=1, ge=1, description="data-parallel replicas")
-    tensor: int = Field(default=1, ge=1, description="tensor-parallel degree (Megatron-style, within a node)")
+    tensor: int = Field(default=1, ge=1, description="tensor-parallel degree (Megatron-style; within a node, or "
+                                                     "over whole nodes)")
     pipeline: int = Field(default=1, ge=1, description="pipeline stages")
     micro_batches: int = Field(default=1, ge=1, description="micro-batches per iteration per replica (1F1B)")
+    expert: int = Field(default=1, ge=1, description="expert-parallel degree: ranks that split a mixture-of-experts "
+                                                     "model's experts; divides `data` (1: experts replicated)")
     zero_stage: Literal[0, 1, 2, 3] = Field(default=0, description="ZeRO stage; 3 = fully sharded (FSDP)")
     activation_checkpointing: bool = False
 
     @property
     def devices(self) -> int:
         return self.data * self.tensor * self.pipeline
+
+    @model_validator(mode="after")
+    def _expert_divides_data(self) -> Parallelism:
+        if self.data % self.expert:
+            raise ValueError(f"expert: an expert-parallel degree of {self.expert} must divide the data-parallel "
+                             f"degree {self.data}")
+        return self
 
 
 class PlacementSpec(BaseModel):
@@ -43,7 +58,9 @@ class PlacementSpec(BaseModel):
     devices_per_node: tuple[int, ...] = Field(default=(1,), min_length=1,
                                               description="devices on each node used, e.g. (4, 4) = 2 nodes × 4")
     intra_node_link: IntraNodeLink | None = Field(default=None, description="override of the catalog's link")
-    inter_node_bandwidth_gbps: float = Field(default=100.0, gt=0, description="network per node, Gb/s (1e9 bit/s)")
+    inter_node_bandwidth_gbps: float | None = Field(
+        default=None, gt=0, description="network of one node over all its NICs, Gb/s (1e9 bit/s, not GB/s); "
+                                        "default: the catalog's node_network_gbit_s, else 100")
     inter_node_latency_us: float = Field(default=5.0, ge=0, description="one-way network latency, µs")
     parallelism: Parallelism = Field(default_factory=Parallelism)
     global_batch_size: int = Field(ge=1, description="samples per iteration over all replicas")
@@ -85,8 +102,10 @@ class PlacementSpec(BaseModel):
             raise ValueError(f"parallelism: data {p.data} × tensor {p.tensor} × pipeline {p.pipeline} = "
                              f"{p.devices} devices, but the placement has {self.devices}")
         if p.tensor > 1 and any(n % p.tensor for n in self.devices_per_node):
-            raise ValueError(f"parallelism.tensor: a tensor-parallel group of {p.tensor} must sit in one node; "
-                             f"nodes hold {list(self.devices_per_node)} devices")
+            per_node = self.devices_per_node[0]
+            if len(set(self.devices_per_node)) > 1 or p.tensor % per_node:
+                raise ValueError(f"parallelism.tensor: a tensor-parallel group of {p.tensor} must sit in one node or "
+                                 f"span whole nodes of equal size; nodes hold {list(self.devices_per_node)} devices")
         if self.global_batch_size % (p.data * p.micro_batches):
             raise ValueError(f"global_batch_size: {self.global_batch_size} does not split into {p.data} replicas × "
                              f"{p.micro_batches} micro-batches")

@@ -1,18 +1,34 @@
 """Iteration time of a job on a catalog accelerator nobody profiled, from the per-op device model.
 
 The job's graph is mapped to kernel rows (`graph_op_rows`: forward, and for training each node's backward GEMMs
-and element-wise kernels), the promoted `xgb-device-ops` model predicts every row on the accelerator from its
-spec sheet, and the iteration is the explicit sum
+and element-wise kernels); each row gets the storage dtype and the math its precision runs on that device
+(`perfmodel.predictor.math_modes`: `fp32` runs cuDNN convolutions in TF32 on Ampere and later, `amp` runs GEMMs in
+fp16 and softmax / layer norm in fp32, ...); the promoted `xgb-device-ops` model predicts every row from the
+device's spec sheet, bounded below by the roofline of its math; and the iteration is the explicit sum
 
-    forward (Σ forward rows) + backward (Σ backward rows) + optimizer + communication (0 on one device) + overhead (0)
+    forward (Σ forward rows) + backward (Σ backward rows) + optimizer + communication (0 on one device) + overhead
 
-The optimizer step is memory-bound: `OPTIMIZER_TENSOR_PASSES` fp32 passes over the parameters, predicted as
-element-wise `add` kernels (each reads two tensors and writes one) of the parameter count. Kernel launch cost is
-inside each op's predicted time (the model's floor), so no separate overhead is added.
+where overhead is the host's dispatch time the device could not hide (`host_bound_ms`: eager PyTorch issues one
+kernel every `HOST_MS_PER_KERNEL`; a fast GPU running small kernels waits for the host).
+
+Rows the graph does not show but the framework runs:
+- the optimizer step: PyTorch's default (foreach) implementations make `FOREACH_TENSOR_PASSES` passes over the
+  parameters (AdamW: lerp, mul, addcmul, sqrt, div, add, addcdiv, and the weight-decay mul: 20 tensor reads and
+  writes per element), in the weights' dtype, predicted as element-wise `add` kernels (each reads 2 tensors and
+  writes 1);
+- under autocast, every GEMM/conv weight cast to half in forward (read 4 B, write 2 B per element) and its gradient
+  cast back to fp32 in backward, and for `amp` (fp16) the GradScaler's unscale and inf check over the gradients
+  (`AMP_SCALER_PASSES`).
+The device-side launch gap is inside each op's predicted time (the model's floor).
+
+Physically possible by construction: no row faster than its roofline (`ROOFLINE_BOUNDED`, in the regressor), and
+no node whose backward does at least its forward's FLOPs has a backward faster than its forward
+(`backward_at_least_forward`).
 
 The interval sums the rows' p10 and p90: the comonotone bound, since errors of one model on one device are
-correlated. `extrapolated` is set when a row is (its dtype or the device's peak or bandwidth lies outside the
-training data) or the precision is mixed (`amp`: rows are predicted as fp16 GEMMs and fp32 element-wise).
+correlated. `extrapolated` is set when a row is (its math or the device's peak or bandwidth lies outside the
+training data: TF32 always, since no public TF32 measurement exists) or the graph assumes something (balanced
+routing of a mixture of experts).
 """
 
 from __future__ import annotations
@@ -24,36 +40,121 @@ import numpy as np
 import pandas as pd
 
 from perfmodel.errors import PerfmodelError
-from perfmodel.features.graph import OPTIMIZER_TENSOR_PASSES
-from perfmodel.jobs.spec import JobSpec
-from perfmodel.predictor.device_ops import graph_op_rows
+from perfmodel.graph.ir import Graph
+from perfmodel.hardware.spec import HardwareSpec
+from perfmodel.jobs.spec import JobSpec, Precision
+from perfmodel.predictor.device_ops import BACKWARD, FORWARD, graph_op_rows, memory_row
+from perfmodel.predictor.math_modes import CONV_KINDS, MATMUL_KINDS, group_of, maths_by_group, resolved_table
 from perfmodel.predictor.memory import estimate_memory
 from perfmodel.predictor.predict import Prediction
 from perfmodel.units import samples_per_s
 
-# the dtype rows are predicted in, per job precision
-ROW_DTYPE = {"fp32": "fp32", "fp16": "fp16", "bf16": "bf16", "amp": "fp16"}
+OPTIMIZER = "optimizer"
+# tensor passes (reads + writes per parameter element) of PyTorch's default foreach optimizer steps:
+# SGD momentum: mul_ + add_ on the buffer, add_ on the params (2 + 3 + 3); Adam: lerp_ (3), mul_ (2), addcmul_ (3),
+# sqrt (2), div_ (2), add_ eps (2), addcdiv_ on the params (4); AdamW adds the decoupled weight decay mul_ (2)
+FOREACH_TENSOR_PASSES = {"sgd": 8, "adam": 18, "adamw": 20}
+AMP_SCALER_PASSES = 2  # GradScaler.unscale_: read and write every gradient (the inf check rides along)
 PASSES_PER_ADD_KERNEL = 3  # an `add` row reads 2 tensors and writes 1
+ROW_HIDDEN = 4096  # width of the rows standing for passes over parameters
+GEMM_KINDS = MATMUL_KINDS | CONV_KINDS
+# host time to issue one kernel from eager PyTorch (Python, dispatcher, autograd, launch): see `host_bound_ms`;
+# fitted by bench/whole_model.py --fit-host on vTrain's data-parallel runs (the only measurements whose small
+# micro-batches are host-bound)
+HOST_MS_PER_KERNEL = 0.0
+_EMPTY = pd.DataFrame(columns=["op_class", "op_name", "dtype", "math", "batch", "hidden", "phase", "part", "kind"])
 
 
-def optimizer_rows(params: int, optimizer: str | None) -> pd.DataFrame:
-    """The optimizer step as element-wise fp32 `add` rows over the parameters (none for inference)."""
+def optimizer_rows(params: int, optimizer: str | None, dtype: str = "fp32", extra_passes: int = 0) -> pd.DataFrame:
+    """The optimizer step as element-wise `add` rows over the parameters (none for inference)."""
     if not optimizer or params <= 0:
-        return pd.DataFrame(columns=["op_class", "op_name", "dtype", "batch", "hidden", "phase"])
-    kernels = math.ceil(OPTIMIZER_TENSOR_PASSES[optimizer] / PASSES_PER_ADD_KERNEL)
-    hidden = 4096
-    return pd.DataFrame({"op_class": "elementwise", "op_name": "add", "dtype": "fp32",
-                         "batch": [max(math.ceil(params / hidden), 1)] * kernels, "hidden": hidden,
-                         "phase": "optimizer"})
+        return _EMPTY.copy()
+    kernels = math.ceil((FOREACH_TENSOR_PASSES[optimizer] + extra_passes) / PASSES_PER_ADD_KERNEL)
+    return pd.DataFrame({"op_class": "elementwise", "op_name": "add", "dtype": dtype, "math": dtype,
+                         "batch": [max(math.ceil(params / ROW_HIDDEN), 1)] * kernels, "hidden": ROW_HIDDEN,
+                         "phase": OPTIMIZER, "part": "step", "kind": "optimizer"})
+
+
+def weight_cast_rows(graph: Graph, precision: Precision, training: bool) -> pd.DataFrame:
+    """Autocast's casts of each GEMM/conv weight: fp32 -> half once per forward (read 4 B, write 2 B an element:
+    a half-precision kernel reading 2 and writing 1 elements) and, in training, the half gradient -> fp32 in
+    backward. One kernel per weight, as autocast launches them."""
+    if not precision.autocast:
+        return _EMPTY.copy()
+    half = "fp16" if precision == Precision.amp else "bf16"
+    records = []
+    for phase in (FORWARD, BACKWARD) if training else (FORWARD,):
+        for node in graph.nodes:
+            if node.kind.value in GEMM_KINDS and node.params > 0:
+                row = memory_row(2 * node.params, node.params, ROW_HIDDEN, "weight_cast")
+                records.append({"op_class": row.op_class, "op_name": row.op_name, "dtype": half, "math": half,
+                                "phase": phase, "part": row.part, "kind": "copy", **row.shape})
+    return pd.DataFrame.from_records(records) if records else _EMPTY.copy()
+
+
+def job_rows(spec: JobSpec, graph: Graph, hardware: HardwareSpec) -> pd.DataFrame:
+    """Every kernel of one iteration of `spec` on `hardware`, with its storage dtype and math."""
+    precision = spec.precision
+    training = spec.mode.value == "train"
+    rows = graph_op_rows(graph, dtype="fp32", mode=spec.mode.value)
+    table = resolved_table(precision, hardware)
+    groups = rows["kind"].map(group_of)
+    rows["dtype"] = groups.map({g: e.dtype for g, e in table.items()})
+    rows["math"] = groups.map({g: e.math for g, e in table.items()})
+    weights = "fp16" if precision == Precision.fp16 else "bf16" if precision == Precision.bf16 else "fp32"
+    scaler = AMP_SCALER_PASSES if precision == Precision.amp else 0
+    optimizer = spec.optimizer.value if training else None
+    casts = weight_cast_rows(graph, precision, training)
+    parts = [casts[casts["phase"] == FORWARD], rows[rows["phase"] == FORWARD], rows[rows["phase"] == BACKWARD],
+             casts[casts["phase"] == BACKWARD], optimizer_rows(graph.totals.params, optimizer, weights, scaler)]
+    return pd.concat([part for part in parts if len(part)], ignore_index=True)  # in launch order
+
+
+def host_bound_ms(gpu_ms: np.ndarray, host_ms_per_kernel: float) -> float:
+    """When the last of `gpu_ms` kernels ends, if the host issues one kernel every `host_ms_per_kernel` (eager
+    PyTorch: Python, the dispatcher, autograd and the launch, per op) and the device runs them in order as soon as
+    both it and the kernel are ready: max over j of (the time kernel j is issued + the device time of kernels j..n).
+    Never less than the device time alone, nor than the host time of all kernels."""
+    gpu_ms = np.asarray(gpu_ms, dtype=np.float64)
+    if len(gpu_ms) == 0:
+        return 0.0
+    issued = host_ms_per_kernel * np.arange(1, len(gpu_ms) + 1)
+    remaining = np.cumsum(gpu_ms[::-1])[::-1]
+    return float(max((issued + remaining).max(), gpu_ms.sum()))
+
+
+def backward_at_least_forward(rows: pd.DataFrame, ms: np.ndarray, graph: Graph) -> np.ndarray:
+    """The factor (per row) that raises each node's backward to its forward time where the node's backward does at
+    least its forward's FLOPs: an op's gradient is never computed faster than the op itself."""
+    node_ids = rows["node_id"].to_numpy()
+    phase = rows["phase"].to_numpy()
+    frame = pd.DataFrame({"node": node_ids, "phase": phase, "ms": ms})
+    sums = frame[frame["node"].notna()].groupby(["node", "phase"])["ms"].sum()
+    if sums.empty:
+        return np.ones(len(rows))
+    table = sums.unstack(fill_value=0.0)
+    if FORWARD not in table or BACKWARD not in table:
+        return np.ones(len(rows))
+    heavy = {n.id for n in graph.nodes if n.flops_fwd > 0 and n.flops_bwd >= n.flops_fwd}
+    fwd, bwd = table[FORWARD], table[BACKWARD]
+    factor = pd.Series(1.0, index=table.index)
+    raise_ = table.index.isin(list(heavy)) & (bwd > 0) & (bwd < fwd)
+    factor[raise_] = fwd[raise_] / bwd[raise_]
+    out = np.ones(len(rows))
+    is_bwd = phase == BACKWARD
+    out[is_bwd] = pd.Series(node_ids[is_bwd]).map(factor).fillna(1.0).to_numpy()
+    return out
 
 
 class DevicePredictor:
     """The promoted per-op device model (registry role `device-ops`) and the hardware catalog."""
 
-    def __init__(self, regressor: Any, model_version: str, catalog: dict[str, Any]):
+    def __init__(self, regressor: Any, model_version: str, catalog: dict[str, Any],
+                 host_ms_per_kernel: float = HOST_MS_PER_KERNEL):
         self.regressor = regressor
         self.model_version = model_version
         self.catalog = catalog
+        self.host_ms_per_kernel = host_ms_per_kernel
 
     @classmethod
     def load(cls, ref: str | None = None, models_dir: Any = None) -> DevicePredictor:
@@ -64,6 +165,17 @@ class DevicePredictor:
         entry = ModelRegistry(models_dir).get(ref, role="device-ops")
         return cls(load_regressor(entry.path), entry.ref, load_catalog())
 
+    def predict_rows(self, spec: JobSpec, hardware: HardwareSpec, graph: Graph,
+                     rows: pd.DataFrame | None = None) -> tuple[pd.DataFrame, Any]:
+        """The job's kernel rows on `hardware` and the regressor's prediction of each, made physically possible
+        (rows bounded by their roofline in the regressor; backward raised to forward node by node). `rows`:
+        `job_rows(spec, graph, hardware)` computed once for devices with the same math."""
+        rows = (job_rows(spec, graph, hardware) if rows is None else rows).assign(device=hardware.name)
+        out = self.regressor.predict(rows, self.catalog)
+        factor = backward_at_least_forward(rows, out.latency_ms, graph)
+        out = type(out)(out.latency_ms * factor, out.p10_ms * factor, out.p90_ms * factor, out.extrapolated)
+        return rows, out
+
     def predict(self, spec: JobSpec, accelerator: str, *, graph: Any = None) -> Prediction:
         from perfmodel.graph import graph_for_job
         from perfmodel.hardware.catalog import get_accelerator
@@ -72,33 +184,46 @@ class DevicePredictor:
         if hardware.name not in self.catalog:
             raise PerfmodelError(f"accelerator {hardware.name!r} is not in this predictor's catalog")
         graph = graph if graph is not None else graph_for_job(spec)
-        precision = spec.precision.value
-        rows = graph_op_rows(graph, dtype=ROW_DTYPE[precision], mode=spec.mode.value)
-        if precision == "amp":  # autocast: GEMMs in half precision, the rest in fp32
-            rows = rows.assign(dtype=np.where(rows["op_class"].isin(["bmm", "linear", "conv2d"]), "fp16", "fp32"))
-        optimizer = spec.optimizer.value if spec.mode.value == "train" else None
-        rows = pd.concat([rows, optimizer_rows(graph.totals.params, optimizer)], ignore_index=True)
-        rows = rows.assign(device=hardware.name)
-        out = self.regressor.predict(rows, self.catalog)
-        phase = rows["phase"].to_numpy()
-
-        def total(values: np.ndarray, which: str) -> float:
-            return float(values[phase == which].sum())
-
-        breakdown = {"forward": total(out.latency_ms, "forward"), "backward": total(out.latency_ms, "backward"),
-                     "optimizer": total(out.latency_ms, "optimizer"), "communication": 0.0, "overhead": 0.0}
+        rows, out = self.predict_rows(spec, hardware, graph)
+        breakdown = self.breakdown(rows, out.latency_ms)
         iteration_ms = sum(breakdown.values())
-        reasons = []
-        if out.extrapolated.any():
-            outside = sorted(set(rows.loc[out.extrapolated, "op_class"]))
-            reasons.append(f"{int(out.extrapolated.sum())} of {len(rows)} ops ({', '.join(outside)}) lie outside "
-                           f"the model's training devices or dtypes on {hardware.name}")
-        if precision == "amp":
-            reasons.append("amp is predicted as fp16 GEMMs and fp32 element-wise ops")
+        reasons = self._reasons(rows, out, hardware, graph)
         return Prediction(
             job=spec.name, job_key=spec.key(), accelerator=hardware.name, model_version=self.model_version,
             iteration_time_ms=iteration_ms, throughput_samples_per_s=samples_per_s(spec.batch_size, iteration_ms),
             interval_ms=(float(out.p10_ms.sum()), float(out.p90_ms.sum())), breakdown_ms=breakdown,
             peak_memory_bytes=estimate_memory(spec, graph).peak_bytes,
-            extrapolated=bool(reasons), extrapolation_reasons=tuple(reasons),
+            extrapolated=bool(reasons), extrapolation_reasons=reasons,
+            math_by_op_group=maths_by_group(spec.precision, hardware),
+            host_issue_ms={name: float((rows["phase"] == name).sum()) * self.host_ms_per_kernel
+                           for name in (FORWARD, BACKWARD, OPTIMIZER)},
         )
+
+    def breakdown(self, rows: pd.DataFrame, latency_ms: np.ndarray,
+                  phases: tuple[str, ...] = (FORWARD, BACKWARD, OPTIMIZER)) -> dict[str, float]:
+        """forward, backward, optimizer (device time of their rows), communication (0) and overhead: the host's
+        dispatch time the device could not hide behind its kernels (`host_bound_ms`), over the rows of `phases`
+        in launch order."""
+        phase = rows["phase"].to_numpy()
+        keep = np.isin(phase, phases)
+        ms = np.asarray(latency_ms, dtype=np.float64)
+        out = {name: float(ms[keep & (phase == name)].sum()) for name in (FORWARD, BACKWARD, OPTIMIZER)}
+        out["communication"] = 0.0
+        out["overhead"] = host_bound_ms(ms[keep], self.host_ms_per_kernel) - float(ms[keep].sum())
+        return out
+
+    @staticmethod
+    def _reasons(rows: pd.DataFrame, out: Any, hardware: HardwareSpec, graph: Graph) -> tuple[str, ...]:
+        reasons = []
+        if out.extrapolated.any():
+            outside = rows.loc[out.extrapolated]
+            classes = ", ".join(sorted(set(outside["op_class"])))
+            reasons.append(f"{int(out.extrapolated.sum())} of {len(rows)} ops ({classes}) lie outside the model's "
+                           f"training devices or maths on {hardware.name}")
+        if (rows["math"] == "tf32").any():
+            reasons.append("TF32 is priced from tensor-core measurements of other dtypes and the spec sheet's TF32 "
+                           "peak: no public TF32 measurement exists")
+        moe = getattr(graph, "moe", None)
+        if moe is not None:
+            reasons.append(f"mixture of experts: balanced top-{moe.top_k} routing over {moe.experts} experts assumed")
+        return tuple(reasons)

@@ -48,6 +48,12 @@ Placement shard
 - `zero_stage` over `data_parallel = d` ranks: ZeRO-1 shards optimizer state (/d), ZeRO-2 also gradients, ZeRO-3
   (FSDP) also weights, which are all-gathered one layer at a time: weights = min(W, W/d + largest layer's weights).
   Each stage therefore never increases per-device memory.
+- `expert_parallel = e` (mixture of experts, `Graph.moe`): each device holds 1/e of every MoE layer's experts,
+  so the experts' parameter elements (`MoEInfo.expert_params`) count / e in weights, gradients and optimizer
+  state. Expert parallelism is carved out of data parallelism (Megatron-Core, DeepSpeed-MoE): a device's experts
+  are replicated over dp / e ranks only, which is the group ZeRO shards them over (/ max(1, dp // e)); the other
+  parameters shard over dp as above. Activations are unchanged (balanced routing: the all-to-all brings a device
+  as many token rows as it sends). ZeRO-3's gathered layer still counts all of its experts (an upper bound).
 - `activation_checkpointing`: only each layer's output (its last node's outputs) is kept, and one layer at a time
   is recomputed in backward: activations = boundary outputs + the largest layer's activations (capped at the
   un-checkpointed figure). A "layer" is a maximal run of consecutive nodes owned by the same repeated block: the
@@ -96,12 +102,12 @@ def bytes_per_param(precision: Precision, optimizer: OptimizerName, mode: Mode =
     """Bytes each parameter costs (see the module docstring's table)."""
     states = OPTIMIZER_STATES[optimizer]
     if mode == Mode.inference:
-        return BytesPerParam(HALF_BYTES if precision in (Precision.fp16, Precision.bf16) else FP32_BYTES, 0, 0)
-    if precision == Precision.fp32:
-        return BytesPerParam(FP32_BYTES, FP32_BYTES, states * FP32_BYTES)
-    if precision in (Precision.fp16, Precision.bf16):
+        return BytesPerParam(HALF_BYTES if precision.half_weights else FP32_BYTES, 0, 0)
+    if precision.half_weights:
         return BytesPerParam(HALF_BYTES, HALF_BYTES, states * HALF_BYTES)
-    return BytesPerParam(HALF_BYTES, HALF_BYTES, FP32_BYTES + states * FP32_BYTES)  # amp: fp32 master + states
+    if precision.autocast:
+        return BytesPerParam(HALF_BYTES, HALF_BYTES, FP32_BYTES + states * FP32_BYTES)  # fp32 master + states
+    return BytesPerParam(FP32_BYTES, FP32_BYTES, states * FP32_BYTES)  # fp32, fp32-strict, tf32
 
 
 @dataclass(frozen=True)
@@ -119,7 +125,7 @@ class MemoryEstimate:
 
 
 def _tensor_bytes(t: TensorMeta, precision: Precision) -> int:
-    if precision == Precision.amp and t.dtype == "float32":
+    if precision.autocast and t.dtype == "float32":
         return t.numel * HALF_BYTES
     return t.numel * DTYPE_BYTES.get(t.dtype, 4)
 
@@ -222,31 +228,44 @@ def _check_positive(**values: int) -> None:
 
 def estimate_memory(spec: JobSpec, graph: Graph, *, tensor_parallel: int = 1, pipeline_parallel: int = 1,
                     data_parallel: int = 1, zero_stage: int = 0, activation_checkpointing: bool = False,
-                    micro_batch_size: int | None = None, micro_batches: int | None = None) -> MemoryEstimate:
+                    micro_batch_size: int | None = None, micro_batches: int | None = None,
+                    expert_parallel: int = 1) -> MemoryEstimate:
     """Peak memory of the worst device of a placement shard (the defaults: the whole job on one device).
 
     `micro_batches`, when given, is the number of micro-batches per iteration and `spec`/`graph` are one
     micro-batch (the placement model captures graphs at the micro-batch size); otherwise `spec.batch_size` is the
-    replica's batch, split into micro-batches of `micro_batch_size`."""
+    replica's batch, split into micro-batches of `micro_batch_size`. `expert_parallel` > 1 needs a graph with
+    MoE layers (`graph.moe`) whose experts it divides."""
     _check_positive(tensor_parallel=tensor_parallel, pipeline_parallel=pipeline_parallel,
-                    data_parallel=data_parallel)
+                    data_parallel=data_parallel, expert_parallel=expert_parallel)
     if zero_stage not in (0, 1, 2, 3):
         raise ValueError(f"zero_stage must be 0, 1, 2 or 3, got {zero_stage}")
     micro = spec.batch_size if micro_batch_size is None else min(micro_batch_size, spec.batch_size)
     _check_positive(micro_batch_size=micro)
-    tp, pp, dp = tensor_parallel, pipeline_parallel, data_parallel
+    tp, pp, dp, ep = tensor_parallel, pipeline_parallel, data_parallel, expert_parallel
     per_param = bytes_per_param(spec.precision, spec.optimizer, spec.mode)
     params = graph.totals.params
     model_split = tp * pp
+    experts = _expert_params(graph, ep)  # 0 without expert parallelism: the formulas below are the dense ones
+    dense = params - experts
+    expert_dp = max(1, dp // ep)  # the ranks holding the same experts (ZeRO's group for them)
+
+    def shard(bytes_per: int, zero: bool) -> int:
+        """Bytes of `bytes_per` per parameter on one device: / (tp pp), experts / ep, ZeRO-sharded if `zero`."""
+        dense_bytes = dense * bytes_per / model_split / (dp if zero else 1)
+        if not experts:
+            return math.ceil(dense_bytes)
+        return math.ceil(dense_bytes + experts * bytes_per / model_split / ep / (expert_dp if zero else 1))
 
     # weights: / (tp pp); ZeRO-3 also / dp, plus one all-gathered layer (never more than unsharded)
-    weights_full = math.ceil(params * per_param.weights / model_split)
+    weights_full = shard(per_param.weights, zero=False)
     weights = weights_full
     if zero_stage >= 3:
         gathered = math.ceil(largest_layer_params(graph) * per_param.weights / tp)
-        weights = min(weights_full, math.ceil(weights_full / dp) + gathered)
-    gradients = math.ceil(params * per_param.gradients / model_split / (dp if zero_stage >= 2 else 1))
-    optimizer = math.ceil(params * per_param.optimizer / model_split / (dp if zero_stage >= 1 else 1))
+        sharded = math.ceil(weights_full / dp) if not experts else shard(per_param.weights, zero=True)
+        weights = min(weights_full, sharded + gathered)
+    gradients = shard(per_param.gradients, zero=zero_stage >= 2)
+    optimizer = shard(per_param.optimizer, zero=zero_stage >= 1)
 
     scale = micro / spec.batch_size  # activations of one micro-batch, of the graph's batch
     if spec.mode == Mode.train:
@@ -262,6 +281,18 @@ def estimate_memory(spec: JobSpec, graph: Graph, *, tensor_parallel: int = 1, pi
         activations = math.ceil(inference_activation_bytes(graph, spec.precision) * scale / tp)
     rest = weights + gradients + optimizer + activations
     return MemoryEstimate(weights, gradients, optimizer, activations, int(rest * WORKSPACE_FRACTION))
+
+
+def _expert_params(graph: Graph, expert_parallel: int) -> int:
+    """The experts' parameter elements that expert parallelism divides (0 when it is 1)."""
+    if expert_parallel == 1:
+        return 0
+    moe = getattr(graph, "moe", None)
+    if moe is None:
+        raise ValueError(f"expert_parallel {expert_parallel} needs a mixture-of-experts graph (graph.moe is None)")
+    if moe.experts % expert_parallel:
+        raise ValueError(f"expert_parallel {expert_parallel} does not divide the {moe.experts} experts per layer")
+    return moe.expert_params
 
 
 def fits(estimate: MemoryEstimate, hardware: HardwareSpec, *,

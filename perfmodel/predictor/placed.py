@@ -8,10 +8,18 @@ The compute of one micro-batch on one device (`ShardCompute`) comes from the CPU
 `default`, the host the corpus was profiled on) or the per-op device model (role `device-ops`, any catalog GPU),
 and is cached per (job, accelerator, micro-batch): a scheduler's repeated questions about one job only redo the
 array arithmetic of the placement model. `predict_matrix` answers jobs × placements in one vectorised call.
+
+Links (`placement_links`, no predictor needed): the intra-node link by the catalog's `peer_to_peer` (NVLink,
+PCIe P2P, or staged through host memory: `perfmodel.placement.comm`), or the link the placement names; the
+network is the placement's `inter_node_bandwidth_gbps` (Gb/s per node), else the catalog's `node_network_gbit_s`,
+else 100 Gb/s, split over the NIC rails it implies (`comm.network_rails`: up to one per device of the catalog's
+typical node, `node_devices`).
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
@@ -23,7 +31,8 @@ from perfmodel.errors import PerfmodelError
 from perfmodel.graph.ir import Graph
 from perfmodel.hardware.spec import HardwareSpec
 from perfmodel.jobs.spec import JobSpec, Precision
-from perfmodel.placement.comm import LinkModel, link_for_accelerator, network_link
+from perfmodel.placement.comm import (DEFAULT_NODE_NETWORK_GBIT_S, LinkModel, host_staged_link, link_for_accelerator,
+                                      network_rails, node_network_link, pcie_p2p_link, peer_to_peer_mode)
 from perfmodel.placement.iteration import (ComputeArrays, IterationParams, PlacementArrays, ShardCompute,
                                            iteration_breakdown, layer_stats, load_params)
 from perfmodel.placement.spec import PlacementSpec
@@ -50,9 +59,13 @@ def block_outputs(graph: Graph, precision: Precision) -> list[int]:
 
 
 def intra_link(hardware: HardwareSpec, override: str | None) -> LinkModel:
-    """The intra-node link of `hardware`, or of the link a placement names instead (same efficiency rule)."""
+    """The intra-node link of `hardware` (by its `peer_to_peer`), or of the link a placement names instead (same
+    efficiency rule; naming a link says the GPUs use it peer to peer)."""
     if override is None:
-        return link_for_accelerator(hardware)
+        mode = peer_to_peer_mode(hardware)
+        if mode == "none":
+            return host_staged_link(hardware)
+        return pcie_p2p_link(hardware) if mode == "pcie" else link_for_accelerator(hardware)
     if override.startswith("pcie"):
         spec = hardware.model_copy(update={"interconnect": "pcie", "interconnect_bandwidth_gbps": None,
                                            "pcie_gen": int(override.removeprefix("pcie"))})
@@ -62,14 +75,39 @@ def intra_link(hardware: HardwareSpec, override: str | None) -> LinkModel:
     return link_for_accelerator(spec)
 
 
+def node_network_gbit_s(placement: PlacementSpec, hardware: HardwareSpec) -> float:
+    """A node's network, Gb/s over all its NICs: the placement's, else the catalog's, else 100."""
+    for value in (placement.inter_node_bandwidth_gbps, hardware.node_network_gbit_s):
+        if value is not None:
+            return float(value)
+    return DEFAULT_NODE_NETWORK_GBIT_S
+
+
 @dataclass(frozen=True)
 class _Links:
     intra: LinkModel
     inter: LinkModel
+    host_staged: bool = False
 
 
 _NO_LINK = LinkModel(0.0, 0.0, "none", "one device")
 _NO_LINKS = _Links(_NO_LINK, _NO_LINK)
+
+
+def placement_links(placement: PlacementSpec, hardware: HardwareSpec) -> _Links:
+    """The intra-node link and what the placement's fewest-device node gets of its network (`comm.network_rails`:
+    a node with fewer devices than rails uses only its devices' rails)."""
+    if placement.devices == 1:
+        return _NO_LINKS
+    if hardware.kind != "gpu":
+        raise PerfmodelError(f"placement.accelerator: multi-device placements need a GPU; {hardware.name} is a "
+                             f"{hardware.kind}")
+    host_staged = placement.intra_node_link is None and peer_to_peer_mode(hardware) == "none"
+    gbit_s = node_network_gbit_s(placement, hardware)
+    network = node_network_link(gbit_s, placement.inter_node_latency_us,
+                                rails=network_rails(gbit_s, hardware.node_devices),
+                                devices=min(placement.devices_per_node))
+    return _Links(intra_link(hardware, placement.intra_node_link), network, host_staged)
 
 
 class PlacementPredictor:
@@ -142,11 +180,14 @@ class PlacementPredictor:
         b = single.breakdown_ms
         blocks, block_bytes = layer_stats(block_outputs(micro_graph, spec.precision))
         per_param = bytes_per_param(spec.precision, spec.optimizer, spec.mode)
+        moe = getattr(micro_graph, "moe", None)
         compute = ShardCompute(
             forward_ms=b["forward"], backward_ms=b["backward"], optimizer_ms=b["optimizer"],
             overhead_ms=b.get("overhead", 0.0), params=micro_graph.totals.params,
             gradient_bytes_per_param=per_param.gradients if spec.mode.value == "train" else 0,
-            layers=blocks, layer_activation_bytes=block_bytes)
+            layers=blocks, layer_activation_bytes=block_bytes, **moe_fields(moe, spec.precision),
+            host_forward_ms=(single.host_issue_ms or {}).get("forward", 0.0),
+            host_backward_ms=(single.host_issue_ms or {}).get("backward", 0.0))
         with self._lock:
             self._computes[key] = (compute, single)
             self._graphs.setdefault(micro_spec.key(), micro_graph)
@@ -171,18 +212,14 @@ class PlacementPredictor:
         return spec
 
     def links(self, placement: PlacementSpec, hardware: HardwareSpec) -> _Links:
+        """`placement_links`, cached per (accelerator, link override, network, latency, fewest devices on a node)."""
         if placement.devices == 1:
             return _NO_LINKS
-        if hardware.kind != "gpu":
-            raise PerfmodelError(f"placement.accelerator: multi-device placements need a GPU; {hardware.name} is a "
-                                 f"{hardware.kind}")
         key = (hardware.name, placement.intra_node_link, placement.inter_node_bandwidth_gbps,
-               placement.inter_node_latency_us)
+               placement.inter_node_latency_us, min(placement.devices_per_node))
         found = self._links.get(key)
         if found is None:
-            found = self._links[key] = _Links(
-                intra_link(hardware, placement.intra_node_link),
-                network_link(placement.inter_node_bandwidth_gbps, placement.inter_node_latency_us))
+            found = self._links[key] = placement_links(placement, hardware)
         return found
 
     def matrix_arrays(self, specs: Sequence[JobSpec], placements: Sequence[PlacementSpec], *,
@@ -265,32 +302,46 @@ class PlacementPredictor:
             iteration_time_ms=iteration_ms, throughput_samples_per_s=out["throughput_samples_per_s"],
             interval_ms=(single.interval_ms[0] * ratio, single.interval_ms[1] * ratio), breakdown_ms=breakdown,
             peak_memory_bytes=out["peak_memory_bytes"], extrapolated=single.extrapolated,
-            extrapolation_reasons=single.extrapolation_reasons, devices=placement.devices, nodes=placement.nodes,
+            extrapolation_reasons=single.extrapolation_reasons,
+            math_by_op_group=single.math_by_op_group, devices=placement.devices, nodes=placement.nodes,
             fits=out["fits"], memory_capacity_bytes=out["memory_capacity_bytes"], placement=placement)
 
     def memory(self, spec: JobSpec, placement: PlacementSpec) -> int:
         """Peak bytes on the fullest device of the placement (cached per job and parallel layout)."""
         par = placement.parallelism
         key = (spec.key(), placement.micro_batch_size, par.tensor, par.pipeline, par.data, par.zero_stage,
-               par.activation_checkpointing, par.micro_batches)
+               par.activation_checkpointing, par.micro_batches, par.expert)
         cached = self._memory.get(key)
         if cached is not None:
             return cached
         micro_spec = spec.model_copy(update={"batch_size": placement.micro_batch_size})
-        estimate = estimate_memory(micro_spec, self._graph(micro_spec), tensor_parallel=par.tensor,
+        graph = self._graph(micro_spec)
+        check_expert_parallel(graph, par.expert)
+        extra = {"expert_parallel": par.expert} if _takes_expert_parallel() else {}
+        estimate = estimate_memory(micro_spec, graph, tensor_parallel=par.tensor,
                                    pipeline_parallel=par.pipeline, data_parallel=par.data,
                                    zero_stage=par.zero_stage, activation_checkpointing=par.activation_checkpointing,
-                                   micro_batches=par.micro_batches)
+                                   micro_batches=par.micro_batches, **extra)
         self._memory[key] = estimate.peak_bytes
         return estimate.peak_bytes
 
 
 def placement_row(placement: PlacementSpec, links: _Links) -> tuple[float, ...]:
-    """A placement's `PlacementArrays` fields, in order, as floats."""
+    """A placement's `PlacementArrays` fields, in order, as floats. Ranks are laid out as Megatron does (tensor
+    innermost, then data with expert-parallel groups inside it, pipeline outermost) on the nodes in order; a
+    group over consecutive ranks spans as many nodes as its ranks fill (uneven nodes: their average size)."""
     par = placement.parallelism
-    return (float(par.tensor), float(par.pipeline), float(par.data), float(par.micro_batches), float(par.zero_stage),
-            float(par.activation_checkpointing), float(min(placement.nodes, par.data)), links.intra.alpha_ms,
-            links.intra.beta_ms_per_byte, links.inter.alpha_ms, links.inter.beta_ms_per_byte)
+    t, pp, d, e = par.tensor, par.pipeline, par.data, par.expert
+    per_node = placement.devices / placement.nodes
+
+    def nodes(span: int, members: int) -> float:  # a group of `members` ranks over `span` consecutive ranks
+        return float(min(max(span / per_node, 1.0), members))
+
+    return (float(t), float(pp), float(d), float(par.micro_batches), float(par.zero_stage),
+            float(par.activation_checkpointing), nodes(t * d, d), links.intra.alpha_ms, links.intra.beta_ms_per_byte,
+            links.inter.alpha_ms, links.inter.beta_ms_per_byte, float(e), nodes(t, t), nodes(t * e, e),
+            nodes(t * d, d // e), float(placement.nodes if pp > 1 else 1), float(max(placement.devices_per_node)),
+            float(links.host_staged))
 
 
 def placement_arrays(placements: Sequence[PlacementSpec], links: Sequence[_Links]) -> PlacementArrays:
@@ -302,6 +353,39 @@ def placement_arrays(placements: Sequence[PlacementSpec], links: Sequence[_Links
 def capacity_bytes(hardware: HardwareSpec) -> int:
     """Memory a job may use on one device of `hardware`."""
     return int(hardware.memory_gb * 1e9 * USABLE_MEMORY_FRACTION)
+
+
+def activation_element_bytes(precision: Precision) -> int:
+    """Bytes of one activation element: 2 when the model runs in half precision or autocast, else 4."""
+    return 2 if precision.half_weights or precision.autocast else 4
+
+
+def moe_fields(moe: Any, precision: Precision) -> dict[str, int]:
+    """`ShardCompute`'s mixture-of-experts fields from a graph's `MoEInfo` (None: dense, all 0)."""
+    if moe is None:
+        return {}
+    return {"moe_layers": int(moe.layers), "expert_params": int(moe.expert_params),
+            "moe_dispatch_bytes": int(moe.tokens) * int(moe.top_k) * int(moe.hidden)
+            * activation_element_bytes(precision)}
+
+
+def check_expert_parallel(graph: Graph, expert: int) -> None:
+    """An expert-parallel degree > 1 needs a mixture-of-experts model whose experts it divides."""
+    if expert == 1:
+        return
+    moe = getattr(graph, "moe", None)
+    if moe is None:
+        raise PerfmodelError(f"placement.parallelism.expert: {graph.name} is a dense model (no mixture-of-experts "
+                             f"layers): expert parallelism {expert} needs experts to split; use 1")
+    if moe.experts % expert:
+        raise PerfmodelError(f"placement.parallelism.expert: {expert} does not divide the {moe.experts} experts of "
+                             f"each MoE layer of {graph.name}")
+
+
+@functools.cache
+def _takes_expert_parallel() -> bool:
+    """Whether `estimate_memory` takes `expert_parallel` (the MoE memory model adds it)."""
+    return "expert_parallel" in inspect.signature(estimate_memory).parameters
 
 
 def _has_role(registry: Any, ref: str | None, role: str) -> bool:

@@ -31,6 +31,12 @@ class Prediction(BaseModel):
     fits: bool | None = None  # peak_memory_bytes within the accelerator's usable memory (None: no capacity known)
     memory_capacity_bytes: int | None = None
     placement: PlacementSpec | None = None
+    # the math each op group was priced at (`perfmodel.predictor.math_modes`): matmul, conv, autocast_fp32
+    # (softmax, layer norm, losses), vector (the rest) -> fp32, tf32, fp16 or bf16; None where not priced per op
+    math_by_op_group: dict[str, str] | None = None
+    # host time eager PyTorch spends issuing the kernels of each phase (forward, backward, optimizer) of one
+    # iteration on one device; the part the device could not hide is `breakdown_ms["overhead"]`
+    host_issue_ms: dict[str, float] | None = None
 
 
 class Predictor:

@@ -16,7 +16,8 @@ Shape conventions (all optional; a field is None when it does not apply or the s
   the square shorthands (`input_size`, `kernel_size`, `stride`, `padding`) only when height equals width.
 - rnn: `batch` sequences of `seq_len` steps, `hidden` units (input width = hidden unless `extra` says otherwise).
 - collectives (`allreduce`, `send_recv`): `message_bytes` per rank, over `world_size` ranks on `nodes` nodes.
-- vidur's transformer ops also carry `num_tokens` and `tensor_parallel` (the degree the weights are sharded by).
+- vidur's and llmservingsim's transformer ops also carry `num_tokens` and `tensor_parallel` (the degree the
+  weights are sharded by).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field
 
-Source = Literal["neusight", "vidur", "deepbench"]
+Source = Literal["neusight", "vidur", "deepbench", "llmservingsim", "phantora"]
 SOURCES: tuple[str, ...] = get_args(Source)
 
 OpClass = Literal[

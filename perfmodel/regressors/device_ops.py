@@ -33,6 +33,7 @@ import pandas as pd
 from perfmodel.errors import PerfmodelError
 from perfmodel.features.device_ops import (
     DEVICE_IDENTITY_FEATURES, DEVICE_OP_FEATURES, GEMM_CLASSES, OP_CLASSES, VECTOR_CLASSES, device_op_features,
+    row_maths,
 )
 from perfmodel.hardware.spec import HardwareSpec
 from perfmodel.registry.manifest import Manifest, data_hash
@@ -56,7 +57,7 @@ TRANSFER_FEATURES = tuple(f for f in DEVICE_OP_FEATURES if f not in DEVICE_IDENT
 EXCLUDED_FEATURES: dict[str, tuple[str, ...]] = {
     **dict.fromkeys(GEMM_CLASSES, ("working_set_over_l2", "rocm")),
     **dict.fromkeys(VECTOR_CLASSES, ("intensity_over_ridge", "log_compute_ms", "log_roofline_ms", "waves",
-                                     "log_tiles", "wave_tail", "log_wave_compute_ms")),
+                                     "log_tiles", "wave_tail", "log_wave_compute_ms", "tensor_math")),
 }
 
 
@@ -66,10 +67,11 @@ def class_features(op_class: str) -> tuple[str, ...]:
     return tuple(f for f in TRANSFER_FEATURES if f not in excluded)
 
 EXTRAPOLATION_WIDEN = 1.5  # interval half-widths (in log space) × this for extrapolated rows
-# op classes whose kernels do every FLOP and move every byte the work model counts, so no measurement beats
-# max(FLOPs / peak, bytes / bandwidth): predictions are bounded below by it (as NeuSight bounds its per-tile
-# utilisation). conv2d is not: cuDNN's Winograd and FFT kernels do fewer FLOPs than the direct convolution.
-ROOFLINE_BOUNDED = frozenset({"bmm", "linear", "elementwise", "softmax", "layernorm"})
+# op classes whose predictions are bounded below by the roofline max(FLOPs / peak, bytes / bandwidth) of their
+# math on that device (as NeuSight bounds its per-tile utilisation): every class. A convolution's FLOPs are the
+# direct convolution's; cuDNN's Winograd and FFT kernels do fewer and are sometimes measured above the fp32 peak
+# (17 % of NeuSight's A100 conv rows), but a prediction must never claim more than the peak of its math.
+ROOFLINE_BOUNDED = frozenset(OP_CLASSES)
 DOMAIN_FILE = "op_domain.json"
 
 
@@ -103,7 +105,7 @@ class DeviceOpRegressor:
     def __init__(self, n_estimators: int = 250, max_depth: int = 6, learning_rate: float = 0.08,
                  min_child_weight: float = 1.0, subsample: float = 0.8, floor_ms: float = 0.005, seed: int = 0,
                  quantiles: Sequence[float] = (0.1, 0.9), max_rows_per_class: int = 60000,
-                 calibration_rows: int = 8000, nthread: int = 2):
+                 calibration_rows: int = 8000, nthread: int = 2, exclude_features: Sequence[str] = ()):
         self.n_estimators = n_estimators
         self.max_depth = max_depth
         self.learning_rate = learning_rate
@@ -115,9 +117,10 @@ class DeviceOpRegressor:
         self.max_rows_per_class = max_rows_per_class
         self.calibration_rows = calibration_rows
         self.nthread = nthread
+        self.exclude_features = exclude_features  # left out of every class's booster, besides EXCLUDED_FEATURES
 
     def get_params(self) -> dict:
-        return {name: (list(value) if name == "quantiles" else value)
+        return {name: (list(value) if name in ("quantiles", "exclude_features") else value)
                 for name, value in vars(self).items() if not name.endswith("_")}
 
     def _booster_params(self) -> dict:
@@ -162,13 +165,14 @@ class DeviceOpRegressor:
                 rows = rows.sample(n=self.max_rows_per_class, random_state=self.seed)
             features = device_op_features(rows, catalog)
             target = np.log(rows["latency_ms"].to_numpy()) - np.log(base_ms(features) + self.floor_ms)
-            names = class_features(op_class)
+            names = tuple(f for f in class_features(op_class) if f not in self.exclude_features)
             x = features[list(names)].to_numpy()
             self.boosters_[op_class] = train_booster(x, target, names, params, self.n_estimators)
             residual_quantiles = self._residual_quantiles(x, target, rows["device"].to_numpy(), params, names)
             devices = [catalog[d] for d in sorted(set(rows["device"]))]
             self.domain_["op_classes"][op_class] = {
                 "dtypes": sorted(set(rows.get("dtype", pd.Series(["fp32"])))),
+                "maths": sorted(set(row_maths(rows))),
                 "devices": [d.name for d in devices],
                 "peak_fp32_gflops": [min(d.peak_fp32_gflops for d in devices),
                                      max(d.peak_fp32_gflops for d in devices)],
@@ -183,13 +187,13 @@ class DeviceOpRegressor:
 
     def _extrapolated(self, ops: pd.DataFrame, catalog: Mapping[str, HardwareSpec]) -> np.ndarray:
         out = np.zeros(len(ops), dtype=bool)
-        dtypes = ops["dtype"] if "dtype" in ops else pd.Series(["fp32"] * len(ops), index=ops.index)
-        for i, (op_class, dtype, device) in enumerate(zip(ops["op_class"], dtypes, ops["device"])):
+        for i, (op_class, math, device) in enumerate(zip(ops["op_class"], row_maths(ops), ops["device"])):
             domain = self.domain_["op_classes"][op_class]
             spec = catalog[device]
             lo_peak, hi_peak = domain["peak_fp32_gflops"]
             lo_bw, hi_bw = domain["memory_bandwidth_gbps"]
-            out[i] = (dtype not in domain["dtypes"] or not lo_peak <= spec.peak_fp32_gflops <= hi_peak
+            out[i] = (math not in domain.get("maths", domain["dtypes"])
+                      or not lo_peak <= spec.peak_fp32_gflops <= hi_peak
                       or not lo_bw <= spec.memory_bandwidth_gbps <= hi_bw)
         return out
 

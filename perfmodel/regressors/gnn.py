@@ -43,11 +43,12 @@ from torch.nn import functional as F
 
 from perfmodel.errors import PerfmodelError
 from perfmodel.features.nodes import NODE_FEATURES, hardware_features, node_feature_matrix
-from perfmodel.jobs.spec import OptimizerName, Precision
+from perfmodel.jobs.spec import OptimizerName
 from perfmodel.registry.manifest import Manifest, data_hash
 from perfmodel.regressors.base import IterationPrediction, Sample
 
 NAME = "gnn"
+PRECISION_FAMILIES = ("fp32", "fp16", "bf16", "amp")  # `Precision.family`: the math modes map onto these
 WEIGHTS_FILE = "gnn.safetensors"
 
 NODE_INPUTS: tuple[str, ...] = (
@@ -70,7 +71,7 @@ GRAPH_INPUTS: tuple[str, ...] = (
     "graph_log_flops_bwd",
     "graph_is_train",
     *(f"graph_optimizer_{o.value}" for o in OptimizerName),
-    *(f"graph_precision_{p.value}" for p in Precision),
+    *(f"graph_precision_{p}" for p in PRECISION_FAMILIES),
 )
 FEATURE_NAMES: tuple[str, ...] = NODE_INPUTS + GRAPH_INPUTS  # the manifest's columns: node inputs, then graph inputs
 
@@ -102,8 +103,8 @@ def graph_vector(sample: Sample) -> np.ndarray:
     )
     for o in OptimizerName:
         values[f"graph_optimizer_{o.value}"] = 1.0 if spec.optimizer == o else 0.0
-    for p in Precision:
-        values[f"graph_precision_{p.value}"] = 1.0 if spec.precision == p else 0.0
+    for p in PRECISION_FAMILIES:
+        values[f"graph_precision_{p}"] = 1.0 if spec.precision.family == p else 0.0
     return np.asarray([values[name] for name in GRAPH_INPUTS], dtype=np.float32)
 
 

@@ -26,7 +26,7 @@ from perfmodel.registry.manifest import Manifest
 from perfmodel.regressors.base import IterationPrediction, Sample
 
 OPTIMIZER_TENSORS: dict[OptimizerName, int] = {OptimizerName.sgd: 3, OptimizerName.adam: 4, OptimizerName.adamw: 4}
-HALF_PRECISIONS = (Precision.fp16, Precision.bf16, Precision.amp)
+HALF_PRECISIONS = (Precision.fp16, Precision.bf16, Precision.amp, Precision.amp_bf16)
 
 
 def compute_hardware(sample: Sample) -> HardwareSpec:

@@ -56,6 +56,8 @@ def grid_placements(state: ServiceState, grid: MatrixGrid) -> tuple[list[Placeme
     """The placements of a grid and whether each is consolidated (as few nodes as possible)."""
     placements: list[PlacementIn] = []
     consolidated: list[bool] = []
+    network = {name: value for name in ("inter_node_bandwidth_gbps", "inter_node_latency_us")
+               if (value := getattr(grid, name)) is not None}
     for i, name in enumerate(grid.accelerators):
         try:
             hardware = get_accelerator(name, state.catalog)
@@ -64,13 +66,13 @@ def grid_placements(state: ServiceState, grid: MatrixGrid) -> tuple[list[Placeme
         for count in dict.fromkeys(grid.device_counts):
             if count > 1 and hardware.kind != "gpu":
                 continue  # multi-device placements are GPU placements
-            per_node = min(grid.per_node or count, count)
+            per_node = min(grid.per_node or hardware.node_devices or count, count)
             full, rest = divmod(count, per_node)
             placements.append(PlacementIn(accelerator=hardware.name,
-                                          devices_per_node=(per_node,) * full + ((rest,) if rest else ())))
+                                          devices_per_node=(per_node,) * full + ((rest,) if rest else ()), **network))
             consolidated.append(True)
             if grid.spread and count > 1 and per_node > 1:
-                placements.append(PlacementIn(accelerator=hardware.name, devices_per_node=(1,) * count))
+                placements.append(PlacementIn(accelerator=hardware.name, devices_per_node=(1,) * count, **network))
                 consolidated.append(False)
     if not placements:
         raise field_error(["body", "grid"], "the grid holds no placement (multi-device placements need a GPU)")

@@ -31,3 +31,12 @@ def test_hw_show_resolves_torch_names_and_prints_every_field():
     assert spec["name"] == "h100-sxm5" and spec["peak_tf32_gflops"] > 0 and "interconnect" in spec
     result = run("hw", "show", "nvidia h100")
     assert result.exit_code == 2 and "did you mean" in result.output and "NVIDIA H100 PCIe" in result.output
+
+
+def test_hw_show_of_an_ambiguous_name_lists_the_candidates():
+    result = run("hw", "show", "RTX 6000")
+    assert result.exit_code == 2
+    for candidate in ("quadro-rtx-6000", "rtx-6000-ada", "rtx-pro-6000-blackwell-server"):
+        assert candidate in result.output
+    result = run("hw", "show", "RTXPRO6000")  # llmservingsim's folder: the card it measured
+    assert result.exit_code == 0 and json.loads(result.stdout)["name"] == "rtx-pro-6000-blackwell-server"

@@ -56,3 +56,23 @@ def test_export_gavel_rejects_a_malformed_job(tmp_path):
     result = run("export", "gavel", tmp_path / "x.json", "--job", "resnet18", "--accelerators", "t4")
     assert result.exit_code == 2 and "ZOO_NAME:BATCH" in result.output
     assert not (tmp_path / "x.json").exists()
+
+
+def test_tensor_parallelism_over_whole_nodes_and_the_catalog_network_by_default():
+    common = ("predict", "resnet18", "-b", 8, "--accelerator", "h100-sxm5", "--nodes", 2, "--per-node", 8,
+              "--tp", 16, "--json")
+    default = run(*common)
+    assert default.exit_code == 0, default.output
+    data = json.loads(default.stdout)
+    assert data["devices"] == 16 and data["nodes"] == 2 and data["placement"]["parallelism"]["tensor"] == 16
+    assert data["placement"].get("inter_node_bandwidth_gbps") is None  # the catalog's network
+    slow = json.loads(run(*common, "--inter-node-gbps", 10).stdout)
+    assert slow["placement"]["inter_node_bandwidth_gbps"] == 10
+    assert slow["breakdown_ms"]["communication"] > data["breakdown_ms"]["communication"] > 0
+
+
+def test_expert_parallelism_must_divide_the_data_parallel_degree():
+    result = run("predict", "resnet18", "-b", 8, "--accelerator", "t4", "--per-node", 4, "--ep", 3)
+    assert result.exit_code == 2 and "--ep" in result.output
+    dense = run("predict", "resnet18", "-b", 8, "--accelerator", "t4", "--per-node", 4, "--ep", 2)
+    assert dense.exit_code == 2 and "parallelism.expert" in dense.output and "dense" in dense.output

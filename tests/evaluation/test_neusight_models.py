@@ -113,7 +113,8 @@ def test_evaluate_a_real_label_with_the_roofline(neusight):
     assert pd.isna(bert["error"])
     assert 0 < bert["predicted_fw_ms"] < bert["predicted_bw_ms"]
     assert bert["ape_total"] < 100  # the roofline is a lower bound, but not a wild one for these GEMM-bound models
-    assert "mixture of experts" in results.loc["switchxl4", "error"]
+    switch = results.loc["switchxl4"]  # a mixture of experts, captured with balanced routing
+    assert pd.isna(switch["error"]) and switch["predicted_fw_ms"] > 0 and switch["ape_total"] < 100
     assert graphs.capture_s[("bert_large", 2, 512, "train")] > 0
 
 

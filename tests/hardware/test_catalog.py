@@ -4,10 +4,13 @@ import pytest
 
 from perfmodel.errors import PerfmodelError, UnknownNameError
 from perfmodel.hardware.catalog import (
+    AmbiguousNameError,
+    ambiguous_names,
     dump_catalog,
     get_accelerator,
     load_catalog,
     local_catalog_path,
+    parse_ambiguous,
     parse_catalog,
     save_local,
 )
@@ -82,3 +85,49 @@ def test_a_name_must_not_lead_to_two_entries_in_one_file():
 def test_dump_and_parse_round_trip():
     specs = [gpu(), gpu("h100-sxm5-80gb", "NVIDIA H100 80GB HBM3", gflops=67_000.0)]
     assert parse_catalog(dump_catalog(specs), "test") == sorted(specs, key=lambda s: s.name)
+
+
+def test_an_ambiguous_table_round_trips_and_is_checked():
+    specs = [gpu(), gpu("a100-pcie-40gb", "NVIDIA A100-PCIE-40GB")]
+    table = {"A100 40GB": ["a100-sxm4-40gb", "a100-pcie-40gb"]}
+    text = dump_catalog(specs, table)
+    assert parse_catalog(text, "test") == sorted(specs, key=lambda s: s.name)
+    assert parse_ambiguous(text, "test") == {"A100 40GB": ("a100-sxm4-40gb", "a100-pcie-40gb")}
+    for bad, message in (({"A100 40GB": ["a100-sxm4-40gb"]}, "two or more"),
+                         ({"A100 40GB": "a100-sxm4-40gb"}, "two or more"),
+                         ({"NVIDIA A100-SXM4-40GB": ["a100-sxm4-40gb", "a100-pcie-40gb"]}, "also a name or alias"),
+                         ({"A100 40GB": ["a", "b"], "a100_40gb": ["a", "c"]}, "same look-up key")):
+        with pytest.raises(PerfmodelError, match=message):
+            parse_catalog(json.dumps(json.loads(text) | {"ambiguous": bad}), "test")
+    broken = json.loads(text) | {"ambiguous": ["A100 40GB"]}
+    with pytest.raises(PerfmodelError, match="'ambiguous' must map"):
+        parse_catalog(json.dumps(broken), "test")
+    with pytest.raises(PerfmodelError, match="unknown top-level keys"):
+        parse_catalog(json.dumps(json.loads(text) | {"aliases": {}}), "test")
+
+
+def test_an_ambiguous_name_lists_only_the_candidates_the_catalog_has():
+    catalog = {"a100-sxm4-40gb": gpu(), "a100-pcie-40gb": gpu("a100-pcie-40gb", "NVIDIA A100-PCIE-40GB")}
+    with pytest.raises(AmbiguousNameError) as error:
+        get_accelerator("a100_40GB", catalog)
+    assert set(error.value.candidates) == set(catalog) and error.value.close_matches == error.value.candidates
+    assert "a100-sxm4-40gb" in str(error.value) and "a100-pcie-40gb" in str(error.value)
+    with pytest.raises(UnknownNameError) as unknown:  # none of its candidates here: plainly unknown
+        get_accelerator("RTX 6000", catalog)
+    assert not isinstance(unknown.value, AmbiguousNameError)
+
+
+def test_a_local_entry_can_claim_an_ambiguous_name_and_a_local_table_adds_names():
+    shipped = load_catalog()
+    with pytest.raises(AmbiguousNameError):
+        get_accelerator("RTX 6000")
+    mine = shipped["rtx-6000-ada"].model_copy(update={"name": "my-rtx-6000", "aliases": ("RTX 6000",)})
+    local_catalog_path().parent.mkdir(parents=True, exist_ok=True)
+    local_catalog_path().write_text(dump_catalog([mine], {"my fleet": ["my-rtx-6000", "h100-sxm5"]}))
+    assert get_accelerator("rtx 6000").name == "my-rtx-6000"  # an exact alias wins over the shipped table
+    with pytest.raises(AmbiguousNameError) as error:
+        get_accelerator("My Fleet")
+    assert error.value.candidates == ["my-rtx-6000", "h100-sxm5"]
+    assert ambiguous_names()["my-fleet"] == ("my-rtx-6000", "h100-sxm5")
+    save_local(gpu("my-a100", "My A100"))  # saving another entry keeps the local table
+    assert "my-fleet" in ambiguous_names() and get_accelerator("my a100").name == "my-a100"

@@ -1,5 +1,6 @@
-"""The shipped catalog.json: enough GPUs, torch's device names and the datasets' device names resolve, and the
-figures are consistent with each other and with NeuSight's spec sheets."""
+"""The shipped catalog.json: enough GPUs, torch's device names and the datasets' device names resolve, ambiguous
+names raise with their candidates, and the figures are consistent with each other, with the math modes' needs
+(TF32 / bf16 / fp8 where the architecture has them), with the node fields and with NeuSight's spec sheets."""
 
 import csv
 import gzip
@@ -11,7 +12,14 @@ from pathlib import Path
 import pytest
 
 from perfmodel.errors import UnknownNameError
-from perfmodel.hardware.catalog import get_accelerator, normalize_name, shipped_specs
+from perfmodel.hardware import catalog as catalog_module
+from perfmodel.hardware.catalog import (
+    AmbiguousNameError,
+    get_accelerator,
+    normalize_name,
+    shipped_ambiguous,
+    shipped_specs,
+)
 from perfmodel.settings import get_settings
 
 DATASETS = get_settings().datasets_dir
@@ -57,6 +65,63 @@ DEVICE_NAMES = {
     "AMD Instinct MI250": "mi250",
     "AMD Instinct MI250X": "mi250x",
     "AMD Instinct MI300X": "mi300x",
+    "AMD Instinct MI300X VF": "mi300x",
+    "NVIDIA TITAN V": "titan-v",
+    "Quadro GV100": "quadro-gv100",
+    "NVIDIA TITAN RTX": "titan-rtx",
+    "TITAN RTX": "titan-rtx",
+    "Quadro RTX 4000": "quadro-rtx-4000",
+    "Quadro RTX 5000": "quadro-rtx-5000",
+    "Quadro RTX 6000": "quadro-rtx-6000",
+    "Quadro RTX 8000": "quadro-rtx-8000",
+    "NVIDIA RTX A4000": "rtx-a4000",
+    "NVIDIA RTX A4500": "rtx-a4500",
+    "NVIDIA RTX A5000": "rtx-a5000",
+    "NVIDIA RTX A5500": "rtx-a5500",
+    "NVIDIA A16": "a16",
+    "NVIDIA A2": "a2",
+    "NVIDIA A800-SXM4-80GB": "a800-sxm4-80gb",
+    "NVIDIA A800 80GB PCIe": "a800-pcie-80gb",
+    "NVIDIA GeForce RTX 3090 Ti": "rtx-3090-ti",
+    "NVIDIA L40": "l40",
+    "NVIDIA L20": "l20",
+    "NVIDIA RTX 4000 Ada Generation": "rtx-4000-ada",
+    "NVIDIA RTX 4000 SFF Ada Generation": "rtx-4000-sff-ada",
+    "NVIDIA RTX 5000 Ada Generation": "rtx-5000-ada",
+    "NVIDIA RTX 6000 Ada Generation": "rtx-6000-ada",
+    "NVIDIA H100 NVL": "h100-nvl",
+    "NVIDIA H800": "h800-sxm",
+    "NVIDIA H800 PCIe": "h800-pcie",
+    "NVIDIA H20": "h20",
+    "NVIDIA GH200 480GB": "gh200-96gb",
+    "NVIDIA GH200 144G HBM3e": "gh200-144gb",
+    "NVIDIA H200 NVL": "h200-nvl",
+    "NVIDIA GB200": "gb200",
+    "NVIDIA GeForce RTX 5090": "rtx-5090",
+    "NVIDIA RTX PRO 6000 Blackwell Workstation Edition": "rtx-pro-6000-blackwell-workstation",
+    "NVIDIA RTX PRO 6000 Blackwell Server Edition": "rtx-pro-6000-blackwell-server",
+    "AMD Instinct MI300A": "mi300a",
+    "AMD Instinct MI325X": "mi325x",
+    "AMD Instinct MI350X": "mi350x",
+    "AMD Instinct MI355X": "mi355x",
+    # names people type, and their documented defaults (catalog module docstring)
+    "h100": "h100-sxm5",
+    "H100 SXM": "h100-sxm5",
+    "h100-sxm": "h100-sxm5",
+    "h100-80gb": "h100-sxm5",
+    "a100": "a100-sxm4-80gb",
+    "a100-80gb": "a100-sxm4-80gb",
+    "v100": "v100-sxm2-32gb",
+    "H200": "h200",
+    "H800": "h800-sxm",
+    "rtx4090": "rtx-4090",
+    "4090": "rtx-4090",
+    "5090": "rtx-5090",
+    "3090": "rtx-3090",
+    "a6000": "rtx-a6000",
+    "RTX 6000 Ada": "rtx-6000-ada",
+    "L40S": "l40s",
+    "MI300X": "mi300x",
     # folder / file names in the datasets (runs of space, _ and - match each other)
     "NVIDIA_A100-PCIE-40GB": "a100-pcie-40gb",
     "NVIDIA_A100_80GB_PCIe": "a100-pcie-80gb",
@@ -67,7 +132,29 @@ DEVICE_NAMES = {
     "AMD_Instinct_MI250": "mi250",
     "NV_TitanX_Pascal": "titan-x-pascal",
     "AMD_MI25": "mi25",
+    "RTX4090": "rtx-4090",  # llmservingsim
+    "RTX3090": "rtx-3090",
+    "A6000": "rtx-a6000",
+    "RTXPRO6000": "rtx-pro-6000-blackwell-server",
+    "a100-80gb": "a100-sxm4-80gb",  # splitwise (DGX-A100)
 }
+
+# every GPU the brief names must be in the catalog (ids other code and tests use stay as they are)
+REQUIRED_IDS = {
+    "a100-sxm4-80gb", "a100-sxm4-40gb", "a100-pcie-40gb", "a100-pcie-80gb", "h100-sxm5", "h100-pcie", "rtx-4090",
+    "rtx-3090", "rtx-a6000", "a10", "v100-sxm2-32gb", "l40s", "v100s-pcie-32gb", "titan-v", "titan-rtx",
+    "quadro-rtx-6000", "quadro-rtx-8000", "rtx-a4000", "rtx-a4500", "rtx-a5000", "rtx-a5500", "rtx-4000-ada",
+    "rtx-5000-ada", "rtx-6000-ada", "l40", "l20", "l4", "a16", "a2", "a800-pcie-40gb", "a800-pcie-80gb",
+    "a800-sxm4-80gb", "h800-pcie", "h800-sxm", "h20", "h100-nvl", "gh200-96gb", "gh200-144gb", "h200", "h200-nvl",
+    "b200", "gb200", "rtx-pro-6000-blackwell-workstation", "rtx-pro-6000-blackwell-server", "rtx-3090-ti",
+    "rtx-5090", "mi100", "mi210", "mi250", "mi250x", "mi300x", "mi300a", "mi325x", "mi350x", "mi355x",
+}
+# architectures and the math modes they accelerate
+TF32_ARCHS = {"ampere", "ada", "hopper", "blackwell", "cdna3"}  # CDNA4 dropped TF32 matrix instructions (ROCm docs)
+BF16_ARCHS = {"ampere", "ada", "hopper", "blackwell", "cdna", "cdna2", "cdna3", "cdna4"}
+FP8_ARCHS = {"ada", "hopper", "blackwell", "cdna3", "cdna4"}
+FP16_ARCHS = {"volta", "turing", *BF16_ARCHS}
+BOARD_FORMS = {"sxm", "oam", "superchip"}  # devices joined by NVLink / Infinity Fabric on the board
 
 
 @pytest.fixture(scope="module")
@@ -80,8 +167,9 @@ def gpus(catalog):
     return [spec for spec in catalog.values() if spec.kind == "gpu"]
 
 
-def test_at_least_twenty_gpus_plus_the_probed_cpu(catalog, gpus):
-    assert len(gpus) >= 20 and "cpu" in catalog
+def test_every_required_gpu_and_the_probed_cpu_are_catalogued(catalog, gpus):
+    assert not REQUIRED_IDS - set(catalog), sorted(REQUIRED_IDS - set(catalog))
+    assert len(gpus) >= 70 and "cpu" in catalog
     assert {g.vendor for g in gpus} == {"NVIDIA", "AMD"}
 
 
@@ -112,10 +200,48 @@ def test_peaks_are_ordered(gpus):
         if g.peak_fp32_matrix_gflops is not None:
             assert g.peak_fp32_matrix_gflops >= fp32, g.name
         assert g.peak_fp64_gflops <= fp32, g.name
-        if g.architecture in ("ampere", "ada", "hopper", "blackwell"):
-            assert g.peak_tf32_gflops and g.peak_bf16_gflops, f"{g.name}: tensor cores with TF32 and bf16"
         if g.architecture in ("maxwell", "pascal", "volta", "turing", "gcn5", "cdna", "cdna2"):
             assert g.peak_tf32_gflops is None and g.peak_fp8_gflops is None, g.name
+
+
+def test_every_gpu_has_the_peaks_its_math_modes_need(gpus):
+    """A predictor picks the peak of the job's math mode (fp32, TF32, fp16/bf16 autocast, fp8): the catalog must
+    have it wherever the architecture accelerates that mode, and leave it empty where it does not."""
+    for g in gpus:
+        arch = g.architecture
+        if arch in FP16_ARCHS:
+            assert g.peak_fp16_gflops and g.peak_fp16_gflops >= g.peak_fp32_gflops, f"{g.name}: fp16 peak"
+        assert (g.peak_tf32_gflops is not None) == (arch in TF32_ARCHS), f"{g.name} ({arch}): TF32 peak"
+        assert (g.peak_bf16_gflops is not None) == (arch in BF16_ARCHS), f"{g.name} ({arch}): bf16 peak"
+        assert (g.peak_fp8_gflops is not None) == (arch in FP8_ARCHS), f"{g.name} ({arch}): fp8 peak"
+        if g.vendor == "AMD" and arch.startswith("cdna"):
+            assert g.peak_fp32_matrix_gflops, f"{g.name}: fp32 matrix peak"
+        if arch == "cdna4":
+            assert "TF32" in g.source, f"{g.name}: say why TF32 is missing"
+
+
+def test_every_gpu_says_how_its_devices_talk_and_what_node_it_sits_in(gpus):
+    for g in gpus:
+        assert g.peer_to_peer in ("nvlink", "pcie", "none"), g.name
+        assert g.node_devices and g.node_network_gbit_s, g.name
+        assert "Node:" in g.source, f"{g.name}: the source must give the node fields' reasoning"
+        if g.form_factor in BOARD_FORMS or g.name == "mi300a":
+            assert g.peer_to_peer == "nvlink", g.name
+        if g.peer_to_peer == "nvlink":
+            assert g.interconnect.startswith(("nvlink", "infinity-fabric")), g.name
+        if g.form_factor in ("sxm", "oam"):
+            assert g.node_devices == 8 and g.node_network_gbit_s >= 400, g.name
+        if g.node_devices == 4 and g.peer_to_peer != "nvlink":  # workstations: Ethernet
+            assert 10 <= g.node_network_gbit_s <= 25, g.name
+        assert 10 <= g.node_network_gbit_s <= 3200, g.name
+    by_name = {g.name: g for g in gpus}
+    for geforce in ("rtx-3090", "rtx-3090-ti", "rtx-4090", "rtx-5090"):  # NVIDIA's driver: no P2P over PCIe
+        assert by_name[geforce].peer_to_peer == "none", geforce
+    for pcie_card in ("a100-pcie-80gb", "h100-pcie", "l40s", "a10", "t4", "rtx-a6000", "mi210"):
+        assert by_name[pcie_card].peer_to_peer == "pcie", pcie_card
+    network = {name: spec.node_network_gbit_s for name, spec in by_name.items()}
+    assert network["v100-sxm2-32gb"] == 400 and network["a100-sxm4-80gb"] == 1600
+    assert network["h100-sxm5"] == network["h200"] == network["b200"] == 3200
 
 
 def test_fp32_peak_is_lanes_times_two_times_clock(gpus):
@@ -125,8 +251,8 @@ def test_fp32_peak_is_lanes_times_two_times_clock(gpus):
             continue
         lanes = g.compute_units * g.fp32_cores_per_cu * 2 * g.boost_clock_mhz / 1000
         ratio = g.peak_fp32_gflops / lanes
-        # CDNA3 datasheets count dual-issue fp32 in the vector peak
-        expected = 2.0 if g.architecture == "cdna3" else 1.0
+        # CDNA3 and CDNA4 datasheets count dual-issue fp32 in the vector peak
+        expected = 2.0 if g.architecture in ("cdna3", "cdna4") else 1.0
         assert math.isclose(ratio, expected, rel_tol=0.03), f"{g.name}: {ratio:.3f}"
         checked += 1
     assert checked >= 20
@@ -152,23 +278,48 @@ def test_link_bandwidth_only_for_gpu_to_gpu_links(gpus):
 
 
 def test_bare_short_names_pick_one_documented_default(catalog):
-    assert get_accelerator("A100", catalog).name == "a100-sxm4-80gb"
-    assert get_accelerator("V100", catalog).name == "v100-sxm2-32gb"
-    for default in ("a100-sxm4-80gb", "v100-sxm2-32gb"):
-        assert "Default for the bare name" in catalog[default].source
+    defaults = {"A100": "a100-sxm4-80gb", "A100 80GB": "a100-sxm4-80gb", "V100": "v100-sxm2-32gb",
+                "H100": "h100-sxm5", "H100 80GB": "h100-sxm5", "H100 SXM": "h100-sxm5", "H200": "h200",
+                "H800": "h800-sxm", "RTXPRO6000": "rtx-pro-6000-blackwell-server"}
+    doc = catalog_module.__doc__
+    for short, entry in defaults.items():
+        assert get_accelerator(short, catalog).name == entry, short
+        assert f"`{short}`" in doc and entry in doc, f"{short} -> {entry} is not documented in the module docstring"
+    for entry in ("a100-sxm4-80gb", "v100-sxm2-32gb", "h100-sxm5", "h200", "h800-sxm"):
+        assert "Default for the bare name" in catalog[entry].source, entry
+
+
+def test_ambiguous_names_raise_and_list_their_candidates(catalog):
+    table = shipped_ambiguous()
+    assert {"RTX 6000", "A100 40GB", "RTX PRO 6000", "GH200"} <= set(table)
+    aliases = {normalize_name(a) for spec in catalog.values() for a in (spec.name, *spec.aliases)}
+    for name, candidates in table.items():
+        assert len(candidates) >= 2 and set(candidates) <= set(catalog), name
+        assert normalize_name(name) not in aliases, f"{name} is ambiguous and an alias at once"
+        for spelling in (name, name.lower().replace(" ", "_"), f"  {name.upper()} "):
+            with pytest.raises(AmbiguousNameError) as error:
+                get_accelerator(spelling, catalog)
+            assert error.value.candidates == list(candidates)
+            assert all(c in str(error.value) for c in candidates) and "ambiguous" in str(error.value)
+            assert isinstance(error.value, UnknownNameError)  # callers that skip unknown names skip these too
+    with pytest.raises(AmbiguousNameError) as error:
+        get_accelerator("RTX 6000", catalog)
+    assert set(error.value.candidates) == {"quadro-rtx-6000", "rtx-6000-ada", "rtx-pro-6000-blackwell-workstation",
+                                           "rtx-pro-6000-blackwell-server"}
 
 
 def test_unknown_names_list_close_matches_ignoring_case_and_separators(catalog):
     with pytest.raises(UnknownNameError) as error:
         get_accelerator("nvidia h100", catalog)
+    assert not isinstance(error.value, AmbiguousNameError)
     assert {"NVIDIA H100 PCIe", "NVIDIA H100 80GB HBM3"} <= set(error.value.close_matches)
     assert "did you mean" in str(error.value)
     with pytest.raises(UnknownNameError) as error:
         get_accelerator("A100 40GB", catalog)
     assert {"a100-pcie-40gb", "a100-sxm4-40gb"} <= set(error.value.close_matches)
     with pytest.raises(UnknownNameError) as error:
-        get_accelerator("H100", catalog)
-    assert {"h100-sxm5", "h100-pcie"} <= set(error.value.close_matches)
+        get_accelerator("H101", catalog)
+    assert "h100-sxm5" in error.value.close_matches or "H100" in error.value.close_matches
     assert len(error.value.close_matches) <= 5
 
 
@@ -231,11 +382,24 @@ def vtrain_devices(root: Path) -> set[str]:
     return names
 
 
+def llmservingsim_devices(root: Path) -> set[str]:
+    names = {p.name for sub in ("profiler/perf", "profiler/v0/perf_models", "bench/examples")
+             if (root / sub).is_dir() for p in (root / sub).iterdir() if p.is_dir()}
+    for path in root.glob("profiler/perf/**/meta.yaml"):
+        names |= {line.split(":", 1)[1].strip() for line in path.read_text().splitlines() if line.startswith("gpu:")}
+    for path in root.glob("bench/examples/**/config.json"):
+        text = path.read_text()
+        names |= set(re.findall(r'"hardware":\s*"([^"]+)"', text))
+    return names
+
+
 @pytest.mark.parametrize("folder,devices,expected", [
     ("neusight", neusight_devices, {"Tesla P4", "AMD Instinct MI210", "NVIDIA A100 80GB PCIe"}),
     ("deepbench", deepbench_devices, {"NV_M40", "NV_TitanX", "AMD_MI25", "IA_KNL7250"}),
     ("vidur", vidur_devices, {"a100", "a40", "a100_dgx"}),
     ("vtrain", vtrain_devices, {"a100", "v100", "A100"}),
+    ("llmservingsim", llmservingsim_devices, {"RTX4090", "RTXPRO6000", "A6000", "RTX3090",
+                                              "NVIDIA RTX PRO 6000 Blackwell Server Edition"}),
 ])
 def test_every_device_named_in_a_dataset_resolves(catalog, folder, devices, expected):
     names = devices(needs(folder))

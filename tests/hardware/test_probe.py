@@ -1,6 +1,14 @@
 import torch
 
-from perfmodel.hardware.probe import l2_cache_mib, probe_host, vendor_of
+from perfmodel.hardware.probe import (
+    CpuIdentity,
+    l2_cache_mib,
+    parse_cpuinfo,
+    parse_lscpu,
+    probe_host,
+    read_cpu_identity,
+    vendor_of,
+)
 
 
 def test_probe_measures_plausible_figures_and_restores_threads():
@@ -32,3 +40,79 @@ def test_l2_cache_counts_each_shared_instance_once(tmp_path):
                 (folder / name).write_text(f"{value}\n")
     assert l2_cache_mib(tmp_path) == 2.0
     assert l2_cache_mib(tmp_path / "missing") is None
+
+
+# what /proc/cpuinfo and lscpu print on other machines (abridged to the fields that matter, plus neighbours)
+XEON_CPUINFO = """processor\t: 0
+vendor_id\t: GenuineIntel
+cpu family\t: 6
+model\t\t: 106
+model name\t: Intel(R) Xeon(R) Platinum 8375C CPU @ 2.90GHz
+stepping\t: 6
+flags\t\t: fpu vme de pse avx512f
+
+processor\t: 1
+vendor_id\t: GenuineIntel
+model name\t: Intel(R) Xeon(R) Platinum 8375C CPU @ 2.90GHz
+"""
+EPYC_CPUINFO = """processor\t: 0
+vendor_id\t: AuthenticAMD
+cpu family\t: 25
+model\t\t: 1
+model name\t: AMD EPYC 7763 64-Core Processor
+"""
+GRAVITON_CPUINFO = """processor\t: 0
+BogoMIPS\t: 243.75
+Features\t: fp asimd evtstrm aes pmull sha1 sha2 crc32 atomics
+CPU implementer\t: 0x41
+CPU architecture: 8
+CPU variant\t: 0x3
+CPU part\t: 0xd0c
+"""
+GRAVITON_LSCPU = """Architecture:                    aarch64
+CPU op-mode(s):                  32-bit, 64-bit
+Vendor ID:                       ARM
+Model name:                      Neoverse-N1
+Model:                           1
+"""
+EPYC_LSCPU = """Architecture:                            x86_64
+Vendor ID:                               AuthenticAMD
+Model name:                              AMD EPYC 9654 96-Core Processor
+CPU family:                              25
+"""
+
+
+def test_cpuinfo_names_the_real_cpu_and_its_vendor():
+    assert parse_cpuinfo(XEON_CPUINFO) == CpuIdentity("Intel(R) Xeon(R) Platinum 8375C CPU @ 2.90GHz", "Intel",
+                                                      "GenuineIntel")
+    assert parse_cpuinfo(EPYC_CPUINFO) == CpuIdentity("AMD EPYC 7763 64-Core Processor", "AMD", "AuthenticAMD")
+    graviton = parse_cpuinfo(GRAVITON_CPUINFO)  # Arm kernels print no model name: the vendor comes from the code
+    assert graviton == CpuIdentity("", "Arm", "0x41")
+    assert parse_cpuinfo("") == CpuIdentity()
+
+
+def test_lscpu_names_the_cpu_where_cpuinfo_does_not():
+    assert parse_lscpu(GRAVITON_LSCPU) == CpuIdentity("Neoverse-N1", "Arm", "ARM")
+    assert parse_lscpu(EPYC_LSCPU) == CpuIdentity("AMD EPYC 9654 96-Core Processor", "AMD", "AuthenticAMD")
+
+
+def test_reading_this_host_parses_the_file_it_is_given(tmp_path):
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text(XEON_CPUINFO)
+    assert read_cpu_identity(cpuinfo) == parse_cpuinfo(XEON_CPUINFO)
+    here = read_cpu_identity(tmp_path / "missing")  # no cpuinfo: lscpu, else platform, still names something
+    assert here.model
+
+
+def test_the_probe_names_this_hosts_cpu_not_a_fixed_one():
+    spec = probe_host(threads=1, gemm_sizes=(64,), copy_mib=8, repeats=1)
+    cpu = read_cpu_identity()
+    assert spec.vendor == cpu.vendor
+    assert spec.aliases == ((cpu.model,) if cpu.model else ())
+
+
+def test_the_shipped_cpu_entry_says_it_is_the_corpus_host():
+    from perfmodel.hardware.catalog import shipped_specs
+
+    shipped = {spec.name: spec for spec in shipped_specs()}["cpu"]
+    assert "corpus host" in shipped.source and "not necessarily the machine perfmodel runs on" in shipped.source

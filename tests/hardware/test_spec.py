@@ -14,7 +14,8 @@ def test_datasheet_fields_are_optional():
                         peak_fp16_gflops=4e3, peak_bf16_gflops=4e3, peak_fp8_gflops=8e3, peak_fp64_gflops=500.0,
                         peak_fp32_matrix_gflops=2e3, fp32_cores_per_cu=128, boost_clock_mhz=1980.0,
                         base_clock_mhz=1590.0, memory_type="HBM3", tdp_w=700.0, pcie_gen=5, interconnect="nvlink4",
-                        interconnect_bandwidth_gbps=900.0)
+                        interconnect_bandwidth_gbps=900.0, peer_to_peer="nvlink", node_devices=8,
+                        node_network_gbit_s=3200.0)
     assert HardwareSpec.model_validate(full.model_dump(mode="json")) == full
 
 
@@ -22,6 +23,7 @@ def test_datasheet_fields_are_optional():
     ("peak_tf32_gflops", 0.0), ("peak_bf16_gflops", -1.0), ("peak_fp8_gflops", 0), ("tdp_w", -5.0),
     ("boost_clock_mhz", 0.0), ("fp32_cores_per_cu", 0), ("interconnect_bandwidth_gbps", -1.0), ("pcie_gen", 0),
     ("release_year", 1066), ("l2_cache_mb", 0.0), ("no_such_field", 1),
+    ("peer_to_peer", "infiniband"), ("node_devices", 0), ("node_network_gbit_s", 0.0),
 ])
 def test_numbers_must_be_positive_and_fields_known(field, value):
     with pytest.raises(ValidationError):

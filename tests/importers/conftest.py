@@ -75,3 +75,13 @@ def vidur_root() -> Path:
 @pytest.fixture
 def deepbench_root() -> Path:
     return dataset("deepbench")
+
+
+@pytest.fixture
+def llmservingsim_root() -> Path:
+    return dataset("llmservingsim")
+
+
+@pytest.fixture
+def phantora_root() -> Path:
+    return dataset("phantora")

@@ -9,16 +9,25 @@ import pytest
 
 from perfmodel.hardware.catalog import get_accelerator
 from perfmodel.placement.comm import (
+    PCIE_EFFECTIVE_GBPS,
+    PCIE_X16_GBPS,
     LinkModel,
     allgather_ms,
     allreduce_ms,
     fit_link,
     hierarchical_allreduce_ms,
+    host_shared_beta,
+    host_staged_link,
     link_for_accelerator,
     load_link_table,
     load_links,
     mape,
     network_link,
+    network_rails,
+    node_network_link,
+    pcie_effective_gbps,
+    pcie_p2p_link,
+    peer_to_peer_mode,
     predict,
     reduce_scatter_ms,
     ring_allreduce_ms,
@@ -189,3 +198,72 @@ def test_fit_on_vidur_rows():
         assert mape(predict(link, s, p, algo), t) < bound
     # NVLink-bridged pair: 100-300 GB/s; DGX inter-node send/recv: 1-25 GB/s
     assert 100 < fit_link([r.message_bytes for r in pair], 2, [r.latency_ms for r in pair]).bandwidth_gbps < 300
+
+
+# --- GPUs without peer-to-peer, the node's network ------------------------------------------------------------------
+
+PHANTORA_MEMCPY = DATASETS / "phantora" / "tests" / "perfdb" / "l40s" / "memcpy.csv"
+
+
+def test_peer_to_peer_comes_from_the_catalog_and_unknown_means_p2p_over_the_named_link():
+    h100 = get_accelerator("h100-sxm5")
+    assert peer_to_peer_mode(h100.model_copy(update={"peer_to_peer": None})) == "nvlink"
+    assert peer_to_peer_mode(get_accelerator("t4").model_copy(update={"peer_to_peer": None})) == "pcie"
+    assert peer_to_peer_mode(h100.model_copy(update={"peer_to_peer": "none"})) == "none"
+    assert peer_to_peer_mode(get_accelerator("rtx-4090")) == get_accelerator("rtx-4090").peer_to_peer
+
+
+@pytest.mark.parametrize("gen", [3, 4, 5])
+def test_host_staged_transfers_run_at_the_pcie_rate_with_a_staging_latency_and_share_the_host(gen):
+    spec = get_accelerator("rtx-4090").model_copy(update={"pcie_gen": gen})
+    staged = host_staged_link(spec)
+    assert staged.bandwidth_gbps == pytest.approx(PCIE_EFFECTIVE_GBPS[gen])
+    assert 25 <= staged.alpha_us <= 50  # staging, against ~5-10 us peer to peer
+    assert staged.bandwidth_gbps < PCIE_X16_GBPS[gen]  # effective below the x16 line rate
+    p2p = pcie_p2p_link(spec)
+    assert p2p.alpha_us < staged.alpha_us
+    # g GPUs through one host: each gets 1/g of it
+    for g in (1, 2, 4, 8):
+        assert float(host_shared_beta(staged.beta_ms_per_byte, g)) == pytest.approx(g * staged.beta_ms_per_byte)
+    assert pcie_effective_gbps(6) == pytest.approx(2 * pcie_effective_gbps(5), rel=0.05)  # doubling beyond the table
+
+
+def test_a_node_never_gets_more_than_its_network_and_one_device_gets_one_rail():
+    whole = node_network_link(3200, 5, rails=8, devices=8, efficiency=1.0)
+    assert whole.bandwidth_gbps == pytest.approx(400.0)  # 3200 Gb/s = 400 GB/s for the node
+    assert node_network_link(3200, 5, rails=8, devices=16, efficiency=1.0).bandwidth_gbps == pytest.approx(400.0)
+    assert node_network_link(3200, 5, rails=8, devices=1, efficiency=1.0).bandwidth_gbps == pytest.approx(50.0)
+    assert node_network_link(100, 5, devices=4, efficiency=1.0).bandwidth_gbps == pytest.approx(12.5)  # one NIC
+    rng = np.random.default_rng(3)
+    for gbit, rails, devices in zip(rng.uniform(1, 4000, 50), rng.integers(1, 9, 50), rng.integers(1, 17, 50)):
+        link = node_network_link(float(gbit), 5, rails=int(rails), devices=int(devices), efficiency=1.0)
+        assert link.bandwidth_gbps <= gbit / 8 * (1 + 1e-12)
+        more = node_network_link(float(gbit) * 2, 5, rails=int(rails), devices=int(devices), efficiency=1.0)
+        assert more.bandwidth_gbps > link.bandwidth_gbps
+
+
+@pytest.mark.skipif(not PHANTORA_MEMCPY.is_file(),
+                    reason=f"phantora memcpy table not found at {PHANTORA_MEMCPY} (public dataset, not in the repo)")
+def test_phantora_l40s_memcpy_checks_the_pcie_gen4_rate():
+    """Host<->device copies on an L40S (PCIe gen4) vs size: α-β fit. Measured ~13 GB/s, half the table's pinned
+    gen4 rate (pageable copies); never above it, and well above the gen3 figure's half."""
+    import pandas as pd
+
+    frame = pd.read_csv(PHANTORA_MEMCPY)
+    for kind in ("HostToDevice", "DeviceToHost"):
+        rows = frame[(frame.kind == kind) & (frame.nanos > 0)]
+        seconds = rows.nanos.to_numpy(float) * 1e-9
+        link = fit_link(rows.size_bytes.to_numpy(float), 2, seconds * 1e3, "send_recv", name=kind)
+        assert mape(predict(link, rows.size_bytes.to_numpy(float), 2, "send_recv"), seconds * 1e3) < 15
+        assert 10 < link.bandwidth_gbps <= PCIE_EFFECTIVE_GBPS[4] and link.alpha_us < 5
+
+
+def test_the_rails_a_network_implies():
+    assert network_rails(3200, 8) == 8  # 8 x 400 Gb/s, one per GPU
+    assert network_rails(400, 8) == 4  # 4 x 100 (DGX-1)
+    assert network_rails(100, 8) == 1 and network_rails(10, 4) == 1  # one NIC the GPUs share
+    assert network_rails(3200, None) == 1  # devices per node unknown: one pipe
+    for gbit in (10, 100, 400, 1600, 3200, 6400):
+        for devices in (1, 2, 4, 8):
+            rails = network_rails(gbit, devices)
+            assert 1 <= rails <= devices and (rails == 1 or gbit / rails >= 100)

@@ -18,7 +18,7 @@ def test_consolidated_tensor_and_pipeline_split():
 
 @pytest.mark.parametrize("fields, field", [
     ({"devices_per_node": (4,), "parallelism": Parallelism(data=2)}, "parallelism"),
-    ({"devices_per_node": (2, 2), "parallelism": Parallelism(data=1, tensor=4)}, "parallelism.tensor"),
+    ({"devices_per_node": (4, 2), "parallelism": Parallelism(data=1, tensor=6)}, "parallelism.tensor"),
     ({"devices_per_node": (2,), "parallelism": Parallelism(data=2), "global_batch_size": 3}, "global_batch_size"),
     ({"devices_per_node": (0, 2)}, "devices_per_node"),
     ({"inter_node_bandwidth_gbps": 0}, "inter_node_bandwidth_gbps"),
@@ -36,3 +36,31 @@ def test_frozen_and_no_unknown_fields():
         spec.model_copy(update={}).__class__(accelerator="t4", global_batch_size=8, gpus=4)
     with pytest.raises(ValidationError):
         spec.global_batch_size = 16
+
+
+def test_a_tensor_parallel_group_may_span_whole_nodes():
+    megatron = PlacementSpec(accelerator="h100-sxm5", devices_per_node=(8, 8), global_batch_size=4,
+                             parallelism=Parallelism(data=1, tensor=16))
+    assert megatron.devices == 16 and megatron.nodes == 2
+    PlacementSpec(accelerator="h100-sxm5", devices_per_node=(4, 4, 4, 4), global_batch_size=4,
+                  parallelism=Parallelism(data=2, tensor=8))
+    for layout, tensor in (((8, 4), 12), ((6, 6), 4), ((8, 8, 8), 12)):
+        with pytest.raises(ValidationError, match="parallelism.tensor|parallelism"):
+            PlacementSpec(accelerator="h100-sxm5", devices_per_node=layout, global_batch_size=sum(layout) // tensor,
+                          parallelism=Parallelism(data=sum(layout) // tensor, tensor=tensor))
+
+
+def test_expert_parallelism_divides_data_parallelism():
+    spec = PlacementSpec(accelerator="h100-sxm5", devices_per_node=(8,), global_batch_size=8,
+                         parallelism=Parallelism(data=8, expert=4))
+    assert spec.parallelism.expert == 4 and spec.parallelism.devices == 8
+    with pytest.raises(ValidationError, match="expert"):
+        Parallelism(data=6, expert=4)
+
+
+def test_the_network_defaults_to_the_catalog_and_is_in_gbit_per_s():
+    spec = PlacementSpec.grid("h100-sxm5", nodes=2, per_node=8, global_batch_size=16)
+    assert spec.inter_node_bandwidth_gbps is None
+    assert "Gb/s" in PlacementSpec.model_fields["inter_node_bandwidth_gbps"].description
+    given = PlacementSpec.grid("t4", nodes=2, global_batch_size=2, inter_node_bandwidth_gbps=25)
+    assert given.inter_node_bandwidth_gbps == 25

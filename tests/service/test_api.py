@@ -145,6 +145,24 @@ def test_the_matrix_covers_jobs_by_placements_and_gavel(client):
     assert cpu_pair.status_code == 422 and "need a GPU" in cpu_pair.text
 
 
+def test_the_matrix_grid_fills_catalog_nodes_and_takes_the_network(client):
+    job = _register(client)
+    grid = {"accelerators": ["h100-sxm5"], "device_counts": [8, 16]}
+    default = client.post("/v1/predict/matrix", json={"jobs": [job], "grid": grid}).json()
+    node_devices = PlacementPredictor.load().hardware("h100-sxm5").node_devices or 16
+    assert [(p["devices"], p["nodes"]) for p in default["placements"]] == [(8, 1), (16, 16 // node_devices)]
+    slow = client.post("/v1/predict/matrix", json={"jobs": [job], "grid": {
+        **grid, "inter_node_bandwidth_gbps": 10, "inter_node_latency_us": 50}}).json()
+    assert slow["placements"][1]["placement"]["inter_node_bandwidth_gbps"] == 10
+    assert slow["iteration_time_ms"][0][0] == pytest.approx(default["iteration_time_ms"][0][0])  # one node
+    if default["placements"][1]["nodes"] > 1:
+        assert slow["iteration_time_ms"][0][1] > default["iteration_time_ms"][0][1]
+    for field, value in (("inter_node_bandwidth_gbps", 0), ("inter_node_latency_us", -1)):
+        bad = client.post("/v1/predict/matrix", json={"jobs": [job], "grid": {**grid, field: value}})
+        assert bad.status_code == 422
+        assert any(d["loc"][:3] == ["body", "grid", field] for d in bad.json()["detail"]), bad.text
+
+
 def test_the_matrix_agrees_with_single_predictions_and_gavel_zeroes_what_does_not_fit(client):
     small = _register(client)
     huge = _register(client, {**SMALL_JOB, "batch_size": 2**22})  # activations beyond a T4's 16 GB

@@ -1,0 +1,166 @@
+"""Whole-model training steps on GPUs held out of training: every public whole-model training measurement we have,
+predicted by a per-op device model fitted without the GPU's chip (leave-one-GPU-out), split by math mode.
+
+Measurements (`StepMeasurement`, one per measured configuration):
+
+| source | what is measured | GPUs | math | what is predicted |
+|---|---|---|---|---|
+| NeuSight labels (`neusight/label/<GPU>/*-train-*.json`) | forward + backward of HF BERT-Large, GPT2-Large, GPT3-XL, OPT-1.3B (eager attention, PyTorch 2.1, no optimizer) | V100, A100 PCIe, P100, T4, P4, MI100, MI210 | fp32 (no convolutions: fp32 = fp32-strict) | forward + backward |
+| adaptdl (Pollux) `placements.csv`, placement `1` | one T4's step (step − all-reduce time) of ResNet-50 ImageNet (SGD) and BERT-base SQuAD (seq 384, AdamW), per batch size | T4 | fp32 as the artifact's scripts run it (assumed: the trace does not say; Turing has no TF32, so fp32 = fp32-strict) | forward + backward + optimizer |
+| vTrain `ground_truth_single.csv`, data-parallel rows (tensor = pipeline = 1) | Megatron GPT iteration on 2, 4, 8 A100s (fp16, activation checkpointing) | A100 | fp16 | the placement model (`default` parameters) over the held-out device model's compute |
+
+Leave-one-GPU-out by *chip* (`chip_of`: a100-pcie-40gb and a100-sxm4-80gb are one chip): the device model that
+predicts a measurement on chip X is fitted on the op measurements of every other chip, so vidur's A100-80GB rows
+never help predict NeuSight's A100-40GB. The placement model's `default` parameters were fitted on adaptdl (DP
+overlap, T4) and vTrain (TP sync): the vTrain data-parallel rows use its DP overlap and overhead, not its compute
+scale (the default has none).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from perfmodel.errors import PerfmodelError
+from perfmodel.evaluation.device_ops import chip_of
+from perfmodel.graph.ir import Graph
+from perfmodel.hardware.spec import HardwareSpec
+from perfmodel.jobs.spec import JobSpec
+from perfmodel.placement.spec import Parallelism, PlacementSpec
+
+BERT_BASE = {"model_type": "bert", "hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12,
+             "intermediate_size": 3072, "vocab_size": 30522, "max_position_embeddings": 512, "type_vocab_size": 2}
+# adaptdl apps with a model perfmodel can build as the artifact ran it: (job options, per-GPU batch -> spec)
+ADAPTDL_JOBS: dict[str, dict[str, Any]] = {
+    "imagenet": dict(zoo="resnet50", optimizer="sgd"),
+    "bert": dict(hf_config=BERT_BASE, task="question-answering", seq_len=384, optimizer="adamw"),
+}
+@dataclass(frozen=True)
+class StepMeasurement:
+    source: str
+    name: str  # model as the source names it
+    device: str  # catalog id
+    spec: JobSpec  # the job as it ran (batch = one device's)
+    measured_ms: float
+    includes_optimizer: bool
+    placement: PlacementSpec | None = None  # multi-device runs (vTrain); None: one device
+    graph_key: tuple[Any, ...] = field(default=())  # measurements with equal keys share one graph
+
+
+def neusight_measurements(root: str | Path, catalog: Mapping[str, HardwareSpec]) -> list[StepMeasurement]:
+    from perfmodel.evaluation.neusight_models import GraphCache, load_labels
+
+    graphs = GraphCache.for_root(root)
+    out = []
+    for label in load_labels(root, catalog):
+        if label.mode != "train":
+            continue
+        config = graphs.config(label.model, label.mode)
+        spec = JobSpec.from_options(hf_config=config, batch_size=label.batch_size, seq_len=label.seq_len,
+                                    precision="fp32", optimizer="adamw")
+        out.append(StepMeasurement("neusight", label.model, label.device, spec, label.fw_ms + label.bw_ms, False,
+                                   graph_key=("neusight", label.model, label.batch_size, label.seq_len)))
+    return out
+
+
+def adaptdl_measurements(root: str | Path) -> list[StepMeasurement]:
+    traces = Path(root) / "simulator" / "traces"
+    if not traces.is_dir():
+        raise FileNotFoundError(f"no adaptdl traces at {traces}")
+    out = []
+    for app, job in ADAPTDL_JOBS.items():
+        df = pd.read_csv(traces / app / "placements.csv", dtype={"placement": str})
+        one = df[df.placement == "1"].assign(compute_ms=lambda d: (d.step_time - d.sync_time) * 1e3)
+        for batch, compute_ms in one.groupby("local_bsz").compute_ms.median().items():
+            spec = JobSpec.from_options(batch_size=int(batch), precision="fp32", **job)
+            out.append(StepMeasurement("adaptdl", app, "t4", spec, float(compute_ms), True,
+                                       graph_key=("adaptdl", app, int(batch))))
+    return out
+
+
+def vtrain_measurements(root: str | Path, max_rows: int | None = None) -> list[StepMeasurement]:
+    from perfmodel.evaluation.placement import VTRAIN_ACCELERATOR, gpt_config, vtrain_rows
+
+    df = vtrain_rows(root)
+    df = df[(df.tp == 1) & (df.pp == 1)]
+    if max_rows is not None:
+        df = df.sort_values(["model", "micro_batch", "devices"]).head(max_rows)
+    out = []
+    for row in df.itertuples(index=False):
+        spec = JobSpec.from_options(hf_config=gpt_config(row.hidden, row.heads, row.layers, row.seq_len),
+                                    batch_size=int(row.micro_batch), seq_len=int(row.seq_len), precision="fp16",
+                                    optimizer="adam")
+        placement = PlacementSpec(
+            accelerator=VTRAIN_ACCELERATOR, devices_per_node=(int(row.devices),), global_batch_size=int(row.global_batch),
+            parallelism=Parallelism(data=int(row.dp), micro_batches=int(row.micro_batches),
+                                    activation_checkpointing=True))
+        out.append(StepMeasurement("vtrain", row.model, VTRAIN_ACCELERATOR, spec, float(row.step_ms), True,
+                                   placement=placement, graph_key=("vtrain", row.model, int(row.micro_batch))))
+    return out
+
+
+def predict_measurements(measurements: Iterable[StepMeasurement], predictor_for_chip: Callable[[str], Any], *,
+                         params: Any = None, progress: Callable[[str], None] = lambda _: None,
+                         predictors: dict[str, Any] | None = None,
+                         host_ms_per_kernel: float | None = None) -> pd.DataFrame:
+    """One row per measurement with `predicted_ms` and `ape`. `predictor_for_chip(chip)` gives the
+    `DevicePredictor` fitted without that chip (called once per chip; `predictors` keeps them between calls).
+    `host_ms_per_kernel`, when given, replaces the predictors' host dispatch cost."""
+    from perfmodel.graph import graph_for_job
+    from perfmodel.hardware.math import has_tf32
+    from perfmodel.predictor.device import OPTIMIZER, job_rows
+    from perfmodel.predictor.device_ops import BACKWARD, FORWARD
+    from perfmodel.predictor.placed import PlacementPredictor
+
+    graphs: dict[tuple[Any, ...], Graph] = {}
+    job_rows_cache: dict[tuple[Any, ...], pd.DataFrame] = {}
+    predictors = {} if predictors is None else predictors
+    records = []
+    for m in measurements:
+        chip = chip_of(m.device)
+        record = {"source": m.source, "model": m.name, "device": m.device, "chip": chip,
+                  "precision": m.spec.precision.value, "batch_size": m.spec.batch_size, "seq_len": m.spec.seq_len,
+                  "devices": m.placement.devices if m.placement else 1, "measured_ms": m.measured_ms,
+                  "predicted_ms": np.nan, "error": None}
+        try:
+            if chip not in predictors:
+                progress(f"fitting the device model without {chip}")
+                predictors[chip] = predictor_for_chip(chip)
+            device = predictors[chip]
+            if host_ms_per_kernel is not None:
+                device.host_ms_per_kernel = host_ms_per_kernel
+            if m.graph_key not in graphs:
+                graphs[m.graph_key] = graph_for_job(m.spec)
+            graph = graphs[m.graph_key]
+            if m.placement is not None:
+                placed = PlacementPredictor(None, device, params)
+                placed._graphs[m.spec.key()] = graph  # the micro-batch graph, captured above
+                record["predicted_ms"] = placed.predict(m.spec, m.placement, graph=graph).iteration_time_ms
+            else:
+                hardware = device.catalog[m.device]
+                key = (m.graph_key, m.spec.precision, has_tf32(hardware))
+                if key not in job_rows_cache:
+                    job_rows_cache[key] = job_rows(m.spec, graph, hardware)
+                rows, out = device.predict_rows(m.spec, hardware, graph, job_rows_cache[key])
+                phases = (FORWARD, BACKWARD) + ((OPTIMIZER,) if m.includes_optimizer else ())
+                record["predicted_ms"] = sum(device.breakdown(rows, out.latency_ms, phases).values())
+        except PerfmodelError as exc:
+            record["error"] = str(exc)
+        records.append(record)
+    df = pd.DataFrame.from_records(records)
+    df["ape"] = (df.predicted_ms - df.measured_ms).abs() / df.measured_ms * 100
+    return df
+
+
+def summary(results: pd.DataFrame, by: list[str]) -> pd.DataFrame:
+    ok = results[results.error.isna()]
+    return ok.groupby(by).agg(n=("ape", "size"), mape=("ape", "mean"), median_ape=("ape", "median"),
+                              max_ape=("ape", "max"),
+                              bias=("predicted_ms", "sum")).assign(
+        bias=lambda t: t.bias / ok.groupby(by).measured_ms.sum())
+

@@ -1,0 +1,46 @@
+"""The peak FLOP/s of each math on a device: one place for what the catalog's peak fields mean to a kernel.
+
+Maths: `fp32` (CUDA cores / vector ALUs; on AMD CDNA, GEMMs run on the fp32 matrix cores, as rocBLAS does), `tf32`,
+`fp16`, `bf16`, `fp8` (dense tensor/matrix-core peaks; fp16 with fp32 accumulate, as cuBLAS runs PyTorch's half
+GEMMs). A math the device does not accelerate runs at its fp32 rate (bf16 on a V100). Vector kernels (element-wise,
+softmax, norms) never run on tensor cores: their peak is the fp32 vector rate whatever the math.
+"""
+
+from __future__ import annotations
+
+from perfmodel.hardware.spec import HardwareSpec
+
+MATHS = ("fp32", "tf32", "fp16", "bf16", "fp8")
+TENSOR_MATHS = frozenset({"tf32", "fp16", "bf16", "fp8"})
+
+
+# micro-architectures with tensor / matrix cores (Pascal's and GCN's fast fp16 is packed vector math)
+TENSOR_CORE_ARCHITECTURES = frozenset({"volta", "turing", "ampere", "ada", "hopper", "blackwell", "cdna", "cdna2",
+                                       "cdna3", "cdna4"})
+
+
+def has_tensor_cores(spec: HardwareSpec) -> bool:
+    return (spec.architecture or "").lower() in TENSOR_CORE_ARCHITECTURES
+
+
+def on_tensor_cores(spec: HardwareSpec, math: str, gemm: bool = True) -> bool:
+    """A kernel of `math` runs on tensor / matrix cores: a GEMM or convolution in a tensor math on a device that
+    has them."""
+    return gemm and math in TENSOR_MATHS and has_tensor_cores(spec)
+
+
+def has_tf32(spec: HardwareSpec) -> bool:
+    """TF32 as PyTorch's TF32 switches turn it on: NVIDIA tensor cores from Ampere on."""
+    return spec.vendor.upper() == "NVIDIA" and spec.peak_tf32_gflops is not None
+
+
+def peak_gflops(spec: HardwareSpec, math: str, gemm: bool = True) -> float:
+    """The dense peak, GFLOP/s, that a kernel of `math` (a GEMM or convolution when `gemm`) reaches on `spec`."""
+    if math not in MATHS:
+        raise ValueError(f"unknown math {math!r}; known: {', '.join(MATHS)}")
+    if not gemm:
+        return spec.peak_fp32_gflops
+    fp32 = max(spec.peak_fp32_gflops, spec.peak_fp32_matrix_gflops or 0.0)
+    tensor = {"fp32": None, "tf32": spec.peak_tf32_gflops, "fp16": spec.peak_fp16_gflops,
+              "bf16": spec.peak_bf16_gflops, "fp8": spec.peak_fp8_gflops or spec.peak_fp16_gflops}[math]
+    return max(tensor or 0.0, fp32)

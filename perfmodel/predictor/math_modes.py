@@ -1,0 +1,89 @@
+"""What math each kernel of a job runs, by the job's precision and the device: one table.
+
+A kernel row (`perfmodel.predictor.device_ops.graph_op_rows`) has a *storage* dtype (the bytes its tensors take:
+`dtype`) and a *math* (the units and peak it runs at: `math`). They differ for TF32, where fp32 tensors are
+multiplied on tensor cores at the TF32 peak. Rows are grouped by the IR kind of the node they come from:
+
+| precision | matmul (linear, matmul, bmm, attention, rnn) | conv | autocast-fp32 kinds (softmax, layer norm, loss) | the rest (element-wise, norms, copies, ...) |
+|---|---|---|---|---|
+| fp32-strict | fp32 | fp32 | fp32 | fp32 |
+| fp32 | fp32 | fp32 tensors, TF32 math* | fp32 | fp32 |
+| tf32 | fp32 tensors, TF32 math* | fp32 tensors, TF32 math* | fp32 | fp32 |
+| amp | fp16 | fp16 | fp32 | fp16 |
+| amp-bf16 | bf16 | bf16 | fp32 | bf16 |
+| fp16 | fp16 | fp16 | fp16 | fp16 |
+| bf16 | bf16 | bf16 | bf16 | bf16 |
+
+(*) where the device has TF32 (NVIDIA Ampere and later: the catalog's `peak_tf32_gflops`), else fp32. PyTorch's
+defaults are why `fp32` differs from `fp32-strict`: `torch.backends.cudnn.allow_tf32` is True and
+`torch.backends.cuda.matmul.allow_tf32` is False. Under autocast, softmax, layer norm and the losses run in fp32
+(autocast's fp32 list); batch norm takes and returns half tensors (cuDNN computes its statistics in fp32), and the
+element-wise ops between half-precision GEMMs see half tensors.
+
+The peak each math reaches on a device is `perfmodel.hardware.math.peak_gflops`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from perfmodel.hardware.math import has_tf32
+from perfmodel.hardware.spec import HardwareSpec
+from perfmodel.jobs.spec import Precision
+
+# IR kinds by how autocast and the TF32 switches treat them
+MATMUL_KINDS = frozenset({"linear", "matmul", "bmm", "attention", "rnn"})
+CONV_KINDS = frozenset({"conv"})
+AUTOCAST_FP32_KINDS = frozenset({"softmax", "layernorm", "loss"})
+GROUPS = ("matmul", "conv", "autocast_fp32", "vector")
+
+
+@dataclass(frozen=True)
+class RowMath:
+    """Storage dtype and math of a group of rows. `tf32_if_available`: TF32 math where the device has it."""
+
+    dtype: str
+    math: str
+    tf32_if_available: bool = False
+
+
+_FP32 = RowMath("fp32", "fp32")
+_TF32 = RowMath("fp32", "fp32", tf32_if_available=True)
+_FP16 = RowMath("fp16", "fp16")
+_BF16 = RowMath("bf16", "bf16")
+
+MATH_TABLE: dict[Precision, dict[str, RowMath]] = {
+    Precision.fp32_strict: dict.fromkeys(GROUPS, _FP32),
+    Precision.fp32: {"matmul": _FP32, "conv": _TF32, "autocast_fp32": _FP32, "vector": _FP32},
+    Precision.tf32: {"matmul": _TF32, "conv": _TF32, "autocast_fp32": _FP32, "vector": _FP32},
+    Precision.amp: {"matmul": _FP16, "conv": _FP16, "autocast_fp32": _FP32, "vector": _FP16},
+    Precision.amp_bf16: {"matmul": _BF16, "conv": _BF16, "autocast_fp32": _FP32, "vector": _BF16},
+    Precision.fp16: dict.fromkeys(GROUPS, _FP16),
+    Precision.bf16: dict.fromkeys(GROUPS, _BF16),
+}
+
+
+GROUP_OF_KIND: dict[str, str] = {**dict.fromkeys(MATMUL_KINDS, "matmul"), **dict.fromkeys(CONV_KINDS, "conv"),
+                                  **dict.fromkeys(AUTOCAST_FP32_KINDS, "autocast_fp32")}
+
+
+def group_of(kind: str) -> str:
+    """The math group of an IR kind (`vector` for every kind the table does not name)."""
+    return GROUP_OF_KIND.get(kind, "vector")
+
+
+def resolved_table(precision: Precision, spec: HardwareSpec) -> dict[str, RowMath]:
+    """{group: RowMath} of a precision on a device, TF32 resolved (TF32 math where the device has it)."""
+    tf32 = has_tf32(spec)
+    return {group: RowMath(entry.dtype, "tf32" if entry.tf32_if_available and tf32 else entry.math)
+            for group, entry in MATH_TABLE[precision].items()}
+
+
+def row_math(precision: Precision, kind: str, spec: HardwareSpec) -> RowMath:
+    """Storage dtype and math of a kernel of an IR `kind` in a job of `precision` on `spec`."""
+    return resolved_table(precision, spec)[group_of(kind)]
+
+
+def maths_by_group(precision: Precision, spec: HardwareSpec) -> dict[str, str]:
+    """{group: math} of a precision on a device: what a prediction says each op group was priced at."""
+    return {group: entry.math for group, entry in resolved_table(precision, spec).items()}

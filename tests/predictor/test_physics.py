@@ -1,0 +1,132 @@
+"""Nothing physically impossible, as properties over random (model, GPU, math mode) draws, with the shipped model:
+no kernel above the peak FLOP/s of its math or the device's memory bandwidth, no node's backward faster than its
+forward where it does at least the forward's FLOPs, the step the explicit sum of its parts, and the math each
+op group is priced at as the precision names it."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from perfmodel.features.device_ops import op_work, row_maths
+from perfmodel.graph import graph_for_job
+from perfmodel.hardware.catalog import load_catalog
+from perfmodel.hardware.math import peak_gflops
+from perfmodel.jobs.spec import JobSpec, Precision
+from perfmodel.predictor import DevicePredictor
+from perfmodel.predictor.device_ops import BACKWARD, FORWARD
+
+TINY_BERT = {"model_type": "bert", "hidden_size": 128, "num_hidden_layers": 2, "num_attention_heads": 2,
+             "intermediate_size": 512, "vocab_size": 1000, "max_position_embeddings": 128}
+JOBS = {
+    "resnet18": dict(zoo="resnet18", batch_size=16),
+    "mobilenet_v2": dict(zoo="mobilenet_v2", batch_size=8, mode="inference"),
+    "tiny-bert": dict(hf_config=TINY_BERT, task="question-answering", batch_size=4, seq_len=64, optimizer="adamw"),
+}
+
+
+@pytest.fixture(scope="module")
+def predictor():
+    return DevicePredictor.load()
+
+
+@pytest.fixture(scope="module")
+def graphs():
+    return {name: graph_for_job(JobSpec.from_options(**job)) for name, job in JOBS.items()}
+
+
+GPUS = sorted(name for name, spec in load_catalog().items() if spec.kind == "gpu")
+draws = st.tuples(st.sampled_from(sorted(JOBS)), st.sampled_from(GPUS), st.sampled_from(list(Precision)))
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(draw=draws)
+def test_no_kernel_beats_the_peak_of_its_math_or_the_bandwidth(predictor, graphs, draw):
+    name, gpu, precision = draw
+    spec = JobSpec.from_options(**{**JOBS[name], "precision": precision.value})
+    hardware = predictor.catalog[gpu]
+    rows, out = predictor.predict_rows(spec, hardware, graphs[name])
+    work = op_work(rows)
+    seconds = out.latency_ms / 1e3
+    gemm = rows["op_class"].isin(["bmm", "linear", "conv2d"]).to_numpy()
+    peaks = np.array([peak_gflops(hardware, m, bool(g)) for m, g in zip(row_maths(rows), gemm)]) * 1e9
+    assert np.all(work.flops / seconds <= peaks * (1 + 1e-9)), "a kernel above the peak of its math"
+    bytes_per_s = (work.bytes_read + work.bytes_written) / seconds
+    assert np.all(bytes_per_s <= hardware.memory_bandwidth_gbps * 1e9 * (1 + 1e-9)), "a kernel above the bandwidth"
+    # and so the step: its FLOPs over its time never above the fastest math it uses
+    assert work.flops.sum() / seconds.sum() <= peaks.max() * (1 + 1e-9)
+
+    # backward never faster than forward, node by node, where it does at least the forward's FLOPs
+    heavy = {n.id for n in graphs[name].nodes if n.flops_fwd > 0 and n.flops_bwd >= n.flops_fwd}
+    per_node = (rows.assign(ms=out.latency_ms)[rows["node_id"].isin(heavy)]
+                .groupby(["node_id", "phase"])["ms"].sum().unstack(fill_value=0.0))
+    if BACKWARD in per_node:
+        both = per_node[(per_node[BACKWARD] > 0)]
+        assert np.all(both[BACKWARD].to_numpy() >= both[FORWARD].to_numpy() * (1 - 1e-9))
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(draw=draws)
+def test_the_step_is_the_sum_of_its_parts_and_names_its_math(predictor, graphs, draw):
+    name, gpu, precision = draw
+    spec = JobSpec.from_options(**{**JOBS[name], "precision": precision.value})
+    result = predictor.predict(spec, gpu, graph=graphs[name])
+    assert result.iteration_time_ms == pytest.approx(sum(result.breakdown_ms.values()))
+    if spec.mode.value == "train":
+        assert result.breakdown_ms["backward"] >= result.breakdown_ms["forward"]
+    maths = result.math_by_op_group
+    assert set(maths) == {"matmul", "conv", "autocast_fp32", "vector"}
+    if precision in (Precision.amp, Precision.fp16):
+        assert maths["matmul"] == maths["conv"] == "fp16"
+    if precision == Precision.fp32_strict:
+        assert set(maths.values()) == {"fp32"}
+    if precision.autocast:
+        assert maths["autocast_fp32"] == "fp32"
+
+
+def test_fp32_runs_convolutions_in_tf32_where_the_gpu_has_it(predictor, graphs):
+    """A plain fp32 script on an A100 gets TF32 convolutions (cuDNN's default) and fp32 matmuls; on a V100, fp32."""
+    spec = JobSpec.from_options(**JOBS["resnet18"])
+    a100 = predictor.predict(spec, "a100-sxm4-80gb", graph=graphs["resnet18"])
+    assert a100.math_by_op_group["conv"] == "tf32" and a100.math_by_op_group["matmul"] == "fp32"
+    assert any("TF32" in reason for reason in a100.extrapolation_reasons)
+    strict = predictor.predict(spec.model_copy(update={"precision": Precision.fp32_strict}), "a100-sxm4-80gb",
+                               graph=graphs["resnet18"])
+    assert strict.iteration_time_ms > a100.iteration_time_ms  # the same convolutions on CUDA cores
+    v100 = predictor.predict(spec, "v100-sxm2-32gb", graph=graphs["resnet18"])
+    assert v100.math_by_op_group["conv"] == "fp32"
+
+
+def test_amp_adds_weight_casts_and_the_grad_scaler(predictor, graphs):
+    from perfmodel.predictor.device import job_rows
+
+    hardware = predictor.catalog["a100-sxm4-80gb"]
+    fp32 = JobSpec.from_options(**JOBS["tiny-bert"])
+    amp = fp32.model_copy(update={"precision": Precision.amp})
+    rows_fp32, rows_amp = (job_rows(s, graphs["tiny-bert"], hardware) for s in (fp32, amp))
+    weights = sum(1 for n in graphs["tiny-bert"].nodes if n.kind.value in ("linear", "conv") and n.params > 0)
+    # one cast kernel per GEMM weight in forward (fp32 -> fp16) and one per gradient in backward (fp16 -> fp32)
+    assert (rows_amp["part"] == "weight_cast").sum() == 2 * weights > 0
+    assert (rows_fp32["part"] == "weight_cast").sum() == 0
+    # AdamW's 20 foreach passes (7 add kernels), plus the GradScaler's unscale under amp (8)
+    assert (rows_fp32["phase"] == "optimizer").sum() == 7 and (rows_amp["phase"] == "optimizer").sum() == 8
+    layernorm = rows_amp[rows_amp["kind"] == "layernorm"]
+    assert len(layernorm) and set(layernorm["dtype"]) == {"fp32"}  # autocast runs layer norm in fp32
+    assert set(rows_amp.loc[rows_amp["kind"] == "linear", "dtype"]) == {"fp16"}
+
+
+def test_a_host_bound_stream_waits_for_the_host():
+    from perfmodel.predictor.device import host_bound_ms
+
+    gpu = np.full(100, 0.002)  # 100 kernels of 2 us
+    assert host_bound_ms(gpu, 0.0) == pytest.approx(0.2)  # the device alone
+    assert host_bound_ms(gpu, 0.01) == pytest.approx(1.0 + 0.002)  # issued every 10 us: the host's pace
+    big = np.full(100, 1.0)
+    assert host_bound_ms(big, 0.01) == pytest.approx(100.0 + 0.01)  # long kernels hide the host but the first
+    rng = np.random.default_rng(0)
+    for _ in range(50):  # never below either bound, never above their sum
+        g, h = rng.exponential(0.05, rng.integers(1, 300)), rng.uniform(0, 0.05)
+        end = host_bound_ms(g, h)
+        assert max(g.sum(), h * len(g)) - 1e-12 <= end <= g.sum() + h * len(g) + 1e-12
