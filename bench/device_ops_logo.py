@@ -4,7 +4,9 @@
     .venv/bin/python bench/device_ops_logo.py --store sqlite:////tmp/gpu-ops.db
 
 Prints MAPE per op class × held-out GPU (fp32 NeuSight sweeps: bmm, linear, conv2d, elementwise, softmax,
-layernorm), and per op class averaged over GPUs. Data: NeuSight (sitar-lab/NeuSight, MIT).
+layernorm), and per op class averaged over GPUs. A GPU is held out with its chip (`chip_of`: every A100 variant,
+every source). Data: NeuSight (sitar-lab/NeuSight, MIT). Tensor-core rows: `--dtype fp16 --holdout-source vidur`
+(A100, A40), `--dtype fp16|bf16 --holdout-source llmservingsim` (RTX 3090, A6000 | RTX 4090, RTX PRO 6000).
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ def main() -> None:
     parser.add_argument("--n-estimators", type=int, default=DeviceOpRegressor().n_estimators)
     parser.add_argument("--max-depth", type=int, default=DeviceOpRegressor().max_depth)
     parser.add_argument("--nthread", type=int, default=1, help="XGBoost threads (default 1)")
+    parser.add_argument("--calibration-rows", type=int, default=2000,
+                        help="rows per class of the inner leave-one-GPU-out fit that sets the interval")
     parser.add_argument("--devices", help="comma-separated GPUs to hold out (default: every GPU of the source)")
     args = parser.parse_args()
 
@@ -49,7 +53,8 @@ def main() -> None:
     started = time.perf_counter()
     predictions = leave_one_device_out(
         ops, catalog, lambda: DeviceOpRegressor(n_estimators=args.n_estimators, max_depth=args.max_depth,
-                                                max_rows_per_class=args.max_rows_per_class, nthread=args.nthread),
+                                                max_rows_per_class=args.max_rows_per_class, nthread=args.nthread,
+                                                calibration_rows=args.calibration_rows),
         devices=devices, progress=print)
     predictions = predictions[(predictions["source"] == args.holdout_source) & (predictions["dtype"] == args.dtype)]
     print(f"fit + predict: {time.perf_counter() - started:.0f} s\n")

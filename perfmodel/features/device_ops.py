@@ -65,6 +65,11 @@ DEVICE_OP_FEATURES = (
     "rocm",
     # a GEMM or convolution on tensor/matrix cores (TF32, fp16, bf16, fp8 math): other tiles, other efficiency
     "tensor_math",
+    # tensor-core rows: the row's peak FLOP/s per board watt (missing elsewhere). A part whose datasheet tensor peak
+    # needs more power than its board has cannot hold that peak (large fp16 GEMMs reach 0.90-0.94 of it on an RTX
+    # 3090/4090, whose fp32-accumulate tensor rate is capped at half, 0.63-0.73 on an L40S, A100, A40 or RTX PRO
+    # 6000). On CUDA-core fp32 rows it did not transfer across GPUs held out (T4, P4), so it is left out there
+    "log_peak_per_watt",
 )
 # the features that describe the device itself; a regressor that must answer for unseen devices can leave them
 # out and rely on the ratios (roofline times, waves, intensity over ridge) alone
@@ -229,6 +234,9 @@ def device_op_features(ops: pd.DataFrame, catalog: Mapping[str, HardwareSpec]) -
     wave_compute_ms = np.ceil(waves) * tile_flops / (peak / units) * 1e3
     cores = units * np.nan_to_num(device["fp32_cores_per_cu"].to_numpy(), nan=64.0)
     elements = work.bytes_written / dtype_bytes(dtypes)
+    tensor = np.asarray([on_tensor_cores(catalog[d], m, bool(g)) for d, m, g in zip(ops["device"], maths, gemm)],
+                        dtype=bool)
+    watts = np.array([catalog[d].tdp_w or np.nan for d in ops["device"]], dtype=np.float64)
     out = {
         "log_batch": _log2p(_col(ops, "batch")),
         "log_m": _log2p(_col(ops, "m") + _col(ops, "in_channels")),
@@ -251,8 +259,8 @@ def device_op_features(ops: pd.DataFrame, catalog: Mapping[str, HardwareSpec]) -
         "working_set_over_l2": bytes_total / l2_bytes,
         "elements_per_core": elements / cores,
         "rocm": np.asarray([float(catalog[d].vendor == "AMD") for d in ops["device"]]),
-        "tensor_math": np.asarray([float(on_tensor_cores(catalog[d], m, bool(g)))
-                                   for d, m, g in zip(ops["device"], maths, gemm)]),
+        "log_peak_per_watt": np.where(tensor, np.log2(peak / 1e9 / watts), np.nan),
+        "tensor_math": tensor.astype(np.float64),
     }
     return pd.DataFrame(out, index=ops.index)[list(DEVICE_OP_FEATURES)]
 

@@ -39,6 +39,16 @@ class ImportStats:
         return record
 
 
+@dataclass(frozen=True)
+class Mapped:
+    """What one upstream row becomes: the op class, NeuSight-style op name, shape fields and facts for `extra`."""
+
+    op_class: str
+    op_name: str
+    shape: dict[str, int]
+    detail: dict[str, Any]
+
+
 class DeviceResolver:
     """Device names as a dataset writes them -> catalog ids, or None for a device the catalog lacks. Each name is
     looked up once; the catalog files are read once per import."""

@@ -55,6 +55,7 @@ from typing import Any
 
 from perfmodel.errors import PerfmodelError
 from perfmodel.importers.common import (
+    Mapped,
     DatasetImporter,
     DeviceResolver,
     ImportStats,
@@ -146,16 +147,6 @@ class Shard:
         return self.dims.expert_intermediate
 
 
-@dataclass(frozen=True)
-class Mapped:
-    """What one layer row becomes: the op class, NeuSight-style name, shape and facts for `extra`."""
-
-    op_class: str
-    op_name: str
-    shape: dict[str, int]
-    detail: dict[str, Any]
-
-
 Rule = Callable[[Shard, int], Mapped]  # (shard, T or S) -> record
 
 
@@ -202,14 +193,9 @@ VLLM_RULES: dict[str, Rule] = {
 # section 2: the legacy Hugging Face profiler (llm_profile/models/{llama,phimoe}.py)
 V0_RULES: dict[str, Rule] = {
     "embedding": _EMBEDDING,
-    "input_layernorm": _norm(implementation="eager"),
-    "post_layernorm": _norm(implementation="eager"),
-    "final_layernorm": _norm(implementation="eager"),
     "q_proj": _linear(_tokens, lambda s: s.h, lambda s: s.q),
     "k_proj": _linear(_tokens, lambda s: s.h, lambda s: s.kv),
     "v_proj": _linear(_tokens, lambda s: s.h, lambda s: s.kv),
-    "rope": _vector("elementwise", "mulu", _tokens, lambda s: s.q + s.kv,
-                    lambda s: {"kernel": "eager apply_rotary_pos_emb on q and k", "head_dim": s.d}),
     "o_proj": _linear(_tokens, lambda s: s.q, lambda s: s.h),
     "gate_proj": _linear(_tokens, lambda s: s.h, lambda s: s.f),
     "up_proj": _linear(_tokens, lambda s: s.h, lambda s: s.f),
@@ -230,6 +216,13 @@ SKIPPED_LAYERS: dict[str, str] = {
     "sampler": "sampler (top-k/top-p sampling kernels)",
     "attn": "attention (FlashAttention / SDPA: no op class)",
     "gate": "MoE router (gate linear + sparsemixer top-2 kernels, timed together)",
+    # the legacy profiler times Hugging Face's eager modules: its RMSNorm (to fp32, pow, mean, add, rsqrt, mul,
+    # to fp16, mul) and rotary embedding (slices, neg, cat, mul, add) are 5-8 kernels timed as one, which no one
+    # op row describes (imported as one layer norm, they taught the model layer norms 2-5x too slow)
+    "input_layernorm": "eager Hugging Face RMSNorm/LayerNorm: several kernels timed as one",
+    "post_layernorm": "eager Hugging Face RMSNorm/LayerNorm: several kernels timed as one",
+    "final_layernorm": "eager Hugging Face RMSNorm/LayerNorm: several kernels timed as one",
+    "rope": "eager Hugging Face rotary embedding: several kernels timed as one",
 }
 
 SECTION1 = "profiler/perf"

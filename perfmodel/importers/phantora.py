@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from perfmodel.importers.common import (
+    Mapped,
     DatasetImporter,
     DeviceResolver,
     ImportStats,
@@ -111,14 +112,6 @@ def tensors(args: Any) -> list[Tensor]:
     if isinstance(args, list):
         return [t for t in args if isinstance(t, Tensor)]
     return []
-
-
-@dataclass(frozen=True)
-class Mapped:
-    op_class: str
-    op_name: str
-    shape: dict[str, int]
-    detail: dict[str, Any]
 
 
 MapFn = Callable[[list[Tensor], Any], "Mapped | None"]  # (tensors, raw args) -> record, None: shapes not usable

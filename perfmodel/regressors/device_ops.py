@@ -57,7 +57,8 @@ TRANSFER_FEATURES = tuple(f for f in DEVICE_OP_FEATURES if f not in DEVICE_IDENT
 EXCLUDED_FEATURES: dict[str, tuple[str, ...]] = {
     **dict.fromkeys(GEMM_CLASSES, ("working_set_over_l2", "rocm")),
     **dict.fromkeys(VECTOR_CLASSES, ("intensity_over_ridge", "log_compute_ms", "log_roofline_ms", "waves",
-                                     "log_tiles", "wave_tail", "log_wave_compute_ms", "tensor_math")),
+                                     "log_tiles", "wave_tail", "log_wave_compute_ms", "tensor_math",
+                                     "log_peak_per_watt")),
 }
 
 

@@ -54,8 +54,24 @@ def test_features_are_named_ordered_and_finite_where_the_spec_is_complete(catalo
                m=[128, 0, 0], n=[128, 0, 0], k=[64, 0, 0], hidden=[0, 512, 1024], device="v100-pcie-32gb")
     features = device_op_features(ops, catalog)
     assert tuple(features.columns) == DEVICE_OP_FEATURES
-    assert np.isfinite(features.to_numpy()).all()
+    # peak per watt is a tensor-core feature: missing (NaN, XGBoost's "missing") on these fp32 CUDA-core rows
+    assert np.isfinite(features.drop(columns="log_peak_per_watt").to_numpy()).all()
+    assert features["log_peak_per_watt"].isna().all() and (features["tensor_math"] == 0).all()
     assert set(DEVICE_IDENTITY_FEATURES) <= set(DEVICE_OP_FEATURES)
+
+
+def test_tensor_core_rows_carry_their_math_peak_per_watt(catalog):
+    ops = _ops(op_class="linear", op_name="linear", dtype=["fp16", "fp32", "fp32"], math=["fp16", "fp32", "tf32"],
+               batch=1, m=4096, n=4096, k=4096, device="a100-sxm4-80gb")
+    features = device_op_features(ops, catalog)
+    assert list(features["tensor_math"]) == [1.0, 0.0, 1.0]
+    a100 = catalog["a100-sxm4-80gb"]
+    assert features["log_peak_per_watt"].iloc[0] == pytest.approx(np.log2(a100.peak_fp16_gflops / a100.tdp_w))
+    assert features["log_peak_per_watt"].iloc[2] == pytest.approx(np.log2(a100.peak_tf32_gflops / a100.tdp_w))
+    # TF32 reads fp32 tensors at the TF32 peak: the same bytes as fp32, 8x the compute rate
+    assert features["log_memory_ms"].iloc[1] == features["log_memory_ms"].iloc[2]
+    assert features["log_compute_ms"].iloc[1] - features["log_compute_ms"].iloc[2] == pytest.approx(
+        np.log2(a100.peak_tf32_gflops / a100.peak_fp32_gflops))
 
 
 def test_a_faster_device_has_a_shorter_roofline(catalog):

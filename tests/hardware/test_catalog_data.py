@@ -136,7 +136,6 @@ DEVICE_NAMES = {
     "RTX3090": "rtx-3090",
     "A6000": "rtx-a6000",
     "RTXPRO6000": "rtx-pro-6000-blackwell-server",
-    "a100-80gb": "a100-sxm4-80gb",  # splitwise (DGX-A100)
 }
 
 # every GPU the brief names must be in the catalog (ids other code and tests use stay as they are)

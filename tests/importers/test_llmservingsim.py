@@ -129,9 +129,9 @@ def test_legacy_hf_layers_are_fp16_nanoseconds(tiny, devices):
                                                           (2048, 4096, 64128)]  # HF's lm_head: every position
     assert q.latency_ms == pytest.approx(0.352932) and q.dtype == "fp16" and q.device == "test-a6000"
     assert records[(V0_TP2, "act_fn", 2048)].hidden == 7168
-    assert records[(V0_TP2, "rope", 2048)].hidden == (2048 + 512)
-    assert records[(V0_TP2, "input_layernorm", 1)].op_class == "layernorm"
-    assert ("attn" not in {layer for (_, layer, _) in records})
+    layers = {layer for (_, layer, _) in records}
+    # eager HF norms and rotary embeddings are several kernels timed as one: not imported as one op row
+    assert not layers & {"attn", "rope", "input_layernorm", "post_layernorm", "final_layernorm"}
 
 
 def test_unknown_devices_dims_that_disagree_and_bad_folders(tiny, devices, tmp_path):
@@ -156,7 +156,7 @@ def test_importing_again_adds_nothing(tiny, devices, tmp_path):
 
     with ProfileStore(f"sqlite:///{tmp_path / 'store.db'}") as store:
         added = store.add_op_measurements(records())
-        assert added == store.count_op_measurements(source="llmservingsim") == 9 + 2 + 2 + 6
+        assert added == store.count_op_measurements(source="llmservingsim") == 9 + 2 + 2 + 4  # v0: no eager norm, rope
         assert store.add_op_measurements(records()) == 0
         stored = store.op_measurements(op_class="linear")
         assert stored[["batch", "m", "n", "k"]].notna().all().all()
@@ -171,8 +171,9 @@ def test_the_real_dataset(llmservingsim_root):
     files = [f for f in files if f.startswith("profiler/perf/") or "/Llama-3.1-8B/tp1/" in f]  # (for speed)
     records = list(import_llmservingsim(llmservingsim_root, catalog=catalog, stats=stats, files=files))
     by_device = Counter((r.device, r.op_class) for r in records)
-    for device in ("rtx-4090", "rtx-a6000", "rtx-3090"):
-        for op_class in ("linear", "layernorm", "elementwise"):
+    for device, classes in (("rtx-4090", ("linear", "layernorm", "elementwise")),
+                            ("rtx-a6000", ("linear", "elementwise")), ("rtx-3090", ("linear", "elementwise"))):
+        for op_class in classes:  # (the legacy profiler's eager norms are not imported)
             assert by_device[(device, op_class)] > 0, (device, op_class)
     qkv = next(r for r in records if r.source_file == REAL_4090_DENSE and r.extra["layer"] == "qkv_proj"
                and r.num_tokens == 2048)
@@ -199,6 +200,6 @@ def test_the_import_command(tiny, tmp_path):
     result = CliRunner().invoke(app, ["import", "llmservingsim", str(tiny), "--store", url, "--json"])
     assert result.exit_code == 0, result.output
     summary = json.loads(result.stdout)
-    assert summary["records"] == summary["added"] == 19
+    assert summary["records"] == summary["added"] == 17  # (9 + 2 + 2 section-1 rows, 4 legacy rows)
     again = CliRunner().invoke(app, ["import", "llmservingsim", str(tiny), "--store", url, "--json"])
     assert json.loads(again.stdout)["added"] == 0
