@@ -290,11 +290,11 @@ def iteration_breakdown(c: ComputeArrays, p: PlacementArrays, params: IterationP
                   * _all_to_all(p, _Group.of(p, e, p.expert_nodes), c.moe_dispatch_bytes / t))
     launch = layers_per_stage * params.layer_overhead_ms
     # the host issues a stage's kernels whatever their size: a tensor-parallel shard has as many kernels as the
-    # whole model, smaller ones; what the stage's device time cannot hide is exposed every micro-batch. One device
-    # with no recompute keeps the device predictor's exact figure (`overhead_ms`, from the kernel stream)
+    # whole model, smaller ones; what the stage's device time cannot hide is exposed every micro-batch, and never
+    # less than what one device exposes for the stage's share of the kernels (`overhead_ms`, from the device
+    # predictor's kernel stream: exact for one device)
     host_stage = (c.host_forward_ms * (1 + p.checkpointing * train) + c.host_backward_ms * train) / pp
-    single = (split == 1) & (p.checkpointing * train == 0)
-    host_exposed = _maximum(host_stage - (fwd + bwd + recompute), _where(single, c.overhead_ms, 0.0))
+    host_exposed = _maximum(host_stage - (fwd + bwd + recompute), c.overhead_ms / pp)
     stage_ms = fwd + bwd + recompute + tp_ms + ep_ms + launch + host_exposed
 
     pp_ms = _when(pp > 1, lambda: (1 + train) * (m + pp - 2) * _send(p, c.layer_activation_bytes / t))

@@ -135,8 +135,11 @@ def _alone(placement: PlacementSpec, batch: int) -> PlacementSpec:
 
 
 @pytest.mark.parametrize("job", [JobSpec.from_options(zoo="resnet18", batch_size=16),
-                                 JobSpec.from_options(zoo="bert-small", batch_size=4, seq_len=128)],
-                         ids=["resnet18", "bert-small"])
+                                 JobSpec.from_options(zoo="bert-small", batch_size=4, seq_len=128),
+                                 JobSpec.from_options(zoo="resnet18", batch_size=16, precision="amp"),
+                                 JobSpec.from_options(zoo="bert-small", batch_size=4, seq_len=128, precision="tf32",
+                                                      optimizer="adamw")],
+                         ids=["resnet18", "bert-small", "resnet18-amp", "bert-small-tf32"])
 def test_real_predictions_obey_the_physics_over_random_placements(predictor, job):
     rng = np.random.default_rng(len(job.name))
     placements = _random_placements(rng, job.batch_size, 40)
