@@ -79,11 +79,6 @@ def resolved_table(precision: Precision, spec: HardwareSpec) -> dict[str, RowMat
             for group, entry in MATH_TABLE[precision].items()}
 
 
-def row_math(precision: Precision, kind: str, spec: HardwareSpec) -> RowMath:
-    """Storage dtype and math of a kernel of an IR `kind` in a job of `precision` on `spec`."""
-    return resolved_table(precision, spec)[group_of(kind)]
-
-
 def maths_by_group(precision: Precision, spec: HardwareSpec) -> dict[str, str]:
     """{group: math} of a precision on a device: what a prediction says each op group was priced at."""
     return {group: entry.math for group, entry in resolved_table(precision, spec).items()}
