@@ -22,6 +22,7 @@ import pandas as pd
 
 from perfmodel.errors import PerfmodelError
 from perfmodel.hardware.math import on_tensor_cores, peak_gflops
+from perfmodel.hardware.impute import imputed
 from perfmodel.hardware.spec import HardwareSpec
 
 DTYPE_BYTES: dict[str, int] = {"fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2, "fp8": 1, "int8": 1}
@@ -189,13 +190,14 @@ def _device_columns(devices: pd.Series, maths: pd.Series, gemm: np.ndarray,
         raise PerfmodelError(f"device(s) {missing} are not in the hardware catalog given")
     table = {}
     keys = list(zip(devices, maths, gemm))
+    specs = {device: imputed(catalog[device], catalog.values())[0] for device in set(devices)}
     for device, math, is_gemm in set(keys):
-        spec = catalog[device]
+        spec = specs[device]
         table[(device, math, is_gemm)] = {
             "peak_gflops": peak_gflops(spec, math, bool(is_gemm)),
             "memory_bandwidth_gbps": spec.memory_bandwidth_gbps,
             "compute_units": float(spec.compute_units),
-            "l2_cache_mb": spec.l2_cache_mb or np.nan,
+            "l2_cache_mb": spec.l2_cache_mb or np.nan,  # NaN only if no reference device has it
             "boost_clock_mhz": spec.boost_clock_mhz or np.nan,
             "fp32_cores_per_cu": spec.fp32_cores_per_cu or np.nan,
             "memory_gb": spec.memory_gb,
@@ -236,7 +238,8 @@ def device_op_features(ops: pd.DataFrame, catalog: Mapping[str, HardwareSpec]) -
     elements = work.bytes_written / dtype_bytes(dtypes)
     tensor = np.asarray([on_tensor_cores(catalog[d], m, bool(g)) for d, m, g in zip(ops["device"], maths, gemm)],
                         dtype=bool)
-    watts = np.array([catalog[d].tdp_w or np.nan for d in ops["device"]], dtype=np.float64)
+    tdp_w = {device: imputed(catalog[device], catalog.values())[0].tdp_w for device in set(ops["device"])}
+    watts = np.array([tdp_w[d] or np.nan for d in ops["device"]], dtype=np.float64)
     out = {
         "log_batch": _log2p(_col(ops, "batch")),
         "log_m": _log2p(_col(ops, "m") + _col(ops, "in_channels")),

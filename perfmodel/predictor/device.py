@@ -41,6 +41,7 @@ import pandas as pd
 
 from perfmodel.errors import PerfmodelError
 from perfmodel.graph.ir import Graph
+from perfmodel.hardware.impute import imputed
 from perfmodel.hardware.spec import HardwareSpec
 from perfmodel.jobs.spec import JobSpec, Precision
 from perfmodel.predictor.device_ops import BACKWARD, FORWARD, graph_op_rows, memory_row
@@ -217,14 +218,17 @@ class DevicePredictor:
         """The iteration of these row latencies: their sum plus the host time they cannot hide."""
         return sum(self.breakdown(rows, latency_ms).values())
 
-    @staticmethod
-    def _reasons(rows: pd.DataFrame, out: Any, hardware: HardwareSpec, graph: Graph) -> tuple[str, ...]:
+    def _reasons(self, rows: pd.DataFrame, out: Any, hardware: HardwareSpec, graph: Graph) -> tuple[str, ...]:
         reasons = []
         if out.extrapolated.any():
             outside = rows.loc[out.extrapolated]
             classes = ", ".join(sorted(set(outside["op_class"])))
             reasons.append(f"{int(out.extrapolated.sum())} of {len(rows)} ops ({classes}) lie outside the model's "
                            f"training devices or maths on {hardware.name}")
+        _, filled = imputed(hardware, self.catalog.values())
+        if filled:
+            reasons.append(f"{hardware.name} gives no " + "; no ".join(f"{field} ({how})"
+                                                                        for field, how in sorted(filled.items())))
         if (rows["math"] == "tf32").any():
             reasons.append("TF32 is priced from tensor-core measurements of other dtypes and the spec sheet's TF32 "
                            "peak: no public TF32 measurement exists")

@@ -1,0 +1,42 @@
+"""Missing spec-sheet fields are filled (physics first, then the nearest device), never passed to a model as NaN."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from perfmodel.features.device_ops import DEVICE_FEATURES, device_op_features
+from perfmodel.hardware.catalog import load_catalog
+from perfmodel.hardware.impute import NEIGHBOUR_FIELDS, derived_boost_clock_mhz, imputed
+
+
+def test_the_derived_clock_is_the_one_the_fp32_peak_implies():
+    a100 = load_catalog()["a100-sxm4-80gb"]  # 108 SMs x 64 lanes x 2 x 1410 MHz = 19.5 TFLOP/s
+    assert derived_boost_clock_mhz(a100) == pytest.approx(a100.boost_clock_mhz, rel=0.01)
+
+
+@pytest.mark.parametrize("name", sorted(n for n, s in load_catalog().items() if s.kind == "gpu"))
+def test_every_catalog_gpu_gets_every_device_feature(name):
+    catalog = load_catalog()
+    spec, origin = imputed(catalog[name], catalog.values())
+    for field in NEIGHBOUR_FIELDS + ("boost_clock_mhz",):
+        assert getattr(spec, field) is not None
+        assert (getattr(catalog[name], field) is None) == (field in origin)
+    ops = pd.DataFrame({"op_class": ["elementwise", "linear"], "kind": ["elementwise", "linear"], "m": [1, 512],
+                        "n": [1, 512], "k": [0, 512], "batch": [1, 1], "dtype": ["fp32", "fp16"], "device": name})
+    features = device_op_features(ops, catalog)
+    assert not features[list(DEVICE_FEATURES) + ["working_set_over_l2", "elements_per_core"]].isna().any().any()
+
+
+def test_a_device_without_l2_gets_the_features_of_its_nearest_neighbour():
+    catalog = load_catalog()
+    blank = catalog["h100-sxm5"].model_copy(update={"name": "h100-no-l2", "aliases": (), "l2_cache_mb": None})
+    spec, origin = imputed(blank, catalog.values())
+    assert spec.l2_cache_mb == catalog["h100-sxm5"].l2_cache_mb and "h100-sxm5" in origin["l2_cache_mb"]
+    ops = pd.DataFrame({"op_class": ["elementwise"], "kind": ["elementwise"], "m": [4096], "n": [4096], "k": [0],
+                        "batch": [1], "dtype": ["fp32"]})
+    both = {**catalog, "h100-no-l2": blank}
+    with_l2 = device_op_features(ops.assign(device="h100-sxm5"), both)
+    without = device_op_features(ops.assign(device="h100-no-l2"), both)
+    pd.testing.assert_frame_equal(with_l2, without)
