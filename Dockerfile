@@ -5,9 +5,17 @@
 #     --build-arg BASE_IMAGE=nvidia/cuda:12.4.1-runtime-ubuntu22.04 \
 #     --build-arg TORCH_CONSTRAINTS= --build-arg TORCH_INDEX_URL= .               # CUDA (PyPI's CUDA torch)
 #
-#   docker run --rm -p 8000:8000 -v perfmodel-data:/data perfmodel                # serves on :8000, /healthz
-#   docker run --rm --gpus all -p 8000:8000 perfmodel:cuda
+#   docker run --rm -p 8000:8000 -v perfmodel-data:/data \
+#     -e PERFMODEL_TOKEN_SHA256=$(docker run --rm perfmodel perfmodel serve --hash-token "$TOKEN") \
+#     perfmodel                                                                   # serves on :8000, /healthz
+#   docker run --rm --gpus all -p 8000:8000 -e PERFMODEL_TOKEN_SHA256=... perfmodel:cuda
 #   docker run --rm perfmodel perfmodel zoo list                                  # any other perfmodel command
+#
+# The write token: the server listens on 0.0.0.0 in the container, so it refuses to start with writes open. Give it
+# the SHA-256 of a token (never the token itself) in PERFMODEL_TOKEN_SHA256 (comma-separated for several; the
+# `--hash-token` line above prints it); clients then send "Authorization: Bearer $TOKEN" to register jobs, post
+# observations and promote models. Reads stay open (PERFMODEL_READ_REQUIRES_TOKEN=true closes them too). On a
+# network where anyone may write, say so explicitly: -e PERFMODEL_ALLOW_OPEN_WRITES=true.
 #
 # Runtime settings are PERFMODEL_* environment variables (`-e PERFMODEL_STORE_URL=postgresql+psycopg://...`).
 # The profile store defaults to SQLite under PERFMODEL_HOME=/data; the shipped models are in /app/models.

@@ -15,8 +15,12 @@ run: setup
 
 # The suite runs next to a throwaway PostgreSQL server (scripts/with-postgres.sh installs Debian's postgresql when
 # root and it is missing); where none can be started, the PostgreSQL tests skip and say why.
+# Two pytest-xdist workers (one per core, one torch thread each; TEST_WORKERS=0 runs in one process), each taking
+# whole files so that module-scoped fixtures are built once; each worker has its own PostgreSQL database
+# (tests/conftest.py).
+TEST_WORKERS ?= 2
 test: setup
-	bash scripts/with-postgres.sh $(VENV)/bin/python -m pytest -q
+	bash scripts/with-postgres.sh $(VENV)/bin/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=25
 
 bench: setup
 	$(VENV)/bin/python bench/service.py

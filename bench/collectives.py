@@ -38,8 +38,8 @@ from perfmodel.hardware.catalog import get_accelerator, load_catalog
 from perfmodel.importers.deepbench import deepbench_files, import_deepbench
 from perfmodel.importers.vidur import import_vidur, vidur_files
 from perfmodel.placement.comm import (
-    LinkModel,
     PCIE_X16_GBPS,
+    LinkModel,
     dump_link_table,
     fit_link,
     hierarchical_allreduce_ms,

@@ -24,13 +24,13 @@ from pathlib import Path
 
 import pandas as pd
 
-from perfmodel.evaluation.neusight_models import GraphCache, evaluate_models, mape_by, scan_labels
 from perfmodel.evaluation.device_ops import training_rows
+from perfmodel.evaluation.neusight_models import GraphCache, evaluate_models, mape_by, scan_labels
 from perfmodel.features.device_ops import roofline_ms
 from perfmodel.hardware.catalog import load_catalog
 from perfmodel.regressors.device_ops import DeviceOpRegressor
-from perfmodel.store import ProfileStore
 from perfmodel.settings import get_settings
+from perfmodel.store import ProfileStore
 
 DEFAULT_DATASETS = get_settings().datasets_dir
 

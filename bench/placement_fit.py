@@ -22,9 +22,20 @@ from pathlib import Path
 
 import numpy as np
 
-from perfmodel.evaluation.placement import (ADAPTDL_MODELS, adaptdl_params, adaptdl_rows, evaluate_adaptdl,
-                                            evaluate_vtrain, fit_adaptdl, fit_vtrain, mape, vtrain_arrays,
-                                            vtrain_computes, vtrain_params, vtrain_rows)
+from perfmodel.evaluation.placement import (
+    ADAPTDL_MODELS,
+    adaptdl_params,
+    adaptdl_rows,
+    evaluate_adaptdl,
+    evaluate_vtrain,
+    fit_adaptdl,
+    fit_vtrain,
+    mape,
+    vtrain_arrays,
+    vtrain_computes,
+    vtrain_params,
+    vtrain_rows,
+)
 from perfmodel.placement.comm import load_links
 from perfmodel.placement.iteration import IterationParams, dump_params, params_path
 from perfmodel.settings import get_settings

@@ -25,8 +25,13 @@ from pathlib import Path
 import pandas as pd
 
 from perfmodel.evaluation.device_ops import chip_of, training_rows
-from perfmodel.evaluation.whole_model import (adaptdl_measurements, neusight_measurements,
-                                              predict_measurements, summary, vtrain_measurements)
+from perfmodel.evaluation.whole_model import (
+    adaptdl_measurements,
+    neusight_measurements,
+    predict_measurements,
+    summary,
+    vtrain_measurements,
+)
 from perfmodel.hardware.catalog import load_catalog
 from perfmodel.placement.iteration import load_params
 from perfmodel.predictor.device import DevicePredictor

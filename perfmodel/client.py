@@ -8,9 +8,11 @@
         pm.matrix([job], grid={"accelerators": ["t4", "v100-sxm2-32gb"], "device_counts": [1, 2, 4]})
         pm.observe(job, {"accelerator": "t4"}, throughput_samples_per_s=412.0)
 
-Jobs are given by id or as a `JobSpec` (or its dict); placements as a `PlacementSpec` or a dict (its
-`global_batch_size` may be left out: the job's batch × the data-parallel degree). Responses are the service's JSON
-as dicts. A 4xx or 5xx answer raises `ServiceError` with the status and the service's `detail`.
+Jobs are given by id or as a `JobSpec` (or its dict); placements as a `PlacementSpec` or a dict. A job's
+`batch_size` is the samples of one forward/backward pass of one model replica; a placement's `global_batch_size`
+is the samples of one iteration over all replicas and micro-batches, and may be left out: the job's batch × the
+data-parallel degree × the micro-batches (README, "Batch size"). Responses are the service's JSON as dicts. A 4xx
+or 5xx answer raises `ServiceError` with the status and the service's `detail`.
 """
 
 from __future__ import annotations
@@ -67,8 +69,9 @@ class Client:
                      ir: Mapping[str, Any] | str | None = None, batch_size: int | None = None,
                      **run: Any) -> dict[str, Any]:
         """Register a job: a `JobSpec` (or dict), or one of `zoo`, `hf_config`, `ir` (the IR JSON that `perfmodel
-        graph --json` printed, as text or dict) plus `batch_size` and run settings (seq_len, precision, optimizer,
-        mode). Returns the job (`job_id`, `created`, graph size)."""
+        graph --json` printed, as text or dict) plus `batch_size` (one replica's forward/backward pass; an IR's
+        must be the batch it was captured at) and run settings (seq_len, precision, optimizer, mode). Returns the
+        job (`job_id`, `created`, graph size)."""
         if spec is None:
             spec = _spec_from_options(zoo=zoo, hf_config=hf_config, task=task, ir=ir, batch_size=batch_size, **run)
         return self._call("POST", "/v1/jobs", json=_json(spec))
@@ -109,9 +112,18 @@ class Client:
         return self._call("POST", "/v1/predict/matrix", json=body)
 
     def observe(self, job_id: str, placement: PlacementRef, *, throughput_samples_per_s: float) -> dict[str, Any]:
-        """Tell the service what a running job measured; its later predictions are calibrated by it."""
+        """Tell the service what a running job measured (samples/s over the whole job); its later predictions are
+        calibrated by it. A throughput physics rules out raises ServiceError(422)."""
         return self._call("POST", "/v1/observations", json={
             "job": job_id, "placement": _json(placement), "throughput_samples_per_s": throughput_samples_per_s})
+
+    def observation(self, observation_id: int) -> dict[str, Any]:
+        """One stored observation."""
+        return self._call("GET", f"/v1/observations/{int(observation_id)}")
+
+    def delete_observation(self, observation_id: int) -> dict[str, Any]:
+        """Delete an observation; the answer holds its job's calibration without it."""
+        return self._call("DELETE", f"/v1/observations/{int(observation_id)}")
 
     # --- catalog, models, health ---
 

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from perfmodel.errors import DeviceError
 
+if TYPE_CHECKING:  # torch is imported when a device is resolved, not with this module
+    import torch
 
-def resolve_device(name: str | Any = "cpu") -> Any:
+
+def resolve_device(name: str | Any = "cpu") -> torch.device:
     """'cpu', 'cuda', 'cuda:N' (also 'rocm', 'rocm:N', 'gpu') -> a torch.device that exists here, else DeviceError."""
     import torch
 

@@ -24,7 +24,7 @@ class UnknownNameError(PerfmodelError, KeyError):
         self.close_matches = close
 
     def __str__(self) -> str:  # KeyError would quote the message
-        return self.args[0]
+        return str(self.args[0])
 
 
 class DeviceError(PerfmodelError):

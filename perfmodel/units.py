@@ -11,10 +11,6 @@ def s_to_ms(seconds: float) -> float:
     return seconds * MS_PER_S
 
 
-def ms_to_s(ms: float) -> float:
-    return ms / MS_PER_S
-
-
 def us_to_ms(us: float) -> float:
     return us / US_PER_MS
 

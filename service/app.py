@@ -2,6 +2,9 @@
 opened and the models are loaded in the lifespan, when a server starts the app.
 
     uvicorn --factory service.app:app_from_env      # what `perfmodel serve --workers N` runs in each worker
+
+The API docs (/docs: Swagger UI, /redoc: ReDoc) work offline: their JavaScript and CSS are served by the service
+itself (`DOCS_ASSETS_URL`, from the `fastapi-offline` package), never fetched from a CDN.
 """
 
 from __future__ import annotations
@@ -9,18 +12,24 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import threading
 from collections.abc import AsyncIterator
+from pathlib import Path
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
+from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html, get_swagger_ui_oauth2_redirect_html
+from fastapi.responses import HTMLResponse
+from fastapi.staticfiles import StaticFiles
 from starlette.concurrency import run_in_threadpool
 
 import perfmodel
 from service import errors
-from service.limits import BodyLimitMiddleware
+from service.fastpath import PredictFastPath
+from service.limits import LimitsMiddleware
 from service.metrics import Metrics, MetricsMiddleware
 from service.routers import accelerators, health, jobs, models, observations, predict
 from service.settings import ServiceSettings
-from service.state import ServiceState
+from service.state import ServiceState, open_state
 
 log = logging.getLogger("perfmodel.service")
 
@@ -34,20 +43,6 @@ Writes (jobs, observations, promotions) need a bearer token when the server has 
 """
 
 
-def open_state(settings: ServiceSettings, metrics: Metrics) -> ServiceState:
-    """Open the store and load the models (blocking). Raises if either fails: the server does not start."""
-    from perfmodel.predictor.placed import PlacementPredictor
-    from perfmodel.store.jobs import JobStore
-
-    store = JobStore(settings.resolved_store_url())
-    try:
-        predictor = PlacementPredictor.load(settings.models_dir, settings.model_version)
-        return ServiceState(settings, store, predictor, metrics)
-    except BaseException:
-        store.close()
-        raise
-
-
 async def _keep_in_sync(state: ServiceState, interval_s: float) -> None:
     while True:
         await asyncio.sleep(interval_s)
@@ -55,6 +50,15 @@ async def _keep_in_sync(state: ServiceState, interval_s: float) -> None:
             await run_in_threadpool(state.sync_once)
         except Exception:  # a store hiccup: try again next time
             log.exception("sync with the store failed")
+
+
+def _prestart_captures() -> None:
+    from perfmodel.graph.capture import prestart
+
+    try:
+        prestart()
+    except Exception:  # the first capture tries again, and reports what fails
+        log.exception("the graph-capture fork server did not start")
 
 
 def create_app(settings: ServiceSettings | None = None) -> FastAPI:
@@ -68,7 +72,9 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
         if settings.writes_open:
             log.warning("no write token configured (PERFMODEL_TOKEN_SHA256): anyone who reaches %s may register "
                         "jobs, post observations and promote models", settings.host)
-        log.info("serving %s from %s", state.predictor.model_versions, state.store)
+        log.info("serving %s from %s", state.engine.model_versions, state.store)
+        if settings.capture_prestart:
+            threading.Thread(target=_prestart_captures, name="perfmodel-capture-prestart", daemon=True).start()
         task = asyncio.create_task(_keep_in_sync(state, settings.sync_interval_s)) if settings.sync_interval_s else None
         try:
             yield
@@ -79,14 +85,53 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
                     await task
             state.store.close()
 
-    app = FastAPI(title="perfmodel", version=perfmodel.__version__, description=DESCRIPTION, lifespan=lifespan)
+    app = FastAPI(title="perfmodel", version=perfmodel.__version__, description=DESCRIPTION, lifespan=lifespan,
+                  docs_url=None, redoc_url=None)
     errors.install(app)
     for module in (jobs, predict, observations, accelerators, models, health):
         app.include_router(module.router)
-    app.add_middleware(BodyLimitMiddleware, max_request_bytes=settings.max_request_bytes,
-                       max_multipart_bytes=settings.max_onnx_bytes)
+    install_docs(app)
+    app.add_middleware(PredictFastPath, owner=app)  # innermost: behind the limits, counted by the metrics
+    app.add_middleware(LimitsMiddleware, settings=settings)
     app.add_middleware(MetricsMiddleware, metrics=metrics)  # outermost: times and counts every response
     return app
+
+
+DOCS_ASSETS_URL = "/docs-assets"
+
+
+def docs_assets_dir() -> str:
+    """Swagger UI's and ReDoc's JavaScript and CSS, as the `fastapi-offline` package ships them."""
+    import fastapi_offline
+
+    return str(Path(fastapi_offline.__file__).parent / "static")
+
+
+def install_docs(app: FastAPI) -> None:
+    """/docs (Swagger UI) and /redoc (ReDoc) with every asset served from `DOCS_ASSETS_URL`: they render on a
+    cluster without internet access."""
+    app.mount(DOCS_ASSETS_URL, StaticFiles(directory=docs_assets_dir()), name="docs-assets")
+    redirect_url = app.swagger_ui_oauth2_redirect_url or "/docs/oauth2-redirect"
+
+    @app.get("/docs", include_in_schema=False)
+    async def swagger_ui(request: Request) -> HTMLResponse:
+        root = request.scope.get("root_path", "")
+        return get_swagger_ui_html(openapi_url=f"{root}{app.openapi_url}", title=f"{app.title} - Swagger UI",
+                                   oauth2_redirect_url=f"{root}{redirect_url}",
+                                   swagger_js_url=f"{root}{DOCS_ASSETS_URL}/swagger-ui-bundle.js",
+                                   swagger_css_url=f"{root}{DOCS_ASSETS_URL}/swagger-ui.css",
+                                   swagger_favicon_url=f"{root}{DOCS_ASSETS_URL}/favicon.png")
+
+    @app.get(redirect_url, include_in_schema=False)
+    async def swagger_ui_redirect() -> HTMLResponse:
+        return get_swagger_ui_oauth2_redirect_html()
+
+    @app.get("/redoc", include_in_schema=False)
+    async def redoc(request: Request) -> HTMLResponse:
+        root = request.scope.get("root_path", "")
+        return get_redoc_html(openapi_url=f"{root}{app.openapi_url}", title=f"{app.title} - ReDoc",
+                              redoc_js_url=f"{root}{DOCS_ASSETS_URL}/redoc.standalone.js",
+                              redoc_favicon_url=f"{root}{DOCS_ASSETS_URL}/favicon.png", with_google_fonts=False)
 
 
 def app_from_env() -> FastAPI:

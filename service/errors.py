@@ -2,7 +2,8 @@
 
 Validation errors are 422 with FastAPI's shape, `{"detail": [{"loc": [...], "msg": ..., "type": ...}]}`, where
 `loc` names the field; a `PerfmodelError` (bad input found past validation: an unknown accelerator, a graph that
-cannot be captured) is a 422 too. The request's input is never echoed back (an IR can be megabytes).
+cannot be captured) is a 422 too. The engine's domain errors map by kind: `FieldError` 422 at its `loc` (under
+"body"), `NotFound` 404, `Refused` 409. The request's input is never echoed back (an IR can be megabytes).
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
+from perfmodel.engine.errors import FieldError, Refused
+from perfmodel.engine.errors import NotFound as EngineNotFound
 from perfmodel.errors import PerfmodelError
 
 
@@ -88,7 +91,24 @@ async def _perfmodel_error(_request: Request, exc: Exception) -> JSONResponse:
     return JSONResponse({"detail": [{"loc": loc, "msg": message, "type": "value_error"}]}, status_code=422)
 
 
+async def _field_error(_request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, FieldError)
+    errors = [{**e, "loc": ["body", *e.get("loc", ())]} for e in exc.errors]
+    return JSONResponse({"detail": clean_errors(errors)}, status_code=422)
+
+
+async def _not_found(_request: Request, exc: Exception) -> JSONResponse:
+    return JSONResponse({"detail": str(exc)}, status_code=404)
+
+
+async def _refused(_request: Request, exc: Exception) -> JSONResponse:
+    return JSONResponse({"detail": str(exc)}, status_code=409)
+
+
 def install(app: FastAPI) -> None:
     app.add_exception_handler(ApiError, _api_error)
+    app.add_exception_handler(FieldError, _field_error)
+    app.add_exception_handler(EngineNotFound, _not_found)
+    app.add_exception_handler(Refused, _refused)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(PerfmodelError, _perfmodel_error)

@@ -1,4 +1,5 @@
-"""Start a real `perfmodel serve` in a subprocess on a free loopback port and wait until it is ready.
+"""Start a real `perfmodel serve` in a subprocess on a free loopback port and wait until it is ready; and the
+check every launch makes first, `refuse_open_writes`: never open to the network by accident.
 
 Used by the integration tests, `bench/service.py` and `examples/scheduler.py`:
 
@@ -8,6 +9,7 @@ Used by the integration tests, `bench/service.py` and `examples/scheduler.py`:
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import socket
 import subprocess
@@ -19,14 +21,46 @@ import urllib.request
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from service.settings import ServiceSettings
 
 DEFAULT_START_TIMEOUT_S = 120.0
+
+
+OPEN_WRITES_FIX = ('set a write token: export PERFMODEL_TOKEN_SHA256=$(perfmodel serve --hash-token "$TOKEN") '
+                   '(clients send "Authorization: Bearer $TOKEN"), or pass --allow-open-writes '
+                   '(PERFMODEL_ALLOW_OPEN_WRITES=true) if anyone who reaches it may write')
+
+
+def is_loopback(host: str) -> bool:
+    """Whether `host` is reachable from this machine only: localhost, 127.0.0.0/8 or ::1 (a name other than
+    localhost counts as reachable from the network: it may resolve to anything)."""
+    if host.strip().lower() in ("localhost", "localhost.", "ip6-localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host.strip().strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def refuse_open_writes(settings: ServiceSettings) -> None:
+    """Refuse to serve beyond this machine with writes open (no write token configured), unless the settings
+    say `allow_open_writes`: a PerfmodelError whose message is the one-line fix."""
+    from perfmodel.errors import PerfmodelError
+
+    host = settings.host
+    if settings.writes_open and not settings.allow_open_writes and not is_loopback(host):
+        raise PerfmodelError(f"refusing to serve on {host} with writes open to anyone who reaches it: "
+                             f"{OPEN_WRITES_FIX}")
 
 
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        port: int = s.getsockname()[1]
+        return port
 
 
 def perfmodel_executable() -> str:
@@ -65,8 +99,9 @@ class LocalServer:
             handle, name = tempfile.mkstemp(prefix="perfmodel-serve-", suffix=".log")
             os.close(handle)
             self.log_path = Path(name)
-        env = {**os.environ, "PERFMODEL_LOG_LEVEL": "warning", **self.env, "PERFMODEL_HOST": "127.0.0.1",
-               "PERFMODEL_PORT": str(self.port)}
+        # no capture fork server at start (it preloads torch for 10-20 s of CPU): the first capture starts it
+        env = {**os.environ, "PERFMODEL_LOG_LEVEL": "warning", "PERFMODEL_CAPTURE_PRESTART": "false", **self.env,
+               "PERFMODEL_HOST": "127.0.0.1", "PERFMODEL_PORT": str(self.port)}
         with self.log_path.open("wb") as log:
             self.process = subprocess.Popen([perfmodel_executable(), "serve", *self.args], env=env, stdout=log,
                                             stderr=subprocess.STDOUT)
@@ -84,7 +119,8 @@ class LocalServer:
     def _ready(self) -> bool:
         try:
             with urllib.request.urlopen(f"{self.url}/readyz", timeout=1) as response:
-                return response.status == 200
+                status: int = response.status
+                return status == 200
         except (urllib.error.URLError, OSError):
             return False
 

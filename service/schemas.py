@@ -6,8 +6,8 @@ printed on the client's machine; module paths and server-side ONNX paths are ref
 runs user code, nor reads files a client names). ONNX models are uploaded to `POST /v1/jobs` as multipart.
 
 A placement is a `PlacementSpec` whose `global_batch_size` may be left out: it then is the job's batch size times
-the data-parallel degree (every replica runs the job's batch), and without `parallelism` every device is a
-data-parallel replica.
+the data-parallel degree times the micro-batches (every replica runs the job's batch in each forward/backward pass;
+README, "Batch size"), and without `parallelism` every device is a data-parallel replica.
 """
 
 from __future__ import annotations
@@ -16,11 +16,13 @@ import math
 from datetime import datetime
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator, model_validator
 
+from perfmodel.jobs.limits import JobLimitError, check_graph_nodes, check_spec
 from perfmodel.jobs.spec import GraphSource, HFConfigSource, JobSpec, ZooSource
 from perfmodel.placement.spec import Parallelism, PlacementSpec
 from perfmodel.predictor.predict import Prediction
+from service.limits import current_limits
 
 JOB_ID_PATTERN = r"^[0-9a-f]{24}$"
 REFUSED_SOURCES = {
@@ -35,13 +37,13 @@ JobId = Annotated[str, Field(pattern=JOB_ID_PATTERN, description="a job id from 
 
 
 class _In(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
 
 class ApiJobSpec(JobSpec):
     """A job spec as the API takes it: a zoo name, an HF config or a graph IR, plus how it runs."""
 
-    source: ApiModelSource  # type: ignore[assignment]
+    source: ApiModelSource
 
     @model_validator(mode="before")
     @classmethod
@@ -50,10 +52,26 @@ class ApiJobSpec(JobSpec):
             kind = data["source"].get("kind")
             if isinstance(kind, str) and kind in REFUSED_SOURCES:
                 raise ValueError(f"source.kind {kind!r} is refused: {REFUSED_SOURCES[kind]}")
+            graph = data["source"].get("graph")
+            if kind == "ir" and isinstance(graph, dict) and isinstance(graph.get("nodes"), list):
+                try:  # before its nodes are parsed
+                    check_graph_nodes(len(graph["nodes"]), current_limits().job, where="source.graph")
+                except JobLimitError as exc:
+                    raise ValueError(str(exc)) from None
         return data
 
     @model_validator(mode="after")
-    def _known_zoo_name(self) -> "ApiJobSpec":
+    def _within_job_limits(self) -> ApiJobSpec:
+        """What a job may be (PERFMODEL_JOB_LIMITS__*): batch, sequence, and an HF config's depth, finite numbers,
+        layers, widths and estimated parameters, before anything is built."""
+        try:
+            check_spec(self, current_limits().job)
+        except JobLimitError as exc:
+            raise ValueError(str(exc)) from None
+        return self
+
+    @model_validator(mode="after")
+    def _known_zoo_name(self) -> ApiJobSpec:
         if isinstance(self.source, ZooSource):
             from perfmodel.jobs.zoo import get_entry
 
@@ -73,14 +91,43 @@ JobRef = Annotated[Union[Annotated[JobId, Tag("job_id")], Annotated[ApiJobSpec, 
 
 
 class PlacementIn(PlacementSpec):
-    """A placement; `global_batch_size` defaults to the job's batch size × the data-parallel degree, and
-    `parallelism` to data parallelism over every device."""
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
-    global_batch_size: int | None = Field(default=None, ge=1, description="samples per iteration over all "  # type: ignore[assignment]
-                                          "replicas; default: the job's batch size × parallelism.data")
+    """A placement; `global_batch_size` defaults to the job's batch size × the data-parallel degree × the
+    micro-batches, and `parallelism` to data parallelism over every device."""
+
+    global_batch_size: int | None = Field(default=None, ge=1, description="samples per iteration (one optimizer "  # type: ignore[assignment]
+                                          "step) over all replicas and micro-batches; default: the job's batch_size "
+                                          "× parallelism.data × parallelism.micro_batches (README, \"Batch size\")")
+
+    @field_validator("devices_per_node")
+    @classmethod
+    def _bounded_devices(cls, value: tuple[int, ...]) -> tuple[int, ...]:
+        limit = current_limits().job.max_devices
+        if len(value) > limit or sum(value) > limit:
+            raise ValueError(f"{sum(value):.3g} devices on {len(value):,} nodes is over the limit max_devices = "
+                             f"{limit:,}")
+        return value
+
+    @field_validator("parallelism")
+    @classmethod
+    def _bounded_degrees(cls, value: Parallelism) -> Parallelism:
+        limit = current_limits().job.max_devices
+        for name in ("data", "tensor", "pipeline", "micro_batches", "expert"):
+            if getattr(value, name) > limit:
+                raise ValueError(f"{name}: {getattr(value, name):.3g} is over the limit max_devices = {limit:,}")
+        return value
+
+    @field_validator("global_batch_size")
+    @classmethod
+    def _bounded_batch(cls, value: int | None) -> int | None:
+        limit = current_limits().job.max_global_batch
+        if value is not None and value > limit:
+            raise ValueError(f"{value:.3g} samples is over the limit max_global_batch = {limit:,}")
+        return value
 
     @model_validator(mode="after")
-    def _consistent(self) -> "PlacementIn":  # the rest is checked in `to_spec`, once the batch is known
+    def _consistent(self) -> PlacementIn:  # the rest is checked in `to_spec`, once the batch is known
         if "parallelism" not in self.model_fields_set:
             self.__dict__["parallelism"] = Parallelism(data=self.devices)
         return self
@@ -90,7 +137,7 @@ class PlacementIn(PlacementSpec):
         values = {name: getattr(self, name) for name in self.model_fields_set}
         values["parallelism"] = self.parallelism
         if self.global_batch_size is None:
-            values["global_batch_size"] = batch_size * self.parallelism.data
+            values["global_batch_size"] = batch_size * self.parallelism.data * self.parallelism.micro_batches
         return PlacementSpec(**values)
 
 
@@ -113,7 +160,8 @@ class JobOut(BaseModel):
     name: str
     created: bool = Field(description="false: the job was registered before, this is the same job")
     source_kind: str
-    batch_size: int
+    batch_size: int = Field(description="samples in one forward/backward pass of one model replica (README, "
+                                        "\"Batch size\")")
     seq_len: int
     precision: str
     optimizer: str
@@ -125,7 +173,17 @@ class JobOut(BaseModel):
 class AcceleratorCalibration(BaseModel):
     accelerator: str
     observations: int
-    calibration_factor: float = Field(description="geometric mean of observed / predicted throughput")
+    calibration_factor: float = Field(description="recency-weighted median of observed / predicted throughput "
+                                                  "over the points kept (outliers excluded)")
+
+
+class DeviceCountCalibration(AcceleratorCalibration):
+    devices: int = Field(description="a device count whose observations differ from the accelerator's factor")
+
+
+class ExcludedObservation(BaseModel):
+    id: int
+    reason: str
 
 
 class ObservationOut(BaseModel):
@@ -137,15 +195,20 @@ class ObservationOut(BaseModel):
     calibrated_throughput_samples_per_s: float = Field(
         description="leave-one-out: calibrated by this job's other observations on the accelerator")
     created_at: datetime
+    excluded: str | None = Field(default=None, description="why calibration leaves it out (None: used)")
 
 
 class CalibrationReport(BaseModel):
     observations: int
+    used: int | None = Field(default=None, description="observations the factors use (the rest are excluded)")
     mape_uncalibrated_pct: float | None = Field(description="MAPE of the uncalibrated predictions vs observed")
     mape_calibrated_pct: float | None = Field(
         description="MAPE of leave-one-out calibrated predictions vs observed (each observation predicted with a "
                     "factor from the job's other observations on its accelerator)")
     by_accelerator: list[AcceleratorCalibration]
+    by_device_count: list[DeviceCountCalibration] = Field(default=[], description="device counts with a factor "
+                                                          "of their own")
+    excluded: list[ExcludedObservation] = Field(default=[], description="observations left out, and why")
     recent: list[ObservationOut] = Field(description="the latest observations, newest first")
 
 
@@ -191,19 +254,73 @@ class MatrixGrid(_In):
 
 
 class MatrixRequest(_In):
-    jobs: list[JobRef] = Field(min_length=1, max_length=10_000)
-    placements: list[PlacementIn] | None = Field(default=None, min_length=1, max_length=1024)
+    """Jobs × placements. Its size is bounded by the server's settings: rows (`PERFMODEL_MAX_MATRIX_JOBS`, 10,000),
+    columns given or generated by `grid` (`PERFMODEL_MAX_MATRIX_COLUMNS`, 1,024), cells (`..._MAX_MATRIX_CELLS`,
+    250,000) and cells with `detail` (`..._MAX_DETAIL_CELLS`, 10,000)."""
+
+    jobs: list[JobRef] = Field(min_length=1)
+    placements: list[PlacementIn] | None = Field(default=None, min_length=1)
     grid: MatrixGrid | None = Field(default=None, description="instead of `placements`: accelerators × device "
                                                               "counts (multi-device on GPUs only)")
     layout: Literal["matrix", "gavel"] = Field(default="matrix", description="gavel: Gavel's throughput "
                                                "dictionaries, keyed by job type and worker type")
     detail: bool = Field(default=False, description="also every full prediction (matrix layout)")
 
+    @field_validator("jobs", "placements", mode="before")
+    @classmethod
+    def _bounded_lists(cls, value: Any, info: Any) -> Any:
+        limits = current_limits()
+        limit = limits.max_matrix_jobs if info.field_name == "jobs" else limits.max_matrix_columns
+        if isinstance(value, list) and len(value) > limit:  # refused before its items are validated
+            name = "max_matrix_jobs" if info.field_name == "jobs" else "max_matrix_columns"
+            raise ValueError(f"{len(value):,} {info.field_name} is over the limit {name} = {limit:,}")
+        return value
+
     @model_validator(mode="after")
-    def _one_placement_source(self) -> "MatrixRequest":
+    def _one_placement_source(self) -> MatrixRequest:
         if (self.placements is None) == (self.grid is None):
             raise ValueError("placements, grid: give exactly one of them")
+        limits = current_limits()
+        columns = len(self.placements) if self.placements is not None else grid_columns(self.grid)
+        if columns > limits.max_matrix_columns:
+            raise ValueError(f"grid: expands to {columns:,} placements, over the limit max_matrix_columns = "
+                             f"{limits.max_matrix_columns:,}")
+        cells = len(self.jobs) * columns
+        if cells > limits.max_matrix_cells:
+            raise ValueError(f"jobs: {len(self.jobs):,} jobs × {columns:,} placements = {cells:,} cells, over the "
+                             f"limit max_matrix_cells = {limits.max_matrix_cells:,}")
+        if self.detail and cells > limits.max_detail_cells:
+            raise ValueError(f"detail: {cells:,} full predictions are over the limit max_detail_cells = "
+                             f"{limits.max_detail_cells:,} (ask without detail, or for fewer cells)")
         return self
+
+
+def grid_columns(grid: Any) -> int:
+    """How many placements a grid generates (as `POST /v1/predict/matrix` expands it): an upper bound from its
+    sizes; exact, from the catalog, only when that bound is over the limit. An unknown accelerator counts as a GPU
+    (its error comes later, naming it)."""
+    counts = list(dict.fromkeys(grid.device_counts))
+    bound = len(grid.accelerators) * len(counts) * (2 if grid.spread else 1)
+    if bound <= current_limits().max_matrix_columns:
+        return bound
+    from perfmodel.errors import PerfmodelError
+    from perfmodel.hardware.catalog import get_accelerator, load_catalog
+
+    catalog = load_catalog()
+    columns = 0
+    for name in grid.accelerators:
+        try:
+            hardware = get_accelerator(name, catalog)
+            gpu, node_devices = hardware.kind == "gpu", hardware.node_devices
+        except PerfmodelError:
+            gpu, node_devices = True, None
+        for count in counts:
+            if count > 1 and not gpu:
+                continue
+            columns += 1
+            per_node = min(grid.per_node or node_devices or count, count)
+            columns += bool(grid.spread and count > 1 and per_node > 1)
+    return columns
 
 
 class MatrixPlacement(BaseModel):
@@ -243,7 +360,7 @@ class ObservationRequest(_In):
     throughput_samples_per_s: float = Field(gt=0, description="what the running job measured")
 
     @model_validator(mode="after")
-    def _finite(self) -> "ObservationRequest":
+    def _finite(self) -> ObservationRequest:
         if not math.isfinite(self.throughput_samples_per_s):
             raise ValueError("throughput_samples_per_s: must be finite")
         return self
@@ -260,6 +377,8 @@ class ObservationResponse(BaseModel):
                                          "calibrated with what it observed")
     calibration_factor: float
     observations: int = Field(description="observations of this job on this accelerator")
+    excluded: str | None = Field(default=None, description="why calibration leaves this observation out (an "
+                                                           "outlier); None: it is used")
     message: str
 
 
@@ -286,6 +405,9 @@ class ModelEventOut(BaseModel):
 
 class ModelsResponse(BaseModel):
     serving: dict[str, str] = Field(description="role -> NAME/VERSION this server answers with")
+    pinned: str | None = Field(default=None, description="NAME/VERSION this server pins for its role "
+                                                         "(PERFMODEL_MODEL_VERSION): promotions of that role do not "
+                                                         "move it")
     models: list[ModelOut]
     events: list[ModelEventOut] = Field(description="the latest promotions asked of the service, newest first")
 

@@ -17,6 +17,19 @@ POSTGRES_ENV = "PERFMODEL_TEST_POSTGRES_URL"
 POSTGRES_SKIP_REASON_ENV = "PERFMODEL_TEST_POSTGRES_SKIP_REASON"  # set by scripts/with-postgres.sh when it fails
 
 
+def pytest_configure(config):
+    """Under pytest-xdist (`make test` runs `-n 2`), each worker gets one torch thread: two workers on two cores
+    with torch's default of one thread per core would oversubscribe the machine and slow every test down."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        import torch
+
+        torch.set_num_threads(1)
+        # xdist workers inherit COLUMNS=80 from execnet, where a single pytest process has none: the CLI's console
+        # would then wrap its tables at 80 columns instead of its own default width
+        os.environ.pop("COLUMNS", None)
+        os.environ.pop("LINES", None)
+
+
 def pytest_collection_modifyitems(config, items):
     import torch
 
@@ -51,10 +64,36 @@ def _empty_postgres(url: str) -> None:
         engine.dispose()
 
 
-@pytest.fixture
-def postgres_url() -> Iterator[str]:
-    """The URL of an emptied PostgreSQL database (emptied again afterwards); skips, saying why, without one."""
+def _worker_database(url: str, worker: str) -> str:
+    """`url` with the database `<its name>_<worker>`, created on that server when missing: each pytest-xdist worker
+    empties and fills its own database, never the one another worker is using."""
+    from sqlalchemy import create_engine, make_url, text
+
+    base = make_url(url)
+    name = f"{base.database}_{worker}"
+    engine = create_engine(base, isolation_level="AUTOCOMMIT")  # CREATE DATABASE runs outside a transaction
+    try:
+        with engine.connect() as connection:
+            exists = connection.scalar(text("SELECT 1 FROM pg_database WHERE datname = :name"), {"name": name})
+            if not exists:
+                connection.execute(text(f'CREATE DATABASE "{name}"'))
+    finally:
+        engine.dispose()
+    return base.set(database=name).render_as_string(hide_password=False)
+
+
+@pytest.fixture(scope="session")
+def _postgres_server_url() -> str | None:
+    """This test process's PostgreSQL database URL (one per xdist worker), or None without a server."""
     url = os.environ.get(POSTGRES_ENV)
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    return _worker_database(url, worker) if url and worker else url
+
+
+@pytest.fixture
+def postgres_url(_postgres_server_url: str | None) -> Iterator[str]:
+    """The URL of an emptied PostgreSQL database (emptied again afterwards); skips, saying why, without one."""
+    url = _postgres_server_url
     if not url:
         reason = os.environ.get(POSTGRES_SKIP_REASON_ENV) or (
             "run the tests through scripts/with-postgres.sh (make test does) to start a throwaway server"

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import functools
-import shutil
 import json
+import shutil
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -142,6 +142,10 @@ def profile(model: ModelArg = None, hf_config: HFConfigOpt = None, task: TaskOpt
                             "0: always the full counts")] = 60.0,
             sweep: Annotated[Optional[Path], typer.Option(help="YAML/JSON file of jobs (see README)")] = None,
             force: Annotated[bool, typer.Option(help="profile even what the store already has")] = False,
+            ray: Annotated[Optional[str], typer.Option(
+                "--ray", metavar="ADDRESS", help="run each job as a Ray task (pip install 'perfmodel\\[ray]'): "
+                "`local` starts Ray here, `auto` joins the running cluster, or HOST:PORT; results go to --store "
+                "(PostgreSQL on a cluster)")] = None,
             store: StoreOpt = None, as_json: JsonOpt = False) -> None:
     """Profile one job (or a sweep file of jobs) for real and add it to the store.
 
@@ -150,6 +154,20 @@ def profile(model: ModelArg = None, hf_config: HFConfigOpt = None, task: TaskOpt
     from perfmodel.profilers.run import profile_job
     from perfmodel.store import ProfileStore
 
+    if ray is not None:  # the jobs run on Ray workers: the device is theirs, not this host's
+        from perfmodel.cli.profile_ray import profile_specs_on_ray
+
+        if sweep is not None and (model or hf_config or module or onnx):
+            raise PerfmodelError("give either a job or --sweep, not both")
+        specs = load_sweep_specs(sweep) if sweep is not None else [
+            job_spec(model, hf_config, task, module, onnx, batch_size, seq_len, precision, optimizer, mode)]
+        results = profile_specs_on_ray(specs, device, ray, store, force=force, progress=_say, options=dict(
+            warmup=warmup, repeats=repeats, per_op=per_op, onnx=onnxrt, time_budget_s=time_budget or None))
+        if as_json:
+            print_json(results)
+        for r in [] if as_json else results:
+            out.print(json.dumps(r), highlight=False)
+        raise typer.Exit(1 if any("error" in r for r in results) else 0)
     resolve_device(device)  # fail fast, before any work
     if sweep is not None:
         from perfmodel.jobs.sweep import load_sweep
@@ -193,6 +211,12 @@ def profile(model: ModelArg = None, hf_config: HFConfigOpt = None, task: TaskOpt
         print_json(results if sweep is not None else results[0])
     if any("error" in r for r in results):
         raise typer.Exit(1)
+
+
+def load_sweep_specs(sweep: Path) -> list:
+    from perfmodel.jobs.sweep import load_sweep
+
+    return load_sweep(sweep)[0]
 
 
 def _say(message: str) -> None:
@@ -379,6 +403,14 @@ def hw_show(name: Annotated[str, typer.Argument(help="catalog name or alias")]) 
     print_json(get_accelerator(name).model_dump(mode="json"))
 
 
+from perfmodel.cli import hw_bench as _hw_bench  # noqa: E402  `hw bench` and `adapt` (their own module)
+
+_hw_bench.register(hw_app, app, user_errors)
+from perfmodel.cli import hw_add as _hw_add  # noqa: E402  `hw add` (custom accelerators, its own module)
+
+_hw_add.register(hw_app, user_errors)
+
+
 @hw_app.command("probe")
 @user_errors
 def hw_probe(save: Annotated[bool, typer.Option(help="record it as catalog entry `cpu` (in PERFMODEL_HOME)")] = False,
@@ -436,8 +468,8 @@ def train(regressor: Annotated[str, typer.Option(help="roofline, xgb-ops, xgb-gr
           seed: Annotated[int, typer.Option(help="random seed")] = 0,
           profiles: ProfilesDirOpt = None, store: StoreOpt = None) -> None:
     """Train a regressor on the profile corpus and save it to the registry (seeded, reproducible)."""
-    from perfmodel.regressors import regressor_class
     from perfmodel.registry.registry import ModelRegistry, training_domain
+    from perfmodel.regressors import regressor_class
 
     cls = regressor_class(regressor, iteration=True)
     samples = _training_samples(profiles, store)
@@ -524,9 +556,9 @@ def models_list(as_json: JsonOpt = False) -> None:
         print_json(rows)
         return
     table = Table("model", "regressor", "samples", "created (UTC)", title=f"{len(rows)} models")
-    for r in rows:
-        table.add_row(("* " if r["promoted"] else "  ") + r["model"], r["regressor"], str(r["samples"]),
-                      r["created_at"][:16])
+    for e in entries:
+        table.add_row(("* " if e.promoted else "  ") + e.ref, e.manifest.regressor, str(e.manifest.training_samples),
+                      e.manifest.created_at.isoformat()[:16])
     out.print(table)
 
 
@@ -545,7 +577,12 @@ def models_promote(ref: Annotated[str, typer.Argument(help="NAME/VERSION (or NAM
 @user_errors
 def predict(model: ModelArg = None, hf_config: HFConfigOpt = None, task: TaskOpt = None, module: ModuleOpt = None,
             onnx: OnnxOpt = None,
-            batch_size: Annotated[int, typer.Option("--batch-size", "-b", help="global batch per iteration")] = 1,
+            batch_size: Annotated[int, typer.Option(
+                "--batch-size", "-b", help="samples in one forward/backward pass of one model replica (README, "
+                                           "\"Batch size\")")] = 1,
+            global_batch_size: Annotated[Optional[int], typer.Option(
+                help="samples per iteration over all replicas and micro-batches [--batch-size x data-parallel "
+                     "degree x --micro-batches]")] = None,
             seq_len: SeqOpt = None, precision: PrecisionOpt = "fp32", optimizer: OptimizerOpt = "sgd",
             mode: ModeOpt = "train",
             accelerator: Annotated[str, typer.Option(help="catalog name or alias (`perfmodel hw list`)")] = "cpu",
@@ -571,15 +608,19 @@ def predict(model: ModelArg = None, hf_config: HFConfigOpt = None, task: TaskOpt
     """Predict a job's iteration time, throughput and per-device memory on a placement from its graph alone
     (nothing is run). Compute per device comes from the per-op device model on a GPU (any catalog GPU, from its
     spec sheet) or the iteration model on the profiled CPU; the placement model adds communication, the pipeline
-    bubble and the memory of each device's shard."""
-    from perfmodel.predictor.placed import PlacementPredictor
+    bubble and the memory of each device's shard. `--batch-size` is the job's batch (one replica's forward/backward
+    pass); the placement runs `--global-batch-size` samples per iteration, by default that batch on every
+    data-parallel replica and micro-batch."""
+    from perfmodel.engine import EngineConfig, PredictionEngine
 
     spec = job_spec(model, hf_config, task, module, onnx, batch_size, seq_len, precision, optimizer, mode)
-    placement = placement_spec(accelerator, batch_size, nodes=nodes, per_node=per_node,
-                               devices_per_node=devices_per_node, tp=tp, pp=pp, micro_batches=micro_batches,
-                               zero=zero, checkpointing=checkpointing, intra_link=intra_link, ep=ep,
-                               inter_node_gbps=inter_node_gbps, inter_node_latency_us=inter_node_latency_us)
-    result = PlacementPredictor.load(model_version=model_version).predict(spec, placement)
+    placement = placement_spec(accelerator, global_batch_size, batch_size=batch_size, nodes=nodes,
+                               per_node=per_node, devices_per_node=devices_per_node, tp=tp, pp=pp,
+                               micro_batches=micro_batches, zero=zero, checkpointing=checkpointing,
+                               intra_link=intra_link, ep=ep, inter_node_gbps=inter_node_gbps,
+                               inter_node_latency_us=inter_node_latency_us)
+    engine = PredictionEngine.open(EngineConfig(model_version=model_version, isolate_captures=False))
+    result = engine.prediction(spec, placement)
     if as_json:
         print_json(result.model_dump(mode="json"))
         return
@@ -596,19 +637,21 @@ def predict(model: ModelArg = None, hf_config: HFConfigOpt = None, task: TaskOpt
         out.print("  [yellow]extrapolated:[/] " + "; ".join(result.extrapolation_reasons))
 
 
-def placement_spec(accelerator: str, global_batch_size: int, *, nodes: int = 1, per_node: int = 1,
-                   devices_per_node: str | None = None, tp: int = 1, pp: int = 1, micro_batches: int = 1,
-                   zero: int = 0, checkpointing: bool = False, intra_link: str | None = None, ep: int = 1,
-                   inter_node_gbps: float | None = None, inter_node_latency_us: float = 5.0) -> Any:
+def placement_spec(accelerator: str, global_batch_size: int | None, *, batch_size: int = 1, nodes: int = 1,
+                   per_node: int = 1, devices_per_node: str | None = None, tp: int = 1, pp: int = 1,
+                   micro_batches: int = 1, zero: int = 0, checkpointing: bool = False, intra_link: str | None = None,
+                   ep: int = 1, inter_node_gbps: float | None = None, inter_node_latency_us: float = 5.0) -> Any:
     """A PlacementSpec from CLI options: data parallel over whatever the tensor and pipeline degrees leave.
-    `inter_node_gbps` None: the catalog's network of the accelerator's server."""
+    `global_batch_size` None: `batch_size` on every data-parallel replica and micro-batch. `inter_node_gbps`
+    None: the catalog's network of the accelerator's server."""
     from perfmodel.placement.spec import Parallelism, PlacementSpec
 
     if devices_per_node:
         try:
             layout = tuple(int(n) for n in devices_per_node.split(","))
         except ValueError:
-            raise PerfmodelError(f"--devices-per-node: expected integers like 4,4,2, got {devices_per_node!r}")
+            raise PerfmodelError(
+                f"--devices-per-node: expected integers like 4,4,2, got {devices_per_node!r}") from None
     else:
         layout = (per_node,) * nodes
     devices = sum(layout)
@@ -617,11 +660,16 @@ def placement_spec(accelerator: str, global_batch_size: int, *, nodes: int = 1, 
     data = devices // (tp * pp)
     if ep < 1 or data % ep:
         raise PerfmodelError(f"--ep {ep} does not divide the data-parallel degree {data}")
-    parallelism = Parallelism(data=data, tensor=tp, pipeline=pp, micro_batches=micro_batches, expert=ep,
-                              zero_stage=zero, activation_checkpointing=checkpointing)
-    return PlacementSpec(accelerator=accelerator, devices_per_node=layout, intra_node_link=intra_link,
-                         inter_node_bandwidth_gbps=inter_node_gbps, inter_node_latency_us=inter_node_latency_us,
-                         parallelism=parallelism, global_batch_size=global_batch_size)
+    # validated from what the user typed: pydantic names a --zero or --intra-link outside its choices
+    parallelism = Parallelism.model_validate(dict(
+        data=data, tensor=tp, pipeline=pp, micro_batches=micro_batches, expert=ep, zero_stage=zero,
+        activation_checkpointing=checkpointing))
+    if global_batch_size is None:
+        global_batch_size = batch_size * data * micro_batches
+    return PlacementSpec.model_validate(dict(
+        accelerator=accelerator, devices_per_node=layout, intra_node_link=intra_link,
+        inter_node_bandwidth_gbps=inter_node_gbps, inter_node_latency_us=inter_node_latency_us,
+        parallelism=parallelism, global_batch_size=global_batch_size))
 
 
 PREDICTION_COLUMNS = ("predicted_ms", "p10_ms", "p90_ms", "extrapolated")
@@ -720,7 +768,9 @@ def _write_text_atomically(text: str, path: Path) -> None:
 def export_gavel(
     output: Annotated[Path, typer.Argument(help="JSON file to write (the consolidated matrix); the spread one "
                                                 "goes to <stem>.spread.json beside it")],
-    job: Annotated[list[str], typer.Option("--job", help="ZOO_NAME:BATCH (per-worker batch), repeatable")],
+    job: Annotated[list[str], typer.Option("--job", help="ZOO_NAME:BATCH, repeatable; BATCH is the job's batch "
+                                                         "size: one worker's forward/backward pass (README, \"Batch "
+                                                         "size\")")],
     accelerators: Annotated[str, typer.Option(help="comma-separated catalog names (Gavel's worker types)")],
     scale_factors: Annotated[str, typer.Option(help="comma-separated device counts")] = "1,2,4,8",
     seq_len: SeqOpt = None, precision: PrecisionOpt = "fp32", optimizer: OptimizerOpt = "sgd",
@@ -728,14 +778,16 @@ def export_gavel(
         help="network of one node over all its NICs, Gb/s [the catalog's node_network_gbit_s, else 100]")] = None,
 ) -> None:
     """Throughputs (samples/s) of jobs x accelerator types x scale factors in Gavel's layout
-    {"('<job> (batch size B)', scale_factor)": {worker_type: throughput}}: data parallel with the per-worker
-    batch fixed, consolidated (on one node, or on as few full nodes as the catalog's node_devices allow) and
-    spread one device per node. A job that does not fit in a device's memory gets throughput 0."""
+    {"('<job> (batch size B)', scale_factor)": {worker_type: throughput}}: data parallel with the job's batch on
+    every worker (a global batch of B x scale_factor), consolidated (on one node, or on as few full nodes as the
+    catalog's node_devices allow) and spread one device per node. A job that does not fit in a device's memory gets
+    throughput 0."""
     import json
 
+    from perfmodel.engine import EngineConfig, PredictionEngine
+    from perfmodel.hardware.catalog import get_accelerator
     from perfmodel.placement.gavel import gavel_layout
     from perfmodel.placement.spec import Parallelism, PlacementSpec
-    from perfmodel.predictor.placed import PlacementPredictor
 
     factors = _int_list(scale_factors, "--scale-factors")
     names = [a.strip() for a in accelerators.split(",") if a.strip()]
@@ -745,12 +797,12 @@ def export_gavel(
         if not batch.isdigit() or int(batch) < 1:
             raise PerfmodelError(f"--job: expected ZOO_NAME:BATCH like resnet50:32, got {item!r}")
         jobs.append(job_spec(name, None, None, None, None, int(batch), seq_len, precision, optimizer, "train"))
-    predictor = PlacementPredictor.load()
+    engine = PredictionEngine.open(EngineConfig(isolate_captures=False))
     entries = []
     for spec in jobs:
         job_type = f"{spec.name} (batch size {spec.batch_size})"
         for accelerator in names:
-            node_devices = predictor.hardware(accelerator).node_devices
+            node_devices = get_accelerator(accelerator, engine.catalog).node_devices
             for sf in factors:
                 full = min(sf, node_devices or sf)
                 packed = (full,) * (sf // full) + ((sf % full,) if sf % full else ())
@@ -760,7 +812,7 @@ def export_gavel(
                                               global_batch_size=spec.batch_size * sf,
                                               parallelism=Parallelism(data=sf),
                                               inter_node_bandwidth_gbps=inter_node_gbps)
-                    result = predictor.predict(spec, placement)
+                    result = engine.prediction(spec, placement)
                     throughput = result.throughput_samples_per_s if result.fits else 0.0
                     entries.append((job_type, result.accelerator, sf, consolidated, throughput))
     matrices = gavel_layout(entries)
@@ -784,6 +836,7 @@ def _int_list(text: str, option: str) -> list[int]:
 from perfmodel.cli.serve import serve  # noqa: E402  (the HTTP service, issue 6)
 
 app.command("serve")(serve)
+app.command("retrain")(__import__("perfmodel.cli.retrain", fromlist=["retrain"]).retrain)  # issue 13
 
 
 def main() -> None:

@@ -26,22 +26,30 @@ def serve(
                                                          "of its role (env PERFMODEL_MODEL_VERSION)")] = None,
         log_level: Annotated[Optional[str], Opt(help="uvicorn log level (env PERFMODEL_LOG_LEVEL, info)")] = None,
         access_log: Annotated[bool, Opt(help="log every request (costs throughput)")] = False,
+        allow_open_writes: Annotated[bool, Opt("--allow-open-writes", help="serve on a non-loopback address "
+                                               "with no write token (anyone who reaches it may register jobs, post "
+                                               "observations, promote models; env PERFMODEL_ALLOW_OPEN_WRITES)")
+                                     ] = False,
         hash_token: Annotated[Optional[str], Opt("--hash-token", metavar="TOKEN",
                                                  help="print the SHA-256 of TOKEN (for PERFMODEL_TOKEN_SHA256) "
                                                       "and exit")] = None,
 ) -> None:
     """Serve predictions over HTTP (API v1; docs at /docs). Writes need a bearer token whose SHA-256 is in
-    PERFMODEL_TOKEN_SHA256 (comma-separated); with none configured, writes are open."""
+    PERFMODEL_TOKEN_SHA256 (comma-separated); with none configured, writes are open, which only a loopback host
+    (the default) or --allow-open-writes allows."""
     from pydantic import ValidationError
 
     from perfmodel.errors import PerfmodelError
-    from service.settings import ServiceSettings, hash_token as sha256_of
+    from service.settings import ServiceSettings
+    from service.settings import hash_token as sha256_of
 
     if hash_token is not None:
         typer.echo(sha256_of(hash_token))
         return
     overrides: dict[str, Any] = {"host": host, "port": port, "workers": workers, "store_url": store,
                                  "models_dir": models_dir, "model_version": model_version, "log_level": log_level}
+    if allow_open_writes:
+        overrides["allow_open_writes"] = True
     overrides = {k: v for k, v in overrides.items() if v is not None}
     try:
         settings = ServiceSettings(**overrides)
@@ -51,13 +59,24 @@ def serve(
         raise typer.Exit(2) from None
 
 
+GRACEFUL_SHUTDOWN_S = 10  # after SIGTERM, requests still running are cancelled after this long
+
+
 def run(settings: Any, overrides: dict[str, Any], *, access_log: bool = False) -> None:
+    """Refuse an open server beyond loopback, then run uvicorn with the header limit: httptools counting header
+    bytes (`service.limits.BoundedHttpToolsProtocol`), and h11's own limit where h11 is used."""
     import uvicorn
 
     from service.app import create_app
+    from service.launch import refuse_open_writes
+    from service.limits import BoundedHttpToolsProtocol, HttpToolsProtocol
 
+    refuse_open_writes(settings)
+    BoundedHttpToolsProtocol.max_header_bytes = settings.max_header_bytes
     common = dict(host=settings.host, port=settings.port, log_level=settings.log_level, access_log=access_log,
-                  server_header=False)
+                  server_header=False, http=BoundedHttpToolsProtocol if HttpToolsProtocol is not None else "h11",
+                  h11_max_incomplete_event_size=settings.max_header_bytes,
+                  timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S)
     if settings.workers == 1:
         uvicorn.run(create_app(settings), **common)
         return

@@ -21,7 +21,8 @@ import numpy as np
 
 from perfmodel.errors import PerfmodelError
 from perfmodel.features.dataset import family_folds
-from perfmodel.regressors.base import Regressor, Sample
+from perfmodel.features.sample import Sample
+from perfmodel.regressors.base import Regressor
 
 RegressorFactory = Callable[[], Regressor]
 
@@ -130,6 +131,13 @@ def evaluate(regressor_factories: Mapping[str, RegressorFactory], samples: Seque
     )
 
 
+def _measured_ms(sample: Sample) -> float:
+    """A held-out sample's measured iteration time (every profiled sample has one)."""
+    if sample.iteration_time_ms is None:
+        raise PerfmodelError(f"sample {sample.profile_id!r} has no measured iteration time to evaluate against")
+    return float(sample.iteration_time_ms)
+
+
 def _held_out(name: str, fold: int, test: list[Sample], predicted: np.ndarray, p10: np.ndarray,
               p90: np.ndarray) -> list[HeldOutPrediction]:
     for label, values in (("iteration_time_ms", predicted), ("p10_ms", p10), ("p90_ms", p90)):
@@ -138,7 +146,7 @@ def _held_out(name: str, fold: int, test: list[Sample], predicted: np.ndarray, p
                                  f"{len(test)} samples")
     return [
         HeldOutPrediction(regressor=name, fold=fold, family=s.family, job_name=s.spec.name, profile_id=s.profile_id,
-                          measured_ms=float(s.iteration_time_ms), predicted_ms=float(predicted[i]),
+                          measured_ms=_measured_ms(s), predicted_ms=float(predicted[i]),
                           p10_ms=float(p10[i]), p90_ms=float(p90[i]), measured_cv=s.iteration_time_cv)
         for i, s in enumerate(test)
     ]

@@ -5,11 +5,15 @@ training rows (`leave_one_device_out` checks it)."""
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Protocol
 
 import pandas as pd
 
 from perfmodel.errors import PerfmodelError
 from perfmodel.hardware.spec import HardwareSpec
+
+if TYPE_CHECKING:
+    from perfmodel.regressors.device_ops import OpPrediction
 
 # upstream op classes the per-op regressor learns under another class: a plain GEMM is a bmm with batch 1; an RMS
 # norm is a layer norm without the mean (same memory traffic)
@@ -41,7 +45,16 @@ def chip_of(device: str) -> str:
     return "-".join(parts[:2]) if parts[0] in _CHIP_PREFIXES and len(parts) > 1 else parts[0]
 
 
-def leave_one_device_out(ops: pd.DataFrame, catalog: Mapping[str, HardwareSpec], make_regressor: Callable[[], object],
+class OpRegressor(Protocol):
+    """What the held-out evaluation needs of an op regressor (`DeviceOpRegressor` is one)."""
+
+    def fit(self, ops: pd.DataFrame, catalog: Mapping[str, HardwareSpec]) -> OpRegressor: ...
+
+    def predict(self, ops: pd.DataFrame, catalog: Mapping[str, HardwareSpec]) -> OpPrediction: ...
+
+
+def leave_one_device_out(ops: pd.DataFrame, catalog: Mapping[str, HardwareSpec],
+                         make_regressor: Callable[[], OpRegressor],
                          devices: Sequence[str] | None = None,
                          progress: Callable[[str], None] | None = None,
                          group_of: Callable[[str], str] = chip_of) -> pd.DataFrame:
@@ -88,4 +101,5 @@ def op_class_mape(predictions: pd.DataFrame) -> pd.Series:
     return table["mape_pct"].groupby(level="op_class").mean()
 
 
-__all__ = ["OP_CLASS_ALIASES", "ape_pct", "chip_of", "error_table", "leave_one_device_out", "op_class_mape", "training_rows"]
+__all__ = ["OP_CLASS_ALIASES", "ape_pct", "chip_of", "error_table", "leave_one_device_out", "op_class_mape",
+           "training_rows"]

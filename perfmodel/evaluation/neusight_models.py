@@ -127,11 +127,12 @@ def scan_labels(root: str | Path, catalog: Mapping[str, HardwareSpec] | None = N
             skipped.append((path, f"variant {name.variant!r} (torch.compile or multi-GPU)"))
             continue
         gpu = path.parent.name
-        if label_folder_device(gpu, catalog, devices) is None:
+        device = label_folder_device(gpu, catalog, devices)
+        if device is None:
             skipped.append((path, f"GPU {gpu!r} is not in the hardware catalog"))
             continue
         data = json.loads(path.read_text())
-        labels.append(ModelLabel(path=path, gpu=gpu, device=devices[gpu], model=name.model, mode=name.mode,
+        labels.append(ModelLabel(path=path, gpu=gpu, device=device, model=name.model, mode=name.mode,
                                  seq_len=name.seq_len, batch_size=name.batch_size,
                                  num_layer=int(data.get("num_layer") or 0), e2e_ms=float(data["e2e_latency"]),
                                  fw_ms=float(data["fw_latency"]), bw_ms=float(data.get("bwall_latency") or 0.0)))
@@ -155,7 +156,7 @@ class GraphCache:
     failures: dict[tuple[str, int, int, str], str] = field(default_factory=dict)
 
     @classmethod
-    def for_root(cls, root: str | Path, **kwargs: Any) -> "GraphCache":
+    def for_root(cls, root: str | Path, **kwargs: Any) -> GraphCache:
         return cls(config_dir=neusight_root(root) / "data" / "DLmodel_configs", **kwargs)
 
     def config(self, model: str, mode: str | None = None) -> dict[str, Any]:

@@ -32,8 +32,13 @@ import numpy as np
 import pandas as pd
 from scipy.optimize import least_squares
 
-from perfmodel.placement.iteration import (ComputeArrays, IterationParams, PlacementArrays, ShardCompute,
-                                           iteration_breakdown)
+from perfmodel.placement.iteration import (
+    ComputeArrays,
+    IterationParams,
+    PlacementArrays,
+    ShardCompute,
+    iteration_breakdown,
+)
 
 FP32_BYTES = 4
 
@@ -46,7 +51,6 @@ ADAPTDL_MODELS: dict[str, tuple[int, str]] = {
     "yolov3": (61_949_149, "YOLOv3-416, Darknet-53 backbone"),
     "ncf": (1_602_657, "NeuMF on MovieLens-1M, factor 32, 3 MLP layers (adaptdl examples/NCF)"),
 }
-T4_NETWORK_GBPS = 50.0  # g4dn.12xlarge
 FORWARD_SHARE = 1 / 3  # of a measured single-GPU step: forward ≈ 1/3, backward ≈ 2/3 (backward = 2× forward FLOPs)
 
 
@@ -188,7 +192,8 @@ VTRAIN_BOUNDS = ([0.05, 0.0, 0.0, 0.0, 0.0, 0.0], [5.0, 1.0, 1.0, 500.0, 50.0, 1
 
 def vtrain_params(theta: np.ndarray, source: str) -> IterationParams:
     return IterationParams(compute_scale=float(theta[0]), tp_penalty=float(theta[1]), dp_overlap=float(theta[2]),
-                           overhead_ms=float(theta[3]), layer_overhead_ms=float(theta[4]), tp_sync_ms=float(theta[5]), source=source)
+                           overhead_ms=float(theta[3]), layer_overhead_ms=float(theta[4]), tp_sync_ms=float(theta[5]),
+                           source=source)
 
 
 def fit_vtrain(c: ComputeArrays, p: PlacementArrays, measured: np.ndarray) -> np.ndarray:

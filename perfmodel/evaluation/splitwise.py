@@ -24,7 +24,7 @@ import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pandas as pd
@@ -198,7 +198,9 @@ def summarise(results: pd.DataFrame) -> pd.DataFrame:
                 "measured_mean_ms": float(group["measured_prompt_ms"].mean()),
                 "predicted_mean_ms": float(group["predicted_prompt_ms"].mean())}
 
-    out = [{"model": model, "tp": int(tp), **stats(group)} for (model, tp), group in results.groupby(["model", "tp"])]
+    # pandas-stubs type a group key Hashable: here it is the (model, tp) pair
+    groups = cast("Iterable[tuple[tuple[str, int], pd.DataFrame]]", results.groupby(["model", "tp"]))
+    out = [{"model": model, "tp": int(tp), **stats(group)} for (model, tp), group in groups]
     if len(results):
         out.append({"model": "all", "tp": None, **stats(results)})
     return pd.DataFrame(out, columns=["model", "tp", "rows", "mape", "median_ape", "measured_mean_ms",

@@ -383,10 +383,11 @@ def scan_label_tables(root: str | Path, catalog: Mapping[str, HardwareSpec]) -> 
             skipped.append(f"{path.parent.name}/{path.name}: not <model>-<train|inf>-<seq>-<batch>.csv")
             continue
         gpu = path.parent.name
-        if label_folder_device(gpu, catalog, devices) is None:
+        device = label_folder_device(gpu, catalog, devices)
+        if device is None:
             skipped.append(f"{gpu}/{path.name}: GPU not in the hardware catalog")
             continue
-        tables.append(LabelTable(path, gpu, devices[gpu], name.model, name.mode, name.seq_len, name.batch_size))
+        tables.append(LabelTable(path, gpu, device, name.model, name.mode, name.seq_len, name.batch_size))
     return tables, skipped
 
 
@@ -410,8 +411,9 @@ def neusight_sweep_ops(root: str | Path, catalog: Mapping[str, HardwareSpec], *,
     (`data/dataset*/train/collect/<op>/p<torch>/<GPU>.csv.gz`), leaving out `exclude_devices` (catalog ids) and
     op classes not in `op_classes`; `max_rows_per_file` samples each file (seeded)."""
     from perfmodel.evaluation.neusight_models import neusight_root
+    from perfmodel.features.device_ops import NEUSIGHT_OP_CLASS
     from perfmodel.hardware.catalog import get_accelerator
-    from perfmodel.predictor.op_table import OPNAME_CLASS, ops_from_neusight_frame
+    from perfmodel.predictor.op_table import ops_from_neusight_frame
 
     root = neusight_root(root)
     exclude = set(exclude_devices)
@@ -422,7 +424,7 @@ def neusight_sweep_ops(root: str | Path, catalog: Mapping[str, HardwareSpec], *,
     frames = []
     for path in paths:
         op = path.parent.parent.name
-        if classes is not None and OPNAME_CLASS.get(op) not in classes:
+        if classes is not None and NEUSIGHT_OP_CLASS.get(op) not in classes:
             continue
         gpu = path.name.split(".csv")[0]
         try:
@@ -473,7 +475,10 @@ def evaluate_transfer(tables: Iterable[LabelTable], regressor_for_target: Callab
     groups: dict[tuple[str, str, int, int], list[LabelTable]] = {}
     for table in tables:
         groups.setdefault(table.key, []).append(table)
-    pairs, classes, covered, unmapped = [], [], [], []
+    pairs: list[dict[str, Any]] = []
+    classes: list[dict[str, Any]] = []
+    covered: list[Any] = []
+    unmapped: list[Any] = []
     for key, members in sorted(groups.items()):
         members = sorted(members, key=lambda t: t.gpu)
         if len(members) < 2:
@@ -518,7 +523,7 @@ def _transfer_pair(source_nodes: pd.DataFrame, target_nodes: pd.DataFrame, sourc
     others = source_nodes[~source_nodes.index.isin(mapped.index)]
     measured_all = float(target_nodes["fw_ms"].sum())
     transferred_all = float(moved["transferred_ms"].sum() + others["fw_ms"].sum())
-    pair = {
+    pair: dict[str, Any] = {
         "source_device": source.device, "target_device": target.device, "rows": len(moved),
         "mapped_share": float(mapped["fw_ms"].sum() / source_nodes["fw_ms"].sum()) if source_nodes["fw_ms"].sum()
         else float("nan"),
@@ -533,7 +538,7 @@ def _transfer_pair(source_nodes: pd.DataFrame, target_nodes: pd.DataFrame, sourc
     pair["ape_direct"] = ape(pair["direct_ms"], pair["measured_ms"])
     by_class = []
     for op_class, rows in moved.groupby("op_class"):
-        row = {"op_class": op_class, "rows": len(rows), "source_ms": float(rows["latency_ms"].sum()),
+        row: dict[str, Any] = {"op_class": op_class, "rows": len(rows), "source_ms": float(rows["latency_ms"].sum()),
                "measured_ms": float(rows["measured_ms"].sum()), "transferred_ms": float(rows["transferred_ms"].sum()),
                "direct_ms": float(rows["target_predicted_ms"].sum())}
         row["ape_transfer"] = ape(row["transferred_ms"], row["measured_ms"])
@@ -549,4 +554,4 @@ def mape_table(frame: pd.DataFrame, by: str | Sequence[str] | None) -> pd.DataFr
                "median_ape_direct": ("ape_direct", "median")}
     if by is None:
         return frame.assign(_all="all").groupby("_all").agg(**metrics).rename_axis(None)
-    return frame.groupby(by).agg(**metrics)
+    return frame.groupby(by if isinstance(by, str) else list(by)).agg(**metrics)

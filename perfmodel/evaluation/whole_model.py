@@ -96,7 +96,8 @@ def vtrain_measurements(root: str | Path, max_rows: int | None = None) -> list[S
                                     batch_size=int(row.micro_batch), seq_len=int(row.seq_len), precision="fp16",
                                     optimizer="adam")
         placement = PlacementSpec(
-            accelerator=VTRAIN_ACCELERATOR, devices_per_node=(int(row.devices),), global_batch_size=int(row.global_batch),
+            accelerator=VTRAIN_ACCELERATOR, devices_per_node=(int(row.devices),),
+            global_batch_size=int(row.global_batch),
             parallelism=Parallelism(data=int(row.dp), micro_batches=int(row.micro_batches),
                                     activation_checkpointing=True))
         out.append(StepMeasurement("vtrain", row.model, VTRAIN_ACCELERATOR, spec, float(row.step_ms), True,
@@ -139,7 +140,7 @@ def predict_measurements(measurements: Iterable[StepMeasurement], predictor_for_
             graph = graphs[m.graph_key]
             if m.placement is not None:
                 placed = PlacementPredictor(None, device, params)
-                placed._graphs[m.spec.key()] = graph  # the micro-batch graph, captured above
+                placed._graphs.put(m.spec.key(), graph)  # the micro-batch graph, captured above
                 record["predicted_ms"] = placed.predict(m.spec, m.placement, graph=graph).iteration_time_ms
             else:
                 hardware = device.catalog[m.device]

@@ -28,12 +28,12 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from perfmodel.errors import PerfmodelError
+from perfmodel.features.sample import NodePhase, Sample
 from perfmodel.graph.ir import Graph
 from perfmodel.hardware.catalog import get_accelerator, load_catalog
 from perfmodel.hardware.spec import HardwareSpec
 from perfmodel.jobs.spec import GraphSource, HFConfigSource, JobSpec, ModuleSource, OnnxSource, ZooSource
 from perfmodel.profilers.records import Environment, Outcome, Profile
-from perfmodel.regressors.base import NodePhase, Sample
 from perfmodel.settings import get_settings
 
 if TYPE_CHECKING:

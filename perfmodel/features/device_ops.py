@@ -21,9 +21,10 @@ import numpy as np
 import pandas as pd
 
 from perfmodel.errors import PerfmodelError
-from perfmodel.hardware.math import on_tensor_cores, peak_gflops
 from perfmodel.hardware.impute import imputed
+from perfmodel.hardware.math import on_tensor_cores, peak_gflops
 from perfmodel.hardware.spec import HardwareSpec
+from perfmodel.profilers.external import OpClass
 
 DTYPE_BYTES: dict[str, int] = {"fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2, "fp8": 1, "int8": 1}
 
@@ -31,6 +32,12 @@ DTYPE_BYTES: dict[str, int] = {"fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2, "fp8"
 GEMM_CLASSES = ("bmm", "linear", "conv2d")
 VECTOR_CLASSES = ("elementwise", "softmax", "layernorm")
 OP_CLASSES = GEMM_CLASSES + VECTOR_CLASSES
+# NeuSight's OPName -> op class: one table for imports (perfmodel.importers.neusight) and for predictions from
+# NeuSight-schema op tables (perfmodel.predictor.op_table)
+NEUSIGHT_ELEMENTWISE_OPS = frozenset({"add", "addu", "mul", "mulu", "div", "divu", "pow", "powu", "relu", "gelu",
+                                      "tanh"})
+NEUSIGHT_OP_CLASS: Mapping[str, OpClass] = {"bmm": "bmm", "linear": "linear", "conv": "conv2d", "ln": "layernorm",
+                                        "softmax": "softmax", **dict.fromkeys(NEUSIGHT_ELEMENTWISE_OPS, "elementwise")}
 
 # element-wise ops by how many tensors of B·H elements they read, and FLOPs per element (NeuSight's op names;
 # the `u` suffix is the tensor-with-scalar variant)

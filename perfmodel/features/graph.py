@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from perfmodel.features.nodes import KINDS, has_phase, hardware_features, node_cost, roofline_ms
+from perfmodel.features.nodes import KINDS, hardware_features, has_phase, node_cost, roofline_ms
 from perfmodel.graph.ir import Graph
 from perfmodel.graph.opkinds import OpKind
 from perfmodel.hardware.spec import HardwareSpec
@@ -25,8 +25,6 @@ PRECISIONS = ("fp32", "fp16", "bf16", "amp")
 # fp32 tensors one optimizer step reads and writes per parameter element: SGD with momentum reads param, grad and
 # momentum and writes param and momentum (5); Adam/AdamW read param, grad, m, v and write param, m, v (7).
 OPTIMIZER_TENSOR_PASSES = {"sgd": 5, "adam": 7, "adamw": 7}
-# extra state tensors per parameter (momentum; Adam's m and v)
-OPTIMIZER_STATE_COUNT = {"sgd": 1, "adam": 2, "adamw": 2}
 PARAM_BYTES = 4  # optimizer state is fp32 (weights stay fp32 under amp)
 
 # A nominal per-op dispatch/launch cost, used only to give "overhead" its share when a total is split by roofline

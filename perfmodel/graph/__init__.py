@@ -43,7 +43,8 @@ def graph_for_job(spec: JobSpec) -> Graph:
     if isinstance(spec.source, GraphSource):
         return spec.source.parsed().model_copy(update={"job_key": spec.key()})
     if isinstance(spec.source, OnnxSource):
-        graph = graph_from_onnx(spec.source.path, batch_size=spec.batch_size, seq_len=spec.seq_len, name=spec.name)
+        graph = graph_from_onnx(spec.source.path, batch_size=spec.batch_size, seq_len=spec.seq_len, name=spec.name,
+                                mode=spec.mode.value)
         return graph.model_copy(update={"job_key": spec.key()})
     from perfmodel.graph.from_torch import capture_graph
 

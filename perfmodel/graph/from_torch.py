@@ -22,7 +22,7 @@ from __future__ import annotations
 import operator
 import warnings
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch import fx, nn
@@ -34,12 +34,16 @@ from perfmodel.graph.moe import balanced_routing
 from perfmodel.graph.opkinds import OpKind, kind_of
 from perfmodel.jobs.spec import JobSpec
 
+GraphMode = Literal["train", "inference"]
+_GRAPH_MODES: dict[str, GraphMode] = {"train": "train", "inference": "inference"}
+
 
 def graph_from_module(module: nn.Module, args: tuple, kwargs: Mapping[str, Any] | None = None, *, name: str,
                       mode: str = "train", job_key: str | None = None) -> Graph:
     """Export `module(*args, **kwargs)` and build its graph. Tensors may be real, fake or on the meta device.
     `mode="train"` adds backward costs; `"inference"` leaves them zero."""
-    if mode not in ("train", "inference"):
+    graph_mode = _GRAPH_MODES.get(mode)
+    if graph_mode is None:
         raise PerfmodelError(f"graph mode must be 'train' or 'inference', got {mode!r}")
     try:
         with warnings.catch_warnings(), balanced_routing(module) as moe_layers:
@@ -50,7 +54,8 @@ def graph_from_module(module: nn.Module, args: tuple, kwargs: Mapping[str, Any] 
     except Exception as exc:  # a model torch.export cannot trace: report it in one line
         first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         raise PerfmodelError(f"torch.export could not capture {name}: {type(exc).__name__}: {first_line}") from exc
-    return graph_from_exported(exported, module, name=name, mode=mode, job_key=job_key, moe=moe_layers.info())
+    return graph_from_exported(exported, module, name=name, mode=graph_mode, job_key=job_key,
+                               moe=moe_layers.info())
 
 
 def _all_ones_attention_mask(kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -82,7 +87,7 @@ def capture_graph(spec: JobSpec) -> Graph:
 
 
 def graph_from_exported(exported: torch.export.ExportedProgram, module: nn.Module | None = None, *, name: str,
-                        mode: str = "train", job_key: str | None = None, moe: MoEInfo | None = None) -> Graph:
+                        mode: GraphMode = "train", job_key: str | None = None, moe: MoEInfo | None = None) -> Graph:
     """Build the graph of an already exported program (`module`, when given, says which parameters are frozen;
     `moe` describes its MoE layers, when it has some)."""
     builder = _Builder(exported, module, training=mode == "train")
@@ -178,9 +183,9 @@ class _Builder:
     def visit(self, graph_module: fx.GraphModule, prefix: str, grad_enabled: bool) -> None:
         for fx_node in graph_module.graph.nodes:
             if fx_node.op == "call_function":
-                subgraphs = [getattr(graph_module, a.target) for a in fx_node.args
-                             if isinstance(a, fx.Node) and a.op == "get_attr"
-                             and isinstance(getattr(graph_module, a.target, None), fx.GraphModule)]
+                subgraphs = [sub for a in fx_node.args
+                             if isinstance(a, fx.Node) and a.op == "get_attr" and isinstance(a.target, str)
+                             and isinstance(sub := getattr(graph_module, a.target, None), fx.GraphModule)]
                 if subgraphs:
                     self._inline(fx_node, subgraphs, prefix, grad_enabled)
                 else:

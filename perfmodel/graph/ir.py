@@ -71,7 +71,7 @@ class GraphTotals(_Frozen):
 
     @classmethod
     def from_nodes(cls, nodes: list[Node] | tuple[Node, ...], params: int, param_bytes: int,
-                   activation_bytes: int) -> "GraphTotals":
+                   activation_bytes: int) -> GraphTotals:
         kinds: Counter[str] = Counter()
         flops_by_kind: Counter[str] = Counter()
         for n in nodes:
@@ -126,7 +126,7 @@ class Graph(_Frozen):
         return self.model_dump_json(indent=indent)
 
     @classmethod
-    def from_json(cls, text: str | bytes) -> "Graph":
+    def from_json(cls, text: str | bytes) -> Graph:
         import json
 
         data = json.loads(text)

@@ -43,12 +43,17 @@ import functools
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
 
 from perfmodel.errors import PerfmodelError
 from perfmodel.graph.ir import MoEInfo
+
+# A transformers module read by its attribute names (num_experts, has_gate, router, expert_capacity, ...): nn.Module's
+# __getattr__ types every such attribute `Tensor | Module`, which these duck-typed reads are not.
+HFModule = Any
 
 
 @dataclass(frozen=True)
@@ -86,7 +91,7 @@ class _Recorder:
 # --- the experts' work on balanced rows: (E, rows, hidden) -> (E, rows, hidden) ----------------------------------
 
 
-def _expert_linear(experts: nn.Module, x: torch.Tensor, name: str) -> torch.Tensor:
+def _expert_linear(experts: HFModule, x: torch.Tensor, name: str) -> torch.Tensor:
     """One stacked projection of every expert at once: weight (E, out, in), or (E, in, out) if `is_transposed`,
     plus `<name>_bias` (E, out) if `has_bias`."""
     weight = getattr(experts, name)
@@ -96,7 +101,7 @@ def _expert_linear(experts: nn.Module, x: torch.Tensor, name: str) -> torch.Tens
     return out
 
 
-def _stacked_experts(experts: nn.Module, x: torch.Tensor) -> torch.Tensor:
+def _stacked_experts(experts: HFModule, x: torch.Tensor) -> torch.Tensor:
     """Experts with transformers' experts interface: up (gated: `gate_up_proj` then `_apply_gate`, else `up_proj`
     then the activation), down, and the optional post-expert norm, as `grouped_mm_experts_forward` runs them."""
     if experts.has_gate:
@@ -107,12 +112,12 @@ def _stacked_experts(experts: nn.Module, x: torch.Tensor) -> torch.Tensor:
     return experts.post_expert_norm(out) if experts.has_post_expert_norm else out
 
 
-def _module_experts(experts: nn.Module, x: torch.Tensor) -> torch.Tensor:
+def _module_experts(experts: HFModule, x: torch.Tensor) -> torch.Tensor:
     """Experts that are separate modules (an nn.ModuleDict), each called on its rows."""
     return torch.stack([expert(x[i]) for i, expert in enumerate(experts.values())])
 
 
-def _balanced(experts: nn.Module, record: _Recorder, run: Callable[[torch.Tensor], torch.Tensor],
+def _balanced(experts: HFModule, record: _Recorder, run: Callable[[torch.Tensor], torch.Tensor],
               hidden: torch.Tensor, weights: torch.Tensor, *, capacity: int | None = None) -> torch.Tensor:
     """Dispatch `hidden` (T, H) evenly over the `experts`, `run` them on (E, rows, H), and combine with `weights`
     (T, top_k): what the experts compute when every expert gets the same number of token rows. `capacity` caps
@@ -159,7 +164,7 @@ def has_experts_interface(module: nn.Module) -> bool:
 # --- blocks replaced whole ---------------------------------------------------------------------------------------
 
 
-def _switch_router(router: nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
+def _switch_router(router: HFModule, hidden_states: torch.Tensor) -> torch.Tensor:
     """SwitchTransformersTop1Router's routing probability (batch, seq, 1): jitter while training, the classifier
     GEMM and softmax in the router's dtype, the top-1 probability. (HF's router casts its classifier module in
     forward, which torch.export cannot trace, and its dispatch mask is not needed here.)"""
@@ -174,7 +179,7 @@ def _switch_router(router: nn.Module, hidden_states: torch.Tensor) -> torch.Tens
     return torch.max(probs, dim=-1).values.unsqueeze(-1)
 
 
-def _switch_forward(block: nn.Module, record: _Recorder, hidden_states: torch.Tensor) -> torch.Tensor:
+def _switch_forward(block: HFModule, record: _Recorder, hidden_states: torch.Tensor) -> torch.Tensor:
     """SwitchTransformersSparseMLP: top-1 router, separate expert modules, a per-sequence expert capacity."""
     batch, seq, width = hidden_states.shape
     routing_weights = _switch_router(block.router, hidden_states)
@@ -201,10 +206,10 @@ MOE_BLOCKS: dict[str, MoEBlockPlan] = {
 
 def moe_layers(module: nn.Module) -> list[nn.Module]:
     """The experts modules of `module`'s MoE layers that capture makes balanced (in module order)."""
-    found = []
+    found: list[nn.Module] = []
     for sub in module.modules():
         if type(sub).__name__ in MOE_BLOCKS:
-            found.append(sub.experts)
+            found.append(sub.get_submodule("experts"))
         elif has_experts_interface(sub):
             found.append(sub)
     return found
@@ -220,9 +225,10 @@ def balanced_routing(module: nn.Module) -> Iterator[_Recorder]:
         for sub in module.modules():
             plan = MOE_BLOCKS.get(type(sub).__name__)
             if plan is not None:
+                experts = sub.get_submodule("experts")
                 sub.forward = functools.partial(plan.forward, sub, record)
-                sub.experts.forward = functools.partial(plan.experts, sub.experts)
-                patched.extend((sub, sub.experts))
+                experts.forward = functools.partial(plan.experts, experts)
+                patched.extend((sub, experts))
             elif has_experts_interface(sub) and sub not in patched:
                 sub.forward = functools.partial(_interface_forward, sub, record)
                 patched.append(sub)

@@ -182,7 +182,3 @@ def kind_of(name: str) -> OpKind:
 def kind_of_onnx(op_type: str, domain: str = "") -> OpKind:
     """The canonical kind of an ONNX node (any domain: com.microsoft fused ops share the table)."""
     return _TABLE.get(f"onnx::{op_type}", OpKind.other)
-
-
-def known_names() -> frozenset[str]:
-    return frozenset(_TABLE)

@@ -99,12 +99,21 @@ def read_cpu_identity(cpuinfo: Path = Path("/proc/cpuinfo")) -> CpuIdentity:
     return found
 
 
+def physical_cores() -> int:
+    """Physical cores (psutil), falling back to logical CPUs."""
+    try:
+        import psutil
+
+        cores = psutil.cpu_count(logical=False)
+    except ImportError:
+        cores = None
+    return int(cores or os.cpu_count() or 1)
+
+
 def probe_host(threads: int | None = None, *, gemm_sizes: tuple[int, ...] = GEMM_SIZES, copy_mib: int = COPY_MIB,
                repeats: int = REPEATS) -> HardwareSpec:
     """This host as the catalog's `cpu` entry, measured with `threads` torch threads (default: torch's own)."""
     import torch
-
-    from perfmodel.profilers.env import physical_cores
 
     previous_threads = torch.get_num_threads()
     if threads is not None:
@@ -207,7 +216,7 @@ def _key_values(text: str) -> list[tuple[str, str]]:
 
 
 def _identity(pairs: list[tuple[str, str]], model_keys: tuple[str, ...], vendor_keys: tuple[str, ...]) -> CpuIdentity:
-    first = {}
+    first: dict[str, str] = {}
     for key, value in pairs:
         first.setdefault(key, value)
     model = next((first[k] for k in model_keys if k in first and not first[k].isdigit()), "")

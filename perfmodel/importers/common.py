@@ -8,12 +8,12 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from perfmodel.errors import PerfmodelError, UnknownNameError
 from perfmodel.hardware.catalog import get_accelerator, load_catalog
 from perfmodel.hardware.spec import HardwareSpec
-from perfmodel.profilers.external import OpMeasurement
+from perfmodel.profilers.external import OpClass, OpMeasurement
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -43,7 +43,7 @@ class ImportStats:
 class Mapped:
     """What one upstream row becomes: the op class, NeuSight-style op name, shape fields and facts for `extra`."""
 
-    op_class: str
+    op_class: OpClass
     op_name: str
     shape: dict[str, int]
     detail: dict[str, Any]
@@ -172,7 +172,8 @@ def rows(frame: pd.DataFrame) -> Iterator[tuple[int, dict[str, Any]]]:
     """(0-based data row of the file, {column: value}) for each row of a frame read by `read_csv` (or a filtered
     view of one: the row numbers stay those of the file)."""
     for index, row in zip(frame.index, frame.to_dict("records")):
-        yield int(index), row
+        # pandas-stubs type a record's keys Hashable: read_csv's column names are str
+        yield int(index), cast("dict[str, Any]", row)
 
 
 RecordsFn = Callable[[Path, list[Path], "ImportStats", "DeviceResolver"], Iterator[OpMeasurement]]

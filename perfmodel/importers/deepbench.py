@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from perfmodel.importers.common import (
     DatasetImporter,
@@ -44,7 +44,7 @@ from perfmodel.importers.common import (
 )
 from perfmodel.profilers.external import OpMeasurement
 
-SOURCE = "deepbench"
+SOURCE: Final = "deepbench"
 FP32_BYTES = 4  # the all-reduce sizes are counts of fp32 values
 
 # DeepBench's device labels -> torch device names of the GPU, from each results file's Specs sheet: e.g. V100

@@ -51,14 +51,14 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from perfmodel.errors import PerfmodelError
 from perfmodel.importers.common import (
-    Mapped,
     DatasetImporter,
     DeviceResolver,
     ImportStats,
+    Mapped,
     compact,
     integer,
     number,
@@ -66,10 +66,10 @@ from perfmodel.importers.common import (
     relative,
     rows,
 )
-from perfmodel.profilers.external import OpMeasurement
+from perfmodel.profilers.external import DType, OpClass, OpMeasurement
 from perfmodel.units import ns_to_ms, us_to_ms
 
-SOURCE = "llmservingsim"
+SOURCE: Final = "llmservingsim"
 
 # the HW folders -> the driver's device name (section 1's meta.yaml `gpu` is tried too)
 DEVICES: dict[str, tuple[str, ...]] = {
@@ -159,7 +159,7 @@ def _tokens(s: Shard, t: int) -> int:
     return t
 
 
-def _vector(op_class: str, op_name: str, batch: Callable[[Shard, int], int], hidden: Callable[[Shard], int],
+def _vector(op_class: OpClass, op_name: str, batch: Callable[[Shard, int], int], hidden: Callable[[Shard], int],
             detail: Callable[[Shard], dict[str, Any]] = lambda s: {}) -> Rule:
     return lambda s, t: Mapped(op_class, op_name, {"batch": batch(s, t), "hidden": hidden(s)}, detail(s))
 
@@ -210,7 +210,7 @@ V0_RULES: dict[str, Rule] = {
     "expert.w2": _linear(_tokens, lambda s: s.expert_f, lambda s: s.h, expert="one expert over all tokens"),
 }
 # section 1's variant folders -> the storage dtype (an fp8 bundle would need its own mapping: skipped)
-VARIANT_DTYPES: dict[str, str] = {"bf16": "bf16", "fp16": "fp16", "fp32": "fp32"}
+VARIANT_DTYPES: dict[str, DType] = {"bf16": "bf16", "fp16": "fp16", "fp32": "fp32"}
 # layers with no op class of the schema -> why
 SKIPPED_LAYERS: dict[str, str] = {
     "sampler": "sampler (top-k/top-p sampling kernels)",
@@ -246,7 +246,7 @@ class FileKind:
     count: str
     time: str
     to_ms: Callable[[float], float]
-    dtype: str  # section 2's; section 1 takes it from its variant folder
+    dtype: DType  # section 2's; section 1 takes it from its variant folder
     rules: dict[str, Rule]
     skip: str = ""
 
@@ -363,10 +363,13 @@ def copied_layers(frame: Any, tp1_frame: Any, kind: FileKind) -> set[str]:
     return {layer for layer, values in ours.items() if theirs.get(layer) == values}
 
 
-def _layer_records(name: str, frame: Any, kind: FileKind, bundle: Bundle, shard: Shard, device: str, dtype: str,
+def _layer_records(name: str, frame: Any, kind: FileKind, bundle: Bundle, shard: Shard, device: str, dtype: DType,
                    facts: dict[str, Any], stats: ImportStats, copied: set[str]) -> Iterator[OpMeasurement]:
+    layer_column = kind.layer
+    if layer_column is None:  # a file kind without layers: the caller skips its files whole
+        return
     for index, row in rows(frame):
-        layer = str(row[kind.layer])
+        layer = str(row[layer_column])
         rule = kind.rules.get(layer)
         if rule is None:
             stats.skipped[SKIPPED_LAYERS.get(layer, f"layer {layer!r} (no mapping)")] += 1

@@ -20,8 +20,9 @@ from __future__ import annotations
 import functools
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
+from perfmodel.features.device_ops import NEUSIGHT_OP_CLASS
 from perfmodel.importers.common import (
     DatasetImporter,
     DeviceResolver,
@@ -35,11 +36,8 @@ from perfmodel.importers.common import (
 )
 from perfmodel.profilers.external import OpMeasurement
 
-SOURCE = "neusight"
+SOURCE: Final = "neusight"
 
-ELEMENTWISE_OPS = frozenset({"add", "addu", "mul", "mulu", "div", "divu", "pow", "powu", "relu", "gelu", "tanh"})
-OP_CLASS = {"bmm": "bmm", "linear": "linear", "conv": "conv2d", "ln": "layernorm", "softmax": "softmax",
-            **{op: "elementwise" for op in ELEMENTWISE_OPS}}
 
 FILE_PATTERNS = (
     "data/dataset/train/collect/*/*/*",
@@ -73,7 +71,7 @@ def _records(root: Path, paths: list[Path], stats: ImportStats, resolve: DeviceR
 def _record(name: str, index: int, row: dict[str, Any], device: str, split: str, version_dir: str | None,
             stats: ImportStats) -> OpMeasurement | None:
     op = str(row["OPName"])
-    op_class = OP_CLASS.get(op)
+    op_class = NEUSIGHT_OP_CLASS.get(op)
     if op_class is None:
         stats.skipped[f"unknown NeuSight op {op!r}"] += 1
         return None

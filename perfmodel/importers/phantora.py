@@ -39,27 +39,27 @@ import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from perfmodel.importers.common import (
-    Mapped,
     DatasetImporter,
     DeviceResolver,
     ImportStats,
+    Mapped,
     compact,
     integer,
     read_csv,
     relative,
     rows,
 )
-from perfmodel.profilers.external import OpMeasurement
+from perfmodel.profilers.external import DType, MeasuredPhase, OpClass, OpMeasurement
 from perfmodel.units import ns_to_ms
 
-SOURCE = "phantora"
+SOURCE: Final = "phantora"
 
 # perfdb folders -> the device's name (looked up after the folder name itself)
 DEVICES: dict[str, tuple[str, ...]] = {"l40s": ("NVIDIA L40S",)}
-DTYPES: dict[str, str] = {"bf16": "bf16", "f16": "fp16", "f32": "fp32", "BFloat16": "bf16", "Half": "fp16",
+DTYPES: dict[str, DType] = {"bf16": "bf16", "f16": "fp16", "f32": "fp32", "BFloat16": "bf16", "Half": "fp16",
                           "Float": "fp32"}
 
 FILE_PATTERNS = ("tests/perfdb/*/compute",)
@@ -117,7 +117,7 @@ def tensors(args: Any) -> list[Tensor]:
 MapFn = Callable[[list[Tensor], Any], "Mapped | None"]  # (tensors, raw args) -> record, None: shapes not usable
 
 
-def _vector(op_class: str, op_name: str, out: Tensor, hidden: int | None = None, **detail: Any) -> Mapped:
+def _vector(op_class: OpClass, op_name: str, out: Tensor, hidden: int | None = None, **detail: Any) -> Mapped:
     numel = max(out.numel, 1)
     width = hidden if hidden is not None else (out.shape[-1] if out.shape else 1)
     width = min(max(width, 1), numel)
@@ -199,7 +199,7 @@ def _norm(kind: str) -> MapFn:
 
 @dataclass(frozen=True)
 class OpRule:
-    phase: str
+    phase: MeasuredPhase
     mapping: MapFn | None  # None: skipped
     skip: str = ""
 
@@ -242,7 +242,7 @@ OPS: dict[str, OpRule] = {
 SKIP_PREFIXES: dict[str, str] = {"Foreach": "optimizer step (Foreach*)"}
 
 
-def storage_dtype(ts: list[Tensor]) -> str | None:
+def storage_dtype(ts: list[Tensor]) -> DType | None:
     """The schema dtype of the largest floating tensor (bf16, fp16, fp32); None when there is none."""
     floats = [t for t in ts if t.dtype in DTYPES]
     return DTYPES[max(floats, key=lambda t: t.numel).dtype] if floats else None

@@ -31,7 +31,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from perfmodel.importers.common import (
     DatasetImporter,
@@ -44,9 +44,9 @@ from perfmodel.importers.common import (
     relative,
     rows,
 )
-from perfmodel.profilers.external import OpMeasurement
+from perfmodel.profilers.external import OpClass, OpMeasurement
 
-SOURCE = "vidur"
+SOURCE: Final = "vidur"
 
 # vidur's device folders -> the torch device name of the GPU (looked up as a catalog alias).
 # Compute profiles: "only the SKU matters" (vidur/profiling/README.md); `a100` is an 80GB A100, shared by the
@@ -68,6 +68,8 @@ NETWORK_DEVICES: dict[str, tuple[str, bool]] = {
 
 MLP_OPS: tuple[str, ...] = ("emb", "input_layernorm", "attn_pre_proj", "attn_rope", "attn_post_proj",
                             "post_attention_layernorm", "mlp_up_proj", "mlp_act", "mlp_down_proj", "add")
+# vidur's collective name -> the op class
+COLLECTIVE_OP_CLASS: dict[str, OpClass] = {"all_reduce": "allreduce", "send_recv": "send_recv"}
 STATS = ("min", "max", "mean", "median", "std")
 
 FILE_PATTERNS = (
@@ -96,7 +98,7 @@ def _records(root: Path, paths: list[Path], stats: ImportStats, resolve: DeviceR
             stats.unknown_devices[device_name] += len(frame) * per_row
             continue
         common = {"source_file": name, "device": device}
-        facts = {"node": folder} if kind == "network" else {"model": "/".join(parts[4:6])}
+        facts: dict[str, Any] = {"node": folder} if kind == "network" else {"model": "/".join(parts[4:6])}
         if assumed:
             facts["device_assumed"] = True
         if kind == "compute":
@@ -115,7 +117,7 @@ def _mlp_records(frame: Any, common: dict[str, Any], facts: dict[str, Any],
                  stats: ImportStats) -> Iterator[OpMeasurement]:
     ops = [op for op in MLP_OPS if f"time_stats.{op}.median" in frame.columns]
     # vidur builds a post-attention norm only as RMSNorm, and uses the same norm kind for both norms of a layer
-    norm = "rmsnorm" if "post_attention_layernorm" in ops else "layernorm"
+    norm: OpClass = "rmsnorm" if "post_attention_layernorm" in ops else "layernorm"
     for index, row in rows(frame):
         dims = _dims(row)
         if dims is None:
@@ -129,6 +131,7 @@ def _mlp_records(frame: Any, common: dict[str, Any], facts: dict[str, Any],
             if latency is None or latency <= 0:
                 stats.skipped["no latency"] += 1
                 continue
+            op_class: OpClass
             shape: dict[str, Any]
             detail: dict[str, Any] = {}
             if op == "emb":
@@ -162,7 +165,7 @@ def _mlp_records(frame: Any, common: dict[str, Any], facts: dict[str, Any],
 
 
 def _dims(row: dict[str, Any]) -> dict[str, Any] | None:
-    values = {"num_tokens": integer(row.get("num_tokens")),
+    values: dict[str, Any] = {"num_tokens": integer(row.get("num_tokens")),
               "tensor_parallel": integer(row.get("num_tensor_parallel_workers")),
               "h": integer(row.get("n_embd")), "n_head": integer(row.get("n_head")),
               "n_kv_head": integer(row.get("n_kv_head")), "f": integer(row.get("n_expanded_embd")),
@@ -179,7 +182,7 @@ def _collective_records(frame: Any, common: dict[str, Any], facts: dict[str, Any
                         stats: ImportStats) -> Iterator[OpMeasurement]:
     for index, row in rows(frame):
         collective = str(row.get("collective"))
-        op_class = {"all_reduce": "allreduce", "send_recv": "send_recv"}.get(collective)
+        op_class = COLLECTIVE_OP_CLASS.get(collective)
         if op_class is None:
             stats.skipped[f"vidur collective {collective!r}"] += 1
             continue

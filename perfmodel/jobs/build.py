@@ -141,7 +141,7 @@ def _zoo_inputs(kind: InputKind, module: nn.Module, spec: JobSpec, image_size: i
         return (dense, sparse), {}
     if kind == InputKind.rnn_tokens:
         return (torch.randint(0, custom.RNN_VOCAB_SIZE, (b, s)),), {}
-    config = module.config
+    config: Any = module.config  # a transformers config: its fields are read by name
     limit = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
     if limit is not None and s > limit:
         raise PerfmodelError(f"seq_len {s} exceeds the model's max_position_embeddings {limit}")

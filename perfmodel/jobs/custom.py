@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import itertools
+from typing import ClassVar
+
 import torch
 from torch import nn
 
@@ -14,7 +17,7 @@ RECSYS_ROWS_PER_TABLE = 10_000
 class RecurrentLM(nn.Module):
     """Embedding -> 2-layer LSTM or GRU -> vocabulary projection (the classic word-level LM)."""
 
-    _CELLS = {"lstm": nn.LSTM, "gru": nn.GRU}
+    _CELLS: ClassVar[dict[str, type[nn.LSTM] | type[nn.GRU]]] = {"lstm": nn.LSTM, "gru": nn.GRU}
 
     def __init__(self, cell: str = "lstm", vocab_size: int = RNN_VOCAB_SIZE, hidden_size: int = 512,
                  num_layers: int = 2):
@@ -30,7 +33,7 @@ class RecurrentLM(nn.Module):
 
 def _mlp(sizes: list[int]) -> nn.Sequential:
     layers: list[nn.Module] = []
-    for i, (n_in, n_out) in enumerate(zip(sizes, sizes[1:])):
+    for i, (n_in, n_out) in enumerate(itertools.pairwise(sizes)):
         layers.append(nn.Linear(n_in, n_out))
         if i < len(sizes) - 2:
             layers.append(nn.ReLU())

@@ -22,8 +22,10 @@ from perfmodel.jobs.spec import JobSpec, Mode, OnnxSource
 _EXTERNAL_DATA_BYTES = 1_500_000_000
 
 
-def export_onnx(spec: JobSpec, path: str | Path) -> Path:
-    """Build `spec`'s model on the CPU in eval mode and write its ONNX graph to `path` (parents created)."""
+def export_onnx(spec: JobSpec, path: str | Path, *, optimize: bool = True) -> Path:
+    """Build `spec`'s model on the CPU in eval mode and write its ONNX graph to `path` (parents created).
+    `optimize=False` keeps batch norms unfolded (the exporter's optimiser folds them into the convolutions): the
+    form a training graph is derived from (`graph_from_onnx(..., mode="train")`)."""
     from perfmodel.jobs.build import build_job
 
     if isinstance(spec.source, OnnxSource):
@@ -38,7 +40,7 @@ def export_onnx(spec: JobSpec, path: str | Path) -> Path:
         try:
             with _quiet(), torch.no_grad():
                 torch.onnx.export(job.module, job.args, str(path), kwargs=dict(job.kwargs), dynamo=dynamo,
-                                  external_data=external_data)
+                                  external_data=external_data, optimize=optimize)
             return path
         except Exception as exc:  # the exporters raise many types: keep one line of each
             errors.append(f"{'dynamo' if dynamo else 'torchscript'}: {type(exc).__name__}: "

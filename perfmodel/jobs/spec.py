@@ -85,7 +85,7 @@ class ModuleSource(_Source):
     path: str = Field(description="path/to/file.py:NAME; NAME(batch_size) returns (module, inputs[, loss_fn])")
 
     @model_validator(mode="after")
-    def _has_callable(self) -> "ModuleSource":
+    def _has_callable(self) -> ModuleSource:
         file, sep, name = self.path.rpartition(":")
         if not sep or not file or not name.isidentifier():
             raise ValueError(f"module path must look like path/to/file.py:NAME, got {self.path!r}")
@@ -106,7 +106,7 @@ class GraphSource(_Source):
                                               "(`schema_version`, `name`, `source`, `mode`, `nodes`, `totals`, ...)")
 
     @model_validator(mode="after")
-    def _is_graph_ir(self) -> "GraphSource":
+    def _is_graph_ir(self) -> GraphSource:
         self.parsed()  # a graph that does not load is refused here, naming what is wrong
         return self
 
@@ -114,19 +114,32 @@ class GraphSource(_Source):
         """The `perfmodel.graph.ir.Graph` this IR holds (validated); a ValueError naming the bad field otherwise."""
         from pydantic import ValidationError
 
-        from perfmodel.graph.ir import SCHEMA_VERSION, Graph
+        from perfmodel.graph.ir import SCHEMA_VERSION, Graph, Node
 
         version = self.graph.get("schema_version")
         if version != SCHEMA_VERSION:
             raise ValueError(f"graph.schema_version: {version!r} is not supported (expected {SCHEMA_VERSION})")
+        data = self.graph
+        prefix: tuple[str | int, ...] = ()  # where in the IR a validation error is
         try:
-            return Graph.model_validate(self.graph)
+            nodes = data.get("nodes")
+            if isinstance(nodes, list) and len(nodes) > _NODE_CHUNK:
+                # node by node: no single call holds the GIL for a whole IR (a 30 MB one takes seconds), so other
+                # threads (a server's event loop) keep running while it is validated
+                validated = []
+                for i, node in enumerate(nodes):
+                    prefix = ("nodes", i)
+                    validated.append(Node.model_validate(node))
+                data, prefix = {**data, "nodes": validated}, ()
+            return Graph.model_validate(data)
         except ValidationError as exc:
             first = exc.errors()[0]
-            where = ".".join(str(part) for part in ("graph", *first["loc"]))
+            where = ".".join(str(part) for part in ("graph", *prefix, *first["loc"]))
             more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
             raise ValueError(f"{where}: {first['msg']}{more}") from None
 
+
+_NODE_CHUNK = 1000  # an IR with more nodes is validated node by node (see `GraphSource.parsed`)
 
 ModelSource = Annotated[
     Union[ZooSource, HFConfigSource, ModuleSource, OnnxSource, GraphSource], Field(discriminator="kind")
@@ -142,14 +155,15 @@ class JobSpec(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     source: ModelSource
-    batch_size: PositiveInt
+    batch_size: PositiveInt = Field(description="samples in one forward/backward pass of one model replica: the "
+                                                "batch its graph is captured at (README, \"Batch size\")")
     seq_len: PositiveInt = DEFAULT_SEQ_LEN
     precision: Precision = Precision.fp32
     optimizer: OptimizerName = OptimizerName.sgd
     mode: Mode = Mode.train
 
     @model_validator(mode="after")
-    def _ir_mode_matches(self) -> "JobSpec":
+    def _ir_mode_matches(self) -> JobSpec:
         if isinstance(self.source, GraphSource):
             captured = self.source.graph.get("mode", "train")
             if captured != self.mode.value:
@@ -181,7 +195,7 @@ class JobSpec(BaseModel):
             cached = self.__dict__[_KEY_ATTR] = hashlib.sha256(canonical.encode()).hexdigest()[:24]
         return cached
 
-    def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> "JobSpec":
+    def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> JobSpec:
         copied = super().model_copy(update=update, deep=deep)
         if update:
             copied.__dict__.pop(_KEY_ATTR, None)  # another spec: its key is computed afresh
@@ -197,7 +211,7 @@ class JobSpec(BaseModel):
         module: str | None = None,
         onnx: str | Path | None = None,
         **run: Any,
-    ) -> "JobSpec":
+    ) -> JobSpec:
         """Build a spec from CLI-style options: exactly one model source plus run settings."""
         given = [s for s in (zoo, hf_config, module, onnx) if s is not None]
         if len(given) != 1:

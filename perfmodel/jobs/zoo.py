@@ -98,7 +98,8 @@ def _entries() -> list[ZooEntry]:
     ]
     entries = [ZooEntry(n, f, "torchvision", img, _torchvision(n), builds_on_meta=f != "regnet") for n, f in tv]
     entries += [
-        ZooEntry("googlenet", "inception", "torchvision", img, _torchvision("googlenet", aux_logits=False, init_weights=False)),
+        ZooEntry("googlenet", "inception", "torchvision", img,
+                 _torchvision("googlenet", aux_logits=False, init_weights=False)),
         ZooEntry("inception_v3", "inception", "torchvision", img,
                  _torchvision("inception_v3", aux_logits=False, init_weights=False), image_size=299),
     ]

@@ -193,8 +193,9 @@ def allreduce_ms(link: LinkModel, message_bytes: ArrayLike, world_size: ArrayLik
     """All-reduce by `algorithm`: "ring", "tree", or "best" (the cheaper of the two per element, as NCCL's tuner
     picks)."""
     if algorithm == "best":
-        return np.minimum(ring_allreduce_ms(link, message_bytes, world_size),
-                          tree_allreduce_ms(link, message_bytes, world_size))
+        best: np.ndarray = np.minimum(ring_allreduce_ms(link, message_bytes, world_size),
+                                      tree_allreduce_ms(link, message_bytes, world_size))
+        return best
     if algorithm not in ("ring", "tree"):
         raise ValueError(f"all-reduce algorithm must be ring, tree or best, got {algorithm!r}")
     return collective_ms(link, algorithm, message_bytes, world_size)
@@ -214,7 +215,8 @@ def hierarchical_allreduce_ms(intra: LinkModel, inter: LinkModel, message_bytes:
     share = g / np.minimum(r, g)  # shards per rail
     intra_part = 2 * reduce_scatter_ms(intra, s, g)  # reduce-scatter and all-gather cost the same
     a, b = coefficients("ring", s / g, n)
-    return intra_part + a * inter.alpha_ms + b * share * inter.beta_ms_per_byte
+    total: np.ndarray = intra_part + a * inter.alpha_ms + b * share * inter.beta_ms_per_byte
+    return total
 
 
 # --- fitting --------------------------------------------------------------------------------------------------------
@@ -418,7 +420,9 @@ def host_staged_link(spec: HardwareSpec) -> LinkModel:
 
 def host_shared_beta(beta_ms_per_byte: ArrayLike, devices_on_node: ArrayLike) -> np.ndarray:
     """β of each of `devices_on_node` GPUs transferring at once through one host: g·β (PCIE_EFFECTIVE_GBPS / g)."""
-    return np.asarray(beta_ms_per_byte, dtype=float) * np.maximum(np.asarray(devices_on_node, dtype=float), 1.0)
+    beta: np.ndarray = np.asarray(beta_ms_per_byte, dtype=float) * np.maximum(np.asarray(devices_on_node, dtype=float),
+                                                                               1.0)
+    return beta
 
 
 def network_rails(node_gbit_s: float, node_devices: int | None) -> int:

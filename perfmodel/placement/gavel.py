@@ -12,7 +12,6 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 GavelMatrix = dict[str, dict[str, float]]
-SCALE_FACTORS = (1, 2, 4, 8)
 
 
 def job_type_key(job_type: str, scale_factor: int) -> str:

@@ -148,14 +148,14 @@ class ComputeArrays:
     """`ShardCompute` fields as arrays (one entry per pair, or shapes that broadcast with the placement's), or as
     floats for a single pair."""
 
-    forward_ms: np.ndarray
-    backward_ms: np.ndarray
-    optimizer_ms: np.ndarray
-    overhead_ms: np.ndarray
-    params: np.ndarray
-    gradient_bytes_per_param: np.ndarray
-    layers: np.ndarray
-    layer_activation_bytes: np.ndarray
+    forward_ms: np.ndarray | float
+    backward_ms: np.ndarray | float
+    optimizer_ms: np.ndarray | float
+    overhead_ms: np.ndarray | float
+    params: np.ndarray | float
+    gradient_bytes_per_param: np.ndarray | float
+    layers: np.ndarray | float
+    layer_activation_bytes: np.ndarray | float
     moe_layers: np.ndarray | float = 0.0
     moe_dispatch_bytes: np.ndarray | float = 0.0
     expert_params: np.ndarray | float = 0.0
@@ -176,17 +176,17 @@ class PlacementArrays:
     inter β is the node's whole usable network (`comm.node_network_link`). `node_devices` is the devices on a
     node (0: unknown; every group then has its nodes' network to itself). The new fields default to one node."""
 
-    tensor: np.ndarray
-    pipeline: np.ndarray
-    data: np.ndarray
-    micro_batches: np.ndarray
-    zero_stage: np.ndarray
-    checkpointing: np.ndarray  # 0/1
-    nodes: np.ndarray  # nodes a data-parallel group spans
-    intra_alpha_ms: np.ndarray
-    intra_beta_ms_per_byte: np.ndarray
-    inter_alpha_ms: np.ndarray
-    inter_beta_ms_per_byte: np.ndarray
+    tensor: np.ndarray | float
+    pipeline: np.ndarray | float
+    data: np.ndarray | float
+    micro_batches: np.ndarray | float
+    zero_stage: np.ndarray | float
+    checkpointing: np.ndarray | float  # 0/1
+    nodes: np.ndarray | float  # nodes a data-parallel group spans
+    intra_alpha_ms: np.ndarray | float
+    intra_beta_ms_per_byte: np.ndarray | float
+    inter_alpha_ms: np.ndarray | float
+    inter_beta_ms_per_byte: np.ndarray | float
     expert: np.ndarray | float = 1.0  # expert-parallel degree (divides data)
     tensor_nodes: np.ndarray | float = 1.0  # nodes a tensor-parallel group spans
     expert_nodes: np.ndarray | float = 1.0  # nodes an expert-parallel group spans

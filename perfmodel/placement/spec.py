@@ -17,7 +17,7 @@ kept for API compatibility) over all the NICs of one node. None (the default) ta
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -66,7 +66,7 @@ class PlacementSpec(BaseModel):
     global_batch_size: int = Field(ge=1, description="samples per iteration over all replicas")
 
     @classmethod
-    def grid(cls, accelerator: str, *, nodes: int = 1, per_node: int = 1, **fields) -> PlacementSpec:
+    def grid(cls, accelerator: str, *, nodes: int = 1, per_node: int = 1, **fields: Any) -> PlacementSpec:
         """`nodes` × `per_node` devices (data parallel over all of them unless `parallelism` is given)."""
         if nodes < 1 or per_node < 1:
             raise ValueError("nodes and per_node must be ≥ 1")

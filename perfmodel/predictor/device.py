@@ -163,9 +163,11 @@ class DevicePredictor:
         from perfmodel.hardware.catalog import load_catalog
         from perfmodel.registry.registry import ModelRegistry
         from perfmodel.regressors import load_regressor
+        from perfmodel.regressors.adaptation import adapted
 
         entry = ModelRegistry(models_dir).get(ref, role="device-ops")
-        return cls(load_regressor(entry.path), entry.ref, load_catalog())
+        catalog = load_catalog()  # devices with their own measurements use their saved adaptation
+        return cls(adapted(load_regressor(entry.path), catalog), entry.ref, catalog)
 
     def predict_rows(self, spec: JobSpec, hardware: HardwareSpec, graph: Graph,
                      rows: pd.DataFrame | None = None) -> tuple[pd.DataFrame, Any]:
@@ -182,7 +184,7 @@ class DevicePredictor:
         from perfmodel.graph import graph_for_job
         from perfmodel.hardware.catalog import get_accelerator
 
-        hardware = get_accelerator(accelerator)
+        hardware = get_accelerator(accelerator, self.catalog)
         if hardware.name not in self.catalog:
             raise PerfmodelError(f"accelerator {hardware.name!r} is not in this predictor's catalog")
         graph = graph if graph is not None else graph_for_job(spec)
@@ -219,7 +221,9 @@ class DevicePredictor:
         return sum(self.breakdown(rows, latency_ms).values())
 
     def _reasons(self, rows: pd.DataFrame, out: Any, hardware: HardwareSpec, graph: Graph) -> tuple[str, ...]:
-        reasons = []
+        from perfmodel.hardware.custom import custom_reasons
+
+        reasons = custom_reasons(hardware)
         if out.extrapolated.any():
             outside = rows.loc[out.extrapolated]
             classes = ", ".join(sorted(set(outside["op_class"])))

@@ -479,7 +479,8 @@ ACTIVATION_NAMES: dict[str, str] = {
 ACTIVATION_DEFAULT = "mulu"
 # backward: no kernel (the gradient passes through unchanged)
 PASS_THROUGH_GRADIENT = frozenset({"add", "sub", "rsub", "add_scalar", "clone", "contiguous", "cat", "stack", "copy",
-                                   "_copy_from", "lift_fresh_copy", "alias"})
+                                   "_copy_from", "lift_fresh_copy", "alias",
+                                   "onnx::Add", "onnx::Sub", "onnx::Concat", "onnx::Identity"})
 BACKWARD_NAMES: dict[str, str] = dict.fromkeys(("pow", "sqrt", "rsqrt"), "pow")
 BACKWARD_DEFAULT = "mul"
 # linear in their one tensor input: the gradient is grad × a constant (one read), when the other operand is a scalar
@@ -689,7 +690,7 @@ def graph_op_rows(graph: Graph, dtype: str = "fp32", mode: str | None = None, *,
             if phase == BACKWARD and not _needs_backward(node):
                 continue
             for row in (forward if phase == FORWARD else backward)(node, ctx):
-                record = {"node_id": node.id, "node_op": node.op, "kind": node.kind.value, "phase": phase,
+                record: dict[str, Any] = {"node_id": node.id, "node_op": node.op, "kind": node.kind.value, "phase": phase,
                           "part": row.part, "op_class": row.op_class, "op_name": row.op_name, "dtype": dtype,
                           "device": device}
                 record.update({f: int(row.shape.get(f, 0)) for f in SHAPE_FIELDS})

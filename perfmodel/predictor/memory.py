@@ -29,7 +29,8 @@ excluded; in-place ops and outputs no backward reads are counted too). Backward 
 while it produces the gradients, so activations and gradients are not all alive at once: the step's peak of the
 two is max over the backward position i of (activations of nodes <= i + gradients of the parameters of nodes >= i)
 (`backward_overlap_bytes`), and `activations_bytes` is that peak minus `gradients_bytes` (the activations' share
-at the peak; `peak_bytes` stays an explicit sum). It is between 0 and the stored activations. Float32 outputs count 2 bytes per element under amp (autocast runs compute in half precision; graphs
+at the peak; `peak_bytes` stays an explicit sum). It is between 0 and the stored activations. Float32 outputs count
+2 bytes per element under amp (autocast runs compute in half precision; graphs
 are captured on the meta device without autocast, so their dtypes say float32). Inference frees each activation
 after its consumers ran: the two largest outputs bound the live set.
 
@@ -180,12 +181,6 @@ def activation_profile(graph: Graph, precision: Precision) -> ActivationProfile:
         boundary_bytes=sum(_output_bytes(run[-1], precision) for run in runs),
         largest_layer_bytes=max((sum(_output_bytes(n, precision) for n in run) for run in runs), default=0),
     )
-
-
-def training_activation_bytes(graph: Graph, precision: Precision, *, checkpointing: bool = False) -> int:
-    """Bytes training keeps for backward at the graph's batch, on one device (see the module docstring)."""
-    profile = activation_profile(graph, precision)
-    return profile.checkpointed_bytes if checkpointing else profile.full_bytes
 
 
 def inference_activation_bytes(graph: Graph, precision: Precision) -> int:

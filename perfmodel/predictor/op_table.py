@@ -33,13 +33,9 @@ import numpy as np
 import pandas as pd
 
 from perfmodel.errors import PerfmodelError, UnknownNameError
-from perfmodel.features.device_ops import SHAPE_COLUMNS
+from perfmodel.features.device_ops import NEUSIGHT_OP_CLASS, SHAPE_COLUMNS
 from perfmodel.hardware.catalog import get_accelerator, load_catalog
 from perfmodel.hardware.spec import HardwareSpec
-from perfmodel.importers.neusight import OP_CLASS
-
-# NeuSight's OPName -> the regressor's op class (the importer's table: one mapping for imports and predictions)
-OPNAME_CLASS: Mapping[str, str] = OP_CLASS
 
 _GEMM = {"batch": ("B",), "m": ("M",), "n": ("N",), "k": ("K",)}
 _VECTOR = {"batch": ("B",), "hidden": ("H",)}
@@ -125,12 +121,12 @@ def ops_from_neusight_frame(frame: pd.DataFrame, catalog: Mapping[str, HardwareS
                                  f"(columns: {', '.join(map(str, frame.columns))})")
 
     op_names = _text(frame[columns[OPNAME_COLUMN.lower()]])
-    op_class = op_names.map(OPNAME_CLASS)
+    op_class = op_names.map(NEUSIGHT_OP_CLASS)
     unknown = op_class.isna().to_numpy()
     if unknown.any():
         name = op_names[unknown].iloc[0]
-        close = difflib.get_close_matches(name, list(OPNAME_CLASS), n=3, cutoff=0.5)
-        hint = f"did you mean: {', '.join(close)}?" if close else f"known: {', '.join(sorted(OPNAME_CLASS))}"
+        close = difflib.get_close_matches(name, list(NEUSIGHT_OP_CLASS), n=3, cutoff=0.5)
+        hint = f"did you mean: {', '.join(close)}?" if close else f"known: {', '.join(sorted(NEUSIGHT_OP_CLASS))}"
         raise _row_error(unknown, columns[OPNAME_COLUMN.lower()], f"unknown NeuSight op {name!r}; {hint}")
 
     device = _resolve_devices(_text(frame[columns[DEVICE_COLUMN.lower()]]), catalog, columns[DEVICE_COLUMN.lower()])

@@ -9,6 +9,10 @@ The compute of one micro-batch on one device (`ShardCompute`) comes from the CPU
 and is cached per (job, accelerator, micro-batch): a scheduler's repeated questions about one job only redo the
 array arithmetic of the placement model. `predict_matrix` answers jobs × placements in one vectorised call.
 
+Every cache is a bounded LRU (`cache_size` entries each), so a long-lived process asked about any number of
+distinct jobs keeps bounded memory. Graphs at another micro-batch than a job's own come from `graphs` (a callable;
+the prediction engine passes its single-flight, capture-locked graph cache) or, without it, from `graph_for_job`.
+
 Links (`placement_links`, no predictor needed): the intra-node link by the catalog's `peer_to_peer` (NVLink,
 PCIe P2P, or staged through host memory: `perfmodel.placement.comm`), or the link the placement names; the
 network is the placement's `inter_node_bandwidth_gbps` (Gb/s per node), else the catalog's `node_network_gbit_s`,
@@ -20,8 +24,7 @@ from __future__ import annotations
 
 import functools
 import inspect
-import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -31,19 +34,35 @@ from perfmodel.errors import PerfmodelError
 from perfmodel.graph.ir import Graph
 from perfmodel.hardware.spec import HardwareSpec
 from perfmodel.jobs.spec import JobSpec, Precision
-from perfmodel.placement.comm import (DEFAULT_NODE_NETWORK_GBIT_S, LinkModel, host_staged_link, link_for_accelerator,
-                                      network_rails, node_network_link, pcie_p2p_link, peer_to_peer_mode)
-from perfmodel.placement.iteration import (ComputeArrays, IterationParams, PlacementArrays, ShardCompute,
-                                           iteration_breakdown, layer_stats, load_params)
+from perfmodel.lru import LRU
+from perfmodel.placement.comm import (
+    DEFAULT_NODE_NETWORK_GBIT_S,
+    LinkModel,
+    host_staged_link,
+    link_for_accelerator,
+    network_rails,
+    node_network_link,
+    pcie_p2p_link,
+    peer_to_peer_mode,
+)
+from perfmodel.placement.iteration import (
+    ComputeArrays,
+    IterationParams,
+    PlacementArrays,
+    ShardCompute,
+    iteration_breakdown,
+    layer_stats,
+    load_params,
+)
 from perfmodel.placement.spec import PlacementSpec
-from perfmodel.predictor.memory import (USABLE_MEMORY_FRACTION, bytes_per_param, estimate_memory, layer_key,
-                                        layers)
+from perfmodel.predictor.memory import USABLE_MEMORY_FRACTION, bytes_per_param, estimate_memory, layer_key, layers
 from perfmodel.predictor.predict import Prediction
 
 # datasheet GPU-to-GPU bandwidth of the links a placement may name instead of the catalog's, GB/s bidirectional
 INTRA_LINK_BIDIR_GBPS = {"nvlink1": 160.0, "nvlink2": 300.0, "nvlink3": 600.0, "nvlink4": 900.0, "nvlink5": 1800.0,
                          "infinity-fabric": 400.0}
 BREAKDOWN_KEYS = ("forward", "backward", "optimizer", "communication", "pipeline_bubble", "overhead")
+DEFAULT_CACHE_SIZE = 4096  # entries of each cache (computes, memory estimates, links, graphs)
 
 
 def block_outputs(graph: Graph, precision: Precision) -> list[int]:
@@ -113,37 +132,58 @@ def placement_links(placement: PlacementSpec, hardware: HardwareSpec) -> _Links:
 class PlacementPredictor:
     """Single-device predictors (CPU iteration model, per-op device model) + the placement model."""
 
-    def __init__(self, cpu: Any | None, device: Any | None, params: IterationParams | None = None):
+    def __init__(self, cpu: Any | None, device: Any | None, params: IterationParams | None = None, *,
+                 cache_size: int = DEFAULT_CACHE_SIZE, graphs: Callable[[JobSpec], Graph] | None = None):
         self.cpu = cpu
         self.device = device
         self.params = params or IterationParams()
-        self._computes: dict[tuple[str, str, int], tuple[ShardCompute, Prediction]] = {}
-        self._graphs: dict[str, Graph] = {}
-        self._memory: dict[tuple[Any, ...], int] = {}
-        self._hardware: dict[str, HardwareSpec] = {}
-        self._links: dict[tuple[Any, ...], _Links] = {}
+        self.cache_size = cache_size
+        self._graph_source = graphs
+        self._computes: LRU[tuple[str, str, int], tuple[ShardCompute, Prediction]] = LRU(cache_size)
+        self._graphs: LRU[str, Graph] = LRU(cache_size)
+        self._memory: LRU[tuple[Any, ...], int] = LRU(cache_size)
+        self._hardware: dict[str, HardwareSpec] = {}  # bounded by the catalog
+        self._links: LRU[tuple[Any, ...], _Links] = LRU(cache_size)
         self._catalog: dict[str, HardwareSpec] | None = None
-        self._lock = threading.Lock()
 
     @classmethod
-    def load(cls, models_dir: Any = None, model_version: str | None = None) -> PlacementPredictor:
-        """The promoted models of both roles; `model_version` (NAME/VERSION) replaces the one of its role.
-        Raises if an artifact does not load."""
+    def load(cls, models_dir: Any = None, model_version: str | None = None, *,
+             refs: Mapping[str, str | None] | None = None, cache_size: int = DEFAULT_CACHE_SIZE,
+             graphs: Callable[[JobSpec], Graph] | None = None) -> PlacementPredictor:
+        """The promoted models of both roles; `model_version` (NAME/VERSION) replaces the one of its role, and
+        `refs` ({role: NAME/VERSION or None}) names the model of each role it gives (None: the registry's promoted
+        one). Raises if an artifact does not load."""
         from perfmodel.predictor.device import DevicePredictor
         from perfmodel.predictor.predict import Predictor
         from perfmodel.registry.registry import ModelRegistry, role_of
 
         registry = ModelRegistry(models_dir)
-        refs: dict[str, str | None] = {"default": None, "device-ops": None}
+        chosen: dict[str, str | None] = {"default": None, "device-ops": None, **(refs or {})}
         if model_version is not None:
             entry = registry.get(model_version)  # a non-None ref resolves by name, whatever the role
-            refs[role_of(entry.manifest.regressor)] = entry.ref
-        cpu = Predictor.load(refs["default"], models_dir) if _has_role(registry, refs["default"], "default") else None
-        device = (DevicePredictor.load(refs["device-ops"], models_dir)
-                  if _has_role(registry, refs["device-ops"], "device-ops") else None)
+            chosen[role_of(entry.manifest.regressor)] = entry.ref
+        cpu = (Predictor.load(chosen["default"], models_dir)
+               if _has_role(registry, chosen["default"], "default") else None)
+        device = (DevicePredictor.load(chosen["device-ops"], models_dir)
+                  if _has_role(registry, chosen["device-ops"], "device-ops") else None)
         if cpu is None and device is None:
             raise PerfmodelError(f"no promoted model in {registry.root}: train one (`perfmodel train`) and promote it")
-        return cls(cpu, device, load_params())
+        return cls(cpu, device, load_params(), cache_size=cache_size, graphs=graphs)
+
+    def cache_sizes(self) -> dict[str, int]:
+        """Entries held by each cache (each at most `cache_size`)."""
+        return {"computes": len(self._computes), "graphs": len(self._graphs), "memory": len(self._memory),
+                "links": len(self._links)}
+
+    def is_warm(self, spec: JobSpec, placement: PlacementSpec) -> bool:
+        """Whether `predict(spec, placement)` is only array arithmetic: the device compute and the memory estimate
+        of its micro-batch are cached (no model, no capture). Cheap: dictionary look-ups."""
+        hardware = self._hardware.get(placement.accelerator)
+        if hardware is None:
+            return False
+        if (spec.key(), hardware.name, placement.micro_batch_size) not in self._computes:
+            return False
+        return _memory_key(spec, placement) in self._memory
 
     @property
     def model_versions(self) -> dict[str, str]:
@@ -157,7 +197,9 @@ class PlacementPredictor:
     # --- compute of one device --------------------------------------------------------------------------------------
 
     def _single(self, hardware: HardwareSpec) -> Any:
-        predictor = self.device if hardware.kind == "gpu" else self.cpu
+        # a CPU with its own measurements (`perfmodel hw bench --device cpu`) is one more device of the device model
+        own = self.device is not None and hardware.name in getattr(self.device.regressor, "devices", ())
+        predictor = self.device if hardware.kind == "gpu" or own else self.cpu
         if predictor is None:
             role = "device-ops" if hardware.kind == "gpu" else "default"
             raise PerfmodelError(f"no {role} model loaded: cannot predict {hardware.name}")
@@ -171,6 +213,8 @@ class PlacementPredictor:
         cached = self._computes.get(key)
         if cached is not None:
             return cached
+        if graph is not None and micro_batch_size == spec.batch_size:
+            self._graphs.setdefault(spec.key(), graph)
         micro_spec = spec.model_copy(update={"batch_size": micro_batch_size})
         if graph is not None and micro_batch_size == spec.batch_size:
             micro_graph = graph
@@ -188,18 +232,31 @@ class PlacementPredictor:
             layers=blocks, layer_activation_bytes=block_bytes, **moe_fields(moe, spec.precision),
             host_forward_ms=(single.host_issue_ms or {}).get("forward", 0.0),
             host_backward_ms=(single.host_issue_ms or {}).get("backward", 0.0))
-        with self._lock:
-            self._computes[key] = (compute, single)
-            self._graphs.setdefault(micro_spec.key(), micro_graph)
+        self._computes.put(key, (compute, single))
+        self._graphs.setdefault(micro_spec.key(), micro_graph)
         return compute, single
 
     def _graph(self, spec: JobSpec) -> Graph:
-        from perfmodel.graph import graph_for_job
-
+        """`spec`'s graph: cached, else from the graph source (the engine's capture), else `graph_for_job`."""
         cached = self._graphs.get(spec.key())
-        return cached if cached is not None else graph_for_job(spec)
+        if cached is not None:
+            return cached
+        if self._graph_source is not None:
+            graph = self._graph_source(spec)
+        else:
+            from perfmodel.graph import graph_for_job
+
+            graph = graph_for_job(spec)
+        return self._graphs.setdefault(spec.key(), graph)
 
     # --- placements -------------------------------------------------------------------------------------------------
+
+    def use_catalog(self, catalog: Mapping[str, HardwareSpec]) -> None:
+        """Resolve accelerators in `catalog` (the engine's: shipped + custom entries, `hardware.custom.LiveCatalog`),
+        in this predictor and its device model."""
+        self._catalog = catalog  # type: ignore[assignment]
+        if self.device is not None:
+            self.device.catalog = catalog
 
     def hardware(self, name: str) -> HardwareSpec:
         from perfmodel.hardware.catalog import get_accelerator, load_catalog
@@ -219,7 +276,7 @@ class PlacementPredictor:
                placement.inter_node_latency_us, min(placement.devices_per_node))
         found = self._links.get(key)
         if found is None:
-            found = self._links[key] = placement_links(placement, hardware)
+            found = self._links.put(key, placement_links(placement, hardware))
         return found
 
     def matrix_arrays(self, specs: Sequence[JobSpec], placements: Sequence[PlacementSpec], *,
@@ -309,8 +366,7 @@ class PlacementPredictor:
     def memory(self, spec: JobSpec, placement: PlacementSpec) -> int:
         """Peak bytes on the fullest device of the placement (cached per job and parallel layout)."""
         par = placement.parallelism
-        key = (spec.key(), placement.micro_batch_size, par.tensor, par.pipeline, par.data, par.zero_stage,
-               par.activation_checkpointing, par.micro_batches, par.expert)
+        key = _memory_key(spec, placement)
         cached = self._memory.get(key)
         if cached is not None:
             return cached
@@ -322,8 +378,14 @@ class PlacementPredictor:
                                    pipeline_parallel=par.pipeline, data_parallel=par.data,
                                    zero_stage=par.zero_stage, activation_checkpointing=par.activation_checkpointing,
                                    micro_batches=par.micro_batches, **extra)
-        self._memory[key] = estimate.peak_bytes
+        self._memory.put(key, estimate.peak_bytes)
         return estimate.peak_bytes
+
+
+def _memory_key(spec: JobSpec, placement: PlacementSpec) -> tuple[Any, ...]:
+    par = placement.parallelism
+    return (spec.key(), placement.micro_batch_size, par.tensor, par.pipeline, par.data, par.zero_stage,
+            par.activation_checkpointing, par.micro_batches, par.expert)
 
 
 def placement_row(placement: PlacementSpec, links: _Links) -> tuple[float, ...]:

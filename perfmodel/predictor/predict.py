@@ -48,9 +48,9 @@ class Predictor:
         self.domain = domain
 
     @classmethod
-    def load(cls, ref: str | None = None, models_dir: Any = None) -> "Predictor":
-        from perfmodel.regressors import load_regressor
+    def load(cls, ref: str | None = None, models_dir: Any = None) -> Predictor:
         from perfmodel.registry.registry import ModelRegistry, read_domain
+        from perfmodel.regressors import load_regressor
 
         entry = ModelRegistry(models_dir).get(ref)
         return cls(load_regressor(entry.path), entry.ref, read_domain(entry.path))

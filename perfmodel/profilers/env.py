@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import platform
 import shutil
 import socket
@@ -14,6 +13,7 @@ import torch
 
 import perfmodel
 from perfmodel.device import resolve_device
+from perfmodel.hardware.probe import physical_cores
 from perfmodel.profilers.records import Environment
 
 _SMI_TIMEOUT_S = 5.0
@@ -55,17 +55,6 @@ def cpu_model_name() -> str:
     return platform.processor() or platform.machine() or "unknown"
 
 
-def physical_cores() -> int:
-    """Physical cores (psutil), falling back to logical CPUs."""
-    try:
-        import psutil
-
-        cores = psutil.cpu_count(logical=False)
-    except ImportError:
-        cores = None
-    return int(cores or os.cpu_count() or 1)
-
-
 def gpu_driver_version() -> str | None:
     """The GPU driver version from nvidia-smi (CUDA) or rocm-smi (ROCm), when the tool exists; else None."""
     if torch.version.hip:
@@ -96,4 +85,4 @@ def _distribution_version(*names: str) -> str | None:
     return None
 
 
-__all__ = ["capture_environment", "cpu_model_name", "gpu_driver_version", "physical_cores"]
+__all__ = ["capture_environment", "cpu_model_name", "gpu_driver_version"]

@@ -26,7 +26,8 @@ from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field
 
-Source = Literal["neusight", "vidur", "deepbench", "llmservingsim", "phantora"]
+Source = Literal["neusight", "vidur", "deepbench", "llmservingsim", "phantora",
+                 "microbench"]  # microbench: `perfmodel hw bench` on the user's own device
 SOURCES: tuple[str, ...] = get_args(Source)
 
 OpClass = Literal[

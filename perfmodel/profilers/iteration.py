@@ -35,11 +35,11 @@ from perfmodel.device import synchronize
 from perfmodel.errors import PerfmodelError
 from perfmodel.jobs.build import BuiltJob
 from perfmodel.jobs.spec import Mode, OptimizerName
-from perfmodel.profilers.records import IterationStats, Outcome
+from perfmodel.profilers.records import IterationStats, Outcome, Phase
 from perfmodel.units import MS_PER_S, s_to_ms, samples_per_s
 
 # record_function labels around the phases of a step; the per-op profiler assigns ops to phases with them.
-PHASE_LABELS: dict[str, str] = {
+PHASE_LABELS: dict[Phase, str] = {
     "forward": "perfmodel::forward",
     "backward": "perfmodel::backward",
     "optimizer": "perfmodel::optimizer",
@@ -143,7 +143,7 @@ def profile_iteration(job: BuiltJob, warmup: int = 3, repeats: int = 10, *, time
                 if projected_s > time_budget_s:
                     break
             samples_ms.append(time_step_ms(step, job.device))
-    except Exception as exc:  # noqa: BLE001 - only allocation failures are caught; the rest is re-raised
+    except Exception as exc:
         if not is_out_of_memory(exc):
             raise
         _release_memory(job)

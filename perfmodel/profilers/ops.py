@@ -52,7 +52,7 @@ from perfmodel.graph.ir import Graph, Node
 from perfmodel.graph.opkinds import kind_of, normalize_op_name
 from perfmodel.jobs.build import BuiltJob
 from perfmodel.profilers.iteration import PHASE_LABELS, make_step
-from perfmodel.profilers.records import OpProfile, OpRecord
+from perfmodel.profilers.records import OpProfile, OpRecord, Phase
 from perfmodel.units import us_to_ms
 
 STEP_LABEL = "perfmodel::step"
@@ -60,7 +60,7 @@ ATEN_PREFIX = "aten::"
 AUTOGRAD_EVALUATE = "autograd::engine::evaluate_function: "
 MATCH_WINDOW = 64  # IR nodes searched ahead of the last match for the next top-level call
 
-_PHASE_OF_LABEL = {label: phase for phase, label in PHASE_LABELS.items()}
+_PHASE_OF_LABEL: dict[str, Phase] = {label: phase for phase, label in PHASE_LABELS.items()}
 
 
 @dataclass(frozen=True)
@@ -132,7 +132,7 @@ class _Call:
     """One distinct aten call of the step, accumulated over the profiled steps."""
 
     key: tuple
-    phase: str
+    phase: Phase
     name: str
     shapes: tuple[tuple[int, ...], ...]
     top_key: tuple  # the key of its top-level call (itself when top-level)
@@ -155,11 +155,14 @@ def ops_from_events(events: Sequence[TraceEvent], graph: Graph | None = None) ->
     phase_ranges = sorted((e.start_us, e.end_us, _PHASE_OF_LABEL[e.name]) for e in events
                           if e.name in _PHASE_OF_LABEL)
 
+    def parent_of(event: TraceEvent) -> TraceEvent | None:
+        return None if event.parent is None else by_id.get(event.parent)
+
     def aten_owner(event: TraceEvent, include_self: bool) -> TraceEvent | None:
         """The nearest aten event enclosing `event` (or `event` itself)."""
-        current = event if include_self else by_id.get(event.parent)
+        current = event if include_self else parent_of(event)
         while current is not None and not current.name.startswith(ATEN_PREFIX):
-            current = by_id.get(current.parent)
+            current = parent_of(current)
         return current
 
     def top_aten(event: TraceEvent) -> TraceEvent:
@@ -178,14 +181,14 @@ def ops_from_events(events: Sequence[TraceEvent], graph: Graph | None = None) ->
         i = bisect.bisect_right(step_starts, event.start_us) - 1
         return i if i >= 0 and event.start_us <= steps[i].end_us else None
 
-    def phase_of(event: TraceEvent) -> str:
+    def phase_of(event: TraceEvent) -> Phase:
         return next((p for start, end, p in phase_ranges if start <= event.start_us <= end), "other")
 
     def backward_origin(event: TraceEvent) -> TraceEvent | None:
         """The autograd engine event (`evaluate_function: XBackward0`) a backward call runs under."""
-        current = by_id.get(event.parent)
+        current = parent_of(event)
         while current is not None and not current.name.startswith(AUTOGRAD_EVALUATE):
-            current = by_id.get(current.parent)
+            current = parent_of(current)
         return current
 
     calls: dict[tuple, _Call] = {}
@@ -215,12 +218,16 @@ def ops_from_events(events: Sequence[TraceEvent], graph: Graph | None = None) ->
         if top.id != e.id and top.id in key_of:
             calls[key_of[top.id]].nested.add((normalize_op_name(e.name), e.input_shapes))
 
+    def ir_node_of(call: _Call) -> str | None:
+        key = call.forward_key if call.phase == "backward" else call.top_key
+        return None if key is None else ir_nodes.get(key)
+
     ordered = list(calls.values())
     ir_nodes = match_ir_nodes([c for c in ordered if c.is_top and c.phase == "forward"], graph)
     records = tuple(
         OpRecord(seq=seq, phase=c.phase, name=c.name, kind=kind_of(c.name), input_shapes=c.shapes,
                  self_time_ms=us_to_ms(c.total_us / len(steps)),
-                 ir_node=ir_nodes.get(c.forward_key if c.phase == "backward" else c.top_key))
+                 ir_node=ir_node_of(c))
         for seq, c in enumerate(ordered)
     )
     step_us = [s.end_us - s.start_us for s in steps]

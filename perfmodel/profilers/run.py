@@ -52,26 +52,28 @@ def profile_job(spec: JobSpec, device: str | torch.device = "cpu", *, warmup: in
     """
     deadline_s = None if time_budget_s is None else time.perf_counter() + time_budget_s
     say = progress or (lambda message: None)
-    device = resolve_device(device)
-    environment = capture_environment(device)
-    base = dict(job=spec, job_key=spec.key(), environment=environment)
+    torch_device: torch.device = resolve_device(device)
+    environment = capture_environment(torch_device)
+    job_key = spec.key()
     if isinstance(spec.source, OnnxSource):
         say(f"profiling {spec.source.path} with ONNX Runtime")
-        return Profile(**base, family="onnx", onnx=_profile_onnx_file(spec.source.path, device, spec))
+        return Profile(job=spec, job_key=job_key, environment=environment, family="onnx",
+                       onnx=_profile_onnx_file(spec.source.path, torch_device, spec))
 
-    say(f"building {spec.name} (batch {spec.batch_size}) on {device}")
-    job = build_job(spec, device)
+    say(f"building {spec.name} (batch {spec.batch_size}) on {torch_device}")
+    job = build_job(spec, torch_device)
     step = make_step(job)
     say(f"timing up to {warmup} warm-up + {repeats} steps")
     iteration = profile_iteration(job, warmup=warmup, repeats=repeats, step=step,
                                   time_budget_s=_left_s(deadline_s, share=ITERATION_SHARE))
     if iteration.outcome != Outcome.ok:
         say(f"out of memory: {iteration.error}")
-        return Profile(**base, family=job.family, iteration=iteration)
+        return Profile(job=spec, job_key=job_key, environment=environment, family=job.family, iteration=iteration)
     say(f"{iteration.warmup} warm-up + {iteration.repeats} timed steps: median "
         f"{iteration.iter_time_ms_median:.1f} ms, cv {iteration.iter_time_cv:.3f}")
     ops = None
     if per_op:
+        assert iteration.iter_time_ms_median is not None  # set whenever the iteration profile ran
         graph = _capture_graph(spec, say)
         steps = _steps_that_fit(op_steps, _left_s(deadline_s), iteration.iter_time_ms_median * PROFILED_STEP_COST)
         say(f"profiling ops over {steps} step(s)")
@@ -79,8 +81,9 @@ def profile_job(spec: JobSpec, device: str | torch.device = "cpu", *, warmup: in
         say(f"op coverage {ops.coverage:.2f}, matched to the IR {ops.matched_fraction:.2f}")
     family = job.family
     del job, step  # free the module before ONNX export and ORT build their own copies
-    onnx_profile = _export_and_profile_onnx(spec, device, say) if onnx else None
-    return Profile(**base, family=family, iteration=iteration, ops=ops, onnx=onnx_profile)
+    onnx_profile = _export_and_profile_onnx(spec, torch_device, say) if onnx else None
+    return Profile(job=spec, job_key=job_key, environment=environment, family=family, iteration=iteration, ops=ops,
+                   onnx=onnx_profile)
 
 
 def _left_s(deadline_s: float | None, share: float = 1.0) -> float | None:

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from perfmodel.errors import PerfmodelError, UnknownNameError
-from perfmodel.registry.manifest import Manifest
+from perfmodel.regressors.manifest import Manifest
 
 PROMOTED_FILE = "promoted.json"
 ROLES = ("default", "device-ops")
@@ -80,7 +80,8 @@ class ModelRegistry:
         if ref is None:
             ref = self.promoted_ref(role)
             if ref is None:
-                raise PerfmodelError(f"no promoted model (role {role!r}) in {self.root}: run `perfmodel train --promote` "
+                raise PerfmodelError(f"no promoted model (role {role!r}) in {self.root}: run "
+                                     "`perfmodel train --promote` "
                                      f"or `perfmodel models promote NAME/VERSION`")
         by_ref = {e.ref: e for e in entries}
         if ref in by_ref:
@@ -96,15 +97,31 @@ class ModelRegistry:
         from perfmodel.regressors import load_regressor
 
         load_regressor(entry.path)  # an artifact that does not load is never promoted
-        role = role or role_of(entry.manifest.regressor)
+        self.set_promoted(entry.ref, role or role_of(entry.manifest.regressor))
+        return self.get(entry.ref)
+
+    def set_promoted(self, ref: str, role: str) -> None:
+        """Write `ref` as the promoted model of `role` in promoted.json (no load check: `promote` does that). The
+        read-modify-write holds an exclusive lock on a lock file beside it, and the new file is written under a
+        unique temporary name and renamed over the old one: processes promoting at once lose no role's entry,
+        and readers see the old or the new file, never half a file."""
+        import fcntl
+        import tempfile
+
         if role not in ROLES:
             raise UnknownNameError("model role", role, ROLES)
-        promoted = {**self._promoted(), role: entry.ref}
         path = self.root / PROMOTED_FILE
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(promoted, indent=2, sort_keys=True) + "\n")
-        tmp.replace(path)  # atomic: readers see the old or the new file, never half a file
-        return self.get(entry.ref)
+        with open(self.root / f".{PROMOTED_FILE}.lock", "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            promoted = {**self._promoted(), role: ref}
+            fd, tmp = tempfile.mkstemp(dir=self.root, prefix=f".{PROMOTED_FILE}.", suffix=".tmp")
+            try:
+                with os.fdopen(fd, "w") as out:
+                    out.write(json.dumps(promoted, indent=2, sort_keys=True) + "\n")
+                os.replace(tmp, path)
+            except BaseException:
+                Path(tmp).unlink(missing_ok=True)
+                raise
 
     def _promoted(self) -> dict[str, str]:
         path = self.root / PROMOTED_FILE

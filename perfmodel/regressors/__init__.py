@@ -16,9 +16,10 @@ from pathlib import Path
 from typing import Any
 
 from perfmodel.errors import UnknownNameError
-from perfmodel.regressors.base import IterationPrediction, Regressor, Sample
+from perfmodel.regressors.base import IterationPrediction, Regressor
 
-__all__ = ["ITERATION_REGRESSORS", "REGRESSORS", "IterationPrediction", "Regressor", "Sample", "load_regressor", "regressor_class"]
+__all__ = ["ITERATION_REGRESSORS", "REGRESSORS", "IterationPrediction", "Regressor", "load_regressor",
+           "regressor_class"]
 
 REGRESSORS: dict[str, str] = {
     "roofline": "perfmodel.regressors.roofline:RooflineRegressor",
@@ -44,7 +45,7 @@ def regressor_class(name: str, *, iteration: bool = False) -> Any:
 
 def load_regressor(directory: str | Path) -> Any:
     """The fitted regressor saved in `directory`, of the class its manifest names."""
-    from perfmodel.registry.manifest import Manifest
+    from perfmodel.regressors.manifest import Manifest
 
     manifest = Manifest.read(directory)
     return regressor_class(manifest.regressor).load(Path(directory))

@@ -15,8 +15,8 @@ from pathlib import Path
 import numpy as np
 
 from perfmodel.errors import PerfmodelError
-from perfmodel.registry.manifest import Manifest, data_hash
-from perfmodel.regressors.base import Sample
+from perfmodel.features.sample import Sample
+from perfmodel.regressors.manifest import Manifest, data_hash
 
 MODEL_FILE = "model.json"
 
@@ -38,6 +38,14 @@ def booster_params(*, max_depth: int, learning_rate: float, min_child_weight: fl
 class QuantileBoosterSettings:
     """The settings the XGBoost regressors share; each regressor's `__init__` stores them with its own defaults."""
 
+    n_estimators: int
+    max_depth: int
+    learning_rate: float
+    min_child_weight: float
+    seed: int
+    quantiles: tuple[float, ...]
+    inner_folds: int
+    nthread: int
     _SETTINGS = ("n_estimators", "max_depth", "learning_rate", "min_child_weight", "seed", "quantiles", "inner_folds",
                  "nthread")
 
@@ -152,7 +160,7 @@ class IntervalCalibration:
 
     @classmethod
     def fit(cls, measured: np.ndarray, base_lower: np.ndarray, base_upper: np.ndarray, alpha_low: float,
-            alpha_high: float) -> "IntervalCalibration":
+            alpha_high: float) -> IntervalCalibration:
         lower = np.log(measured / base_lower)
         upper = np.log(measured / base_upper)
         return cls(lower_log=float(np.quantile(lower, alpha_low)), upper_log=float(np.quantile(upper, alpha_high)),
@@ -171,7 +179,7 @@ class IntervalCalibration:
                 "alpha_high": self.alpha_high, "oof_samples": self.oof_samples}
 
     @classmethod
-    def from_json(cls, data: dict) -> "IntervalCalibration":
+    def from_json(cls, data: dict) -> IntervalCalibration:
         return cls(lower_log=float(data["lower_log"]), upper_log=float(data["upper_log"]),
                    alpha_low=float(data["alpha_low"]), alpha_high=float(data["alpha_high"]),
                    oof_samples=int(data["oof_samples"]))

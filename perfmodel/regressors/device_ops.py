@@ -26,17 +26,23 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 import pandas as pd
 
 from perfmodel.errors import PerfmodelError
 from perfmodel.features.device_ops import (
-    DEVICE_IDENTITY_FEATURES, DEVICE_OP_FEATURES, GEMM_CLASSES, OP_CLASSES, VECTOR_CLASSES, device_op_features,
+    DEVICE_IDENTITY_FEATURES,
+    DEVICE_OP_FEATURES,
+    GEMM_CLASSES,
+    OP_CLASSES,
+    VECTOR_CLASSES,
+    device_op_features,
     row_maths,
 )
 from perfmodel.hardware.spec import HardwareSpec
-from perfmodel.registry.manifest import Manifest, data_hash
+from perfmodel.regressors.manifest import Manifest, data_hash
 
 
 def _predict(booster, x: np.ndarray, nthread: int) -> np.ndarray:
@@ -102,6 +108,7 @@ class OpPrediction:
 
 class DeviceOpRegressor:
     name = "xgb-device-ops"
+    training_hash_: str | None  # None when loaded from a manifest that has none
 
     def __init__(self, n_estimators: int = 250, max_depth: int = 6, learning_rate: float = 0.08,
                  min_child_weight: float = 1.0, subsample: float = 0.8, floor_ms: float = 0.005, seed: int = 0,
@@ -166,7 +173,7 @@ class DeviceOpRegressor:
                 rows = rows.sample(n=self.max_rows_per_class, random_state=self.seed)
             features = device_op_features(rows, catalog)
             target = np.log(rows["latency_ms"].to_numpy()) - np.log(base_ms(features) + self.floor_ms)
-            names = tuple(f for f in class_features(op_class) if f not in self.exclude_features)
+            names = tuple(f for f in class_features(str(op_class)) if f not in self.exclude_features)
             x = features[list(names)].to_numpy()
             self.boosters_[op_class] = train_booster(x, target, names, params, self.n_estimators)
             residual_quantiles = self._residual_quantiles(x, target, rows["device"].to_numpy(), params, names)
@@ -182,8 +189,9 @@ class DeviceOpRegressor:
                 "rows": int(len(rows)),
                 "log_residual_quantiles": residual_quantiles,
             }
-        self.training_hash_ = data_hash(
-            f"{d}:{c}:{n}" for (d, c), n in ops.groupby(["device", "op_class"]).size().items())
+        # pandas-stubs type a group key Hashable: here it is the (device, op class) pair
+        sizes = cast("dict[tuple[str, str], int]", ops.groupby(["device", "op_class"]).size().to_dict())
+        self.training_hash_ = data_hash(f"{d}:{c}:{n}" for (d, c), n in sizes.items())
         return self
 
     def _extrapolated(self, ops: pd.DataFrame, catalog: Mapping[str, HardwareSpec]) -> np.ndarray:
@@ -200,6 +208,8 @@ class DeviceOpRegressor:
 
     def predict(self, ops: pd.DataFrame, catalog: Mapping[str, HardwareSpec]) -> OpPrediction:
         """Latency of every row (op classes this model was fitted on); no side effects."""
+        if not hasattr(self, "boosters_"):
+            raise PerfmodelError("xgb-device-ops is not fitted: call fit(ops, catalog) or load(directory) first")
         unknown = sorted(set(ops["op_class"]) - set(self.boosters_))
         if unknown:
             raise PerfmodelError(f"this model has no booster for op class(es) {unknown}; "
@@ -212,6 +222,7 @@ class DeviceOpRegressor:
             mask = (ops["op_class"] == op_class).to_numpy()
             if not mask.any():
                 continue
+            assert features is not None  # n > 0 here
             rows = features[mask]
             log_ms = _predict(booster, rows[list(booster.feature_names)].to_numpy(), self.nthread)
             log_ms = log_ms + np.log(base_ms(rows) + self.floor_ms)

@@ -43,9 +43,10 @@ from torch.nn import functional as F
 
 from perfmodel.errors import PerfmodelError
 from perfmodel.features.nodes import NODE_FEATURES, hardware_features, node_feature_matrix
+from perfmodel.features.sample import Sample
 from perfmodel.jobs.spec import OptimizerName
-from perfmodel.registry.manifest import Manifest, data_hash
-from perfmodel.regressors.base import IterationPrediction, Sample
+from perfmodel.regressors.base import IterationPrediction
+from perfmodel.regressors.manifest import Manifest, data_hash
 
 NAME = "gnn"
 PRECISION_FAMILIES = ("fp32", "fp16", "bf16", "amp")  # `Precision.family`: the math modes map onto these
@@ -214,6 +215,8 @@ class GNNRegressor:
     """Iteration time = Σ per-node forward + Σ per-node backward + optimizer + overhead, all from one GNN."""
 
     name = NAME
+    training_data_hash_: str | None  # None when loaded from a manifest that has none
+    training_samples_: int | None
 
     def __init__(self, hidden: int = 64, layers: int = 3, epochs: int = 150, lr: float = 3e-3,
                  weight_decay: float = 1e-5, batch_graphs: int = 8, node_loss_weight: float = 0.2,
@@ -241,7 +244,7 @@ class GNNRegressor:
 
     # -- fit --
 
-    def fit(self, samples: Sequence[Sample]) -> "GNNRegressor":
+    def fit(self, samples: Sequence[Sample]) -> GNNRegressor:
         samples = list(samples)
         if not samples:
             raise PerfmodelError("gnn: no samples to fit")
@@ -259,7 +262,7 @@ class GNNRegressor:
         self.training_samples_ = len(samples)
         return self
 
-    def _calibrate(self, samples: list[Sample], raw: list["_RawGraph"]
+    def _calibrate(self, samples: list[Sample], raw: list[_RawGraph]
                    ) -> tuple[float, float, dict[str, Any]]:
         """Multiplicative p10/p90 factors from an inner fit that holds out some training families."""
         families = sorted({s.family for s in samples})
@@ -279,7 +282,7 @@ class GNNRegressor:
         return lo, hi, {"held_out_families": sorted(held), "samples": len(outer), "p10_factor": lo,
                         "p90_factor": hi, **_metrics(predicted, measured)}
 
-    def _train(self, raw: list["_RawGraph"]) -> tuple[GNNNet, dict[str, Any]]:
+    def _train(self, raw: list[_RawGraph]) -> tuple[GNNNet, dict[str, Any]]:
         from torch_geometric.loader import DataLoader
 
         normalisation = _normalisation(raw)
@@ -305,7 +308,7 @@ class GNNRegressor:
         return net, normalisation
 
     def _loss(self, out: dict[str, torch.Tensor], batch: Any) -> torch.Tensor:
-        huber = lambda a, b: F.smooth_l1_loss(a, b, beta=0.1)  # noqa: E731
+        huber = lambda a, b: F.smooth_l1_loss(a, b, beta=0.1)
         loss = huber(out["iteration"].log(), batch.log_iteration)
         measured = torch.cat([batch.fwd_measured, batch.bwd_measured])
         if self.node_loss_weight and bool(measured.any()):
@@ -347,7 +350,7 @@ class GNNRegressor:
                 result.append(times)
         return result
 
-    def _predict_raw(self, raw: list["_RawGraph"], net: GNNNet | None = None,
+    def _predict_raw(self, raw: list[_RawGraph], net: GNNNet | None = None,
                      normalisation: dict[str, Any] | None = None) -> dict[str, np.ndarray]:
         net = net if net is not None else self.net_
         normalisation = normalisation if normalisation is not None else self.normalisation_
@@ -386,7 +389,7 @@ class GNNRegressor:
                         training_samples=self.training_samples_, metrics=self.metrics_).write(directory)
 
     @classmethod
-    def load(cls, directory: str | Path) -> "GNNRegressor":
+    def load(cls, directory: str | Path) -> GNNRegressor:
         from safetensors.torch import load_file
 
         manifest = Manifest.read(directory)
@@ -423,8 +426,14 @@ class _RawGraph:
         self.iteration_ms, self.fwd_ms, self.bwd_ms, self.unattributed_ms = iteration_ms, fwd_ms, bwd_ms, \
             unattributed_ms
 
+    def measured_ms(self) -> float:
+        """The measured iteration time, which every training sample has."""
+        if self.iteration_ms is None:
+            raise PerfmodelError("gnn: a training sample without a measured iteration time")
+        return self.iteration_ms
+
     @classmethod
-    def of(cls, sample: Sample) -> "_RawGraph":
+    def of(cls, sample: Sample) -> _RawGraph:
         x = node_inputs(sample)
         ids = [node.id for node in sample.graph.nodes]
         times = sample.node_times_ms
@@ -494,12 +503,13 @@ def _init_biases(net: GNNNet, raw: list[_RawGraph]) -> None:
     if node_times.size:
         node_log = float(np.median(np.log(np.maximum(node_times, _MIN_MS))))
     else:
-        node_log = float(np.median([math.log(r.iteration_ms / (len(r.x) + r.has_bwd.sum())) for r in raw]))
+        node_log = float(np.median([math.log(r.measured_ms() / (len(r.x) + r.has_bwd.sum())) for r in raw]))
     rest = [r.unattributed_ms for r in raw if r.unattributed_ms and r.unattributed_ms > 0]
-    rest_log = float(np.median(np.log(rest))) if rest else float(np.median([math.log(0.05 * r.iteration_ms)
+    rest_log = float(np.median(np.log(rest))) if rest else float(np.median([math.log(0.05 * r.measured_ms())
                                                                              for r in raw]))
     with torch.no_grad():
         last_node, last_graph = net.node_head[-1], net.graph_head[-1]
+        assert isinstance(last_node, nn.Linear) and isinstance(last_graph, nn.Linear)
         last_node.bias.fill_(node_log)
         last_graph.bias[0] = rest_log
         last_graph.bias[1] = math.log(4.0)  # optimizer ~ a few passes over the parameters

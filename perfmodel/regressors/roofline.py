@@ -20,10 +20,11 @@ import numpy as np
 
 from perfmodel.errors import PerfmodelError
 from perfmodel.features.nodes import has_phase, node_cost, roofline_ms
+from perfmodel.features.sample import Sample
 from perfmodel.hardware.spec import HardwareSpec
 from perfmodel.jobs.spec import Mode, OptimizerName, Precision
-from perfmodel.registry.manifest import Manifest
-from perfmodel.regressors.base import IterationPrediction, Sample
+from perfmodel.regressors.base import IterationPrediction
+from perfmodel.regressors.manifest import Manifest
 
 OPTIMIZER_TENSORS: dict[OptimizerName, int] = {OptimizerName.sgd: 3, OptimizerName.adam: 4, OptimizerName.adamw: 4}
 HALF_PRECISIONS = (Precision.fp16, Precision.bf16, Precision.amp, Precision.amp_bf16)
@@ -62,6 +63,10 @@ class RooflineRegressor:
     """Analytic lower bound (see the module doc). `fit` learns nothing; predictions need no training data."""
 
     name = "roofline"
+
+    def get_params(self) -> dict:
+        """No settings: the roofline is fixed by the hardware spec."""
+        return {}
 
     def fit(self, samples: Sequence[Sample]) -> RooflineRegressor:
         return self

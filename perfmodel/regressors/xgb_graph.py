@@ -21,12 +21,23 @@ import numpy as np
 
 from perfmodel.errors import PerfmodelError
 from perfmodel.features.graph import GRAPH_FEATURES, graph_feature_matrix, roofline_parts_ms
-from perfmodel.registry.manifest import Manifest
+from perfmodel.features.sample import Sample
 from perfmodel.regressors._xgb import (
-    IntervalCalibration, MODEL_FILE, QuantileBoosterSettings, family_folds, from_settings, iteration_metrics,
-    load_booster, measured_ms, predict_quantiles, save_booster, train_booster, training_hash,
+    MODEL_FILE,
+    IntervalCalibration,
+    QuantileBoosterSettings,
+    family_folds,
+    from_settings,
+    iteration_metrics,
+    load_booster,
+    measured_ms,
+    predict_quantiles,
+    save_booster,
+    train_booster,
+    training_hash,
 )
-from perfmodel.regressors.base import IterationPrediction, Sample
+from perfmodel.regressors.base import IterationPrediction
+from perfmodel.regressors.manifest import Manifest
 
 PARTS = ("forward", "backward", "optimizer", "overhead")
 
@@ -57,7 +68,7 @@ class XGBGraphRegressor(QuantileBoosterSettings):
 
     # --- fit / predict ----------------------------------------------------------------------------------------
 
-    def fit(self, samples: Sequence[Sample]) -> "XGBGraphRegressor":
+    def fit(self, samples: Sequence[Sample]) -> XGBGraphRegressor:
         samples = list(samples)
         params = self._params()
         measured = measured_ms(samples)
@@ -129,7 +140,7 @@ class XGBGraphRegressor(QuantileBoosterSettings):
         return directory
 
     @classmethod
-    def load(cls, directory: str | Path) -> "XGBGraphRegressor":
+    def load(cls, directory: str | Path) -> XGBGraphRegressor:
         directory = Path(directory)
         manifest = Manifest.read(directory)
         booster = load_booster(directory, manifest, GRAPH_FEATURES, cls.name)

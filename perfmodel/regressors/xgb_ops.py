@@ -27,13 +27,25 @@ import numpy as np
 from perfmodel.errors import PerfmodelError
 from perfmodel.features.graph import DISPATCH_MS_PER_OP, OPTIMIZER_TENSOR_PASSES, PARAM_BYTES, optimizer_name
 from perfmodel.features.nodes import NODE_FEATURES, node_cost, node_feature_matrix, roofline_ms
+from perfmodel.features.sample import Sample
 from perfmodel.graph.opkinds import OpKind
-from perfmodel.registry.manifest import Manifest
 from perfmodel.regressors._xgb import (
-    IntervalCalibration, MODEL_FILE, QuantileBoosterSettings, family_folds, from_settings, iteration_metrics,
-    load_booster, measured_ms, nnls, predict_quantiles, save_booster, train_booster, training_hash,
+    MODEL_FILE,
+    IntervalCalibration,
+    QuantileBoosterSettings,
+    family_folds,
+    from_settings,
+    iteration_metrics,
+    load_booster,
+    measured_ms,
+    nnls,
+    predict_quantiles,
+    save_booster,
+    train_booster,
+    training_hash,
 )
-from perfmodel.regressors.base import IterationPrediction, Sample
+from perfmodel.regressors.base import IterationPrediction
+from perfmodel.regressors.manifest import Manifest
 
 EPS_MS = 1e-4  # added before the log: an untimed view node is log(EPS_MS)
 
@@ -72,7 +84,7 @@ def _rows(sample: Sample) -> _Rows:
 
 def _training_rows(sample: Sample, rows: _Rows) -> tuple[np.ndarray, np.ndarray]:
     """Rows with a known time (timed keys, and untimed view nodes at 0 ms) and their targets."""
-    times = sample.node_times_ms
+    times: dict[tuple[str, str], float] = dict(sample.node_times_ms.items())  # keyed as the rows are
     keep = np.asarray([key in times for key in rows.keys], dtype=bool) | rows.view
     ms = np.asarray([times.get(key, 0.0) for key, k in zip(rows.keys, keep) if k], dtype=np.float64)
     return rows.x[keep], np.log(np.maximum(ms, 0.0) + EPS_MS) - rows.offset[keep]
@@ -115,7 +127,7 @@ class XGBOpsRegressor(QuantileBoosterSettings):
 
     # --- fit / predict ----------------------------------------------------------------------------------------
 
-    def fit(self, samples: Sequence[Sample]) -> "XGBOpsRegressor":
+    def fit(self, samples: Sequence[Sample]) -> XGBOpsRegressor:
         samples = list(samples)
         params = self._params()
         measured = measured_ms(samples)
@@ -131,7 +143,7 @@ class XGBOpsRegressor(QuantileBoosterSettings):
         oof_nodes = np.zeros(len(samples))
         for test in family_folds([s.family for s in samples], self.inner_folds):
             train = np.setdiff1d(np.arange(len(samples)), test)
-            forward, backward = self._node_sums([rows[i] for i in test], train_on(train))
+            forward, backward = self._node_sums([rows[i] for i in test], train_on(train.tolist()))
             oof_nodes[test] = forward + backward
         self.booster_ = train_on(range(len(samples)))
 
@@ -210,7 +222,7 @@ class XGBOpsRegressor(QuantileBoosterSettings):
         return directory
 
     @classmethod
-    def load(cls, directory: str | Path) -> "XGBOpsRegressor":
+    def load(cls, directory: str | Path) -> XGBOpsRegressor:
         directory = Path(directory)
         manifest = Manifest.read(directory)
         booster = load_booster(directory, manifest, NODE_FEATURES, cls.name)

@@ -8,11 +8,12 @@ restart. Its graph IR is kept with it (JSON text), so a worker that never saw th
 from __future__ import annotations
 
 import builtins  # `JobStore.list` (from ProfileStore) shadows `list` inside the class
+from collections.abc import Iterable
 from datetime import datetime
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
-from sqlalchemy import Table, delete, func, insert, select
+from sqlalchemy import CursorResult, Table, delete, func, insert, select
 from sqlalchemy.exc import IntegrityError
 
 from perfmodel.errors import PerfmodelError
@@ -63,6 +64,14 @@ class ModelEvent(_Record):
 
 _JOB_COLUMNS = (_JOBS.c.key, _JOBS.c.name, _JOBS.c.spec_json, _JOBS.c.created_at)
 _OBSERVATION_COLUMNS = [c for c in _OBSERVATIONS.c if c.name not in ("job_id", "placement_json")]
+
+
+def _new_id(result: CursorResult[Any]) -> int:
+    """The primary key an INSERT gave its row."""
+    key = result.inserted_primary_key
+    if key is None:
+        raise PerfmodelError("the store returned no id for the inserted row")
+    return int(key[0])
 
 
 def _observation(row: Any) -> ObservationRecord:
@@ -144,11 +153,11 @@ class JobStore(ProfileStore):
             job_id = connection.scalar(select(_JOBS.c.id).where(_JOBS.c.key == key))
             if job_id is None:
                 raise PerfmodelError(f"no job {key!r} in the store")
-            observation_id = connection.execute(insert(_OBSERVATIONS).values(
+            observation_id = _new_id(connection.execute(insert(_OBSERVATIONS).values(
                 job_id=job_id, accelerator=accelerator, devices=devices, placement_json=placement,
                 throughput_samples_per_s=throughput_samples_per_s,
                 predicted_throughput_samples_per_s=predicted_throughput_samples_per_s, model_version=model_version,
-                created_at=created_at)).inserted_primary_key[0]
+                created_at=created_at)))
         return ObservationRecord(id=observation_id, job_key=key, accelerator=accelerator, devices=devices,
                                  placement=placement, throughput_samples_per_s=throughput_samples_per_s,
                                  predicted_throughput_samples_per_s=predicted_throughput_samples_per_s,
@@ -163,6 +172,36 @@ class JobStore(ProfileStore):
         with self.engine.connect() as connection:
             return [_observation(row) for row in connection.execute(query).mappings()]
 
+    def observation(self, observation_id: int) -> ObservationRecord | None:
+        """One observation by id; None if there is none."""
+        query = (select(*_OBSERVATION_COLUMNS, _OBSERVATIONS.c.placement_json, _JOBS.c.key.label("job_key"))
+                 .join_from(_OBSERVATIONS, _JOBS).where(_OBSERVATIONS.c.id == observation_id))
+        with self.engine.connect() as connection:
+            row = connection.execute(query).mappings().first()
+        return None if row is None else _observation(row)
+
+    def delete_observation(self, observation_id: int) -> ObservationRecord | None:
+        """Delete one observation (one transaction); the deleted record, or None if there was none."""
+        record = self.observation(observation_id)
+        if record is None:
+            return None
+        with write_transaction(self.engine) as connection:
+            deleted = connection.execute(delete(_OBSERVATIONS).where(_OBSERVATIONS.c.id == observation_id)).rowcount
+        return record if deleted else None
+
+    def observation_ids(self, keys: Iterable[str]) -> dict[str, set[int]]:
+        """{job key: ids of its observations} for the given jobs (how a worker sees deletions made elsewhere)."""
+        keys = builtins.list(keys)
+        out: dict[str, set[int]] = {key: set() for key in keys}
+        if not keys:
+            return out
+        query = (select(_OBSERVATIONS.c.id, _JOBS.c.key).join_from(_OBSERVATIONS, _JOBS)
+                 .where(_JOBS.c.key.in_(keys)))
+        with self.engine.connect() as connection:
+            for observation_id, key in connection.execute(query):
+                out[key].add(observation_id)
+        return out
+
     def last_observation_id(self) -> int:
         with self.engine.connect() as connection:
             return connection.scalar(select(func.max(_OBSERVATIONS.c.id))) or 0
@@ -173,9 +212,9 @@ class JobStore(ProfileStore):
                         detail: str | None = None) -> ModelEvent:
         created_at = utc_now()
         with write_transaction(self.engine) as connection:
-            event_id = connection.execute(insert(_EVENTS).values(
+            event_id = _new_id(connection.execute(insert(_EVENTS).values(
                 action=action, model_version=model_version, detail=detail, created_at=created_at,
-            )).inserted_primary_key[0]
+            )))
         return ModelEvent(id=event_id, action=action, model_version=model_version, detail=detail,
                           created_at=created_at)
 

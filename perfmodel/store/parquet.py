@@ -31,8 +31,9 @@ from perfmodel.store.tables import OnnxNodeRow, OpRecordRow, ProfileRow, UTCDate
 FORMAT = "perfmodel-profiles"
 # exports of these store schema versions hold the same three tables, so each can be imported: v2 only added
 # `op_measurements`, which exports leave out (imported public benchmark data is re-imported from its source with
-# `perfmodel import`, not shipped), and v3 the service's tables (jobs, observations, model_events), left out too
-READABLE_SCHEMA_VERSIONS = frozenset({1, 2, 3})
+# `perfmodel import`, not shipped), v3 the service's tables (jobs, observations, model_events), left out too, and
+# v4 custom accelerators (`accelerators`), left out too
+READABLE_SCHEMA_VERSIONS = frozenset({1, 2, 3, 4})
 MANIFEST = "manifest.json"
 BATCH_ROWS = 50_000
 

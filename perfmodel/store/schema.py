@@ -41,7 +41,8 @@ from perfmodel.store.tables import Base, SchemaInfo, UTCDateTime
 
 # v1: profiles, op_records, onnx_nodes. v2: + op_measurements (op timings imported from public GPU benchmarks).
 # v3: + jobs, observations, model_events (the HTTP service's registered jobs and what they measured).
-STORE_SCHEMA_VERSION = 3
+# v4: + accelerators (custom accelerators: users' spec sheets).
+STORE_SCHEMA_VERSION = 4
 
 Migration = Callable[[Connection], None]
 
@@ -118,8 +119,20 @@ def _v2_to_v3(connection: Connection) -> None:
     metadata.create_all(connection)
 
 
+def _v3_to_v4(connection: Connection) -> None:
+    """Add the `accelerators` table (custom accelerators), spelled out as it was at v4."""
+    Table(
+        "accelerators",
+        MetaData(),
+        Column("id", Integer, primary_key=True, autoincrement=True),
+        Column("name", String(128), nullable=False, unique=True),
+        Column("spec_json", JSON(none_as_null=True), nullable=False),
+        Column("created_at", UTCDateTime, nullable=False),
+    ).create(connection)
+
+
 # MIGRATIONS[v] upgrades a store from version v to v + 1. Add one step per schema change, never edit old ones.
-MIGRATIONS: Mapping[int, Migration] = {1: _v1_to_v2, 2: _v2_to_v3}
+MIGRATIONS: Mapping[int, Migration] = {1: _v1_to_v2, 2: _v2_to_v3, 3: _v3_to_v4}
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 

@@ -125,6 +125,24 @@ class ProfileStore:
         """Store one run (a new row even if the job was profiled before); returns its id."""
         return self._insert(profile, uuid4().hex)
 
+    def add_once(self, profile: Profile, uid: str) -> tuple[int, bool]:
+        """Store one run under a caller-chosen `uid` (e.g. run id + job key) in one transaction, unless the store
+        already has that uid: (its id, whether it was added). A retried task that wrote before it died adds nothing."""
+        existing = self._id_of_uid(uid)
+        if existing is not None:
+            return existing, False
+        try:
+            return self._insert(profile, uid), True
+        except IntegrityError:  # a concurrent attempt got there first
+            existing = self._id_of_uid(uid)
+            if existing is None:
+                raise
+            return existing, False
+
+    def _id_of_uid(self, uid: str) -> int | None:
+        with self.engine.connect() as connection:
+            return connection.scalar(select(_PROFILES.c.id).where(_PROFILES.c.uid == uid))
+
     def _insert(self, profile: Profile, uid: str) -> int:
         with self._session.begin() as session:
             row = ProfileRow(uid=uid, **profile_values(profile))

@@ -10,7 +10,7 @@ that are pulled out of them for querying.
 from __future__ import annotations
 
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, ClassVar
 
 from sqlalchemy import (
     JSON,
@@ -49,7 +49,7 @@ _JSON = JSON(none_as_null=True)
 
 
 class Base(DeclarativeBase):
-    type_annotation_map = {dict[str, Any]: _JSON, list[Any]: _JSON, datetime: UTCDateTime}
+    type_annotation_map: ClassVar[dict[Any, Any]] = {dict[str, Any]: _JSON, list[Any]: _JSON, datetime: UTCDateTime}
 
 
 class SchemaInfo(Base):
@@ -247,4 +247,16 @@ class ModelEventRow(Base):
     action: Mapped[str] = mapped_column(String(16))
     model_version: Mapped[str] = mapped_column(Text)
     detail: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime]
+
+
+class AcceleratorRow(Base):
+    """A custom accelerator: a user's spec sheet (`perfmodel hw add`, `POST /v1/accelerators`), as the
+    `HardwareSpec` JSON it validated to (schema v4)."""
+
+    __tablename__ = "accelerators"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    name: Mapped[str] = mapped_column(String(128), unique=True)
+    spec_json: Mapped[dict[str, Any]]
     created_at: Mapped[datetime]

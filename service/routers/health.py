@@ -11,17 +11,18 @@ from starlette.concurrency import run_in_threadpool
 from service.deps import Reader, State
 from service.routers.common import json_response
 from service.schemas import Health
+from service.state import ServiceState
 
 router = APIRouter(tags=["health"])
 
 
 @router.get("/healthz", response_model=Health)
 async def healthz(state: State) -> Response:
-    return json_response({"status": "ok", "model_versions": state.predictor.model_versions,
+    return json_response({"status": "ok", "model_versions": state.engine.model_versions,
                           "writes": "open" if state.settings.writes_open else "token"})
 
 
-def _store_answers(state) -> str | None:
+def _store_answers(state: ServiceState) -> str | None:
     try:
         with state.store.engine.connect() as connection:
             connection.execute(text("SELECT 1"))
@@ -33,15 +34,15 @@ def _store_answers(state) -> str | None:
 @router.get("/readyz", response_model=Health, responses={503: {"model": Health}})
 async def readyz(state: State) -> Response:
     problem = await run_in_threadpool(_store_answers, state)
-    if not state.predictor.model_versions:
+    if not state.engine.model_versions:
         problem = "no model loaded"
     if problem:
         return json_response({"status": "not ready", "detail": problem}, status_code=503)
-    return json_response({"status": "ready", "model_versions": state.predictor.model_versions,
+    return json_response({"status": "ready", "model_versions": state.engine.model_versions,
                           "writes": "open" if state.settings.writes_open else "token"})
 
 
 @router.get("/metrics", response_class=Response,
             responses={200: {"content": {CONTENT_TYPE_LATEST: {}}, "description": "Prometheus text format"}})
-async def metrics(state: Reader) -> Response:
+async def metrics(_engine: Reader, state: State) -> Response:
     return Response(state.metrics.exposition(), media_type=CONTENT_TYPE_LATEST)

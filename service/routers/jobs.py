@@ -4,40 +4,45 @@ report, list and delete jobs."""
 from __future__ import annotations
 
 import json
-import tempfile
-from pathlib import Path
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Path as PathParam, Request, Response
+from fastapi import APIRouter, Request, Response
+from fastapi import Path as PathParam
 from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ConfigDict, PositiveInt, ValidationError
 from starlette.concurrency import run_in_threadpool
-from starlette.datastructures import UploadFile
 
+from perfmodel.engine import JobEntry, PredictionEngine
 from perfmodel.errors import PerfmodelError
 from perfmodel.graph.ir import Graph
 from perfmodel.jobs.spec import DEFAULT_SEQ_LEN, GraphSource, JobSpec, Mode, OptimizerName, Precision
 from service.deps import Reader, Writer
 from service.errors import field_error
-from service.routers.common import json_response, registered_job
+from service.routers.common import json_response
 from service.schemas import JOB_ID_PATTERN, ApiJobSpec, ErrorOut, JobDetail, JobList, JobOut
-from service.state import JobEntry
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 JobIdPath = Annotated[str, PathParam(pattern=JOB_ID_PATTERN, description="a job id from POST /v1/jobs")]
-COPY_CHUNK_BYTES = 1 << 20
 
 _ONNX_FORM_SCHEMA = {
     "type": "object",
     "required": ["file", "batch_size"],
     "properties": {
-        "file": {"type": "string", "format": "binary", "description": "a self-contained .onnx model"},
-        "batch_size": {"type": "integer", "minimum": 1},
+        "file": {"type": "string", "format": "binary",
+                 "description": "the .onnx model, or one zip holding it and its external data in one folder"},
+        "data": {"type": "array", "items": {"type": "string", "format": "binary"},
+                 "description": "the model's external data files (model.onnx.data, written by "
+                                "`torch.onnx.export(..., dynamo=True)`), named as the model names them; the size "
+                                "limit applies to the model and its data together"},
+        "batch_size": {"type": "integer", "minimum": 1,
+                       "description": "the batch the model is exported at: one forward/backward pass of one "
+                                      "replica (README, \"Batch size\")"},
         "seq_len": {"type": "integer", "minimum": 1, "default": DEFAULT_SEQ_LEN},
         "precision": {"type": "string", "enum": [p.value for p in Precision], "default": "fp32"},
         "optimizer": {"type": "string", "enum": [o.value for o in OptimizerName], "default": "sgd"},
-        "mode": {"type": "string", "enum": ["inference"], "default": "inference",
-                 "description": "ONNX graphs are inference graphs"},
+        "mode": {"type": "string", "enum": [m.value for m in Mode], "default": "inference",
+                 "description": "train: the forward graph with derived backward and optimizer costs (export with "
+                                "optimize=False to keep batch norms)"},
     },
 }
 _REGISTER_BODY = {
@@ -82,10 +87,11 @@ def _body_errors(exc: ValidationError) -> RequestValidationError:
     "requestBody": _REGISTER_BODY}, responses={200: {"model": JobOut, "description": "registered before: same id"},
                                                 401: {"model": ErrorOut}, 413: {"model": ErrorOut},
                                                 422: {"model": ErrorOut}})
-async def register_job(request: Request, state: Writer) -> Response:
+async def register_job(request: Request, engine: Writer) -> Response:
     """Register a job: a job spec as JSON (zoo name, HF config, or the graph IR of `perfmodel graph --json`), or
     an ONNX model uploaded as multipart with its run settings. Its graph is captured once and kept; the same spec
-    registered again returns the same id (200 instead of 201)."""
+    registered again returns the same id (200 instead of 201). An IR whose inputs were captured at another batch
+    than `batch_size` is refused (422 on `batch_size`)."""
     if request.headers.get("content-type", "").lower().startswith("multipart/form-data"):
         spec, graph = await _onnx_job(request)
     else:
@@ -94,82 +100,66 @@ async def register_job(request: Request, state: Writer) -> Response:
         except ValidationError as exc:
             raise _body_errors(exc) from None
         graph = None
-    try:
-        entry, created = await run_in_threadpool(state.register, spec, graph)
-    except PerfmodelError as exc:
-        raise field_error(["body", "source"], " ".join(str(exc).split())) from None
+    entry, created = await run_in_threadpool(engine.register, spec, graph)
     return json_response(job_out(entry, created), status_code=201 if created else 200)
 
 
 async def _onnx_job(request: Request) -> tuple[JobSpec, Graph]:
-    form = await request.form(max_files=1, max_fields=8)
-    upload = form.get("file")
-    if not isinstance(upload, UploadFile):
-        raise field_error(["body", "file"], "an ONNX model file is required (multipart field `file`)")
-    fields = {k: v for k, v in form.items() if k != "file"}
-    if any(not isinstance(v, str) for v in fields.values()):
-        raise field_error(["body"], "only `file` may be a file")
+    from perfmodel.jobs.onnx_upload import MAX_DATA_FILES, UploadError, uploaded_files
+
+    form = await request.form(max_files=1 + MAX_DATA_FILES, max_fields=8)
     try:
-        options = OnnxForm.model_validate(fields)
+        files = uploaded_files(list(form.multi_items()))
+    except UploadError as exc:
+        raise field_error(["body", exc.field], exc.detail) from None
+    if not any(f.field == "file" for f in files):
+        raise field_error(["body", "file"], "an ONNX model file is required (multipart field `file`)")
+    try:
+        options = OnnxForm.model_validate({k: v for k, v in form.items() if isinstance(v, str)})
     except ValidationError as exc:
         raise _body_errors(exc) from None
-    if options.mode is not Mode.inference:
-        raise field_error(["body", "mode"], "ONNX graphs are inference graphs: mode must be inference")
-    graph = await run_in_threadpool(_graph_of_upload, upload, options)
+    max_total_bytes = request.app.state.service.settings.max_onnx_bytes
+    graph = await run_in_threadpool(_graph_of_upload, files, options, max_total_bytes)
     spec = JobSpec(source=GraphSource(graph=json.loads(graph.to_json())), **options.model_dump())
     return spec, graph
 
 
-def _graph_of_upload(upload: UploadFile, options: OnnxForm) -> Graph:
-    """The upload's graph: written to a private folder, refused if it points at external data, checked with
-    `onnx.checker` and shape-inferred (`graph_from_onnx`). Nothing in it is run."""
-    import onnx
-    from onnx.external_data_helper import uses_external_data
+def _graph_of_upload(files: list[Any], options: OnnxForm, max_total_bytes: int) -> Graph:
+    """The upload's graph: the model with its external data (parts or one zip, `perfmodel.jobs.onnx_upload`,
+    the limit on the total) in a private folder, checked with `onnx.checker` and shape-inferred; for mode=train
+    with derived backward costs. Nothing in it is run."""
+    from perfmodel.jobs.limits import check_graph
+    from perfmodel.jobs.onnx_upload import UploadError, UploadTooLarge, graph_of_upload
+    from service.errors import ApiError
+    from service.limits import current_limits
 
-    from perfmodel.graph.from_onnx import graph_from_onnx
-
-    filename = Path(upload.filename or "model.onnx").name
-    stem = Path(filename).stem or "model"
-    with tempfile.TemporaryDirectory(prefix="perfmodel-upload-") as folder:
-        path = Path(folder) / "model.onnx"
-        upload.file.seek(0)
-        with path.open("wb") as out:
-            while chunk := upload.file.read(COPY_CHUNK_BYTES):
-                out.write(chunk)
-        try:
-            model = onnx.load(str(path), load_external_data=False)
-            external = any(uses_external_data(t) for t in model.graph.initializer)
-        except Exception:
-            external = False  # not readable ONNX: graph_from_onnx says so in its own words
-        if external:
-            raise field_error(["body", "file"], "the model keeps weights in external data files: upload a "
-                                                "self-contained .onnx")
-        try:
-            return graph_from_onnx(path, batch_size=options.batch_size, seq_len=options.seq_len, name=stem)
-        except PerfmodelError as exc:
-            raise field_error(["body", "file"], " ".join(str(exc).replace(str(path), filename).split())) from None
+    try:
+        graph = graph_of_upload(files, max_total_bytes=max_total_bytes, batch_size=options.batch_size,
+                                seq_len=options.seq_len, mode=options.mode.value)
+    except UploadTooLarge as exc:
+        raise ApiError(413, exc.detail) from None
+    except UploadError as exc:
+        raise field_error(["body", exc.field], exc.detail) from None
+    try:
+        check_graph(graph, current_limits().job)  # node count, tensor sizes: PERFMODEL_JOB_LIMITS__*
+    except PerfmodelError as exc:
+        raise field_error(["body", "file"], " ".join(str(exc).split())) from None
+    return graph
 
 
 @router.get("", response_model=JobList)
-async def list_jobs(state: Reader) -> Response:
+async def list_jobs(engine: Reader) -> Response:
     """Every registered job (graph sizes included)."""
-    records = await run_in_threadpool(state.store.jobs)
-    out = []
-    for record in records:
-        entry = state.cached(record.key)
-        if entry is None:
-            entry = await registered_job(state, record.key)
-        out.append(job_out(entry, False))
-    return json_response({"jobs": out})
+    entries = await run_in_threadpool(engine.jobs)
+    return json_response({"jobs": [job_out(entry, False) for entry in entries]})
 
 
 @router.get("/{job_id}", response_model=JobDetail,
             responses={404: {"model": ErrorOut}, 422: {"model": ErrorOut}})
-async def get_job(job_id: JobIdPath, state: Reader) -> Response:
+async def get_job(job_id: JobIdPath, engine: Reader) -> Response:
     """A registered job, its graph's size, and what observations did to its error: the MAPE of the uncalibrated
     predictions against what it measured, and of leave-one-out calibrated ones."""
-    entry = await registered_job(state, job_id)
-    report = await run_in_threadpool(state.calibration_report, entry)
+    entry, report = await run_in_threadpool(_job_and_report, engine, job_id)
     spec = entry.spec.model_dump(mode="json")
     if spec["source"]["kind"] == "ir":
         spec["source"] = {"kind": "ir", "graph": "(left out: see `graph`)"}
@@ -178,7 +168,12 @@ async def get_job(job_id: JobIdPath, state: Reader) -> Response:
 
 @router.delete("/{job_id}", status_code=204,
                responses={401: {"model": ErrorOut}, 404: {"model": ErrorOut}})
-async def delete_job(job_id: JobIdPath, state: Writer) -> Response:
+async def delete_job(job_id: JobIdPath, engine: Writer) -> Response:
     """Forget a job and its observations."""
-    await run_in_threadpool(state.delete, job_id)
+    await run_in_threadpool(engine.delete_job, job_id)
     return Response(status_code=204)
+
+
+def _job_and_report(engine: PredictionEngine, job_id: str) -> tuple[JobEntry, dict[str, Any]]:
+    entry = engine.job(job_id)
+    return entry, engine.calibration_report(entry)

@@ -12,47 +12,59 @@ import numpy as np
 from fastapi import APIRouter, Response
 from starlette.concurrency import run_in_threadpool
 
+from perfmodel.engine import FieldError, JobEntry, PredictionEngine
 from perfmodel.errors import PerfmodelError
 from perfmodel.hardware.catalog import get_accelerator
 from perfmodel.predictor.predict import Prediction
-from service.deps import Reader
-from service.errors import field_error
-from service.routers.common import json_response, resolve_job
-from service.schemas import (ErrorOut, GavelResponse, MatrixGrid, MatrixRequest, MatrixResponse, PlacementIn,
-                             PredictRequest, PredictResponse)
-from service.state import JobEntry, ServiceState
+from service.deps import MetricsDep, Reader, State
+from service.routers.common import encode_json, json_response, resolve_job
+from service.schemas import (
+    ErrorOut,
+    GavelResponse,
+    MatrixGrid,
+    MatrixRequest,
+    MatrixResponse,
+    PlacementIn,
+    PredictRequest,
+    PredictResponse,
+)
 
 router = APIRouter(prefix="/v1/predict", tags=["predict"])
 _ERRORS: dict[int | str, dict[str, Any]] = {404: {"model": ErrorOut}, 422: {"model": ErrorOut}}
 
 
 @router.post("", response_model=PredictResponse, responses=_ERRORS)
-async def predict(body: PredictRequest, state: Reader) -> Response:
-    """The fields of `perfmodel predict --json` for the job on the placement, calibrated by its observations."""
-    entry = await resolve_job(state, body.job, ("body", "job"))
-    placement = state.placement(body.placement, entry.spec.batch_size, ("body", "placement"))
-    state.check_ir_batch(entry, placement, ("body", "placement"))
-    warm = (placement.accelerator, placement.micro_batch_size, state.generation)
-    if warm in entry.warm:
-        prediction = state.raw_prediction(entry, placement)
-    else:  # the first prediction of this job on this accelerator runs the per-device model: not on the loop
-        prediction = await run_in_threadpool(state.raw_prediction, entry, placement)
-        entry.warm.add(warm)
-    data = state.respond(entry, prediction)
-    state.metrics.count_predictions("predict", 1, int(data["calibrated"]))
-    return json_response(data)
+async def predict(body: PredictRequest, engine: Reader, state: State) -> Response:
+    """The fields of `perfmodel predict --json` for the job on the placement, calibrated by its observations.
+    Answered on the event loop when everything is in memory (a registered job asked again: its encoded answer),
+    else in a worker thread (capture, store, model)."""
+    token = engine.response_token(body.job)
+    key = (token, body.placement) if token is not None else None
+    hit = state.responses.get(key) if key is not None else None
+    if hit is not None:
+        encoded, calibrated = hit
+    else:
+        data = engine.predict_cached(body.job, body.placement)
+        if data is None:
+            data = await run_in_threadpool(engine.predict, body.job, body.placement)
+        encoded, calibrated = encode_json(data), bool(data["calibrated"])
+        if key is not None:
+            state.responses.put(key, (encoded, calibrated))
+    state.metrics.count_predictions("predict", 1, int(calibrated))
+    return Response(encoded, media_type="application/json")
 
 
 @router.post("/matrix", response_model=MatrixResponse | GavelResponse, responses=_ERRORS)
-async def predict_matrix(body: MatrixRequest, state: Reader) -> Response:
+async def predict_matrix(body: MatrixRequest, engine: Reader, metrics: MetricsDep) -> Response:
     """Every job on every placement. `grid` generates the placements: each accelerator × device count,
     consolidated (and with `spread`, one device per node too). `layout: gavel` answers Gavel's dictionaries."""
-    entries = [await resolve_job(state, ref, ("body", "jobs", i)) for i, ref in enumerate(body.jobs)]
-    data = await run_in_threadpool(matrix, state, entries, body)
+    entries = [await resolve_job(engine, ref, ("jobs", i)) for i, ref in enumerate(body.jobs)]
+    data, cells, calibrated = await run_in_threadpool(matrix, engine, entries, body)
+    metrics.count_predictions("matrix", cells, calibrated)
     return json_response(data)
 
 
-def grid_placements(state: ServiceState, grid: MatrixGrid) -> tuple[list[PlacementIn], list[bool]]:
+def grid_placements(engine: PredictionEngine, grid: MatrixGrid) -> tuple[list[PlacementIn], list[bool]]:
     """The placements of a grid and whether each is consolidated (as few nodes as possible)."""
     placements: list[PlacementIn] = []
     consolidated: list[bool] = []
@@ -60,9 +72,9 @@ def grid_placements(state: ServiceState, grid: MatrixGrid) -> tuple[list[Placeme
                if (value := getattr(grid, name)) is not None}
     for i, name in enumerate(grid.accelerators):
         try:
-            hardware = get_accelerator(name, state.catalog)
+            hardware = get_accelerator(name, engine.catalog)
         except PerfmodelError as exc:
-            raise field_error(["body", "grid", "accelerators", i], str(exc)) from None
+            raise FieldError(("grid", "accelerators", i), str(exc)) from None
         for count in dict.fromkeys(grid.device_counts):
             if count > 1 and hardware.kind != "gpu":
                 continue  # multi-device placements are GPU placements
@@ -75,19 +87,21 @@ def grid_placements(state: ServiceState, grid: MatrixGrid) -> tuple[list[Placeme
                 placements.append(PlacementIn(accelerator=hardware.name, devices_per_node=(1,) * count, **network))
                 consolidated.append(False)
     if not placements:
-        raise field_error(["body", "grid"], "the grid holds no placement (multi-device placements need a GPU)")
+        raise FieldError(("grid",), "the grid holds no placement (multi-device placements need a GPU)")
     return placements, consolidated
 
 
-def matrix(state: ServiceState, entries: Sequence[JobEntry], body: MatrixRequest) -> dict[str, Any]:
+def matrix(engine: PredictionEngine, entries: Sequence[JobEntry],
+           body: MatrixRequest) -> tuple[dict[str, Any], int, int]:
+    """The response, its cell count and how many cells are calibrated. Blocking (computes, calibrations)."""
     if body.grid is not None:
-        given, consolidated = grid_placements(state, body.grid)
-        where: tuple[str, ...] = ("body", "grid")
+        given, consolidated = grid_placements(engine, body.grid)
+        where: tuple[str, ...] = ("grid",)
     else:
         assert body.placements is not None
         given = body.placements
         consolidated = [p.nodes == 1 for p in given]
-        where = ("body", "placements")
+        where = ("placements",)
     accelerators: list[str] = []
     shape = (len(entries), len(given))
     raw_throughput, raw_iteration = np.empty(shape), np.empty(shape)
@@ -97,34 +111,39 @@ def matrix(state: ServiceState, entries: Sequence[JobEntry], body: MatrixRequest
     for i, entry in enumerate(entries):
         by_batch[entry.spec.batch_size].append(i)
     for batch_size, members in by_batch.items():
-        placements = [state.placement(p, batch_size, (*where, j)) for j, p in enumerate(given)]
+        placements = [engine.placement(p, batch_size, (*where, j)) for j, p in enumerate(given)]
         group = [entries[i] for i in members]
         for entry in group:
             for j, placement in enumerate(placements):
-                state.check_ir_batch(entry, placement, (*where, j))
-        arrays = state.raw_matrix(group, placements, where)
-        accelerators = accelerators or [state.predictor.hardware(p.accelerator).name for p in placements]
+                engine.check_ir_batch(entry, placement, (*where, j))
+        arrays = engine.raw_matrix(group, placements, where)
+        accelerators = accelerators or [engine.hardware(p.accelerator, (*where, j, "accelerator")).name
+                                        for j, p in enumerate(placements)]
         raw_throughput[members] = arrays["throughput_samples_per_s"]
         raw_iteration[members] = arrays["iteration_ms"]
         fits[members] = arrays["fits"]
         if body.detail:
-            for i, row in zip(members, state.raw_predictions(group, placements, where)):
+            for i, row in zip(members, engine.raw_predictions(group, placements, where)):
                 rows[i] = row
-    # calibration: each job's factor on each column's accelerator (1 where it observed nothing there)
+    # calibration: each job's factor on each column's accelerator and device count (1 where it observed nothing)
     factor = np.ones(shape)
     calibrated = np.zeros(shape, dtype=bool)
-    columns: dict[str, list[int]] = defaultdict(list)
-    for j, accelerator in enumerate(accelerators):
-        columns[accelerator].append(j)
+    columns: dict[tuple[str, int], list[int]] = defaultdict(list)
+    for j, (accelerator, placement) in enumerate(zip(accelerators, given)):
+        columns[(accelerator, placement.devices)].append(j)
     for i, entry in enumerate(entries):
-        for accelerator, (value, count) in state.factors(entry).items():
-            factor[i, columns.get(accelerator, [])] = value
-            calibrated[i, columns.get(accelerator, [])] = count > 0
+        calibration = engine.calibration(entry)
+        if not calibration.points:
+            continue
+        for (accelerator, devices), js in columns.items():
+            value, count = calibration.factor(accelerator, devices)
+            factor[i, js] = value
+            calibrated[i, js] = count > 0
     throughput = raw_throughput * factor
-    state.metrics.count_predictions("matrix", throughput.size, int(calibrated.sum()))
-    versions = state.predictor.model_versions
+    counts = (throughput.size, int(calibrated.sum()))
+    versions = engine.model_versions
     if body.layout == "gavel":
-        return gavel(entries, given, accelerators, np.where(fits, throughput, 0.0), consolidated, versions)
+        return gavel(entries, given, accelerators, np.where(fits, throughput, 0.0), consolidated, versions), *counts
     out: dict[str, Any] = {
         "layout": "matrix", "jobs": [e.key for e in entries],
         "placements": [{"accelerator": accelerator, "devices": p.devices, "nodes": p.nodes, "consolidated": c,
@@ -134,8 +153,9 @@ def matrix(state: ServiceState, entries: Sequence[JobEntry], body: MatrixRequest
         "fits": fits.tolist(), "calibrated": calibrated.tolist(), "model_versions": versions,
     }
     if body.detail:
-        out["predictions"] = [[state.respond(entry, p) for p in row] for entry, row in zip(entries, rows)]
-    return out
+        out["predictions"] = [[engine.respond(entry, p, engine.calibration(entry)) for p in row]
+                              for entry, row in zip(entries, rows)]
+    return out, *counts
 
 
 def gavel(entries: Sequence[JobEntry], placements: Sequence[PlacementIn], accelerators: Sequence[str],

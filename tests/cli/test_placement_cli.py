@@ -23,10 +23,11 @@ def test_predict_on_a_spread_placement_reports_communication_memory_and_fit():
     assert data["iteration_time_ms"] == sum(data["breakdown_ms"].values())
     assert data["fits"] is True and 0 < data["peak_memory_bytes"] < data["memory_capacity_bytes"]
     assert data["placement"]["parallelism"]["data"] == 4
+    assert data["placement"]["global_batch_size"] == 4 * 64  # -b is one replica's batch (README, "Batch size")
 
 
 def test_bad_placements_exit_2_naming_the_problem():
-    result = run("predict", "resnet18", "-b", 10, "--accelerator", "t4", "--nodes", 4)
+    result = run("predict", "resnet18", "-b", 8, "--global-batch-size", 10, "--accelerator", "t4", "--nodes", 4)
     assert result.exit_code == 2 and "global_batch_size" in result.output
     result = run("predict", "resnet18", "-b", 8, "--accelerator", "t4", "--per-node", 4, "--tp", 3)
     assert result.exit_code == 2 and "--tp" in result.output

@@ -37,7 +37,8 @@ runner = CliRunner()
 def models_dir(tmp_path_factory):
     """A registry holding one tiny xgb-device-ops model (40 rows of every NeuSight sweep file, 30 rounds)."""
     if not NEUSIGHT.is_dir():
-        pytest.skip(f"NeuSight dataset not found at {NEUSIGHT} (set PERFMODEL_DATASETS_DIR, or put shared/datasets beside the checkout)")
+        pytest.skip(f"NeuSight dataset not found at {NEUSIGHT} "
+                    "(set PERFMODEL_DATASETS_DIR, or put shared/datasets beside the checkout)")
     catalog = load_catalog()
     ops = neusight_sweep_ops(NEUSIGHT, catalog, max_rows_per_file=40)
     root = tmp_path_factory.mktemp("models")

@@ -1,3 +1,5 @@
+from typing import ClassVar
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -9,7 +11,7 @@ from perfmodel.regressors.device_ops import DeviceOpRegressor, base_ms
 
 
 class Recording(DeviceOpRegressor):
-    trained_on: list[set[str]] = []
+    trained_on: ClassVar[list[set[str]]] = []
 
     def fit(self, ops, catalog):
         Recording.trained_on.append(set(ops["device"]))

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 import pytest
@@ -42,7 +43,7 @@ class ScaledRoofline:
     """Learns the mean measured / roofline ratio; interval ±30 %. Records the families it was fitted on."""
 
     name = "scaled"
-    fitted_families: list[set[str]] = []
+    fitted_families: ClassVar[list[set[str]]] = []
 
     def __init__(self) -> None:
         self.scale = 1.0

@@ -34,7 +34,8 @@ TINY_BERT = {"architectures": ["BertForMaskedLM"], "model_type": "bert", "hidden
 @pytest.fixture(scope="module")
 def neusight() -> Path:
     if not (NEUSIGHT / "label").is_dir():
-        pytest.skip(f"NeuSight dataset not found at {NEUSIGHT} (set PERFMODEL_DATASETS_DIR, or put shared/datasets beside the checkout)")
+        pytest.skip(f"NeuSight dataset not found at {NEUSIGHT} (set PERFMODEL_DATASETS_DIR, or put shared/datasets "
+                    "beside the checkout)")
     return NEUSIGHT
 
 

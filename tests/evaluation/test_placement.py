@@ -13,7 +13,8 @@ ADAPTDL = get_settings().datasets_dir / "adaptdl"
 @pytest.fixture(scope="module")
 def rows():
     if not ADAPTDL.is_dir():
-        pytest.skip(f"adaptdl dataset not found at {ADAPTDL} (set PERFMODEL_DATASETS_DIR, or put shared/datasets beside the checkout)")
+        pytest.skip(f"adaptdl dataset not found at {ADAPTDL} (set PERFMODEL_DATASETS_DIR, or put shared/datasets "
+                    "beside the checkout)")
     return adaptdl_rows(ADAPTDL)
 
 

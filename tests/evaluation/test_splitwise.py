@@ -8,8 +8,16 @@ import pandas as pd
 import pytest
 
 from perfmodel.errors import PerfmodelError
-from perfmodel.evaluation.splitwise import (MODELS, evaluate_prompt_times, job_spec, parse_perf_model, placement,
-                                            shapes, splitwise_file, summarise)
+from perfmodel.evaluation.splitwise import (
+    MODELS,
+    evaluate_prompt_times,
+    job_spec,
+    parse_perf_model,
+    placement,
+    shapes,
+    splitwise_file,
+    summarise,
+)
 from perfmodel.predictor.placed import PlacementPredictor
 from perfmodel.settings import get_settings
 

@@ -48,7 +48,8 @@ def test_every_job_finishes_once_and_the_cluster_is_never_oversubscribed(schedul
     for policy in ("blind", "perfmodel"):
         run = scheduler.simulate(policy, queue, LAYOUT, matrix.duration_s, oom_cost_s=60,
                                  predicted=(lambda: matrix) if policy == "perfmodel" else None,
-                                 on_finish=lambda job, name, rate: finished.append((policy, job.index, rate)))
+                                 on_finish=lambda job, name, rate, policy=policy: finished.append(
+                                     (policy, job.index, rate)))
         assert sorted(run.placed) == [j.index for j in queue]
         assert run.placed[3] == "fast"  # the job that does not fit the slow GPUs ran on the fast ones
         # no schedule beats the total work over the whole cluster's speed

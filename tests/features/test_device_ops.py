@@ -4,7 +4,11 @@ import pytest
 
 from perfmodel.errors import PerfmodelError
 from perfmodel.features.device_ops import (
-    DEVICE_IDENTITY_FEATURES, DEVICE_OP_FEATURES, device_op_features, op_work, roofline_ms,
+    DEVICE_IDENTITY_FEATURES,
+    DEVICE_OP_FEATURES,
+    device_op_features,
+    op_work,
+    roofline_ms,
 )
 from perfmodel.hardware.catalog import load_catalog
 

@@ -326,7 +326,8 @@ def test_unknown_names_list_close_matches_ignoring_case_and_separators(catalog):
 def needs(folder: str) -> Path:
     path = DATASETS / folder
     if not path.is_dir():
-        pytest.skip(f"dataset folder {path} is absent (set PERFMODEL_DATASETS_DIR, or put shared/datasets beside the checkout)")
+        pytest.skip(f"dataset folder {path} is absent "
+                    "(set PERFMODEL_DATASETS_DIR, or put shared/datasets beside the checkout)")
     return path
 
 

@@ -40,7 +40,8 @@ def dataset(name: str) -> Path:
     """A dataset folder, or skip the test when this checkout has none beside it (a fresh clone)."""
     path = DATASETS / name
     if not path.is_dir():
-        pytest.skip(f"public dataset {name!r} not found at {path} (set PERFMODEL_DATASETS_DIR, or put shared/datasets beside the checkout)")
+        pytest.skip(f"public dataset {name!r} not found at {path} (set PERFMODEL_DATASETS_DIR, or put shared/datasets "
+                    "beside the checkout)")
     return path
 
 

@@ -8,7 +8,6 @@ from collections import Counter
 
 import pandas as pd
 import pytest
-
 from typer.testing import CliRunner
 
 from perfmodel.cli.main import app
@@ -16,7 +15,6 @@ from perfmodel.errors import PerfmodelError
 from perfmodel.hardware.catalog import load_catalog, save_local
 from perfmodel.importers import ImportStats, get_importer, import_llmservingsim
 from perfmodel.store import ProfileStore
-
 from tests.importers.conftest import make_spec
 
 PRO6000 = "NVIDIA RTX PRO 6000 Blackwell Server Edition"

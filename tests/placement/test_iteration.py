@@ -5,8 +5,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from perfmodel.placement.iteration import (ComputeArrays, IterationParams, PlacementArrays, ShardCompute,
-                                           iteration_breakdown, load_params)
+from perfmodel.placement.iteration import (
+    ComputeArrays,
+    IterationParams,
+    PlacementArrays,
+    ShardCompute,
+    iteration_breakdown,
+    load_params,
+)
 
 RNG = np.random.default_rng(7)
 N = 400

@@ -14,8 +14,14 @@ import pytest
 from perfmodel.hardware.catalog import load_catalog
 from perfmodel.hardware.spec import HardwareSpec
 from perfmodel.placement.comm import peer_to_peer_mode
-from perfmodel.placement.iteration import (ComputeArrays, IterationParams, PlacementArrays, ShardCompute,
-                                           iteration_breakdown, load_params)
+from perfmodel.placement.iteration import (
+    ComputeArrays,
+    IterationParams,
+    PlacementArrays,
+    ShardCompute,
+    iteration_breakdown,
+    load_params,
+)
 from perfmodel.placement.spec import Parallelism, PlacementSpec
 from perfmodel.predictor.placed import placement_links, placement_row
 

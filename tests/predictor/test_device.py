@@ -75,9 +75,9 @@ def test_cli_predict_on_a_gpu_uses_the_device_model(models_dir, monkeypatch, tmp
     result = CliRunner().invoke(app, ["predict", "--hf-config", str(config), "-b", "2", "--seq-len", "16",
                                       "--accelerator", "NVIDIA A100-PCIE-40GB", "--json"])
     assert result.exit_code == 0, result.output
-    data = json.loads(result.output)
+    data = json.loads(result.stdout)  # transformers warns about the tiny config on stderr
     assert data["accelerator"] == "a100-pcie-40gb" and data["model_version"].startswith("xgb-device-ops/")
     assert set(data["breakdown_ms"]) == {"forward", "backward", "optimizer", "communication", "pipeline_bubble",
                                          "overhead"}
-    bad = CliRunner().invoke(app, ["predict", "--hf-config", str(config), "--accelerator", "H1000"])
+    bad = CliRunner().invoke(app, ["predict", "--hf-config", str(config), "--seq-len", "16", "--accelerator", "H1000"])
     assert bad.exit_code == 2 and "H100" in bad.output

@@ -1,13 +1,14 @@
 """estimate_memory: the explicit sum, placement shards (tensor/pipeline/ZeRO), checkpointing, precision, fits."""
 
+import itertools
+
 import pytest
 
 from perfmodel.graph.ir import Graph, GraphTotals, Node, TensorMeta
 from perfmodel.graph.opkinds import OpKind
 from perfmodel.hardware.catalog import get_accelerator
 from perfmodel.jobs.spec import JobSpec, Mode, OptimizerName, Precision, ZooSource
-from perfmodel.predictor.memory import (MemoryEstimate, bytes_per_param, estimate_memory, fits, layer_key,
-                                        layers)
+from perfmodel.predictor.memory import MemoryEstimate, bytes_per_param, estimate_memory, fits, layer_key, layers
 
 
 def _graph(layers_: int = 8, hidden: int = 256, batch: int = 8, params_per_layer: int | None = None,
@@ -81,7 +82,7 @@ def test_tensor_parallel_halves_state():
 def test_zero_stages_never_increase_memory(precision, dp):
     spec = _spec(optimizer=OptimizerName.adam, precision=precision)
     peaks = [estimate_memory(spec, GRAPH, data_parallel=dp, zero_stage=z).peak_bytes for z in range(4)]
-    assert all(b <= a for a, b in zip(peaks, peaks[1:])), peaks
+    assert all(b <= a for a, b in itertools.pairwise(peaks)), peaks
     if dp > 1:
         assert peaks[3] < peaks[0]
         z = [estimate_memory(spec, GRAPH, data_parallel=dp, zero_stage=s) for s in range(4)]

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-
 import pandas as pd
 import pytest
 
 from perfmodel.errors import PerfmodelError
-from perfmodel.features.device_ops import OP_CLASSES, SHAPE_COLUMNS
+from perfmodel.features.device_ops import NEUSIGHT_OP_CLASS, OP_CLASSES, SHAPE_COLUMNS
 from perfmodel.hardware.catalog import load_catalog
-from perfmodel.predictor.op_table import OP_COLUMNS, OPNAME_CLASS, ops_from_neusight_frame, read_op_table
+from perfmodel.predictor.op_table import OP_COLUMNS, ops_from_neusight_frame, read_op_table
 from perfmodel.settings import get_settings
 
 NEUSIGHT = get_settings().datasets_dir / "neusight"
@@ -38,7 +37,7 @@ def neusight_row(op: str, device: str = "Tesla T4") -> dict:
 
 
 def test_every_neusight_op_name_maps_to_its_class_with_its_shape(catalog):
-    assert set(OPNAME_CLASS) == set(EXPECTED_CLASS)
+    assert set(NEUSIGHT_OP_CLASS) == set(EXPECTED_CLASS)
     frame = pd.DataFrame([neusight_row(op) for op in EXPECTED_CLASS])
     ops = ops_from_neusight_frame(frame, catalog)
     assert list(ops.columns) == list(OP_COLUMNS) and ops.index.equals(frame.index)
@@ -124,7 +123,8 @@ def test_read_op_table_keeps_cells_as_written(tmp_path):
 
 def test_neusight_files_map_whole(catalog):
     if not NEUSIGHT.is_dir():
-        pytest.skip(f"NeuSight dataset not found at {NEUSIGHT} (set PERFMODEL_DATASETS_DIR, or put shared/datasets beside the checkout)")
+        pytest.skip(f"NeuSight dataset not found at {NEUSIGHT} (set PERFMODEL_DATASETS_DIR, or put shared/datasets "
+                    "beside the checkout)")
     files = [NEUSIGHT / "data/dataset/test/linear.csv.gz", NEUSIGHT / "data/dataset/test/elem.csv.gz",
              NEUSIGHT / "data/dataset/train/collect/conv/p2.1.0/Tesla T4.csv.gz"]
     for path in files:

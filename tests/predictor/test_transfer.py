@@ -32,7 +32,8 @@ NEUSIGHT = get_settings().datasets_dir / "neusight"
 
 def neusight() -> Path:
     if not NEUSIGHT.is_dir():
-        pytest.skip(f"NeuSight dataset not found at {NEUSIGHT} (set PERFMODEL_DATASETS_DIR, or put shared/datasets beside the checkout)")
+        pytest.skip(f"NeuSight dataset not found at {NEUSIGHT} (set PERFMODEL_DATASETS_DIR, or put shared/datasets "
+                    "beside the checkout)")
     return NEUSIGHT
 
 

@@ -2,8 +2,13 @@ import pytest
 import torch
 
 from perfmodel.jobs.build import build_job
-from perfmodel.profilers.iteration import (iteration_stats, make_step, peak_allocated_bytes, profile_iteration,
-                                           time_step_ms)
+from perfmodel.profilers.iteration import (
+    iteration_stats,
+    make_step,
+    peak_allocated_bytes,
+    profile_iteration,
+    time_step_ms,
+)
 from perfmodel.profilers.records import Outcome
 
 from .helpers import user_spec, zoo_spec

@@ -1,14 +1,14 @@
-"""xgb-device-ops on synthetic ops whose latency follows a known law of the device's spec sheet."""
+"""xgb-device-ops beyond the estimator contract (test_contract.py), on synthetic ops whose latency follows a known
+law of the device's spec sheet."""
 
 import numpy as np
 import pandas as pd
 import pytest
 
 from perfmodel.errors import PerfmodelError
-from perfmodel.hardware.catalog import load_catalog
-from perfmodel.regressors import load_regressor
-from perfmodel.regressors.device_ops import DeviceOpRegressor, base_ms
 from perfmodel.features.device_ops import device_op_features
+from perfmodel.hardware.catalog import load_catalog
+from perfmodel.regressors.device_ops import DeviceOpRegressor, base_ms
 
 TRAIN_DEVICES = ("t4", "v100-pcie-32gb", "a100-pcie-40gb", "p100-pcie-16gb")
 
@@ -35,15 +35,6 @@ def _synthetic(catalog, devices, n=600, seed=0):
     return ops
 
 
-def test_contract_fit_returns_self_and_predict_has_no_side_effects(catalog):
-    ops = _synthetic(catalog, TRAIN_DEVICES, n=200)
-    model = DeviceOpRegressor(n_estimators=40)
-    assert model.get_params()["n_estimators"] == 40 and not hasattr(model, "boosters_")
-    assert model.fit(ops, catalog) is model
-    first = model.predict(ops, catalog).latency_ms
-    np.testing.assert_array_equal(first, model.predict(ops, catalog).latency_ms)
-
-
 def test_transfers_to_a_device_it_never_saw(catalog):
     model = DeviceOpRegressor(n_estimators=150).fit(_synthetic(catalog, TRAIN_DEVICES), catalog)
     held_out = _synthetic(catalog, ["v100-sxm2-32gb", "a100-pcie-80gb"], n=300, seed=1)
@@ -53,14 +44,11 @@ def test_transfers_to_a_device_it_never_saw(catalog):
     assert np.all(prediction.p10_ms <= prediction.latency_ms) and np.all(prediction.latency_ms <= prediction.p90_ms)
 
 
-def test_save_load_predicts_identically_and_flags_extrapolation(catalog, tmp_path):
+def test_flags_extrapolation(catalog):
     model = DeviceOpRegressor(n_estimators=30).fit(_synthetic(catalog, TRAIN_DEVICES, n=150), catalog)
-    model.save(tmp_path / "m")
-    loaded = load_regressor(tmp_path / "m")
     query = _synthetic(catalog, ["h100-sxm5", "v100-sxm2-32gb"], n=50, seed=2)
     query.loc[query.index[:5], "dtype"] = "fp16"
-    a, b = model.predict(query, catalog), loaded.predict(query, catalog)
-    np.testing.assert_array_equal(a.latency_ms, b.latency_ms)
+    a = model.predict(query, catalog)
     # H100 is faster than any training device; fp16 was never trained on
     assert a.extrapolated[query["device"].to_numpy() == "h100-sxm5"].all()
     assert a.extrapolated[:5].all()

@@ -1,6 +1,6 @@
-"""GNNRegressor: the estimator contract, persistence without pickle, breakdown, intervals, reproducibility and that
-message passing uses the graph's edges. Real graphs of tiny modules (captured on the meta device) at three batch
-sizes on two hardware specs, with synthetic targets shaped like real timings (roofline + per-op launch cost)."""
+"""GNNRegressor beyond the estimator contract (test_contract.py): persistence without pickle, breakdown, the seed
+and that message passing uses the graph's edges. Real graphs of tiny modules (captured on the meta device) at three
+batch sizes on two hardware specs, with synthetic targets shaped like real timings (roofline + per-op launch cost)."""
 
 from __future__ import annotations
 
@@ -13,12 +13,12 @@ from torch import nn
 
 from perfmodel.errors import PerfmodelError
 from perfmodel.features.nodes import has_phase, node_cost, roofline_ms
+from perfmodel.features.sample import Sample
 from perfmodel.graph.from_torch import graph_from_module
 from perfmodel.hardware.spec import HardwareSpec
 from perfmodel.jobs.spec import JobSpec, ModuleSource
-from perfmodel.registry.manifest import Manifest
-from perfmodel.regressors.base import Sample
 from perfmodel.regressors.gnn import FEATURE_NAMES, WEIGHTS_FILE, GNNRegressor
+from perfmodel.regressors.manifest import Manifest
 
 SMALL = dict(hidden=16, layers=2, epochs=25, lr=1e-2, batch_graphs=6, threads=1, seed=0)
 BATCHES = (2, 4, 8)
@@ -100,27 +100,6 @@ def _state(model: GNNRegressor) -> dict[str, torch.Tensor]:
     return {k: v.clone() for k, v in model.net_.state_dict().items()}
 
 
-def test_init_stores_settings_only():
-    model = GNNRegressor(hidden=8, layers=2, epochs=3, seed=7)
-    assert vars(model) == model.get_params()
-    assert model.get_params()["hidden"] == 8 and model.get_params()["seed"] == 7
-    with pytest.raises(PerfmodelError):
-        model.predict([])
-
-
-def test_fit_returns_self_and_predict_is_pure(fitted, samples):
-    model = GNNRegressor(**{**SMALL, "epochs": 2})
-    assert model.fit(samples[:6]) is model
-    before = _state(fitted)
-    first, second = fitted.predict(samples), fitted.predict(samples)
-    for name in ("iteration_time_ms", "p10_ms", "p90_ms", "forward_ms", "backward_ms", "optimizer_ms",
-                 "overhead_ms"):
-        np.testing.assert_array_equal(getattr(first, name), getattr(second, name))
-        assert getattr(first, name).shape == (len(samples),)
-    after = _state(fitted)
-    assert all(torch.equal(before[k], after[k]) for k in before)
-
-
 def test_fit_rejects_unmeasured_samples(samples):
     unmeasured = Sample(spec=samples[0].spec, graph=samples[0].graph, hardware=samples[0].hardware, family="mlp")
     with pytest.raises(PerfmodelError, match="iteration_time_ms"):
@@ -159,7 +138,8 @@ def test_predict_nodes_covers_each_phase(fitted, samples):
                                rtol=1e-5)
 
 
-def test_save_load_predicts_identically_without_pickle(fitted, samples, tmp_path):
+def test_saved_without_pickle_and_the_manifest_records_the_architecture(fitted, samples, tmp_path):
+    """Beyond the contract's save/load round trip (test_contract.py): the files written and what the manifest holds."""
     path = fitted.save(tmp_path)
     assert path.name == "manifest.json"
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["manifest.json", WEIGHTS_FILE])
@@ -169,12 +149,6 @@ def test_save_load_predicts_identically_without_pickle(fitted, samples, tmp_path
     assert manifest.settings["architecture"]["hidden"] == SMALL["hidden"]
     assert len(manifest.normalisation["node_mean"]) == len(manifest.normalisation["node_std"])
     assert manifest.training_data_hash
-
-    loaded = GNNRegressor.load(tmp_path)
-    a, b = fitted.predict(samples), loaded.predict(samples)
-    for name in ("iteration_time_ms", "p10_ms", "p90_ms", "forward_ms", "backward_ms", "optimizer_ms",
-                 "overhead_ms"):
-        np.testing.assert_array_equal(getattr(a, name), getattr(b, name))
 
 
 def test_load_refuses_other_features_or_regressor(fitted, tmp_path):
@@ -190,13 +164,12 @@ def test_load_refuses_other_features_or_regressor(fitted, tmp_path):
         GNNRegressor.load(tmp_path)
 
 
-def test_same_seed_same_predictions(samples):
+def test_another_seed_gives_other_predictions(samples):
+    """The contract checks that the same seed reproduces; here, that the seed is actually used."""
     subset = samples[::2]
     settings = {**SMALL, "epochs": 5}
     a = GNNRegressor(**settings).fit(subset).predict(subset).iteration_time_ms
-    b = GNNRegressor(**settings).fit(subset).predict(subset).iteration_time_ms
     c = GNNRegressor(**{**settings, "seed": 1}).fit(subset).predict(subset).iteration_time_ms
-    np.testing.assert_array_equal(a, b)
     assert not np.array_equal(a, c)
 
 

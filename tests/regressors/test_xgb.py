@@ -1,4 +1,4 @@
-"""xgb-ops and xgb-graph: the estimator contract, save/load, breakdown, intervals, reproducibility.
+"""xgb-ops and xgb-graph beyond the estimator contract (test_contract.py): breakdown, learning, the manifest.
 
 Samples are built from real graphs of small modules (captured with torch.export on the meta device) with a
 synthetic, physically shaped target: each node takes a kind-dependent multiple of its roofline time plus a
@@ -18,13 +18,13 @@ from torch import nn
 from perfmodel.errors import PerfmodelError, UnknownNameError
 from perfmodel.features.graph import GRAPH_FEATURES, graph_feature_matrix
 from perfmodel.features.nodes import NODE_FEATURES, node_cost, roofline_ms
+from perfmodel.features.sample import Sample
 from perfmodel.graph.from_torch import graph_from_module
 from perfmodel.hardware.spec import HardwareSpec
 from perfmodel.jobs.spec import JobSpec, ModuleSource
-from perfmodel.registry.manifest import MANIFEST_FILE
 from perfmodel.regressors import REGRESSORS, load_regressor, regressor_class
 from perfmodel.regressors._xgb import nnls
-from perfmodel.regressors.base import Sample
+from perfmodel.regressors.manifest import MANIFEST_FILE
 from perfmodel.regressors.xgb_graph import XGBGraphRegressor
 from perfmodel.regressors.xgb_ops import XGBOpsRegressor
 
@@ -120,36 +120,11 @@ def _state(model) -> dict:
             "booster": bytes(model.booster_.save_raw("json"))}
 
 
-@pytest.mark.parametrize("cls", [XGBOpsRegressor, XGBGraphRegressor])
-def test_init_stores_settings_only(cls):
-    model = cls(n_estimators=7, seed=3)
-    assert model.n_estimators == 7 and model.seed == 3
-    assert not any(name.endswith("_") for name in vars(model))  # nothing fitted
-    with pytest.raises(PerfmodelError, match="not fitted"):
-        model.predict([])
-
-
-@pytest.mark.parametrize("cls", [XGBOpsRegressor, XGBGraphRegressor])
-def test_fit_returns_self(cls, samples):
-    model = cls(**FAST)
-    assert model.fit(samples) is model
-
-
-def test_predict_has_no_side_effects(fitted, samples):
-    before = _state(fitted)
-    first = _arrays(fitted.predict(samples))
-    second = _arrays(fitted.predict(samples))
-    for name in first:
-        np.testing.assert_array_equal(first[name], second[name])
-    assert _state(fitted) == before
-
-
-def test_breakdown_sums_to_iteration_and_interval_brackets_median(fitted, samples):
+def test_breakdown_sums_to_iteration(fitted, samples):
     out = fitted.predict(samples)
     total = out.forward_ms + out.backward_ms + out.optimizer_ms + out.overhead_ms
     np.testing.assert_allclose(total, out.iteration_time_ms, rtol=1e-6)
     assert np.all(out.iteration_time_ms > 0)
-    assert np.all(out.p10_ms <= out.iteration_time_ms) and np.all(out.iteration_time_ms <= out.p90_ms)
     assert np.all(out.forward_ms > 0) and np.all(out.backward_ms > 0)
     assert np.all(out.optimizer_ms >= 0) and np.all(out.overhead_ms >= 0)
 
@@ -160,20 +135,15 @@ def test_learns_the_synthetic_target(fitted, samples):
     assert np.median(np.abs(out.iteration_time_ms - measured) / measured) < 0.25
 
 
-def test_save_load_predicts_identically(fitted, samples, tmp_path):
+def test_manifest_records_features_artifact_and_training_data(fitted, samples, tmp_path):
+    """Beyond the contract's save/load round trip (test_contract.py): what the manifest holds."""
     directory = fitted.save(tmp_path / "model")
     manifest = json.loads((directory / MANIFEST_FILE).read_text())
-    assert manifest["regressor"] == fitted.name
     assert manifest["artifacts"] == ["model.json"] and (directory / "model.json").is_file()
     assert manifest["training_samples"] == len(samples) and manifest["training_data_hash"]
     assert "interval" in manifest["normalisation"]
     expected = NODE_FEATURES if fitted.name == "xgb-ops" else GRAPH_FEATURES
     assert tuple(manifest["feature_names"]) == expected
-    for loaded in (type(fitted).load(directory), load_regressor(directory)):
-        assert type(loaded) is type(fitted)
-        assert loaded.get_params() == fitted.get_params()
-        for name, values in _arrays(fitted.predict(samples)).items():
-            np.testing.assert_array_equal(_arrays(loaded.predict(samples))[name], values)
 
 
 def test_load_refuses_other_feature_names(fitted, tmp_path):
@@ -183,12 +153,6 @@ def test_load_refuses_other_feature_names(fitted, tmp_path):
     (directory / MANIFEST_FILE).write_text(json.dumps(manifest))
     with pytest.raises(PerfmodelError, match="other features"):
         type(fitted).load(directory)
-
-
-def test_seeded_reproducible(fitted, samples):
-    again = _arrays(type(fitted)(**FAST).fit(samples).predict(samples))
-    for name, values in _arrays(fitted.predict(samples)).items():
-        np.testing.assert_array_equal(again[name], values)
 
 
 def test_graph_features_are_named_and_ordered(samples):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from sqlalchemy import inspect, insert, select
+from sqlalchemy import insert, inspect, select
 
 from perfmodel.errors import PerfmodelError
 from perfmodel.jobs.spec import JobSpec, ZooSource
@@ -84,7 +84,8 @@ def test_a_v2_store_is_migrated_to_v3_with_the_service_tables(store_url):
     engine = open_engine(store_url)
     try:
         with write_transaction(engine) as connection:
-            v2 = [t for t in Base.metadata.sorted_tables if t.name not in ("jobs", "observations", "model_events")]
+            later = ("jobs", "observations", "model_events", "accelerators")  # v3 and v4 tables
+            v2 = [t for t in Base.metadata.sorted_tables if t.name not in later]
             Base.metadata.create_all(connection, tables=v2)
             connection.execute(insert(SchemaInfo).values(id=1, version=2))
     finally:
@@ -101,6 +102,18 @@ def test_a_v2_store_is_migrated_to_v3_with_the_service_tables(store_url):
                 assert column["nullable"] == want.nullable, (name, want.name)
                 assert column["type"].compile(dialect=dialect) == want.type.compile(dialect=dialect), want.name
         with store.engine.connect() as connection:
-            assert connection.scalar(select(SchemaInfo.version)) == STORE_SCHEMA_VERSION == 3
+            assert connection.scalar(select(SchemaInfo.version)) == STORE_SCHEMA_VERSION
         key = store.add_job(SPEC)[0].key
         assert _observe(store, key).job_key == key
+
+
+def test_one_observation_is_read_and_deleted_by_id(store_url):
+    with JobStore(store_url) as store:
+        key = store.add_job(SPEC)[0].key
+        first, second = _observe(store, key, 100.0), _observe(store, key, 90.0)
+        assert store.observation(first.id) == first and store.observation(10**9) is None
+        assert store.observation_ids([key, "0" * 24]) == {key: {first.id, second.id}, "0" * 24: set()}
+        assert store.delete_observation(first.id) == first
+        assert store.delete_observation(first.id) is None  # gone, and only it
+        assert [o.id for o in store.observations(key)] == [second.id]
+        assert store.observation_ids([key]) == {key: {second.id}}

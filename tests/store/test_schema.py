@@ -27,8 +27,8 @@ def _database_path(sqlite_url: str) -> str:
 def test_a_new_store_has_every_table_and_the_current_version(store):
     assert set(inspect(store.engine).get_table_names()) >= {"schema_info", "profiles", "op_records", "onnx_nodes",
                                                              "op_measurements", "jobs", "observations",
-                                                             "model_events"}
-    assert _version(store) == STORE_SCHEMA_VERSION == 3
+                                                             "model_events", "accelerators"}
+    assert _version(store) == STORE_SCHEMA_VERSION == 4
     with store.engine.connect() as connection:
         assert connection.execute(select(SchemaInfo.id, SchemaInfo.version)).all() == [(1, STORE_SCHEMA_VERSION)]
     with ProfileStore(store.url) as reopened:  # opening again changes nothing

@@ -61,7 +61,7 @@ class Manifest(BaseModel):
         return path
 
     @classmethod
-    def read(cls, directory: str | Path) -> "Manifest":
+    def read(cls, directory: str | Path) -> Manifest:
         from perfmodel.errors import PerfmodelError
 
         path = Path(directory) / MANIFEST_FILE

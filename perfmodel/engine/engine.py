@@ -1,0 +1,655 @@
+"""`PredictionEngine`: what the service (every worker) and `perfmodel predict` answer with. It owns
+
+- jobs and graphs: registered jobs come from the store (their graph IR is stored with them: no capture after a
+  restart); graphs are captured once per spec, one capture at a time, concurrent requests for one spec waiting on
+  one capture (`GraphCache`); jobs, graphs and the placement predictor's per-device computes are bounded LRUs;
+- calibration (`perfmodel.calibration`): a job's observations against the serving model, recomputed off the
+  caller's thread whenever the model or the observations change; observations are checked against physics first;
+- the model lifecycle (`ModelLifecycle`): pin, promote, sync, with promotion state in the store.
+
+Two paths. `predict_cached` is dictionary look-ups plus the placement model's arithmetic and returns None when
+anything is missing (a job not in memory, a compute not cached, a calibration to recompute): it may run on an
+event loop. Every other public method may block (store, capture, per-op model, model loading): the service runs
+them in a worker thread.
+
+Errors are `perfmodel.engine.errors` (`FieldError`, `NotFound`, `Refused`) and other `PerfmodelError`s; a bug
+raises what it raises.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Protocol
+
+from pydantic import ValidationError
+
+from perfmodel.calibration import (
+    Calibration,
+    ObservationRefused,
+    ObservedPoint,
+    calibrate,
+    ceiling_samples_per_s,
+    check_observation,
+    leave_one_out,
+)
+from perfmodel.engine.errors import FieldError, Loc, NotFound, Refused
+from perfmodel.engine.graphs import GraphCache
+from perfmodel.engine.models import LOAD_ERRORS, ModelLifecycle
+from perfmodel.errors import PerfmodelError
+from perfmodel.graph.ir import Graph
+from perfmodel.jobs.spec import GraphSource, JobSpec
+from perfmodel.lru import LRU
+from perfmodel.placement.spec import PlacementSpec
+from perfmodel.predictor.predict import Prediction
+from perfmodel.profilers.records import utc_now
+
+log = logging.getLogger("perfmodel.engine")
+
+RECENT_OBSERVATIONS = 20
+PLACEMENT_CACHE_SIZE = 4096
+NO_CALIBRATION = Calibration()
+SYNC_KEYS_PER_QUERY = 500
+_FIELD_PREFIX = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z0-9_]+)*): ")  # "batch_size: 3 is over ..."
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """What an engine is built with: the model registry, an optional pin, and the bounds of its caches."""
+
+    models_dir: Path | None = None
+    model_version: str | None = None  # NAME/VERSION pinned for its role (survives promotions and sync)
+    max_cached_jobs: int = 20_000  # jobs, and graphs, kept in memory
+    max_cached_computes: int = 20_000  # per-device computes, memory estimates, links of the placement predictor
+    capture_timeout_s: float | None = None  # None: `graphs.DEFAULT_CAPTURE_TIMEOUT_S`
+    capture_limits: Any = None  # `perfmodel.jobs.limits.JobLimits`; None: its defaults
+    isolate_captures: bool = True  # capture in a time-limited child process (False: the CLI, in-process)
+
+    @classmethod
+    def from_settings(cls, settings: Any) -> EngineConfig:
+        """From the service's settings (fields it lacks keep their defaults)."""
+        names = {"models_dir": "models_dir", "model_version": "model_version", "max_cached_jobs": "max_cached_jobs",
+                 "max_cached_computes": "max_cached_computes", "capture_timeout_s": "capture_timeout_s",
+                 "capture_limits": "job_limits"}
+        return cls(**{name: getattr(settings, source) for name, source in names.items()
+                      if getattr(settings, source, None) is not None})
+
+    def graph_cache(self) -> GraphCache:
+        return GraphCache(self.max_cached_jobs, deadline_s=self.capture_timeout_s, limits=self.capture_limits,
+                          isolated=self.isolate_captures)
+
+
+class PlacementTemplate(Protocol):
+    """A placement whose global batch may still depend on the job's batch (the service's `PlacementIn`)."""
+
+    accelerator: str
+
+    def to_spec(self, batch_size: int) -> PlacementSpec: ...
+
+
+@dataclass(eq=False)
+class JobEntry:
+    """A job the engine holds: its spec and graph and, for a registered job, its observations and calibration."""
+
+    key: str
+    spec: JobSpec
+    graph: Graph
+    registered: bool
+    created_at: datetime | None = None
+    observations: list[Any] = field(default_factory=list)  # ObservationRecord, oldest first
+    revision: int = 0  # bumped whenever `observations` changes
+    calibration: Calibration = NO_CALIBRATION
+    calibrated_at: tuple[int, int] = (-1, -1)  # (model generation, revision) `calibration` was computed for
+
+
+def ir_batch(graph: Graph) -> int | None:
+    """The batch an IR was captured at: the leading dimension its inputs share (None if they do not)."""
+    leading = {meta.shape[0] for meta in graph.inputs if meta.shape}
+    return leading.pop() if len(leading) == 1 else None
+
+
+class PredictionEngine:
+    def __init__(self, config: EngineConfig, predictor: Any, lifecycle: ModelLifecycle, store: Any | None = None,
+                 *, graphs: GraphCache | None = None, catalog: Mapping[str, Any] | None = None):
+        """Cheap: `open` loads the models and reads the store."""
+        self.config = config
+        self.store = store
+        self.predictor = predictor  # replaced whole (one reference assignment) on promotion
+        self.generation = 0  # bumped with every new predictor: calibrations are recomputed
+        self.lifecycle = lifecycle
+        self.graphs = graphs if graphs is not None else config.graph_cache()
+        self._catalog = catalog
+        self._jobs: LRU[str, JobEntry] = LRU(config.max_cached_jobs)
+        self._placements: LRU[tuple[Any, int], PlacementSpec] = LRU(PLACEMENT_CACHE_SIZE)
+        self._hardware: LRU[str, Any] = LRU(PLACEMENT_CACHE_SIZE)  # accelerator names and aliases as given
+        self._lock = threading.Lock()  # observation lists of entries
+        self._promote_lock = threading.Lock()
+        self._last_observation_id = 0
+        self._listeners: list[Callable[[dict[str, str]], None]] = []
+
+    # --- opening ------------------------------------------------------------------------------------------------
+
+    @classmethod
+    def open(cls, config: EngineConfig, store: Any | None = None) -> PredictionEngine:
+        """An engine serving the models the store (else the registry) promotes, the pin replacing its role's.
+        Blocking; raises if a model does not load."""
+        from perfmodel.registry.registry import ModelRegistry
+
+        registry = ModelRegistry(config.models_dir)
+        pin = ModelLifecycle.resolve_pin(registry, config.model_version)
+        graphs = config.graph_cache()
+        holder: list[PredictionEngine] = []
+        lifecycle = ModelLifecycle(registry, store, pin, lambda refs: holder[0]._load_predictor(refs))
+        engine = cls(config, None, lifecycle, store, graphs=graphs)
+        holder.append(engine)
+        engine.predictor = lifecycle.load_wanted()
+        engine.catalog  # noqa: B018 - read now, not on the first request (which may run on an event loop)
+        if store is not None:
+            engine._last_observation_id = store.last_observation_id()
+        return engine
+
+    def _load_predictor(self, refs: dict[str, str | None]) -> Any:
+        from perfmodel.predictor.placed import PlacementPredictor
+
+        predictor = PlacementPredictor.load(self.config.models_dir, refs=refs,
+                                            cache_size=self.config.max_cached_computes, graphs=self.graphs.graph)
+        predictor.use_catalog(self.catalog)  # shipped + the store's custom accelerators
+        return predictor
+
+    @property
+    def catalog(self) -> Any:
+        """The accelerators predictions resolve: shipped + local entries and the store's custom ones
+        (`perfmodel.hardware.custom.LiveCatalog`, refreshed by `sync_once`)."""
+        if self._catalog is None:
+            from perfmodel.hardware.catalog import load_catalog
+            from perfmodel.hardware.custom import LiveCatalog
+            from perfmodel.store.accelerators import custom_accelerators
+
+            self._catalog = LiveCatalog(load_catalog(), custom_accelerators(self.store) if self.store else ())
+        return self._catalog
+
+    @property
+    def model_versions(self) -> dict[str, str]:
+        return self.predictor.model_versions
+
+    def subscribe(self, listener: Callable[[dict[str, str]], None]) -> None:
+        """`listener(model_versions)` is called after every change of the serving models."""
+        self._listeners.append(listener)
+
+    def jobs_cached(self) -> int:
+        """Jobs held in memory (at most `max_cached_jobs`)."""
+        return len(self._jobs)
+
+    def stats(self) -> dict[str, int]:
+        """Entries held by each cache (each bounded)."""
+        return {"jobs": len(self._jobs), "graphs": len(self.graphs), "placements": len(self._placements),
+                "captures": self.graphs.captures,
+                **{f"predictor_{name}": size for name, size in self.predictor.cache_sizes().items()}}
+
+    # --- jobs ---------------------------------------------------------------------------------------------------
+
+    def job_cached(self, ref: str | JobSpec) -> JobEntry | None:
+        """The job an id or a spec names, if in memory (a job id only once registered). Cheap."""
+        if isinstance(ref, str):
+            entry = self._jobs.get(ref)
+            return entry if entry is not None and entry.registered else None
+        return self._jobs.get(ref.key())
+
+    def job(self, ref: str | JobSpec, where: Loc = ("job",)) -> JobEntry:
+        """A registered job by id (from the store: NotFound if there is none), or a spec given inline (its graph
+        captured once and kept in memory; not registered). Blocking."""
+        cached = self.job_cached(ref)
+        if cached is not None:
+            return cached
+        if isinstance(ref, str):
+            return self._load(ref)
+        graph = self._graph_of(ref, where)
+        self._check_ir(ref, graph, where)
+        return self._jobs.setdefault(ref.key(), JobEntry(key=ref.key(), spec=ref, graph=graph, registered=False))
+
+    def _graph_of(self, spec: JobSpec, where: Loc) -> Graph:
+        """The spec's graph; what the client got wrong is a FieldError at `where` (the job), extended by the field
+        its message names first (a limit on `batch_size`, `source.config.n_layer`, ...), else at `source`."""
+        try:
+            return self.graphs.graph(spec)
+        except FieldError:
+            raise
+        except PerfmodelError as exc:
+            message = " ".join(str(exc).split())
+            named = _FIELD_PREFIX.match(message)
+            if named is None:
+                raise FieldError((*where, "source"), message) from None
+            parts = tuple(int(p) if p.isdigit() else p for p in named.group(1).split("."))
+            raise FieldError((*where, *parts), message[named.end():]) from None
+
+    def _load(self, key: str) -> JobEntry:
+        assert self.store is not None, "an engine without a store has no registered jobs"
+        record = self.store.get_job(key, with_graph=True)
+        if record is None:
+            raise NotFound(f"no job {key!r}: register it with POST /v1/jobs")
+        if record.graph_json:
+            graph = self.graphs.put(record.spec, Graph.from_json(record.graph_json))
+        else:
+            graph = self._graph_of(record.spec, ())
+        entry = JobEntry(key=key, spec=record.spec, graph=graph, registered=True, created_at=record.created_at,
+                         observations=self.store.observations(key))
+        known = self._jobs.peek(key)
+        if known is not None and known.registered:
+            return known  # another thread got there first
+        return self._jobs.put(key, entry)
+
+    @staticmethod
+    def _check_ir(spec: JobSpec, graph: Graph, where: Loc) -> None:
+        """An IR's inputs carry the batch it was captured at: a spec that says another batch is refused."""
+        if not isinstance(spec.source, GraphSource):
+            return
+        captured = ir_batch(graph)
+        if captured is not None and captured != spec.batch_size:
+            raise FieldError((*where, "batch_size"), (
+                f"batch_size {spec.batch_size} does not match the graph IR, captured at batch {captured} (the "
+                f"leading dimension of its inputs): register it with batch_size {captured}, or capture the IR at "
+                f"batch {spec.batch_size}"))
+
+    def register(self, spec: JobSpec, graph: Graph | None = None) -> tuple[JobEntry, bool]:
+        """Store the job (once: the same spec gets the same id) with its graph. Blocking."""
+        assert self.store is not None, "an engine without a store registers nothing"
+        key = spec.key()
+        if graph is None:
+            cached = self._jobs.peek(key)
+            graph = cached.graph if cached is not None else self._graph_of(spec, ())
+        self._check_ir(spec, graph, ())
+        record, created = self.store.add_job(spec, graph.to_json())
+        known = self._jobs.peek(key)
+        if known is not None and known.registered:
+            return known, created
+        entry = JobEntry(key=key, spec=spec, graph=graph, registered=True, created_at=record.created_at,
+                         observations=[] if created else self.store.observations(key))
+        return self._jobs.put(key, entry), created
+
+    def delete_job(self, key: str) -> None:
+        assert self.store is not None
+        if not self.store.delete_job(key):
+            raise NotFound(f"no job {key!r}")
+        self._jobs.pop(key)
+
+    def jobs(self) -> list[JobEntry]:
+        """Every registered job (loaded from the store where not in memory). Blocking."""
+        assert self.store is not None
+        return [self.job(record.key) for record in self.store.jobs()]
+
+    # --- placements ---------------------------------------------------------------------------------------------
+
+    def placement(self, given: PlacementTemplate | PlacementSpec, batch_size: int,
+                  where: Loc = ("placement",)) -> PlacementSpec:
+        """The full placement of `given` for a job of `batch_size` (cached); FieldError naming the field."""
+        cache_key = (given, batch_size)
+        spec = self._placements.get(cache_key)
+        if spec is not None:
+            return spec
+        self.hardware(given.accelerator, (*where, "accelerator"))
+        to_spec = getattr(given, "to_spec", None)
+        try:
+            resolved = to_spec(batch_size) if to_spec is not None else given
+        except ValidationError as exc:
+            raise FieldError.from_validation(exc, where) from None
+        assert isinstance(resolved, PlacementSpec)
+        return self._placements.put(cache_key, resolved)
+
+    def hardware(self, name: str, where: Loc = ("placement", "accelerator")) -> Any:
+        """The catalog entry a name or alias names (cached); FieldError at `where` if none."""
+        found = self._hardware.get(name)
+        if found is None:
+            from perfmodel.hardware.catalog import get_accelerator
+
+            try:
+                found = self._hardware.put(name, get_accelerator(name, self.catalog))
+            except PerfmodelError as exc:
+                raise FieldError(where, str(exc)) from None
+        return found
+
+    @staticmethod
+    def check_ir_batch(entry: JobEntry, placement: PlacementSpec, where: Loc = ("placement",)) -> None:
+        """An IR job's graph holds the shapes of its batch: a placement with another micro-batch is refused."""
+        if isinstance(entry.spec.source, GraphSource) and placement.micro_batch_size != entry.spec.batch_size:
+            raise FieldError(where, (
+                f"the job's graph IR was captured at batch {entry.spec.batch_size}; this placement runs micro-"
+                f"batches of {placement.micro_batch_size} per device (set global_batch_size to "
+                f"{entry.spec.batch_size} × parallelism.data × parallelism.micro_batches, or leave it out, or "
+                f"register the IR of that batch)"))
+
+    # --- predictions --------------------------------------------------------------------------------------------
+
+    def predict_cached(self, ref: str | JobSpec, given: PlacementTemplate | PlacementSpec,
+                       where: Loc = ("placement",)) -> dict[str, Any] | None:
+        """The calibrated prediction if everything it needs is in memory, else None (then call `predict`).
+        Dictionary look-ups and array arithmetic only: safe on an event loop."""
+        entry = self.job_cached(ref)
+        if entry is None:
+            return None
+        predictor = self.predictor
+        calibration = self._current_calibration(entry)
+        if calibration is None:
+            return None
+        placement = self.placement(given, entry.spec.batch_size, where)
+        self.check_ir_batch(entry, placement, where)
+        if not predictor.is_warm(entry.spec, placement):
+            return None
+        return self.respond(entry, self._raw(predictor, entry, placement, where), calibration)
+
+    def response_token(self, ref: str | JobSpec) -> tuple[str, int, int] | None:
+        """What a cached prediction of a registered job depends on besides its placement: (job id, model
+        generation, observation revision), or None when the job or its calibration is not in memory. A response
+        stored under this token stays right until the token changes. Cheap."""
+        if not isinstance(ref, str):
+            return None
+        entry = self.job_cached(ref)
+        if entry is None or self._current_calibration(entry) is None:
+            return None
+        return entry.key, self.generation, entry.revision
+
+    def predict(self, ref: str | JobSpec, given: PlacementTemplate | PlacementSpec, *, job_where: Loc = ("job",),
+                where: Loc = ("placement",)) -> dict[str, Any]:
+        """The calibrated prediction of a job on a placement. Blocking (capture, store, per-op model)."""
+        entry = self.job(ref, job_where)
+        placement = self.placement(given, entry.spec.batch_size, where)
+        self.check_ir_batch(entry, placement, where)
+        prediction = self._raw(self.predictor, entry, placement, where)
+        return self.respond(entry, prediction, self.calibration(entry))
+
+    def prediction(self, spec: JobSpec, placement: PlacementSpec) -> Prediction:
+        """The uncalibrated `Prediction` of a spec on a full placement (what `perfmodel predict` prints)."""
+        entry = self.job(spec)
+        return self._raw(self.predictor, entry, placement, ("placement",))
+
+    @staticmethod
+    def _raw(predictor: Any, entry: JobEntry, placement: PlacementSpec, where: Loc) -> Prediction:
+        try:
+            return predictor.predict(entry.spec, placement, graph=entry.graph)
+        except FieldError:
+            raise
+        except PerfmodelError as exc:
+            raise FieldError(where, str(exc).removeprefix("placement.")) from None
+
+    def raw_matrix(self, entries: Sequence[JobEntry], placements: Sequence[PlacementSpec],
+                   where: Loc) -> dict[str, Any]:
+        """`PlacementPredictor.matrix_arrays` of the jobs × placements, uncalibrated. Blocking."""
+        try:
+            return self.predictor.matrix_arrays([e.spec for e in entries], placements,
+                                                graphs=[e.graph for e in entries])
+        except FieldError:
+            raise
+        except PerfmodelError as exc:
+            raise FieldError(where, str(exc).removeprefix("placement.")) from None
+
+    def raw_predictions(self, entries: Sequence[JobEntry], placements: Sequence[PlacementSpec],
+                        where: Loc) -> list[list[Prediction]]:
+        try:
+            return self.predictor.predict_matrix([e.spec for e in entries], placements,
+                                                 graphs=[e.graph for e in entries])
+        except FieldError:
+            raise
+        except PerfmodelError as exc:
+            raise FieldError(where, str(exc).removeprefix("placement.")) from None
+
+    def respond(self, entry: JobEntry, prediction: Prediction,
+                calibration: Calibration | None = None) -> dict[str, Any]:
+        """The predict response: the prediction, calibrated by what the job observed on the accelerator (and on
+        that device count, where it differs)."""
+        calibration = calibration if calibration is not None else entry.calibration
+        factor, count = calibration.factor(prediction.accelerator, prediction.devices)
+        data = prediction.model_dump(mode="json")
+        data.update(job_id=entry.key, calibrated=count > 0, calibration_factor=factor, observations=count,
+                    uncalibrated_iteration_time_ms=prediction.iteration_time_ms,
+                    uncalibrated_throughput_samples_per_s=prediction.throughput_samples_per_s)
+        if count:
+            data["throughput_samples_per_s"] *= factor
+            data["iteration_time_ms"] /= factor
+            data["interval_ms"] = [bound / factor for bound in data["interval_ms"]]
+            data["breakdown_ms"] = {k: v / factor for k, v in data["breakdown_ms"].items()}
+        return data
+
+    # --- calibration --------------------------------------------------------------------------------------------
+
+    def _current_calibration(self, entry: JobEntry) -> Calibration | None:
+        if not entry.observations:
+            return NO_CALIBRATION
+        if entry.calibrated_at == (self.generation, entry.revision):
+            return entry.calibration
+        return None
+
+    def calibration(self, entry: JobEntry) -> Calibration:
+        """The job's calibration against the serving model (recomputed when either changed). Blocking: it runs the
+        model on every observation's placement."""
+        current = self._current_calibration(entry)
+        if current is not None:
+            return current
+        generation, predictor = self.generation, self.predictor
+        with self._lock:
+            revision, observations = entry.revision, list(entry.observations)
+        predicted: dict[PlacementSpec, Prediction] = {}
+        placements = [PlacementSpec.model_validate(o.placement) for o in observations]
+        for placement in dict.fromkeys(placements):
+            try:
+                predicted[placement] = predictor.predict(entry.spec, placement, graph=entry.graph)
+            except PerfmodelError as exc:  # e.g. its accelerator left the catalog: the point is left out
+                log.warning("observation placement of job %s no longer predictable: %s", entry.key, exc)
+        points = [ObservedPoint(o.id, predicted[p].accelerator, o.devices, o.throughput_samples_per_s,
+                                predicted[p].throughput_samples_per_s, o.created_at)
+                  for o, p in zip(observations, placements) if p in predicted]
+        calibration = calibrate(points, now=utc_now())
+        with self._lock:
+            if entry.revision == revision:
+                entry.calibration, entry.calibrated_at = calibration, (generation, revision)
+        return calibration
+
+    def calibration_report(self, entry: JobEntry) -> dict[str, Any]:
+        """Counts, factors per accelerator and device count, excluded points and why, the error before and after
+        (leave-one-out), and the latest observations. Blocking."""
+        calibration = self.calibration(entry)
+        report = calibration.report()
+        excluded = {e.id: e.reason for e in calibration.excluded}
+        created = {o.id: o for o in entry.observations}
+        recent = [p for p in calibration.points if p.id in created][::-1][:RECENT_OBSERVATIONS]
+        calibrated = leave_one_out(calibration.points, recent, now=calibration.now)
+        report["recent"] = [
+            {"id": p.id, "accelerator": p.accelerator, "devices": p.devices,
+             "throughput_samples_per_s": p.observed_throughput_samples_per_s,
+             "predicted_throughput_samples_per_s": p.predicted_throughput_samples_per_s,
+             "calibrated_throughput_samples_per_s": value, "created_at": created[p.id].created_at,
+             "excluded": excluded.get(p.id)}
+            for p, value in zip(recent, calibrated)]
+        return report
+
+    # --- observations -------------------------------------------------------------------------------------------
+
+    def observe(self, job_id: str, given: PlacementTemplate | PlacementSpec, throughput_samples_per_s: float,
+                where: Loc = ("placement",)) -> dict[str, Any]:
+        """Check what a registered job measured against physics and the model, store it, recalibrate. Blocking."""
+        assert self.store is not None
+        entry = self.job(job_id)
+        placement = self.placement(given, entry.spec.batch_size, where)
+        self.check_ir_batch(entry, placement, where)
+        predicted = self._raw(self.predictor, entry, placement, where)
+        ceiling = ceiling_samples_per_s(entry.spec, entry.graph, placement, self.catalog)
+        try:
+            check_observation(throughput_samples_per_s, ceiling_samples_per_s=ceiling,
+                              predicted_samples_per_s=predicted.throughput_samples_per_s)
+        except ObservationRefused as exc:
+            raise FieldError((exc.field,), str(exc)) from None
+        record = self.store.add_observation(
+            entry.key, placement=placement.model_dump(mode="json"), accelerator=predicted.accelerator,
+            devices=placement.devices, throughput_samples_per_s=throughput_samples_per_s,
+            predicted_throughput_samples_per_s=predicted.throughput_samples_per_s,
+            model_version=predicted.model_version)
+        self._add_observations(entry, [record])
+        calibration = self.calibration(entry)
+        factor, count = calibration.factor(predicted.accelerator, placement.devices)
+        excluded = {e.id: e.reason for e in calibration.excluded}
+        error_pct = 100.0 * (predicted.throughput_samples_per_s - throughput_samples_per_s) / throughput_samples_per_s
+        message = (f"stored; predictions of job {entry.key} on {placement.devices} × {predicted.accelerator} are "
+                   f"calibrated by ×{factor:.3f} (recency-weighted median of observed / predicted over {count} "
+                   f"observation(s))")
+        if record.id in excluded:
+            message += f"; this observation is excluded: {excluded[record.id]}"
+        return {
+            "observation_id": record.id, "job_id": entry.key, "accelerator": predicted.accelerator,
+            "throughput_samples_per_s": throughput_samples_per_s,
+            "predicted_throughput_samples_per_s": predicted.throughput_samples_per_s, "error_pct": error_pct,
+            "calibrated": count > 0, "calibration_factor": factor, "observations": count,
+            "excluded": excluded.get(record.id), "message": message,
+        }
+
+    def _add_observations(self, entry: JobEntry, records: Sequence[Any]) -> None:
+        with self._lock:
+            known = {o.id for o in entry.observations}
+            new = [r for r in records if r.id not in known]
+            if new:
+                entry.observations = sorted([*entry.observations, *new], key=lambda o: o.id)
+                entry.revision += 1
+
+    def _drop_observations(self, entry: JobEntry, ids: set[int]) -> None:
+        with self._lock:
+            kept = [o for o in entry.observations if o.id not in ids]
+            if len(kept) != len(entry.observations):
+                entry.observations = kept
+                entry.revision += 1
+
+    def observation(self, observation_id: int) -> dict[str, Any]:
+        """One stored observation. Blocking."""
+        assert self.store is not None
+        record = self.store.observation(observation_id)
+        if record is None:
+            raise NotFound(f"no observation {observation_id}")
+        return record.model_dump(mode="json")
+
+    def delete_observation(self, observation_id: int) -> dict[str, Any]:
+        """Delete one observation and recalibrate its job; the deleted record and the job's new calibration.
+        Blocking."""
+        assert self.store is not None
+        record = self.store.delete_observation(observation_id)
+        if not record:
+            raise NotFound(f"no observation {observation_id}")
+        cached = self._jobs.peek(record.job_key)
+        if cached is not None:
+            self._drop_observations(cached, {observation_id})
+        try:
+            entry = self.job(record.job_key)
+        except NotFound:  # the job went with it meanwhile
+            return {"deleted": record.model_dump(mode="json"), "job_id": record.job_key, "calibration": None}
+        return {"deleted": record.model_dump(mode="json"), "job_id": entry.key,
+                "calibration": self.calibration_report(entry)}
+
+    # --- models -------------------------------------------------------------------------------------------------
+
+    def _serve(self, predictor: Any) -> None:
+        self.predictor = predictor
+        self.generation += 1
+        for listener in self._listeners:
+            listener(predictor.model_versions)
+
+    def promote(self, version: str) -> dict[str, Any]:
+        """Load `version` with the other role's model; on success record the promotion in the store (every worker
+        follows it) and the registry, and serve it; on failure keep serving the old model and raise Refused.
+        Blocking."""
+        with self._promote_lock:
+            try:
+                ref, role, refs = self.lifecycle.prepare_promotion(version)
+            except (NotFound, Refused):
+                raise
+            except PerfmodelError as exc:  # an unreadable manifest somewhere in the registry
+                raise self._refused(version, exc) from None
+            try:
+                loaded = self._load_predictor(refs)
+            except LOAD_ERRORS as exc:
+                raise self._refused(ref, exc) from None
+            previous = self.predictor.model_versions
+            self.lifecycle.record("promoted", ref)
+            try:
+                self.lifecycle.registry.set_promoted(ref, role)
+            except OSError as exc:  # a read-only registry: the store still says it, every worker follows
+                log.warning("promoted %s in the store; the registry's promoted.json is not updated: %s", ref, exc)
+            self._serve(loaded)
+            log.info("promoted %s: now serving %s", ref, loaded.model_versions)
+            return {"promoted": ref, "serving": loaded.model_versions, "previous": previous}
+
+    def _refused(self, ref: str, exc: BaseException) -> Refused:
+        reason = str(exc) if isinstance(exc, PerfmodelError) else f"{type(exc).__name__}: {exc}"
+        reason = " ".join(reason.split())[:1000]
+        self.lifecycle.record("refused", ref, reason)
+        log.warning("refused to promote %s: %s", ref, reason)
+        return Refused(f"model {ref} was not promoted, its artifact does not load ({reason}); still serving "
+                       f"{', '.join(self.predictor.model_versions.values())}")
+
+    def models(self, events: int = 20) -> dict[str, Any]:
+        """The registry's models (PerfmodelError if it cannot be read), what is served, the latest events."""
+        from perfmodel.registry.registry import role_of
+
+        entries = self.lifecycle.registry.entries()
+        serving = self.predictor.model_versions
+        stored = self.store.model_events(events) if self.store is not None else []
+        return {
+            "serving": serving,
+            "pinned": self.lifecycle.pin.ref if self.lifecycle.pin is not None else None,
+            "models": [{"model": e.ref, "regressor": e.manifest.regressor, "role": role_of(e.manifest.regressor),
+                        "promoted": e.promoted, "serving": e.ref in serving.values(),
+                        "training_samples": e.manifest.training_samples,
+                        "created_at": e.manifest.created_at.isoformat(), "metrics": e.manifest.metrics}
+                       for e in entries],
+            "events": [{"action": e.action, "model_version": e.model_version, "detail": e.detail,
+                        "created_at": e.created_at.isoformat()} for e in stored],
+        }
+
+    # --- keeping up with other workers --------------------------------------------------------------------------
+
+    def sync_once(self) -> None:
+        """Pick up what other processes wrote: new and deleted observations, deleted jobs, promotions. Blocking."""
+        if self.store is None:
+            return
+        new: dict[str, list[Any]] = {}
+        for record in self.store.observations(after_id=self._last_observation_id):
+            self._last_observation_id = max(self._last_observation_id, record.id)
+            new.setdefault(record.job_key, []).append(record)
+        for key, records in new.items():
+            entry = self._jobs.peek(key)
+            if entry is not None and entry.registered:
+                self._add_observations(entry, records)
+        registered = [(k, e) for k, e in self._jobs.items() if e.registered]
+        keys = self.store.job_keys()
+        for key, _ in registered:
+            if key not in keys:
+                self._jobs.pop(key)
+        observed = [(k, e) for k, e in registered if k in keys and e.observations]
+        for start in range(0, len(observed), SYNC_KEYS_PER_QUERY):
+            chunk = dict(observed[start:start + SYNC_KEYS_PER_QUERY])
+            for key, ids in self.store.observation_ids(chunk).items():
+                entry = chunk[key]
+                gone = {o.id for o in entry.observations} - ids
+                if gone:
+                    self._drop_observations(entry, gone)
+        if hasattr(self.catalog, "refresh"):  # custom accelerators other processes added
+            from perfmodel.store.accelerators import custom_accelerators
+
+            self.catalog.refresh(custom_accelerators(self.store))
+        self.sync_models()
+
+    def sync_models(self) -> None:
+        """Serve what the store promotes (the pin kept) if it differs from what is served. Blocking."""
+        if not self.lifecycle.changed_since_seen():
+            return
+        with self._promote_lock:
+            wanted = self.lifecycle.wanted()
+            if self.lifecycle.resolved(wanted) == self.predictor.model_versions:
+                return
+            try:
+                loaded = self._load_predictor(wanted)
+            except LOAD_ERRORS as exc:
+                log.warning("the store promotes %s but it does not load (%s): still serving %s", wanted, exc,
+                            self.predictor.model_versions)
+                return
+            self._serve(loaded)
+            log.info("now serving %s (promoted elsewhere)", loaded.model_versions)

@@ -1,0 +1,150 @@
+"""Graphs for the engine: one capture at a time (torch.export is not thread-safe), each spec captured once however
+many requests ask for it at once (single-flight), kept in a bounded LRU.
+
+    cache = GraphCache(max_size=20_000)
+    cache.get(spec)                      # cached graph, else None: a dictionary look-up
+    cache.graph(spec, deadline_s=60.0)   # blocking: waits on the capture another thread runs, or runs it
+
+Every capture goes through `capture(spec, deadline_s)`: a graph IR is parsed (no lock), any other source is
+captured under the one capture lock.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import threading
+from collections.abc import Callable, Hashable
+from concurrent.futures import Future
+from typing import Any, TypeVar
+
+from perfmodel.errors import PerfmodelError
+from perfmodel.graph.ir import Graph
+from perfmodel.jobs.spec import GraphSource, JobSpec
+from perfmodel.lru import LRU
+
+log = logging.getLogger("perfmodel.engine")
+T = TypeVar("T")
+
+# what third-party model code (transformers, torchvision, torch.export) raises for a config it cannot build or
+# trace; only while captures run in-process (`perfmodel.graph.capture` raises PerfmodelError subclasses itself)
+IN_PROCESS_CAPTURE_ERRORS: tuple[type[BaseException], ...] = (
+    ValueError, TypeError, KeyError, IndexError, AssertionError, RuntimeError, NotImplementedError, AttributeError,
+    OverflowError, ZeroDivisionError, MemoryError)
+
+
+class CaptureError(PerfmodelError):
+    """The job's graph could not be had (its config does not build, an op does not trace, ...)."""
+
+
+DEFAULT_CAPTURE_TIMEOUT_S = 120.0
+
+
+def _has_isolated_capture() -> bool:
+    return importlib.util.find_spec("perfmodel.graph.capture") is not None
+
+
+def capture(spec: JobSpec, deadline_s: float | None = None, limits: Any = None, *, isolated: bool = True) -> Graph:
+    """The job's graph. `isolated` (the service): checked against `limits` (`perfmodel.jobs.limits.JobLimits`) and
+    captured in a child process killed at `deadline_s` (`perfmodel.graph.capture.capture_graph`); an IR is parsed
+    and checked. Not isolated (the CLI, running the user's own model): `graph_for_job` in this process. Raises
+    `PerfmodelError` for whatever the client got wrong (`CaptureError` for model code that fails in-process)."""
+    from perfmodel.graph import graph_for_job
+
+    if isolated and _has_isolated_capture():
+        from perfmodel.graph.capture import capture_graph
+        from perfmodel.jobs.limits import JobLimits
+
+        return capture_graph(spec, timeout_s=deadline_s if deadline_s is not None else DEFAULT_CAPTURE_TIMEOUT_S,
+                             limits=limits if limits is not None else JobLimits())
+    if isinstance(spec.source, GraphSource):
+        return graph_for_job(spec)
+    try:
+        return graph_for_job(spec)
+    except PerfmodelError:
+        raise
+    except IN_PROCESS_CAPTURE_ERRORS as exc:
+        message = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        raise CaptureError(f"source: the job's graph could not be captured ({type(exc).__name__}: "
+                           f"{message[:300]})") from None
+
+
+class SingleFlight:
+    """Concurrent calls for one key run `fn` once; the others wait for its result (or its exception)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._running: dict[Hashable, Future] = {}
+
+    def run(self, key: Hashable, fn: Callable[[], T], *, done: Callable[[], T | None] = lambda: None) -> T:
+        """`fn()`, unless another thread is running it for `key` (then its outcome) or `done()` has the result."""
+        with self._lock:
+            found = done()
+            if found is not None:
+                return found
+            future = self._running.get(key)
+            owner = future is None
+            if owner:
+                future = self._running[key] = Future()
+        assert future is not None
+        if not owner:
+            return future.result()
+        try:
+            result = fn()
+        except BaseException as exc:
+            future.set_exception(exc)
+            raise
+        else:
+            future.set_result(result)
+            return result
+        finally:
+            with self._lock:
+                self._running.pop(key, None)
+
+    @property
+    def running(self) -> int:
+        return len(self._running)
+
+
+class GraphCache:
+    """Graphs by spec key: a bounded LRU in front of single-flight captures serialised by one lock."""
+
+    def __init__(self, max_size: int, *, capture_fn: Callable[..., Graph] | None = None,
+                 deadline_s: float | None = None, limits: Any = None, isolated: bool = True):
+        self._graphs: LRU[str, Graph] = LRU(max_size)
+        self._flight = SingleFlight()
+        self._capture_lock = threading.Lock()
+        self._capture_fn = capture_fn or (lambda spec, deadline, limits: capture(spec, deadline, limits,
+                                                                                 isolated=isolated))
+        self.deadline_s = deadline_s
+        self.limits = limits
+        self.captures = 0  # captures run (not cache hits, not waits on another thread's capture)
+
+    def get(self, spec: JobSpec) -> Graph | None:
+        return self._graphs.get(spec.key())
+
+    def put(self, spec: JobSpec, graph: Graph) -> Graph:
+        return self._graphs.setdefault(spec.key(), graph)
+
+    def graph(self, spec: JobSpec, deadline_s: float | None = None) -> Graph:
+        """`spec`'s graph; blocking: captured at most once at a time per spec, one capture at a time overall."""
+        key = spec.key()
+        deadline = deadline_s if deadline_s is not None else self.deadline_s
+
+        def run() -> Graph:
+            if isinstance(spec.source, GraphSource):  # parsing an IR needs no lock
+                graph = self._capture_fn(spec, deadline, self.limits)
+            else:
+                with self._capture_lock:
+                    found = self._graphs.get(key)
+                    if found is not None:
+                        return found
+                    self.captures += 1
+                    log.info("capturing the graph of %s (batch %d)", spec.name, spec.batch_size)
+                    graph = self._capture_fn(spec, deadline, self.limits)
+            return self._graphs.setdefault(key, graph)
+
+        return self._flight.run(key, run, done=lambda: self._graphs.get(key))
+
+    def __len__(self) -> int:
+        return len(self._graphs)

@@ -1,0 +1,56 @@
+"""`perfmodel hw add SPEC --store URL`: a spec sheet stored as a custom accelerator (exit 0), bad sheets and catalog
+names refused with exit code 2 and the field or name in the message."""
+
+from __future__ import annotations
+
+import json
+
+from typer.testing import CliRunner
+
+from perfmodel.cli.main import app
+from perfmodel.store import ProfileStore
+from perfmodel.store.accelerators import custom_accelerators
+
+runner = CliRunner()
+SHEET = """\
+name: acme-x1
+kind: gpu
+vendor: ACME
+peak_fp32_gflops: 60 TFLOP/s
+memory_bandwidth_gbps: 3 TB/s
+memory_gb: 96
+compute_units: 120
+source: ACME X1 datasheet rev 2
+"""
+
+
+def test_hw_add_stores_the_sheet_once(tmp_path, sqlite_url):
+    sheet = tmp_path / "x1.yaml"
+    sheet.write_text(SHEET)
+    result = runner.invoke(app, ["hw", "add", str(sheet), "--store", sqlite_url, "--json"])
+    assert result.exit_code == 0, result.output
+    added = json.loads(result.stdout)
+    assert added["created"] is True and added["memory_bandwidth_gbps"] == 3000.0
+    again = runner.invoke(app, ["hw", "add", str(sheet), "--store", sqlite_url])
+    assert again.exit_code == 0 and "already stored" in again.stdout
+    with ProfileStore(sqlite_url) as store:
+        assert [spec.name for spec in custom_accelerators(store)] == ["acme-x1"]
+
+
+def test_hw_add_refuses_bad_sheets_with_exit_2(tmp_path, sqlite_url):
+    cases = {
+        "clash.yaml": (SHEET.replace("name: acme-x1", "name: H100"), "h100-sxm5"),
+        "unit.yaml": (SHEET.replace("3 TB/s", "3 TFLOP/s"), "memory_bandwidth_gbps"),
+        "missing.yaml": (SHEET.replace("compute_units: 120\n", ""), "compute_units"),
+        "list.yaml": ("- 1\n- 2\n", "mapping"),
+    }
+    for file, (text, named) in cases.items():
+        sheet = tmp_path / file
+        sheet.write_text(text)
+        result = runner.invoke(app, ["hw", "add", str(sheet), "--store", sqlite_url])
+        assert result.exit_code == 2, (file, result.output)
+        assert named in result.output, (file, result.output)
+    missing = runner.invoke(app, ["hw", "add", str(tmp_path / "nope.yaml"), "--store", sqlite_url])
+    assert missing.exit_code == 2
+    with ProfileStore(sqlite_url) as store:
+        assert custom_accelerators(store) == []

@@ -1,0 +1,128 @@
+"""The prediction engine: bounded caches under many distinct jobs, the cached path, IR batch checks."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from perfmodel.engine import EngineConfig, FieldError, GraphCache, PredictionEngine, capture
+from perfmodel.engine.models import ModelLifecycle
+from perfmodel.graph.ir import Graph
+from perfmodel.jobs.spec import GraphSource, JobSpec, ZooSource
+from perfmodel.placement.spec import Parallelism, PlacementSpec
+from perfmodel.predictor.placed import PlacementPredictor
+from perfmodel.registry.registry import ModelRegistry
+from tests.engine.helpers import FixedRateDevice, tiny_graph
+
+
+def _tiny_capture(spec: JobSpec, deadline_s, limits) -> Graph:
+    """An IR parsed for real (`capture`); any other source: a one-node graph at its batch (no torch)."""
+    if isinstance(spec.source, GraphSource):
+        return capture(spec, deadline_s, limits, isolated=False)
+    return tiny_graph(spec.batch_size)
+
+
+def fixed_rate_engine(max_jobs: int, max_computes: int) -> PredictionEngine:
+    """An engine whose graphs are one-node graphs and whose per-device model prices FLOPs at a fixed rate."""
+    graphs = GraphCache(max_jobs, capture_fn=_tiny_capture)
+    predictor = PlacementPredictor(None, FixedRateDevice(), cache_size=max_computes, graphs=graphs.graph)
+    config = EngineConfig(max_cached_jobs=max_jobs, max_cached_computes=max_computes)
+    lifecycle = ModelLifecycle(ModelRegistry(), None, None, load=lambda refs: predictor)
+    return PredictionEngine(config, predictor, lifecycle, graphs=graphs)
+
+
+def _drive(engine: PredictionEngine, jobs: int, *, strong_scaled: bool = True) -> list[float]:
+    """`jobs` distinct jobs, each on two data-parallel T4s at its own batch, and (`strong_scaled`) at half of it
+    (a second micro-batch graph and compute per job)."""
+    source = ZooSource(name="mlp-recommender")
+    throughputs = []
+    for batch in range(2, 2 * jobs + 2, 2):
+        spec = JobSpec(source=source, batch_size=batch)
+        two = PlacementSpec(accelerator="t4", devices_per_node=(2,), parallelism=Parallelism(data=2),
+                            global_batch_size=2 * batch)
+        halves = two.model_copy(update={"global_batch_size": batch})
+        throughputs.append(engine.predict(spec, two)["throughput_samples_per_s"])
+        if strong_scaled:
+            engine.predict(spec, halves)
+    return throughputs
+
+
+def _assert_within_bounds(engine: PredictionEngine, max_jobs: int, max_computes: int) -> None:
+    stats = engine.stats()
+    assert stats["jobs"] == max_jobs and stats["graphs"] == max_jobs
+    assert stats["predictor_computes"] == stats["predictor_memory"] == max_computes
+    assert stats["predictor_graphs"] <= max_computes and stats["placements"] <= 4096
+
+
+def test_caches_stay_within_their_bounds_under_thousands_of_distinct_jobs():
+    engine = fixed_rate_engine(max_jobs=16, max_computes=32)
+    throughputs = _drive(engine, 2_000)
+    _assert_within_bounds(engine, 16, 32)
+    # an evicted job is predicted again, the same (the caches forget, they do not change answers)
+    again = engine.predict(JobSpec(source=ZooSource(name="mlp-recommender"), batch_size=2),
+                           PlacementSpec(accelerator="t4", devices_per_node=(2,), parallelism=Parallelism(data=2),
+                                         global_batch_size=4))
+    assert again["throughput_samples_per_s"] == pytest.approx(throughputs[0], rel=1e-12)
+
+
+@pytest.mark.slow  # ~40 s here: 50,000 jobs at ~0.7 ms each (spec, hash, graph, compute, memory, response)
+def test_caches_stay_within_their_bounds_under_50000_distinct_jobs():
+    engine = fixed_rate_engine(max_jobs=1_000, max_computes=1_000)
+    _drive(engine, 50_000, strong_scaled=False)
+    _assert_within_bounds(engine, 1_000, 1_000)
+
+
+def test_the_cached_path_answers_only_once_warm_and_then_as_the_blocking_path():
+    engine = fixed_rate_engine(max_jobs=8, max_computes=8)
+    spec = JobSpec(source=ZooSource(name="mlp-recommender"), batch_size=8)
+    placement = PlacementSpec(accelerator="t4", global_batch_size=8)
+    assert engine.predict_cached(spec, placement) is None  # no graph yet: the caller must go to a thread
+    blocking = engine.predict(spec, placement)
+    cached = engine.predict_cached(spec, placement)
+    assert cached == blocking
+    other = PlacementSpec(accelerator="v100", global_batch_size=8)
+    assert engine.predict_cached(spec, other) is None  # a compute not cached yet: not on the caller's thread
+
+
+def test_an_ir_whose_inputs_say_another_batch_is_refused_naming_batch_size():
+    engine = fixed_rate_engine(max_jobs=8, max_computes=8)
+    ir = json.loads(tiny_graph(16).to_json())
+    right = JobSpec.model_validate({"source": {"kind": "ir", "graph": ir}, "batch_size": 16})
+    assert engine.job(right).graph.inputs[0].shape[0] == 16
+    wrong = JobSpec.model_validate({"source": {"kind": "ir", "graph": ir}, "batch_size": 32})
+    with pytest.raises(FieldError) as refused:
+        engine.job(wrong)
+    assert refused.value.loc == ("job", "batch_size") and "captured at batch 16" in str(refused.value)
+
+
+def test_twenty_threads_predicting_one_new_job_capture_it_once():
+    import threading
+
+    engine = fixed_rate_engine(max_jobs=8, max_computes=8)
+    captured: list[int] = []
+    tiny = engine.graphs._capture_fn
+
+    def slow_capture(spec, deadline_s, limits):
+        captured.append(spec.batch_size)
+        time.sleep(0.2)  # long enough for every thread to arrive while it runs
+        return tiny(spec, deadline_s, limits)
+
+    engine.graphs._capture_fn = slow_capture
+    spec = JobSpec(source=ZooSource(name="mlp-recommender"), batch_size=8)
+    placement = PlacementSpec(accelerator="t4", global_batch_size=8)
+    start = threading.Barrier(20)
+    answers = []
+
+    def ask():
+        start.wait()
+        answers.append(engine.predict(JobSpec(source=ZooSource(name="mlp-recommender"), batch_size=8), placement))
+
+    threads = [threading.Thread(target=ask) for _ in range(20)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert captured == [8] and engine.graphs.captures == 1 and len(answers) == 20
+    assert all(a == answers[0] for a in answers) and engine.predict_cached(spec, placement) == answers[0]

@@ -1,0 +1,46 @@
+"""The hot path: a `POST /v1/predict` body answered before is served from memory, never stale, never past auth."""
+
+from __future__ import annotations
+
+import json
+
+from service.settings import ServiceSettings, hash_token
+from tests.service.conftest import READ_TOKEN, SMALL_JOB, WRITE_TOKEN, make_client
+
+
+def _body(job: str) -> bytes:
+    return json.dumps({"job": job, "placement": {"accelerator": "t4", "devices_per_node": [2]}}).encode()
+
+
+def _predict(client, body: bytes, token: str | None = None):
+    headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {token}"} if token else {})}
+    return client.post("/v1/predict", content=body, headers=headers)
+
+
+def test_the_same_body_again_is_served_from_memory_and_a_new_observation_refreshes_it(client):
+    job = client.post("/v1/jobs", json=SMALL_JOB).json()["job_id"]
+    body = _body(job)
+    first = _predict(client, body)
+    assert first.status_code == 200, first.text
+    engine = client.app.state.service.engine
+    kept = client.app.state.service.responses.peek((engine.response_token(job), body))
+    assert kept is not None and kept[0] == first.content  # kept, encoded, under the job's current token
+    assert _predict(client, body).content == first.content
+    raw = first.json()["throughput_samples_per_s"]
+    observed = client.post("/v1/observations", json={"job": job, "placement": json.loads(body)["placement"],
+                                                     "throughput_samples_per_s": raw * 0.5})
+    assert observed.status_code == 201, observed.text
+    again = _predict(client, body).json()  # the token changed: recomputed, calibrated
+    assert again["calibrated"] is True and again["throughput_samples_per_s"] < raw * 0.9
+
+
+def test_a_kept_answer_still_needs_read_access(store_url, models_dir):
+    settings = ServiceSettings(store_url=store_url, models_dir=models_dir, sync_interval_s=0, read_requires_token=True,
+                               token_sha256=hash_token(WRITE_TOKEN), read_token_sha256=hash_token(READ_TOKEN))
+    with make_client(settings) as client:
+        job = client.post("/v1/jobs", json=SMALL_JOB, headers={"Authorization": f"Bearer {WRITE_TOKEN}"})
+        body = _body(job.json()["job_id"])
+        assert _predict(client, body, READ_TOKEN).status_code == 200
+        assert _predict(client, body, READ_TOKEN).status_code == 200
+        assert _predict(client, body).status_code == 401
+        assert _predict(client, body, "wrong").status_code == 401

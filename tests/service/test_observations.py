@@ -1,0 +1,73 @@
+"""Observations that cannot poison a job, read back and deleted; an IR registered at the wrong batch refused."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.service.conftest import SMALL_JOB
+
+
+@pytest.fixture
+def job(client) -> str:
+    response = client.post("/v1/jobs", json=SMALL_JOB)
+    assert response.status_code in (200, 201), response.text
+    return response.json()["job_id"]
+
+
+def _observe(client, job: str, value: float, placement=None):
+    return client.post("/v1/observations", json={"job": job, "placement": placement or {"accelerator": "t4"},
+                                                  "throughput_samples_per_s": value})
+
+
+def test_a_throughput_beyond_physics_or_absurdly_low_is_refused_and_not_stored(client, job):
+    raw = client.post("/v1/predict", json={"job": job, "placement": {"accelerator": "t4"}}).json()
+    for value in (1e12, raw["throughput_samples_per_s"] * 1e-4):
+        refused = _observe(client, job, value)
+        assert refused.status_code == 422, refused.text
+        assert refused.json()["detail"][0]["loc"] == ["body", "throughput_samples_per_s"]
+    after = client.post("/v1/predict", json={"job": job, "placement": {"accelerator": "t4"}}).json()
+    assert after["calibrated"] is False and after["throughput_samples_per_s"] == raw["throughput_samples_per_s"]
+    assert client.get(f"/v1/jobs/{job}").json()["calibration"]["observations"] == 0
+
+
+def test_an_observation_is_read_back_and_deleting_it_recalibrates_the_job(client, job):
+    t4 = {"job": job, "placement": {"accelerator": "t4"}}
+    raw = client.post("/v1/predict", json=t4).json()["throughput_samples_per_s"]
+    kept = _observe(client, job, raw * 0.8).json()
+    wrong = _observe(client, job, raw * 0.4).json()
+    # the recency-weighted median of two points: the newer weighs a little more
+    assert client.post("/v1/predict", json=t4).json()["calibration_factor"] == pytest.approx(0.4)
+    read = client.get(f"/v1/observations/{wrong['observation_id']}")
+    assert read.status_code == 200 and read.json()["job_key"] == job
+    assert read.json()["throughput_samples_per_s"] == pytest.approx(raw * 0.4)
+    deleted = client.delete(f"/v1/observations/{wrong['observation_id']}")
+    assert deleted.status_code == 200, deleted.text
+    assert deleted.json()["calibration"]["observations"] == 1
+    assert client.post("/v1/predict", json=t4).json()["calibration_factor"] == pytest.approx(0.8)
+    assert client.get(f"/v1/observations/{wrong['observation_id']}").status_code == 404
+    assert client.delete(f"/v1/observations/{wrong['observation_id']}").status_code == 404
+    assert client.get(f"/v1/observations/{kept['observation_id']}").status_code == 200
+
+
+def test_an_outlier_is_excluded_and_the_report_says_why(client, job):
+    t4 = {"job": job, "placement": {"accelerator": "t4"}}
+    raw = client.post("/v1/predict", json=t4).json()["throughput_samples_per_s"]
+    for ratio in (0.80, 0.82, 0.78, 0.81):
+        assert _observe(client, job, raw * ratio).status_code == 201
+    outlier = _observe(client, job, raw * 0.05).json()  # 20x below the model: allowed, but far from the rest
+    assert outlier["excluded"] and "outlier" in outlier["excluded"]
+    report = client.get(f"/v1/jobs/{job}").json()["calibration"]
+    assert [e["id"] for e in report["excluded"]] == [outlier["observation_id"]]
+    assert report["by_accelerator"][0]["calibration_factor"] == pytest.approx(0.805, abs=0.01)
+
+
+def test_an_ir_registered_at_another_batch_than_it_was_captured_at_is_refused(client, small_ir):
+    right = client.post("/v1/jobs", json={"source": {"kind": "ir", "graph": small_ir}, "batch_size": 8})
+    assert right.status_code == 201, right.text
+    wrong = client.post("/v1/jobs", json={"source": {"kind": "ir", "graph": small_ir}, "batch_size": 16})
+    assert wrong.status_code == 422
+    detail = wrong.json()["detail"][0]
+    assert detail["loc"] == ["body", "batch_size"] and "captured at batch 8" in detail["msg"]
+    inline = client.post("/v1/predict", json={"job": {"source": {"kind": "ir", "graph": small_ir}, "batch_size": 16},
+                                              "placement": {"accelerator": "t4"}})
+    assert inline.status_code == 422 and inline.json()["detail"][0]["loc"] == ["body", "job", "batch_size"]
