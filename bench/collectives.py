@@ -34,6 +34,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from perfmodel.accuracy import mape_pct
 from perfmodel.hardware.catalog import get_accelerator, load_catalog
 from perfmodel.importers.deepbench import deepbench_files, import_deepbench
 from perfmodel.importers.vidur import import_vidur, vidur_files
@@ -44,7 +45,6 @@ from perfmodel.placement.comm import (
     fit_link,
     hierarchical_allreduce_ms,
     links_path,
-    mape,
     nominal_intra_gbps,
     predict,
 )
@@ -173,7 +173,7 @@ def heldout(rows: pd.DataFrame, fit_kwargs: dict) -> tuple[str, float | None]:
         return label, None
     link = fit_link(train.message_bytes, train.world_size, train.latency_ms, train.algorithm.to_numpy(), **fit_kwargs)
     test_rows = rows[test]
-    return label, mape(predict(link, test_rows.message_bytes, test_rows.world_size, test_rows.algorithm.to_numpy()),
+    return label, mape_pct(predict(link, test_rows.message_bytes, test_rows.world_size, test_rows.algorithm.to_numpy()),
                        test_rows.latency_ms)
 
 
@@ -205,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
         source = f"{grp.dataset}:" + ",".join(sorted(rows.file.unique()))
         algo = rows.algorithm.to_numpy()
         link = fit_link(rows.message_bytes, rows.world_size, rows.latency_ms, algo, name=grp.name, source=source)
-        fit_err = mape(predict(link, rows.message_bytes, rows.world_size, algo), rows.latency_ms)
+        fit_err = mape_pct(predict(link, rows.message_bytes, rows.world_size, algo), rows.latency_ms)
         label, held = heldout(rows, {"name": grp.name, "source": source})
         fitted[grp.name] = link
         eff = link.bandwidth_gbps / grp.nominal_gbps if grp.nominal_gbps else None
@@ -234,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
                 pred = hierarchical_allreduce_ms(fitted["nvswitch-a100-dgx"], fitted["net-a100-dgx"],
                                                  rows.message_bytes, rows.nodes, rows.devices_per_node, rails)
                 ratio = np.median(pred / rows.latency_ms)
-                print(f"  {rails_label:24s} 2x{int(g)}: rows {len(rows)}, MAPE {mape(pred, rows.latency_ms):6.1f}%,"
+                print(f"  {rails_label:24s} 2x{int(g)}: rows {len(rows)}, MAPE {mape_pct(pred, rows.latency_ms):6.1f}%,"
                       f" median predicted/measured {ratio:.2f}")
     # the spec rule, leave-one-link-out: each usable link's bandwidth and α from the others of its family
     usable = [e for e in entries if e["use_for_spec"] and e["scope"] == "intra"]
@@ -248,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
             spec_link = LinkModel(alpha, 1e-6 / (entry["nominal_gbps"] * eff), entry["name"], "spec rule")
             grp = next(g for g in groups(catalog) if g.name == entry["name"])
             rows = data[(data.dataset == grp.dataset) & grp.select(data)]
-            err = mape(predict(spec_link, rows.message_bytes, rows.world_size, rows.algorithm.to_numpy()),
+            err = mape_pct(predict(spec_link, rows.message_bytes, rows.world_size, rows.algorithm.to_numpy()),
                        rows.latency_ms)
             print(f"  {entry['name']:32s} predicted {spec_link.bandwidth_gbps:7.1f} GB/s vs fitted "
                   f"{entry['bandwidth_gbps']:7.1f}; MAPE on its rows {err:6.1f}%")

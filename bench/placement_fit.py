@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
+from perfmodel.accuracy import mape_pct
 from perfmodel.evaluation.placement import (
     ADAPTDL_MODELS,
     adaptdl_params,
@@ -30,7 +31,6 @@ from perfmodel.evaluation.placement import (
     evaluate_vtrain,
     fit_adaptdl,
     fit_vtrain,
-    mape,
     vtrain_arrays,
     vtrain_computes,
     vtrain_params,
@@ -49,7 +49,7 @@ def report(name: str, results: list, frame) -> float:
     print(f"  {'held-out model':<16} {'rows':>5} {'MAPE %':>7} {'median %':>8}")
     for r in results:
         print(f"  {r.held_out:<16} {r.rows:>5} {r.mape_pct:>7.1f} {r.median_ape_pct:>8.1f}")
-    total = mape(frame.predicted_ms.to_numpy(), frame.step_ms.to_numpy())
+    total = mape_pct(frame.predicted_ms.to_numpy(), frame.step_ms.to_numpy())
     print(f"  {'all':<16} {len(frame):>5} {total:>7.1f} "
           f"{np.median(np.abs(frame.predicted_ms - frame.step_ms) / frame.step_ms) * 100:>8.1f}")
     return total
@@ -71,7 +71,7 @@ def main() -> int:
                           results, frame)
     for kind, part in frame.groupby(frame.nodes > 1):
         print(f"  {'spread' if kind else 'one node':<16} {len(part):>5} "
-              f"{mape(part.predicted_ms.to_numpy(), part.step_ms.to_numpy()):>7.1f}")
+              f"{mape_pct(part.predicted_ms.to_numpy(), part.step_ms.to_numpy()):>7.1f}")
     theta_a = fit_adaptdl(adaptdl)
     fitted_a = adaptdl_params(theta_a, "adaptdl placements.csv, all apps")
     print(f"  fit on all apps: PCIe alpha {10 ** theta_a[0] * 1e3:.1f} us, {1e-6 / 10 ** theta_a[1]:.2f} GB/s; "
@@ -92,7 +92,7 @@ def main() -> int:
     for column in ("tp", "pp", "dp", "micro_batch"):
         groups = frame.groupby(column)
         print(f"  by {column:<11} " + ", ".join(
-            f"{k}: {mape(g.predicted_ms.to_numpy(), g.step_ms.to_numpy()):.1f}" for k, g in groups))
+            f"{k}: {mape_pct(g.predicted_ms.to_numpy(), g.step_ms.to_numpy()):.1f}" for k, g in groups))
     theta_v = fit_vtrain(c, p, vtrain.step_ms.to_numpy(float))
     fitted_v = vtrain_params(theta_v, "vtrain ground_truth_single.csv, all configurations")
     print(f"  fit on all: compute_scale {fitted_v.compute_scale:.3f}, tp_penalty {fitted_v.tp_penalty:.3f}, "

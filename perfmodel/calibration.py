@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
+from perfmodel.accuracy import mape_pct_or_none
 from perfmodel.errors import PerfmodelError
 
 HALF_LIFE_DAYS = 30.0
@@ -187,8 +188,8 @@ class Calibration:
         return {
             "observations": len(self.points),
             "used": len(self.points) - len(self.excluded),
-            "mape_uncalibrated_pct": mape_pct([p.predicted_throughput_samples_per_s for p in kept], observed),
-            "mape_calibrated_pct": mape_pct(loo, observed),
+            "mape_uncalibrated_pct": mape_pct_or_none([p.predicted_throughput_samples_per_s for p in kept], observed),
+            "mape_calibrated_pct": mape_pct_or_none(loo, observed),
             "by_accelerator": [{"accelerator": acc, "observations": n, "calibration_factor": f}
                                for acc, (f, n) in sorted(self.by_accelerator.items())],
             "by_device_count": [{"accelerator": acc, "devices": devices, "observations": n, "calibration_factor": f}
@@ -233,10 +234,3 @@ def leave_one_out(points: Sequence[ObservedPoint], targets: Sequence[ObservedPoi
         scale, _ = others.factor(target.accelerator, target.devices)
         out.append(target.predicted_throughput_samples_per_s * scale)
     return out
-
-
-def mape_pct(predicted: Sequence[float], observed: Sequence[float]) -> float | None:
-    """Mean absolute percentage error of `predicted` against `observed`; None for no points."""
-    if not observed:
-        return None
-    return 100.0 * sum(abs(p - o) / o for p, o in zip(predicted, observed)) / len(observed)

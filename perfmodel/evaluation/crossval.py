@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from perfmodel.accuracy import ape_pct as accuracy_ape_pct
 from perfmodel.errors import PerfmodelError
 from perfmodel.features.dataset import family_folds
 from perfmodel.features.sample import Sample
@@ -44,7 +45,7 @@ class HeldOutPrediction:
 
     @property
     def ape_pct(self) -> float:
-        return abs(self.predicted_ms - self.measured_ms) / self.measured_ms * 100
+        return float(accuracy_ape_pct(self.predicted_ms, self.measured_ms))
 
     @property
     def in_interval(self) -> bool:

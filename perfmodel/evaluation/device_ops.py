@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import pandas as pd
 
+from perfmodel import accuracy
 from perfmodel.errors import PerfmodelError
 from perfmodel.hardware.spec import HardwareSpec
 
@@ -82,7 +83,7 @@ def leave_one_device_out(ops: pd.DataFrame, catalog: Mapping[str, HardwareSpec],
 
 
 def ape_pct(frame: pd.DataFrame) -> pd.Series:
-    return (frame["predicted_ms"] - frame["latency_ms"]).abs() / frame["latency_ms"] * 100
+    return pd.Series(accuracy.ape_pct(frame["predicted_ms"], frame["latency_ms"]), index=frame.index)
 
 
 def error_table(predictions: pd.DataFrame, by: Sequence[str] = ("op_class", "device")) -> pd.DataFrame:

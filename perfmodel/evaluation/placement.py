@@ -54,10 +54,6 @@ ADAPTDL_MODELS: dict[str, tuple[int, str]] = {
 FORWARD_SHARE = 1 / 3  # of a measured single-GPU step: forward ≈ 1/3, backward ≈ 2/3 (backward = 2× forward FLOPs)
 
 
-def mape(predicted: np.ndarray, measured: np.ndarray) -> float:
-    return float(np.mean(np.abs(np.asarray(predicted) - measured) / measured) * 100)
-
-
 # --- adaptdl ---------------------------------------------------------------------------------------------------------
 
 def adaptdl_rows(root: str | Path) -> pd.DataFrame:

@@ -29,6 +29,7 @@ from typing import Any, cast
 import numpy as np
 import pandas as pd
 
+from perfmodel.accuracy import ape_pct
 from perfmodel.errors import PerfmodelError
 from perfmodel.jobs.spec import HFConfigSource, JobSpec, Mode, Precision
 from perfmodel.placement.spec import Parallelism, PlacementSpec
@@ -187,7 +188,7 @@ def evaluate_prompt_times(rows: Sequence[SplitwiseRow], predict: PredictFn, *, m
 
 def ape(predicted: float, measured: float) -> float:
     """|predicted − measured| / measured, in %."""
-    return abs(predicted - measured) / measured * 100.0 if measured > 0 else math.nan
+    return float(ape_pct(predicted, measured)) if measured > 0 else math.nan
 
 
 def summarise(results: pd.DataFrame) -> pd.DataFrame:

@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from perfmodel.accuracy import ape_pct
 from perfmodel.errors import PerfmodelError
 from perfmodel.evaluation.device_ops import chip_of
 from perfmodel.graph.ir import Graph
@@ -154,7 +155,7 @@ def predict_measurements(measurements: Iterable[StepMeasurement], predictor_for_
             record["error"] = str(exc)
         records.append(record)
     df = pd.DataFrame.from_records(records)
-    df["ape"] = (df.predicted_ms - df.measured_ms).abs() / df.measured_ms * 100
+    df["ape"] = ape_pct(df.predicted_ms, df.measured_ms)
     return df
 
 

@@ -273,12 +273,6 @@ def predict(link: LinkModel, message_bytes: ArrayLike, world_size: ArrayLike,
     return out
 
 
-def mape(predicted: ArrayLike, measured: ArrayLike) -> float:
-    """Mean absolute percentage error, %."""
-    pred, meas = np.asarray(predicted, dtype=float), np.asarray(measured, dtype=float)
-    return float(np.mean(np.abs(pred - meas) / meas) * 100)
-
-
 # --- the fitted table -----------------------------------------------------------------------------------------------
 
 def links_path() -> Path:

@@ -4,7 +4,8 @@
 import numpy as np
 import pytest
 
-from perfmodel.evaluation.placement import ADAPTDL_MODELS, adaptdl_rows, evaluate_adaptdl, mape
+from perfmodel.accuracy import mape_pct
+from perfmodel.evaluation.placement import ADAPTDL_MODELS, adaptdl_rows, evaluate_adaptdl
 from perfmodel.settings import get_settings
 
 ADAPTDL = get_settings().datasets_dir / "adaptdl"
@@ -30,6 +31,6 @@ def test_leave_one_model_out_beats_ignoring_communication(rows):
     results, frame = evaluate_adaptdl(rows)
     assert {r.held_out for r in results} == set(ADAPTDL_MODELS)
     assert not frame.predicted_ms.isna().any()
-    ours = mape(frame.predicted_ms.to_numpy(), frame.step_ms.to_numpy())
-    compute_only = mape(frame.single_ms.to_numpy(), frame.step_ms.to_numpy())
+    ours = mape_pct(frame.predicted_ms.to_numpy(), frame.step_ms.to_numpy())
+    compute_only = mape_pct(frame.single_ms.to_numpy(), frame.step_ms.to_numpy())
     assert ours < 15 and ours < compute_only / 2

@@ -7,6 +7,7 @@ import math
 import numpy as np
 import pytest
 
+from perfmodel.accuracy import mape_pct
 from perfmodel.hardware.catalog import get_accelerator
 from perfmodel.placement.comm import (
     PCIE_EFFECTIVE_GBPS,
@@ -21,7 +22,6 @@ from perfmodel.placement.comm import (
     link_for_accelerator,
     load_link_table,
     load_links,
-    mape,
     network_link,
     network_rails,
     node_network_link,
@@ -132,7 +132,7 @@ def test_fit_recovers_synthetic(algorithm):
     fitted = fit_link(s, p, t, algorithm)
     assert fitted.alpha_ms == pytest.approx(truth.alpha_ms, rel=1e-9)
     assert fitted.beta_ms_per_byte == pytest.approx(truth.beta_ms_per_byte, rel=1e-9)
-    assert mape(predict(fitted, s, p, algorithm), t) < 1e-6
+    assert mape_pct(predict(fitted, s, p, algorithm), t) < 1e-6
 
 
 def test_fit_mixed_algorithms_and_nonnegative():
@@ -195,7 +195,7 @@ def test_fit_on_vidur_rows():
         p = [r.world_size for r in rows]
         t = [r.latency_ms for r in rows]
         link = fit_link(s, p, t, algo)
-        assert mape(predict(link, s, p, algo), t) < bound
+        assert mape_pct(predict(link, s, p, algo), t) < bound
     # NVLink-bridged pair: 100-300 GB/s; DGX inter-node send/recv: 1-25 GB/s
     assert 100 < fit_link([r.message_bytes for r in pair], 2, [r.latency_ms for r in pair]).bandwidth_gbps < 300
 
@@ -254,7 +254,7 @@ def test_phantora_l40s_memcpy_checks_the_pcie_gen4_rate():
         rows = frame[(frame.kind == kind) & (frame.nanos > 0)]
         seconds = rows.nanos.to_numpy(float) * 1e-9
         link = fit_link(rows.size_bytes.to_numpy(float), 2, seconds * 1e3, "send_recv", name=kind)
-        assert mape(predict(link, rows.size_bytes.to_numpy(float), 2, "send_recv"), seconds * 1e3) < 15
+        assert mape_pct(predict(link, rows.size_bytes.to_numpy(float), 2, "send_recv"), seconds * 1e3) < 15
         assert 10 < link.bandwidth_gbps <= PCIE_EFFECTIVE_GBPS[4] and link.alpha_us < 5
 
 

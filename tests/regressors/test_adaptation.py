@@ -10,6 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from perfmodel.accuracy import mape_pct
 from perfmodel.features.device_ops import device_op_features
 from perfmodel.hardware.catalog import load_catalog
 from perfmodel.jobs.spec import JobSpec
@@ -46,10 +47,6 @@ def measured(rows: pd.DataFrame, model, catalog, seed: int) -> pd.DataFrame:
     return rows.assign(latency_ms=base * factor)
 
 
-def mape(predicted, truth) -> float:
-    return float(np.mean(np.abs(predicted - truth) / truth) * 100)
-
-
 def test_adaptation_learns_the_device_and_shrinks_with_few_rows(model, catalog):
     test = measured(gemm_rows(400, "t4", 99), model, catalog, 99)
     base = model.predict(test, catalog)
@@ -57,13 +54,13 @@ def test_adaptation_learns_the_device_and_shrinks_with_few_rows(model, catalog):
     for n in (2, 10, 50, 200):
         rows = measured(gemm_rows(n, "t4", n), model, catalog, n)
         out = DeviceAdaptation.fit(model, rows, catalog).predict(model, test, catalog)
-        errors.append(mape(out.latency_ms, test["latency_ms"]))
+        errors.append(mape_pct(out.latency_ms, test["latency_ms"]))
         widths.append(float(np.mean(np.log(out.p90_ms / out.p10_ms))))
         shifts.append(float(np.mean(np.log(out.latency_ms / base.latency_ms))))
         # never wider than the base model's interval, and the median inside its own interval
         assert (np.log(out.p90_ms / out.p10_ms) <= np.log(base.p90_ms / base.p10_ms) + 1e-9).all()
         assert (out.p10_ms <= out.latency_ms).all() and (out.latency_ms <= out.p90_ms).all()
-    base_error = mape(base.latency_ms, test["latency_ms"])
+    base_error = mape_pct(base.latency_ms, test["latency_ms"])
     assert errors[-1] < 10 < base_error  # the device is 30-80 % slower than predicted: learned
     assert all(e <= base_error for e in errors)  # never worse than no rows
     assert errors[-1] <= errors[0] and widths[-1] < widths[0]  # more rows: better, surer
