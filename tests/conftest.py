@@ -113,3 +113,20 @@ def sqlite_url(tmp_path: Path) -> str:
 def store_url(request: pytest.FixtureRequest) -> str:
     """A fresh store URL: a SQLite file, and an emptied PostgreSQL database (see `postgres_url`)."""
     return request.getfixturevalue("sqlite_url" if request.param == "sqlite" else "postgres_url")
+
+
+@pytest.fixture(scope="session")
+def exported_mlp_onnx(tmp_path_factory) -> Path:
+    """A two-layer MLP exported the default way of current PyTorch: its weights land in mlp.onnx.data."""
+    import contextlib
+    import io
+
+    import torch
+
+    folder = tmp_path_factory.mktemp("export")
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10)).eval()
+    with contextlib.redirect_stdout(io.StringIO()):
+        torch.onnx.export(model, (torch.randn(4, 32),), str(folder / "mlp.onnx"), dynamo=True, external_data=True)
+    assert (folder / "mlp.onnx.data").is_file()
+    return folder / "mlp.onnx"

@@ -18,10 +18,11 @@ raises what it raises.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -111,6 +112,17 @@ def ir_batch(graph: Graph) -> int | None:
     """The batch an IR was captured at: the leading dimension its inputs share (None if they do not)."""
     leading = {meta.shape[0] for meta in graph.inputs if meta.shape}
     return leading.pop() if len(leading) == 1 else None
+
+
+@contextlib.contextmanager
+def _model_refusals_at(where: Loc) -> Iterator[None]:
+    """The model's refusals of a placement (PerfmodelError) as a FieldError at `where`; FieldErrors pass."""
+    try:
+        yield
+    except FieldError:
+        raise
+    except PerfmodelError as exc:
+        raise FieldError(where, str(exc).removeprefix("placement.")) from None
 
 
 class PredictionEngine:
@@ -368,33 +380,21 @@ class PredictionEngine:
 
     @staticmethod
     def _raw(predictor: Any, entry: JobEntry, placement: PlacementSpec, where: Loc) -> Prediction:
-        try:
+        with _model_refusals_at(where):
             return predictor.predict(entry.spec, placement, graph=entry.graph)
-        except FieldError:
-            raise
-        except PerfmodelError as exc:
-            raise FieldError(where, str(exc).removeprefix("placement.")) from None
 
     def raw_matrix(self, entries: Sequence[JobEntry], placements: Sequence[PlacementSpec],
                    where: Loc) -> dict[str, Any]:
         """`PlacementPredictor.matrix_arrays` of the jobs × placements, uncalibrated. Blocking."""
-        try:
+        with _model_refusals_at(where):
             return self.predictor.matrix_arrays([e.spec for e in entries], placements,
                                                 graphs=[e.graph for e in entries])
-        except FieldError:
-            raise
-        except PerfmodelError as exc:
-            raise FieldError(where, str(exc).removeprefix("placement.")) from None
 
     def raw_predictions(self, entries: Sequence[JobEntry], placements: Sequence[PlacementSpec],
                         where: Loc) -> list[list[Prediction]]:
-        try:
+        with _model_refusals_at(where):
             return self.predictor.predict_matrix([e.spec for e in entries], placements,
                                                  graphs=[e.graph for e in entries])
-        except FieldError:
-            raise
-        except PerfmodelError as exc:
-            raise FieldError(where, str(exc).removeprefix("placement.")) from None
 
     def respond(self, entry: JobEntry, prediction: Prediction,
                 calibration: Calibration | None = None) -> dict[str, Any]:

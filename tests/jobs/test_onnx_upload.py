@@ -4,7 +4,6 @@ bad zips and broken models are refused naming the field."""
 
 from __future__ import annotations
 
-import contextlib
 import io
 import zipfile
 from pathlib import Path
@@ -14,20 +13,6 @@ import pytest
 from perfmodel.jobs.onnx_upload import UploadedFile, UploadError, UploadTooLarge, graph_of_upload
 
 LIMIT = 1 << 20
-
-
-@pytest.fixture(scope="module")
-def exported(tmp_path_factory) -> Path:
-    """A two-layer MLP exported the default way of current PyTorch: its weights land in mlp.onnx.data."""
-    import torch
-
-    folder = tmp_path_factory.mktemp("export")
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10)).eval()
-    with contextlib.redirect_stdout(io.StringIO()):
-        torch.onnx.export(model, (torch.randn(4, 32),), str(folder / "mlp.onnx"), dynamo=True, external_data=True)
-    assert (folder / "mlp.onnx.data").is_file()
-    return folder / "mlp.onnx"
 
 
 def _part(field: str, path: Path, name: str | None = None) -> UploadedFile:
@@ -43,48 +28,48 @@ def _zip(entries: dict[str, bytes]) -> io.BytesIO:
     return buffer
 
 
-def test_model_and_data_as_parts(exported):
-    data = exported.with_name("mlp.onnx.data")
-    graph = graph_of_upload([_part("file", exported), _part("data", data)], max_total_bytes=LIMIT, batch_size=4)
+def test_model_and_data_as_parts(exported_mlp_onnx):
+    data = exported_mlp_onnx.with_name("mlp.onnx.data")
+    parts = [_part("file", exported_mlp_onnx), _part("data", data)]
+    graph = graph_of_upload(parts, max_total_bytes=LIMIT, batch_size=4)
     assert graph.name == "mlp" and graph.totals.params == 32 * 64 + 64 + 64 * 10 + 10
     assert graph.inputs[0].shape == (4, 32) and graph.totals.flops_fwd > 0
-    train = graph_of_upload([_part("file", exported), _part("data", data)], max_total_bytes=LIMIT, batch_size=4,
-                            mode="train")
+    train = graph_of_upload(parts, max_total_bytes=LIMIT, batch_size=4, mode="train")
     assert train.mode == "train" and train.totals.flops_bwd > train.totals.flops_fwd
 
 
-def test_model_and_data_as_one_zip(exported):
-    archive = _zip({"export/mlp.onnx": exported.read_bytes(),
-                    "export/mlp.onnx.data": exported.with_name("mlp.onnx.data").read_bytes()})
+def test_model_and_data_as_one_zip(exported_mlp_onnx):
+    archive = _zip({"export/mlp.onnx": exported_mlp_onnx.read_bytes(),
+                    "export/mlp.onnx.data": exported_mlp_onnx.with_name("mlp.onnx.data").read_bytes()})
     graph = graph_of_upload([UploadedFile("file", "mlp.zip", archive)], max_total_bytes=LIMIT)
     assert graph.inputs[0].shape == (4, 32) and graph.totals.params == 32 * 64 + 64 + 64 * 10 + 10  # static
 
 
-def test_the_limit_is_on_the_total(exported):
-    data = exported.with_name("mlp.onnx.data")
-    model_bytes, data_bytes = exported.stat().st_size, data.stat().st_size
+def test_the_limit_is_on_the_total(exported_mlp_onnx):
+    data = exported_mlp_onnx.with_name("mlp.onnx.data")
+    model_bytes, data_bytes = exported_mlp_onnx.stat().st_size, data.stat().st_size
     assert model_bytes < data_bytes  # each part alone fits the limit below, both together do not
     with pytest.raises(UploadTooLarge):
-        graph_of_upload([_part("file", exported), _part("data", data)], max_total_bytes=data_bytes + 10)
-    bomb = _zip({"mlp.onnx": exported.read_bytes(), "mlp.onnx.data": b"\0" * (4 * LIMIT)})
+        graph_of_upload([_part("file", exported_mlp_onnx), _part("data", data)], max_total_bytes=data_bytes + 10)
+    bomb = _zip({"mlp.onnx": exported_mlp_onnx.read_bytes(), "mlp.onnx.data": b"\0" * (4 * LIMIT)})
     with pytest.raises(UploadTooLarge):
         graph_of_upload([UploadedFile("file", "bomb.zip", bomb)], max_total_bytes=LIMIT)
 
 
-def test_missing_or_escaping_data_is_refused(exported):
+def test_missing_or_escaping_data_is_refused(exported_mlp_onnx):
     with pytest.raises(UploadError, match="mlp.onnx.data.*not uploaded") as caught:
-        graph_of_upload([_part("file", exported)], max_total_bytes=LIMIT)
+        graph_of_upload([_part("file", exported_mlp_onnx)], max_total_bytes=LIMIT)
     assert caught.value.field == "data"
-    escaping = _zip({"a/mlp.onnx": exported.read_bytes(), "b/../../mlp.onnx.data": b"x"})
+    escaping = _zip({"a/mlp.onnx": exported_mlp_onnx.read_bytes(), "b/../../mlp.onnx.data": b"x"})
     with pytest.raises(UploadError, match="not next to the model"):
         graph_of_upload([UploadedFile("file", "m.zip", escaping)], max_total_bytes=LIMIT)
     with pytest.raises(UploadError, match="exactly one .onnx"):
         graph_of_upload([UploadedFile("file", "m.zip", _zip({"x.txt": b"x"}))], max_total_bytes=LIMIT)
 
 
-def test_truncated_data_and_broken_models_are_refused(exported):
-    data = exported.with_name("mlp.onnx.data").read_bytes()
-    parts = [_part("file", exported), UploadedFile("data", "mlp.onnx.data", io.BytesIO(data[:100]))]
+def test_truncated_data_and_broken_models_are_refused(exported_mlp_onnx):
+    data = exported_mlp_onnx.with_name("mlp.onnx.data").read_bytes()
+    parts = [_part("file", exported_mlp_onnx), UploadedFile("data", "mlp.onnx.data", io.BytesIO(data[:100]))]
     with pytest.raises(UploadError, match="truncated") as caught:
         graph_of_upload(parts, max_total_bytes=LIMIT)
     assert caught.value.field == "data"
