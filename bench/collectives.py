@@ -34,7 +34,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from perfmodel.accuracy import mape_pct
+from perfmodel.core.accuracy import mape_pct
 from perfmodel.hardware.catalog import get_accelerator, load_catalog
 from perfmodel.importers.deepbench import deepbench_files, import_deepbench
 from perfmodel.importers.vidur import import_vidur, vidur_files

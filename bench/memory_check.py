@@ -40,7 +40,7 @@ sys.path.insert(0, str(ROOT))
 from perfmodel.features.dataset import cached_graph  # noqa: E402
 from perfmodel.jobs.spec import Mode, OnnxSource  # noqa: E402
 from perfmodel.predictor.memory import estimate_memory  # noqa: E402
-from perfmodel.profilers.records import Outcome  # noqa: E402
+from perfmodel.records import Outcome  # noqa: E402
 from perfmodel.store import ProfileStore  # noqa: E402
 
 WITHIN = 0.15

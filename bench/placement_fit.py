@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from perfmodel.accuracy import mape_pct
+from perfmodel.core.accuracy import mape_pct
 from perfmodel.evaluation.placement import (
     ADAPTDL_MODELS,
     adaptdl_params,

@@ -29,8 +29,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
-from perfmodel.accuracy import mape_pct_or_none
-from perfmodel.errors import PerfmodelError
+from perfmodel.core.accuracy import mape_pct_or_none
+from perfmodel.core.errors import PerfmodelError
 
 HALF_LIFE_DAYS = 30.0
 OUTLIER_MADS = 3.5

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from perfmodel.errors import DeviceError
+from perfmodel.core.errors import DeviceError
 
 if TYPE_CHECKING:  # torch is imported when a device is resolved, not with this module
     import torch

@@ -15,9 +15,9 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
+from perfmodel.core.errors import PerfmodelError
 from perfmodel.engine.errors import FieldError, Refused
 from perfmodel.engine.errors import NotFound as EngineNotFound
-from perfmodel.errors import PerfmodelError
 
 
 class ApiError(Exception):

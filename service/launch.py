@@ -48,7 +48,7 @@ def is_loopback(host: str) -> bool:
 def refuse_open_writes(settings: ServiceSettings) -> None:
     """Refuse to serve beyond this machine with writes open (no write token configured), unless the settings
     say `allow_open_writes`: a PerfmodelError whose message is the one-line fix."""
-    from perfmodel.errors import PerfmodelError
+    from perfmodel.core.errors import PerfmodelError
 
     host = settings.host
     if settings.writes_open and not settings.allow_open_writes and not is_loopback(host):

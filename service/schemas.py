@@ -303,7 +303,7 @@ def grid_columns(grid: Any) -> int:
     bound = len(grid.accelerators) * len(counts) * (2 if grid.spread else 1)
     if bound <= current_limits().max_matrix_columns:
         return bound
-    from perfmodel.errors import PerfmodelError
+    from perfmodel.core.errors import PerfmodelError
     from perfmodel.hardware.catalog import get_accelerator, load_catalog
 
     catalog = load_catalog()

@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from perfmodel.core.lru import LRU
 from perfmodel.engine import EngineConfig, PredictionEngine
-from perfmodel.lru import LRU
 from service.metrics import Metrics
 from service.settings import ServiceSettings
 

@@ -26,7 +26,7 @@ def register(hw_app: typer.Typer, user_errors: Callable) -> None:
         as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
     ) -> None:
         """Add a custom accelerator (a spec sheet) to the store; predictions for it are flagged extrapolated."""
-        from perfmodel.errors import PerfmodelError
+        from perfmodel.core.errors import PerfmodelError
         from perfmodel.hardware.custom import catalog_with, parse_spec_sheet, validate_spec_sheet
         from perfmodel.store import ProfileStore
         from perfmodel.store.accelerators import add_accelerator, custom_accelerators

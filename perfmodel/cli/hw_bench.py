@@ -32,7 +32,7 @@ def _device_model(catalog: dict) -> tuple[Any, str] | tuple[None, None]:
 
 def fit_adaptation(device: str, store_url: str | None, catalog: dict, say: Callable[[str], None]) -> Any:
     """Fit and save the adaptation of `device` from every row the store holds for it; returns it."""
-    from perfmodel.errors import PerfmodelError
+    from perfmodel.core.errors import PerfmodelError
     from perfmodel.evaluation.device_ops import training_rows
     from perfmodel.regressors.adaptation import DeviceAdaptation, adaptations_dir
     from perfmodel.store import ProfileStore
@@ -73,7 +73,7 @@ def register(hw_app: typer.Typer, app: typer.Typer, user_errors: Callable) -> No
             help="leave out shapes whose roofline x 3 exceeds this [50 on a CPU and a GPU]")] = None,
     ) -> None:
         """Time the op classes the device model learns on this machine's device, store them, adapt the model."""
-        from perfmodel.errors import PerfmodelError
+        from perfmodel.core.errors import PerfmodelError
         from perfmodel.hardware.catalog import load_catalog, save_local
         from perfmodel.profilers.bench_rows import SOURCE, done_keys, software_versions, timing_rows
         from perfmodel.profilers.microbench import (

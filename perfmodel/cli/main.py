@@ -14,7 +14,7 @@ import typer
 from pydantic import ValidationError
 from rich.console import Console
 
-from perfmodel.errors import PerfmodelError
+from perfmodel.core.errors import PerfmodelError
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
                   help="perfmodel: what throughput will job X reach on placement Y?")

@@ -8,9 +8,9 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from perfmodel.graph.ir import Graph
-from perfmodel.profilers.records import Profile
-from perfmodel.units import human_bytes, human_count
+from perfmodel.core.ir import Graph
+from perfmodel.core.units import human_bytes, human_count
+from perfmodel.records import Profile
 
 
 def render_graph_summary(console: Console, g: Graph) -> None:

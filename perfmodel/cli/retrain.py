@@ -10,7 +10,7 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from perfmodel.errors import PerfmodelError
+from perfmodel.core.errors import PerfmodelError
 
 Opt = typer.Option
 
@@ -66,7 +66,8 @@ def retrain(
     Exit codes: 0 a challenger was promoted; 3 kept (every champion was better, or there was no new data);
     1 failed (a role failed, the store could not be read, or another run holds the lock); 2 bad options."""
     from perfmodel.cli.main import err, user_errors
-    from perfmodel.evaluation.retrain import RetrainSettings, write_json_atomically
+    from perfmodel.core.atomic import write_json_atomically
+    from perfmodel.evaluation.retrain import RetrainSettings
     from perfmodel.evaluation.retrain import retrain as run_retrain
 
     @user_errors

@@ -39,7 +39,7 @@ def serve(
     (the default) or --allow-open-writes allows."""
     from pydantic import ValidationError
 
-    from perfmodel.errors import PerfmodelError
+    from perfmodel.core.errors import PerfmodelError
     from service.settings import ServiceSettings
     from service.settings import hash_token as sha256_of
 

@@ -39,16 +39,16 @@ from perfmodel.calibration import (
     check_observation,
     leave_one_out,
 )
+from perfmodel.core.errors import PerfmodelError
+from perfmodel.core.ir import Graph
+from perfmodel.core.lru import LRU
 from perfmodel.engine.errors import FieldError, Loc, NotFound, Refused
 from perfmodel.engine.graphs import GraphCache
 from perfmodel.engine.models import LOAD_ERRORS, ModelLifecycle
-from perfmodel.errors import PerfmodelError
-from perfmodel.graph.ir import Graph
 from perfmodel.jobs.spec import GraphSource, JobSpec
-from perfmodel.lru import LRU
 from perfmodel.placement.spec import PlacementSpec
 from perfmodel.predictor.predict import Prediction
-from perfmodel.profilers.records import utc_now
+from perfmodel.records import utc_now
 
 log = logging.getLogger("perfmodel.engine")
 

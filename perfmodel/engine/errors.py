@@ -9,7 +9,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from perfmodel.errors import PerfmodelError
+from perfmodel.core.errors import PerfmodelError
 
 Loc = tuple[str | int, ...]
 

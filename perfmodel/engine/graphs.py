@@ -18,10 +18,10 @@ from collections.abc import Callable, Hashable
 from concurrent.futures import Future
 from typing import Any, TypeVar
 
-from perfmodel.errors import PerfmodelError
-from perfmodel.graph.ir import Graph
+from perfmodel.core.errors import PerfmodelError
+from perfmodel.core.ir import Graph
+from perfmodel.core.lru import LRU
 from perfmodel.jobs.spec import GraphSource, JobSpec
-from perfmodel.lru import LRU
 
 log = logging.getLogger("perfmodel.engine")
 T = TypeVar("T")

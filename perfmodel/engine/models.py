@@ -17,8 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from perfmodel.core.errors import PerfmodelError, UnknownNameError
 from perfmodel.engine.errors import NotFound, Refused
-from perfmodel.errors import PerfmodelError, UnknownNameError
 from perfmodel.registry.registry import ROLES, ModelRegistry, role_of
 
 log = logging.getLogger("perfmodel.engine")

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from perfmodel.accuracy import ape_pct as accuracy_ape_pct
-from perfmodel.errors import PerfmodelError
+from perfmodel.core.accuracy import ape_pct as accuracy_ape_pct
+from perfmodel.core.errors import PerfmodelError
 from perfmodel.features.dataset import family_folds
 from perfmodel.features.sample import Sample
 from perfmodel.regressors.base import Regressor

@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING, Protocol
 
 import pandas as pd
 
-from perfmodel import accuracy
-from perfmodel.errors import PerfmodelError
+from perfmodel.core import accuracy
+from perfmodel.core.errors import PerfmodelError
 from perfmodel.hardware.spec import HardwareSpec
 
 if TYPE_CHECKING:

@@ -27,8 +27,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from perfmodel.errors import PerfmodelError, UnknownNameError
-from perfmodel.graph.ir import Graph
+from perfmodel.core.errors import PerfmodelError, UnknownNameError
+from perfmodel.core.ir import Graph
 from perfmodel.hardware.catalog import get_accelerator
 from perfmodel.hardware.spec import HardwareSpec
 from perfmodel.predictor.device_ops import PredictFn, graph_op_rows, predict_graph_ms

@@ -48,7 +48,8 @@ from typing import Any, Literal
 
 import numpy as np
 
-from perfmodel.errors import PerfmodelError
+from perfmodel.core.atomic import write_json_atomically
+from perfmodel.core.errors import PerfmodelError
 from perfmodel.registry.registry import DOMAIN_FILE, ROLES, ModelRegistry
 from perfmodel.regressors.manifest import Manifest, data_hash
 
@@ -352,19 +353,6 @@ def _read_state(models_dir: Path) -> dict[str, Any]:
         return json.loads(path.read_text()) if path.is_file() else {}
     except (OSError, json.JSONDecodeError):
         return {}  # a damaged state file only costs one re-evaluation
-
-
-def write_json_atomically(path: Path, data: Any) -> None:
-    """`data` as JSON at `path`: written beside it, then renamed over it (readers never see half a file)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as handle:
-            handle.write(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def _save_version(registry: ModelRegistry, name: str, model: Any, domain: dict[str, Any], training_hash: str,

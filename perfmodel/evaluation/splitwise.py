@@ -29,8 +29,8 @@ from typing import Any, cast
 import numpy as np
 import pandas as pd
 
-from perfmodel.accuracy import ape_pct
-from perfmodel.errors import PerfmodelError
+from perfmodel.core.accuracy import ape_pct
+from perfmodel.core.errors import PerfmodelError
 from perfmodel.jobs.spec import HFConfigSource, JobSpec, Mode, Precision
 from perfmodel.placement.spec import Parallelism, PlacementSpec
 

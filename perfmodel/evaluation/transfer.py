@@ -56,7 +56,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from perfmodel.errors import PerfmodelError, UnknownNameError
+from perfmodel.core.errors import PerfmodelError, UnknownNameError
 from perfmodel.features.device_ops import SHAPE_COLUMNS
 from perfmodel.hardware.spec import HardwareSpec
 from perfmodel.predictor.device_ops import Row, memory_row

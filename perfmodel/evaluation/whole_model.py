@@ -26,10 +26,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from perfmodel.accuracy import ape_pct
-from perfmodel.errors import PerfmodelError
+from perfmodel.core.accuracy import ape_pct
+from perfmodel.core.errors import PerfmodelError
+from perfmodel.core.ir import Graph
 from perfmodel.evaluation.device_ops import chip_of
-from perfmodel.graph.ir import Graph
 from perfmodel.hardware.spec import HardwareSpec
 from perfmodel.jobs.spec import JobSpec
 from perfmodel.placement.spec import Parallelism, PlacementSpec

@@ -16,9 +16,7 @@ Graphs are captured on the meta device (0.2-2 s each) and cached as IR JSON by j
 
 from __future__ import annotations
 
-import os
 import random
-import tempfile
 from collections import Counter, defaultdict
 from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
@@ -27,13 +25,14 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from perfmodel.errors import PerfmodelError
+from perfmodel.core.atomic import write_text_atomically
+from perfmodel.core.errors import PerfmodelError
+from perfmodel.core.ir import Graph
 from perfmodel.features.sample import NodePhase, Sample
-from perfmodel.graph.ir import Graph
 from perfmodel.hardware.catalog import get_accelerator, load_catalog
 from perfmodel.hardware.spec import HardwareSpec
 from perfmodel.jobs.spec import GraphSource, HFConfigSource, JobSpec, ModuleSource, OnnxSource, ZooSource
-from perfmodel.profilers.records import Environment, Outcome, Profile
+from perfmodel.records import Environment, Outcome, Profile
 from perfmodel.settings import get_settings
 
 if TYPE_CHECKING:
@@ -70,11 +69,7 @@ def cached_graph(spec: JobSpec, cache_dir: Path | None = None) -> Graph:
         except (PerfmodelError, ValueError):  # an older IR schema or a torn file: capture it again
             pass
     graph = capture_graph(spec)
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile("w", encoding="utf-8", dir=cache_dir, prefix=f".{path.name}.",
-                                     delete=False) as tmp:
-        tmp.write(graph.to_json())
-    os.replace(tmp.name, path)
+    write_text_atomically(path, graph.to_json())
     return graph
 
 

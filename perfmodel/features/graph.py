@@ -13,9 +13,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from perfmodel.core.ir import Graph
+from perfmodel.core.opkinds import OpKind
 from perfmodel.features.nodes import KINDS, hardware_features, has_phase, node_cost, roofline_ms
-from perfmodel.graph.ir import Graph
-from perfmodel.graph.opkinds import OpKind
 from perfmodel.hardware.spec import HardwareSpec
 from perfmodel.jobs.spec import JobSpec
 

@@ -12,9 +12,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from perfmodel.core.ir import Graph, Node
+from perfmodel.core.opkinds import OpKind
 from perfmodel.graph.flops import DTYPE_BYTES
-from perfmodel.graph.ir import Graph, Node
-from perfmodel.graph.opkinds import OpKind
 from perfmodel.hardware.spec import HardwareSpec
 
 PHASES = ("forward", "backward")

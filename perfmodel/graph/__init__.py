@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from perfmodel.core.ir import SCHEMA_VERSION, Graph, GraphTotals, MoEInfo, Node, TensorMeta
+from perfmodel.core.opkinds import OpKind, kind_of, kind_of_onnx
 from perfmodel.graph.flops import COST_TABLE, OpCall, OpCost, op_cost
 from perfmodel.graph.from_onnx import graph_from_onnx
-from perfmodel.graph.ir import SCHEMA_VERSION, Graph, GraphTotals, MoEInfo, Node, TensorMeta
-from perfmodel.graph.opkinds import OpKind, kind_of, kind_of_onnx
 from perfmodel.jobs.spec import GraphSource, JobSpec, OnnxSource
 
 __all__ = [
@@ -25,7 +25,7 @@ __all__ = [
 
 TOP_KINDS = 5
 
-# torch is imported only when a PyTorch graph is asked for: `perfmodel.graph.ir` and `.opkinds` stay light.
+# torch is imported only when a PyTorch graph is asked for: `perfmodel.core.ir` and `.opkinds` stay light.
 _LAZY = {"capture_graph": "perfmodel.graph.from_torch", "graph_from_module": "perfmodel.graph.from_torch"}
 
 

@@ -25,8 +25,8 @@ import threading
 import time
 from typing import Any, Final
 
-from perfmodel.errors import JobLoadError, PerfmodelError
-from perfmodel.graph.ir import Graph
+from perfmodel.core.errors import JobLoadError, PerfmodelError
+from perfmodel.core.ir import Graph
 from perfmodel.jobs.limits import JobLimitError, JobLimits, check_graph, check_params, check_spec
 from perfmodel.jobs.spec import GraphSource, JobSpec, OnnxSource
 

@@ -40,8 +40,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from perfmodel.graph.ir import TensorMeta
-from perfmodel.graph.opkinds import OpKind, kind_of, normalize_op_name
+from perfmodel.core.ir import TensorMeta
+from perfmodel.core.opkinds import OpKind, kind_of, normalize_op_name
 
 DTYPE_BYTES: dict[str, int] = {
     "float64": 8, "float32": 4, "float16": 2, "bfloat16": 2, "complex128": 16, "complex64": 8,

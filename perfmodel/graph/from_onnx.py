@@ -42,10 +42,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from perfmodel.errors import JobLoadError, PerfmodelError
+from perfmodel.core.errors import JobLoadError, PerfmodelError
+from perfmodel.core.ir import Graph, GraphTotals, Node, TensorMeta
+from perfmodel.core.opkinds import OpKind, kind_of_onnx
 from perfmodel.graph.flops import OpCall, is_float, op_cost, tensor_bytes
-from perfmodel.graph.ir import Graph, GraphTotals, Node, TensorMeta
-from perfmodel.graph.opkinds import OpKind, kind_of_onnx
 from perfmodel.jobs.spec import DEFAULT_SEQ_LEN
 
 # onnx.TensorProto.DataType -> torch-style dtype name

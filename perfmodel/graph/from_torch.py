@@ -27,11 +27,11 @@ from typing import Any, Literal
 import torch
 from torch import fx, nn
 
-from perfmodel.errors import PerfmodelError
+from perfmodel.core.errors import PerfmodelError
+from perfmodel.core.ir import Graph, GraphTotals, MoEInfo, Node, TensorMeta
+from perfmodel.core.opkinds import OpKind, kind_of
 from perfmodel.graph.flops import OpCall, is_float, op_cost, tensor_bytes
-from perfmodel.graph.ir import Graph, GraphTotals, MoEInfo, Node, TensorMeta
 from perfmodel.graph.moe import balanced_routing
-from perfmodel.graph.opkinds import OpKind, kind_of
 from perfmodel.jobs.spec import JobSpec
 
 GraphMode = Literal["train", "inference"]

@@ -33,7 +33,7 @@ Two substitutions, no test on model names:
 
 Every expert's weights are parameters of the exported program (all counted in `GraphTotals.params`); the values
 the replaced layers compute are not the model's (only shapes and costs matter on the meta device). The layers
-found are summarised in `MoEInfo` (`perfmodel.graph.ir`), which the capture stores on `Graph.moe`.
+found are summarised in `MoEInfo` (`perfmodel.core.ir`), which the capture stores on `Graph.moe`.
 """
 
 from __future__ import annotations
@@ -48,8 +48,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from perfmodel.errors import PerfmodelError
-from perfmodel.graph.ir import MoEInfo
+from perfmodel.core.errors import PerfmodelError
+from perfmodel.core.ir import MoEInfo
 
 # A transformers module read by its attribute names (num_experts, has_gate, router, expert_capacity, ...): nn.Module's
 # __getattr__ types every such attribute `Tensor | Module`, which these duck-typed reads are not.

@@ -31,16 +31,15 @@ from __future__ import annotations
 import difflib
 import functools
 import json
-import os
 import re
-import tempfile
 from collections.abc import Iterable, Mapping
 from importlib import resources
 from pathlib import Path
 
 from pydantic import ValidationError
 
-from perfmodel.errors import PerfmodelError, UnknownNameError
+from perfmodel.core.atomic import write_text_atomically
+from perfmodel.core.errors import PerfmodelError, UnknownNameError
 from perfmodel.hardware.spec import HardwareSpec
 from perfmodel.settings import get_settings
 
@@ -216,12 +215,7 @@ def save_local(spec: HardwareSpec, path: Path | None = None) -> Path:
     kept = [s for s in specs if s.name != spec.name]
     text = dump_catalog([*kept, spec], ambiguous)
     parse_catalog(text, str(path))  # refuse to write a file that would not load (e.g. a clashing alias)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile("w", encoding="utf-8", dir=path.parent, prefix=f".{path.name}.",
-                                     delete=False) as tmp:
-        tmp.write(text)
-    os.replace(tmp.name, path)
-    return path
+    return write_text_atomically(path, text)
 
 
 def _index(specs: Iterable[HardwareSpec]) -> dict[str, HardwareSpec]:

@@ -28,7 +28,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from perfmodel.errors import PerfmodelError
+from perfmodel.core.errors import PerfmodelError
 from perfmodel.hardware.catalog import normalize_name
 from perfmodel.hardware.spec import HardwareSpec
 

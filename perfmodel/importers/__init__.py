@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from perfmodel.errors import PerfmodelError
+from perfmodel.core.errors import PerfmodelError
 from perfmodel.importers.common import DatasetImporter, DeviceResolver, ImportStats
 from perfmodel.importers.deepbench import import_deepbench
 from perfmodel.importers.llmservingsim import import_llmservingsim

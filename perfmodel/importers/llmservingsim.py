@@ -53,7 +53,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-from perfmodel.errors import PerfmodelError
+from perfmodel.core.errors import PerfmodelError
+from perfmodel.core.units import ns_to_ms, us_to_ms
 from perfmodel.importers.common import (
     DatasetImporter,
     DeviceResolver,
@@ -67,7 +68,6 @@ from perfmodel.importers.common import (
     rows,
 )
 from perfmodel.profilers.external import DType, OpClass, OpMeasurement
-from perfmodel.units import ns_to_ms, us_to_ms
 
 SOURCE: Final = "llmservingsim"
 

@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
+from perfmodel.core.units import ns_to_ms
 from perfmodel.importers.common import (
     DatasetImporter,
     DeviceResolver,
@@ -53,7 +54,6 @@ from perfmodel.importers.common import (
     rows,
 )
 from perfmodel.profilers.external import DType, MeasuredPhase, OpClass, OpMeasurement
-from perfmodel.units import ns_to_ms
 
 SOURCE: Final = "phantora"
 

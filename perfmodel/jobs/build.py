@@ -14,8 +14,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from perfmodel.core.errors import JobLoadError, PerfmodelError
 from perfmodel.device import resolve_device
-from perfmodel.errors import JobLoadError, PerfmodelError
 from perfmodel.jobs import custom
 from perfmodel.jobs.hf import build_hf_model
 from perfmodel.jobs.spec import GraphSource, HFConfigSource, JobSpec, ModuleSource, OnnxSource, Precision, ZooSource

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from perfmodel.compat import ensure_torchvision
-from perfmodel.errors import JobLoadError, UnknownNameError
+from perfmodel.core.errors import JobLoadError, UnknownNameError
 
 # task -> transformers Auto class
 TASK_CLASSES = {

@@ -24,7 +24,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from perfmodel.errors import PerfmodelError
+from perfmodel.core.errors import PerfmodelError
 
 
 class JobLimitError(PerfmodelError):
@@ -201,7 +201,7 @@ def check_graph_nodes(count: int, limits: JobLimits, where: str = "graph") -> No
 
 
 def check_graph(graph: Any, limits: JobLimits, where: str = "graph") -> None:
-    """Refuse a `perfmodel.graph.ir.Graph` beyond the limits: too many nodes, a tensor over
+    """Refuse a `perfmodel.core.ir.Graph` beyond the limits: too many nodes, a tensor over
     `max_tensor_elements` (an ONNX with [1e6]^3 shapes), or a negative cost (IR sent by a client)."""
     check_graph_nodes(len(graph.nodes), limits, where)
     totals = graph.totals

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from perfmodel.errors import PerfmodelError
+from perfmodel.core.errors import PerfmodelError
 from perfmodel.jobs.spec import JobSpec, Mode, OnnxSource
 
 _EXTERNAL_DATA_BYTES = 1_500_000_000

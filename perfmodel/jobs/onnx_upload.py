@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any, BinaryIO
 
-from perfmodel.errors import PerfmodelError
-from perfmodel.graph.ir import Graph
+from perfmodel.core.errors import PerfmodelError
+from perfmodel.core.ir import Graph
 
 COPY_CHUNK_BYTES = 1 << 20
 MAX_ZIP_MEMBERS = 1024

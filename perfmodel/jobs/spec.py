@@ -11,7 +11,7 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, model_validator
 
-from perfmodel.errors import PerfmodelError
+from perfmodel.core.errors import PerfmodelError
 
 
 class Precision(str, Enum):
@@ -111,10 +111,10 @@ class GraphSource(_Source):
         return self
 
     def parsed(self) -> Any:
-        """The `perfmodel.graph.ir.Graph` this IR holds (validated); a ValueError naming the bad field otherwise."""
+        """The `perfmodel.core.ir.Graph` this IR holds (validated); a ValueError naming the bad field otherwise."""
         from pydantic import ValidationError
 
-        from perfmodel.graph.ir import SCHEMA_VERSION, Graph, Node
+        from perfmodel.core.ir import SCHEMA_VERSION, Graph, Node
 
         version = self.graph.get("schema_version")
         if version != SCHEMA_VERSION:

@@ -22,7 +22,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from perfmodel.errors import PerfmodelError
+from perfmodel.core.errors import PerfmodelError
 from perfmodel.jobs.spec import JobSpec
 
 SWEEP_FIELDS = ("zoo", "hf_config", "task", "module", "onnx", "batch_size", "seq_len", "precision", "optimizer",

@@ -13,7 +13,7 @@ from enum import Enum
 from typing import Any
 
 from perfmodel.compat import ensure_torchvision
-from perfmodel.errors import UnknownNameError
+from perfmodel.core.errors import UnknownNameError
 
 
 class InputKind(str, Enum):

@@ -39,8 +39,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from perfmodel.errors import PerfmodelError
-from perfmodel.graph.ir import Graph
+from perfmodel.core.errors import PerfmodelError
+from perfmodel.core.ir import Graph
+from perfmodel.core.units import samples_per_s
 from perfmodel.hardware.impute import imputed
 from perfmodel.hardware.spec import HardwareSpec
 from perfmodel.jobs.spec import JobSpec, Precision
@@ -48,7 +49,6 @@ from perfmodel.predictor.device_ops import BACKWARD, FORWARD, graph_op_rows, mem
 from perfmodel.predictor.math_modes import CONV_KINDS, MATMUL_KINDS, group_of, maths_by_group, resolved_table
 from perfmodel.predictor.memory import estimate_memory
 from perfmodel.predictor.predict import Prediction
-from perfmodel.units import samples_per_s
 
 OPTIMIZER = "optimizer"
 # tensor passes (reads + writes per parameter element) of PyTorch's default foreach optimizer steps:

@@ -53,9 +53,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from perfmodel.errors import PerfmodelError
-from perfmodel.graph.ir import Graph, Node, TensorMeta
-from perfmodel.graph.opkinds import OpKind, normalize_op_name
+from perfmodel.core.errors import PerfmodelError
+from perfmodel.core.ir import Graph, Node, TensorMeta
+from perfmodel.core.opkinds import OpKind, normalize_op_name
 
 FORWARD = "forward"
 BACKWARD = "backward"

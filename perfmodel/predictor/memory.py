@@ -72,9 +72,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from perfmodel.core.ir import Graph, Node, TensorMeta
+from perfmodel.core.opkinds import OpKind
 from perfmodel.graph.flops import DTYPE_BYTES
-from perfmodel.graph.ir import Graph, Node, TensorMeta
-from perfmodel.graph.opkinds import OpKind
 from perfmodel.hardware.spec import HardwareSpec
 from perfmodel.jobs.spec import JobSpec, Mode, OptimizerName, Precision
 

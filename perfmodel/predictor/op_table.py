@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from perfmodel.errors import PerfmodelError, UnknownNameError
+from perfmodel.core.errors import PerfmodelError, UnknownNameError
 from perfmodel.features.device_ops import NEUSIGHT_OP_CLASS, SHAPE_COLUMNS
 from perfmodel.hardware.catalog import get_accelerator, load_catalog
 from perfmodel.hardware.spec import HardwareSpec

@@ -30,11 +30,11 @@ from typing import Any
 
 import numpy as np
 
-from perfmodel.errors import PerfmodelError
-from perfmodel.graph.ir import Graph
+from perfmodel.core.errors import PerfmodelError
+from perfmodel.core.ir import Graph
+from perfmodel.core.lru import LRU
 from perfmodel.hardware.spec import HardwareSpec
 from perfmodel.jobs.spec import JobSpec, Precision
-from perfmodel.lru import LRU
 from perfmodel.placement.comm import (
     DEFAULT_NODE_NETWORK_GBIT_S,
     LinkModel,

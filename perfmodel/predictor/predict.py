@@ -6,10 +6,10 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+from perfmodel.core.units import samples_per_s
 from perfmodel.jobs.spec import JobSpec
 from perfmodel.placement.spec import PlacementSpec
 from perfmodel.predictor.memory import estimate_memory
-from perfmodel.units import samples_per_s
 
 
 class Prediction(BaseModel):

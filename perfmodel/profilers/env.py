@@ -14,7 +14,7 @@ import torch
 import perfmodel
 from perfmodel.device import resolve_device
 from perfmodel.hardware.probe import physical_cores
-from perfmodel.profilers.records import Environment
+from perfmodel.records import Environment
 
 _SMI_TIMEOUT_S = 5.0
 

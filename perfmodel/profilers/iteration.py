@@ -31,12 +31,12 @@ import torch
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile, record_function
 
+from perfmodel.core.errors import PerfmodelError
+from perfmodel.core.units import MS_PER_S, s_to_ms, samples_per_s
 from perfmodel.device import synchronize
-from perfmodel.errors import PerfmodelError
 from perfmodel.jobs.build import BuiltJob
 from perfmodel.jobs.spec import Mode, OptimizerName
-from perfmodel.profilers.records import IterationStats, Outcome, Phase
-from perfmodel.units import MS_PER_S, s_to_ms, samples_per_s
+from perfmodel.records import IterationStats, Outcome, Phase
 
 # record_function labels around the phases of a step; the per-op profiler assigns ops to phases with them.
 PHASE_LABELS: dict[Phase, str] = {

@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from perfmodel.errors import DeviceError, PerfmodelError
+from perfmodel.core.errors import DeviceError, PerfmodelError
 from perfmodel.hardware.math import has_tf32
 from perfmodel.hardware.spec import HardwareSpec
 from perfmodel.profilers.external import DType, OpClass

@@ -24,11 +24,11 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
+from perfmodel.core.errors import PerfmodelError
+from perfmodel.core.opkinds import kind_of_onnx
+from perfmodel.core.units import s_to_ms, us_to_ms
 from perfmodel.device import resolve_device
-from perfmodel.errors import PerfmodelError
-from perfmodel.graph.opkinds import kind_of_onnx
-from perfmodel.profilers.records import OnnxNodeRecord, OnnxProfile
-from perfmodel.units import s_to_ms, us_to_ms
+from perfmodel.records import OnnxNodeRecord, OnnxProfile
 
 GraphOptimization = Literal["disabled", "enabled"]
 KERNEL_SUFFIX = "_kernel_time"

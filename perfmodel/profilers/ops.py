@@ -46,14 +46,14 @@ from dataclasses import dataclass, field
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile, record_function
 
+from perfmodel.core.errors import PerfmodelError
+from perfmodel.core.ir import Graph, Node
+from perfmodel.core.opkinds import kind_of, normalize_op_name
+from perfmodel.core.units import us_to_ms
 from perfmodel.device import synchronize
-from perfmodel.errors import PerfmodelError
-from perfmodel.graph.ir import Graph, Node
-from perfmodel.graph.opkinds import kind_of, normalize_op_name
 from perfmodel.jobs.build import BuiltJob
 from perfmodel.profilers.iteration import PHASE_LABELS, make_step
-from perfmodel.profilers.records import OpProfile, OpRecord, Phase
-from perfmodel.units import us_to_ms
+from perfmodel.records import OpProfile, OpRecord, Phase
 
 STEP_LABEL = "perfmodel::step"
 ATEN_PREFIX = "aten::"

@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from perfmodel.errors import PerfmodelError
+from perfmodel.core.errors import PerfmodelError
 
 DEFAULT_MAX_RETRIES = 3
 LOCAL = "local"  # --ray local: start a Ray instance on this machine

@@ -12,10 +12,11 @@ from pathlib import Path
 
 import torch
 
+from perfmodel.core.errors import PerfmodelError
+from perfmodel.core.ir import Graph
+from perfmodel.core.units import MS_PER_S
 from perfmodel.device import resolve_device
-from perfmodel.errors import PerfmodelError
 from perfmodel.graph.from_torch import capture_graph
-from perfmodel.graph.ir import Graph
 from perfmodel.jobs.build import build_job
 from perfmodel.jobs.onnx_export import export_onnx
 from perfmodel.jobs.spec import JobSpec, OnnxSource
@@ -23,8 +24,7 @@ from perfmodel.profilers.env import capture_environment
 from perfmodel.profilers.iteration import make_step, profile_iteration
 from perfmodel.profilers.onnxrt import profile_onnx
 from perfmodel.profilers.ops import profile_ops
-from perfmodel.profilers.records import OnnxProfile, Outcome, Profile
-from perfmodel.units import MS_PER_S
+from perfmodel.records import OnnxProfile, Outcome, Profile
 
 Progress = Callable[[str], None]
 

@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from perfmodel.errors import PerfmodelError, UnknownNameError
+from perfmodel.core.atomic import write_json_atomically
+from perfmodel.core.errors import PerfmodelError, UnknownNameError
 from perfmodel.regressors.manifest import Manifest
 
 PROMOTED_FILE = "promoted.json"
@@ -106,22 +107,13 @@ class ModelRegistry:
         unique temporary name and renamed over the old one: processes promoting at once lose no role's entry,
         and readers see the old or the new file, never half a file."""
         import fcntl
-        import tempfile
 
         if role not in ROLES:
             raise UnknownNameError("model role", role, ROLES)
         path = self.root / PROMOTED_FILE
         with open(self.root / f".{PROMOTED_FILE}.lock", "a") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
-            promoted = {**self._promoted(), role: ref}
-            fd, tmp = tempfile.mkstemp(dir=self.root, prefix=f".{PROMOTED_FILE}.", suffix=".tmp")
-            try:
-                with os.fdopen(fd, "w") as out:
-                    out.write(json.dumps(promoted, indent=2, sort_keys=True) + "\n")
-                os.replace(tmp, path)
-            except BaseException:
-                Path(tmp).unlink(missing_ok=True)
-                raise
+            write_json_atomically(path, {**self._promoted(), role: ref})
 
     def _promoted(self) -> dict[str, str]:
         path = self.root / PROMOTED_FILE

@@ -15,7 +15,7 @@ import importlib
 from pathlib import Path
 from typing import Any
 
-from perfmodel.errors import UnknownNameError
+from perfmodel.core.errors import UnknownNameError
 from perfmodel.regressors.base import IterationPrediction, Regressor
 
 __all__ = ["ITERATION_REGRESSORS", "REGRESSORS", "IterationPrediction", "Regressor", "load_regressor",

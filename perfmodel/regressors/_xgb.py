@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from perfmodel.errors import PerfmodelError
+from perfmodel.core.errors import PerfmodelError
 from perfmodel.features.sample import Sample
 from perfmodel.regressors.manifest import Manifest, data_hash
 

@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from perfmodel.errors import PerfmodelError
+from perfmodel.core.errors import PerfmodelError
 from perfmodel.hardware.spec import HardwareSpec
 from perfmodel.regressors.manifest import Manifest, data_hash
 

@@ -31,7 +31,7 @@ from typing import cast
 import numpy as np
 import pandas as pd
 
-from perfmodel.errors import PerfmodelError
+from perfmodel.core.errors import PerfmodelError
 from perfmodel.features.device_ops import (
     DEVICE_IDENTITY_FEATURES,
     DEVICE_OP_FEATURES,

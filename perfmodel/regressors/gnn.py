@@ -41,7 +41,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from perfmodel.errors import PerfmodelError
+from perfmodel.core.errors import PerfmodelError
 from perfmodel.features.nodes import NODE_FEATURES, hardware_features, node_feature_matrix
 from perfmodel.features.sample import Sample
 from perfmodel.jobs.spec import OptimizerName

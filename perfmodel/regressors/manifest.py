@@ -62,7 +62,7 @@ class Manifest(BaseModel):
 
     @classmethod
     def read(cls, directory: str | Path) -> Manifest:
-        from perfmodel.errors import PerfmodelError
+        from perfmodel.core.errors import PerfmodelError
 
         path = Path(directory) / MANIFEST_FILE
         try:
@@ -78,7 +78,7 @@ class Manifest(BaseModel):
 
     def check_features(self, names: Sequence[str]) -> None:
         """Refuse an artifact whose feature columns differ from the code's."""
-        from perfmodel.errors import PerfmodelError
+        from perfmodel.core.errors import PerfmodelError
 
         if tuple(names) != self.feature_names:
             missing = sorted(set(self.feature_names) ^ set(names))

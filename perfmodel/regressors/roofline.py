@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from perfmodel.errors import PerfmodelError
+from perfmodel.core.errors import PerfmodelError
 from perfmodel.features.nodes import has_phase, node_cost, roofline_ms
 from perfmodel.features.sample import Sample
 from perfmodel.hardware.spec import HardwareSpec

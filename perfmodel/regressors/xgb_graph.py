@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from perfmodel.errors import PerfmodelError
+from perfmodel.core.errors import PerfmodelError
 from perfmodel.features.graph import GRAPH_FEATURES, graph_feature_matrix, roofline_parts_ms
 from perfmodel.features.sample import Sample
 from perfmodel.regressors._xgb import (

@@ -24,11 +24,11 @@ from pathlib import Path
 
 import numpy as np
 
-from perfmodel.errors import PerfmodelError
+from perfmodel.core.errors import PerfmodelError
+from perfmodel.core.opkinds import OpKind
 from perfmodel.features.graph import DISPATCH_MS_PER_OP, OPTIMIZER_TENSOR_PASSES, PARAM_BYTES, optimizer_name
 from perfmodel.features.nodes import NODE_FEATURES, node_cost, node_feature_matrix, roofline_ms
 from perfmodel.features.sample import Sample
-from perfmodel.graph.opkinds import OpKind
 from perfmodel.regressors._xgb import (
     MODEL_FILE,
     IntervalCalibration,

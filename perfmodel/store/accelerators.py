@@ -15,7 +15,7 @@ from sqlalchemy.exc import IntegrityError
 
 from perfmodel.hardware.custom import AcceleratorClash
 from perfmodel.hardware.spec import HardwareSpec
-from perfmodel.profilers.records import utc_now
+from perfmodel.records import utc_now
 from perfmodel.store.schema import write_transaction
 from perfmodel.store.tables import AcceleratorRow
 

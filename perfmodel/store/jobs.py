@@ -16,9 +16,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import CursorResult, Table, delete, func, insert, select
 from sqlalchemy.exc import IntegrityError
 
-from perfmodel.errors import PerfmodelError
+from perfmodel.core.errors import PerfmodelError
 from perfmodel.jobs.spec import JobSpec
-from perfmodel.profilers.records import utc_now
+from perfmodel.records import utc_now
 from perfmodel.store.schema import write_transaction
 from perfmodel.store.store import ProfileStore
 from perfmodel.store.tables import JobRow, ModelEventRow, ObservationRow

@@ -22,8 +22,9 @@ from pydantic import ValidationError
 from sqlalchemy import JSON, Column, Connection, Double, Engine, Integer, Select, String, Table, select
 
 import perfmodel
-from perfmodel.errors import PerfmodelError
-from perfmodel.profilers.records import Profile
+from perfmodel.core.atomic import write_json_atomically
+from perfmodel.core.errors import PerfmodelError
+from perfmodel.records import Profile
 from perfmodel.store.rows import to_profile
 from perfmodel.store.schema import STORE_SCHEMA_VERSION
 from perfmodel.store.tables import OnnxNodeRow, OpRecordRow, ProfileRow, UTCDateTime
@@ -118,9 +119,7 @@ def export_tables(engine: Engine, directory: Path) -> dict[str, int]:
         "exported_at": datetime.now(timezone.utc).isoformat(),
         "row_counts": counts,
     }
-    temporary = directory / f".{MANIFEST}.tmp"
-    temporary.write_text(json.dumps(manifest, indent=2) + "\n")
-    os.replace(temporary, directory / MANIFEST)
+    write_json_atomically(directory / MANIFEST, manifest)
     return counts
 
 

@@ -8,7 +8,7 @@ from datetime import datetime
 from typing import Any
 
 from perfmodel.profilers.external import OpMeasurement
-from perfmodel.profilers.records import OnnxProfile, OpProfile, Profile
+from perfmodel.records import OnnxProfile, OpProfile, Profile
 
 # a row read back: column name -> value (a SQLAlchemy RowMapping, whose keys may also be columns, or a dict)
 Row = Mapping[Any, Any]

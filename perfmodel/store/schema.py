@@ -36,7 +36,7 @@ from sqlalchemy import (
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 
-from perfmodel.errors import PerfmodelError
+from perfmodel.core.errors import PerfmodelError
 from perfmodel.store.tables import Base, SchemaInfo, UTCDateTime
 
 # v1: profiles, op_records, onnx_nodes. v2: + op_measurements (op timings imported from public GPU benchmarks).

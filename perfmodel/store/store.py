@@ -16,10 +16,10 @@ from sqlalchemy import Connection, Insert, Select, Table, delete, exists, func, 
 from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
-from perfmodel.errors import PerfmodelError
+from perfmodel.core.errors import PerfmodelError
 from perfmodel.jobs.spec import Mode, Precision
 from perfmodel.profilers.external import SHAPE_FIELDS, OpMeasurement
-from perfmodel.profilers.records import Outcome, Profile, utc_now
+from perfmodel.records import Outcome, Profile, utc_now
 from perfmodel.settings import Settings
 from perfmodel.store import parquet
 from perfmodel.store.rows import measurement_values, onnx_values, op_values, profile_values, to_profile

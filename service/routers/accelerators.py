@@ -11,7 +11,7 @@ from fastapi import APIRouter, Request, Response
 from fastapi import Path as PathParam
 from starlette.concurrency import run_in_threadpool
 
-from perfmodel.errors import PerfmodelError
+from perfmodel.core.errors import PerfmodelError
 from perfmodel.hardware.custom import (
     AcceleratorClash,
     SpecSheetError,
@@ -49,7 +49,7 @@ async def accelerators(engine: Reader) -> Response:
 async def accelerator(engine: Reader,
                       accelerator_id: str = PathParam(max_length=128, description="catalog name or alias")) -> Response:
     """One accelerator by name or alias (shipped or custom); `custom` says whether it is a user's spec sheet."""
-    from perfmodel.errors import UnknownNameError
+    from perfmodel.core.errors import UnknownNameError
     from perfmodel.hardware.catalog import AmbiguousNameError, get_accelerator
     from perfmodel.hardware.custom import is_custom
 

@@ -12,9 +12,9 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ConfigDict, PositiveInt, ValidationError
 from starlette.concurrency import run_in_threadpool
 
+from perfmodel.core.errors import PerfmodelError
+from perfmodel.core.ir import Graph
 from perfmodel.engine import JobEntry, PredictionEngine
-from perfmodel.errors import PerfmodelError
-from perfmodel.graph.ir import Graph
 from perfmodel.jobs.spec import DEFAULT_SEQ_LEN, GraphSource, JobSpec, Mode, OptimizerName, Precision
 from service.deps import Reader, Writer
 from service.errors import field_error

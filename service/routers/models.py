@@ -8,8 +8,8 @@ from fastapi import APIRouter, Response
 from fastapi import Path as PathParam
 from starlette.concurrency import run_in_threadpool
 
+from perfmodel.core.errors import PerfmodelError
 from perfmodel.engine import Refused
-from perfmodel.errors import PerfmodelError
 from service.deps import Reader, Writer
 from service.routers.common import json_response
 from service.schemas import ErrorOut, ModelsResponse, PromoteResponse

@@ -12,8 +12,8 @@ import numpy as np
 from fastapi import APIRouter, Response
 from starlette.concurrency import run_in_threadpool
 
+from perfmodel.core.errors import PerfmodelError
 from perfmodel.engine import FieldError, JobEntry, PredictionEngine
-from perfmodel.errors import PerfmodelError
 from perfmodel.hardware.catalog import get_accelerator
 from perfmodel.predictor.predict import Prediction
 from service.deps import MetricsDep, Reader, State

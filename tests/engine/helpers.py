@@ -3,8 +3,8 @@ by its FLOPs at a fixed rate (what the bounded-cache test needs to drive 50,000 
 
 from __future__ import annotations
 
-from perfmodel.graph.ir import Graph, GraphTotals, Node, TensorMeta
-from perfmodel.graph.opkinds import OpKind
+from perfmodel.core.ir import Graph, GraphTotals, Node, TensorMeta
+from perfmodel.core.opkinds import OpKind
 from perfmodel.predictor.predict import Prediction
 
 HIDDEN = 64

@@ -7,9 +7,9 @@ import time
 
 import pytest
 
+from perfmodel.core.ir import Graph
 from perfmodel.engine import EngineConfig, FieldError, GraphCache, PredictionEngine, capture
 from perfmodel.engine.models import ModelLifecycle
-from perfmodel.graph.ir import Graph
 from perfmodel.jobs.spec import GraphSource, JobSpec, ZooSource
 from perfmodel.placement.spec import Parallelism, PlacementSpec
 from perfmodel.predictor.placed import PlacementPredictor

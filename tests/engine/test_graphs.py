@@ -8,9 +8,9 @@ import time
 
 import pytest
 
+from perfmodel.core.lru import LRU
 from perfmodel.engine.graphs import GraphCache, SingleFlight, capture
 from perfmodel.jobs.spec import JobSpec
-from perfmodel.lru import LRU
 from tests.engine.helpers import tiny_graph
 
 
@@ -57,7 +57,7 @@ def test_captures_of_different_specs_run_one_at_a_time_and_a_failure_reaches_eve
         with lock:
             running[0] -= 1
         if spec.batch_size == 3:
-            from perfmodel.errors import PerfmodelError
+            from perfmodel.core.errors import PerfmodelError
 
             raise PerfmodelError("source: no such model today")
         return tiny_graph(spec.batch_size)

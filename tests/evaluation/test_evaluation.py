@@ -7,7 +7,7 @@ from typing import ClassVar
 import numpy as np
 import pytest
 
-from perfmodel.errors import PerfmodelError
+from perfmodel.core.errors import PerfmodelError
 from perfmodel.evaluation import HeldOutPrediction, error_metrics, evaluate, write_report
 from perfmodel.features.dataset import sample_for_prediction
 from perfmodel.graph.from_torch import capture_graph

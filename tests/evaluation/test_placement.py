@@ -4,7 +4,7 @@
 import numpy as np
 import pytest
 
-from perfmodel.accuracy import mape_pct
+from perfmodel.core.accuracy import mape_pct
 from perfmodel.evaluation.placement import ADAPTDL_MODELS, adaptdl_rows, evaluate_adaptdl
 from perfmodel.settings import get_settings
 

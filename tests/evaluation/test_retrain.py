@@ -14,7 +14,7 @@ import pytest
 from typer.testing import CliRunner
 
 from perfmodel.cli.main import app
-from perfmodel.errors import PerfmodelError
+from perfmodel.core.errors import PerfmodelError
 from perfmodel.evaluation.retrain import LOCK_FILE, RetrainSettings, held_out_groups
 from perfmodel.importers import ImportStats, get_importer
 from perfmodel.jobs.spec import JobSpec

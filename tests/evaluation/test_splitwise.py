@@ -7,7 +7,7 @@ from collections import Counter
 import pandas as pd
 import pytest
 
-from perfmodel.errors import PerfmodelError
+from perfmodel.core.errors import PerfmodelError
 from perfmodel.evaluation.splitwise import (
     MODELS,
     evaluate_prompt_times,

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from perfmodel.errors import PerfmodelError
+from perfmodel.core.errors import PerfmodelError
+from perfmodel.core.ir import Graph
 from perfmodel.features.dataset import (
     cached_graph,
     default_graph_cache_dir,
@@ -15,12 +16,11 @@ from perfmodel.features.dataset import (
     sample_for_prediction,
     samples_from_store,
 )
-from perfmodel.graph.ir import Graph
 from perfmodel.hardware.catalog import get_accelerator
 from perfmodel.hardware.spec import HardwareSpec
 from perfmodel.jobs.spec import JobSpec
-from perfmodel.profilers.records import Profile
 from perfmodel.profilers.run import profile_job
+from perfmodel.records import Profile
 from perfmodel.store import ProfileStore
 
 USER_MODELS = Path(__file__).parents[1] / "profilers" / "user_models.py"

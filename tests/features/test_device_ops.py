@@ -2,7 +2,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from perfmodel.errors import PerfmodelError
+from perfmodel.core.errors import PerfmodelError
 from perfmodel.features.device_ops import (
     DEVICE_IDENTITY_FEATURES,
     DEVICE_OP_FEATURES,

@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from perfmodel.errors import PerfmodelError
+from perfmodel.core.errors import PerfmodelError
 from perfmodel.graph import SCHEMA_VERSION, Graph, graph_from_module, summarize
 
 

@@ -6,7 +6,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from perfmodel.errors import PerfmodelError
+from perfmodel.core.errors import PerfmodelError
 from perfmodel.graph import OpKind, capture_graph, graph_for_job, graph_from_onnx
 from perfmodel.jobs.onnx_export import export_onnx
 from perfmodel.jobs.spec import JobSpec, Mode, OnnxSource, ZooSource

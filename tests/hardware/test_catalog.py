@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from perfmodel.errors import PerfmodelError, UnknownNameError
+from perfmodel.core.errors import PerfmodelError, UnknownNameError
 from perfmodel.hardware.catalog import (
     AmbiguousNameError,
     ambiguous_names,

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from perfmodel.errors import UnknownNameError
+from perfmodel.core.errors import UnknownNameError
 from perfmodel.hardware import catalog as catalog_module
 from perfmodel.hardware.catalog import (
     AmbiguousNameError,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from perfmodel.errors import PerfmodelError
+from perfmodel.core.errors import PerfmodelError
 from perfmodel.importers import ImportStats, import_deepbench
 
 GEMM = "tidy/deepbench_dense_matrix_multiplication.csv"

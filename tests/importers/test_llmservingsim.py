@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from perfmodel.cli.main import app
-from perfmodel.errors import PerfmodelError
+from perfmodel.core.errors import PerfmodelError
 from perfmodel.hardware.catalog import load_catalog, save_local
 from perfmodel.importers import ImportStats, get_importer, import_llmservingsim
 from perfmodel.store import ProfileStore

@@ -8,7 +8,7 @@ from collections import Counter
 
 import pytest
 
-from perfmodel.errors import PerfmodelError
+from perfmodel.core.errors import PerfmodelError
 from perfmodel.importers import ImportStats, get_importer, import_phantora
 from perfmodel.importers.phantora import Tensor, parse_key
 from perfmodel.store import ProfileStore

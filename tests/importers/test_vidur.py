@@ -5,7 +5,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from perfmodel.errors import PerfmodelError
+from perfmodel.core.errors import PerfmodelError
 from perfmodel.importers import ImportStats, import_vidur
 
 LLAMA2_7B = "data/profiling/compute/a100/meta-llama/Llama-2-7b-hf/mlp.csv.gz"

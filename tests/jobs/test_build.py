@@ -3,7 +3,7 @@ import textwrap
 import pytest
 import torch
 
-from perfmodel.errors import DeviceError, JobLoadError, PerfmodelError
+from perfmodel.core.errors import DeviceError, JobLoadError, PerfmodelError
 from perfmodel.jobs.build import build_job, first_tensor, mean_loss
 from perfmodel.jobs.spec import JobSpec, ZooSource
 

@@ -5,9 +5,9 @@ import json
 import pytest
 from pydantic import ValidationError
 
-from perfmodel.errors import PerfmodelError
+from perfmodel.core.errors import PerfmodelError
+from perfmodel.core.ir import Graph
 from perfmodel.graph import graph_for_job
-from perfmodel.graph.ir import Graph
 from perfmodel.jobs.build import build_job
 from perfmodel.jobs.spec import GraphSource, JobSpec, ZooSource
 

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from perfmodel.graph.ir import Graph
+from perfmodel.core.ir import Graph
 from perfmodel.jobs.limits import JobLimitError, JobLimits, check_graph, check_hf_config, check_spec, estimate_params
 from perfmodel.jobs.spec import HFConfigSource, JobSpec, ZooSource
 

@@ -3,7 +3,7 @@ import json
 import pytest
 from pydantic import ValidationError
 
-from perfmodel.errors import PerfmodelError, UnknownNameError
+from perfmodel.core.errors import PerfmodelError, UnknownNameError
 from perfmodel.jobs.spec import JobSpec, ModuleSource, OptimizerName, Precision, ZooSource
 from perfmodel.jobs.zoo import ZOO, get_entry
 

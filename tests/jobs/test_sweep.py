@@ -1,6 +1,6 @@
 import pytest
 
-from perfmodel.errors import PerfmodelError
+from perfmodel.core.errors import PerfmodelError
 from perfmodel.jobs.sweep import load_sweep
 
 

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from perfmodel.accuracy import mape_pct
+from perfmodel.core.accuracy import mape_pct
 from perfmodel.hardware.catalog import get_accelerator
 from perfmodel.placement.comm import (
     PCIE_EFFECTIVE_GBPS,

@@ -8,11 +8,11 @@ import pytest
 import torch
 from torch import nn
 
-from perfmodel.errors import PerfmodelError
+from perfmodel.core.errors import PerfmodelError
+from perfmodel.core.opkinds import OpKind
 from perfmodel.features.device_ops import OP_CLASSES, op_work, roofline_ms
 from perfmodel.graph import graph_for_job
 from perfmodel.graph.from_torch import graph_from_module
-from perfmodel.graph.opkinds import OpKind
 from perfmodel.hardware.catalog import load_catalog
 from perfmodel.jobs.spec import JobSpec
 from perfmodel.predictor.device_ops import (

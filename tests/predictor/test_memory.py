@@ -4,8 +4,8 @@ import itertools
 
 import pytest
 
-from perfmodel.graph.ir import Graph, GraphTotals, Node, TensorMeta
-from perfmodel.graph.opkinds import OpKind
+from perfmodel.core.ir import Graph, GraphTotals, Node, TensorMeta
+from perfmodel.core.opkinds import OpKind
 from perfmodel.hardware.catalog import get_accelerator
 from perfmodel.jobs.spec import JobSpec, Mode, OptimizerName, Precision, ZooSource
 from perfmodel.predictor.memory import MemoryEstimate, bytes_per_param, estimate_memory, fits, layer_key, layers

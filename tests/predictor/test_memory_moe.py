@@ -4,8 +4,8 @@ import math
 
 import pytest
 
-from perfmodel.graph.ir import Graph, GraphTotals, MoEInfo, Node, TensorMeta
-from perfmodel.graph.opkinds import OpKind
+from perfmodel.core.ir import Graph, GraphTotals, MoEInfo, Node, TensorMeta
+from perfmodel.core.opkinds import OpKind
 from perfmodel.jobs.spec import JobSpec, Mode, OptimizerName, ZooSource
 from perfmodel.predictor.memory import bytes_per_param, estimate_memory
 

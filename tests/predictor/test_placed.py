@@ -97,7 +97,7 @@ def test_memory_shrinks_with_zero_and_tensor_parallelism_and_fits_is_against_the
 
 
 def test_multi_device_cpu_placements_are_refused(predictor, spec):
-    from perfmodel.errors import PerfmodelError
+    from perfmodel.core.errors import PerfmodelError
 
     with pytest.raises(PerfmodelError, match="need a GPU"):
         predictor.predict(spec, PlacementSpec.grid("cpu", per_node=2, global_batch_size=32))
@@ -228,7 +228,7 @@ TINY_MIXTRAL = {"model_type": "mixtral", "architectures": ["MixtralForCausalLM"]
 
 
 def test_expert_parallelism_on_a_real_mixture_of_experts_graph(predictor, spec):
-    from perfmodel.errors import PerfmodelError
+    from perfmodel.core.errors import PerfmodelError
 
     job = JobSpec.from_options(hf_config=TINY_MIXTRAL, batch_size=4, seq_len=64, optimizer="adam")
     placements = [PlacementSpec(accelerator="h100-sxm5", devices_per_node=(4, 4), global_batch_size=32,

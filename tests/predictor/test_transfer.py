@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from perfmodel.errors import PerfmodelError
+from perfmodel.core.errors import PerfmodelError
 from perfmodel.evaluation.transfer import (
     FX_RULES,
     MAPPED,

@@ -9,7 +9,7 @@ from perfmodel.profilers.iteration import (
     profile_iteration,
     time_step_ms,
 )
-from perfmodel.profilers.records import Outcome
+from perfmodel.records import Outcome
 
 from .helpers import user_spec, zoo_spec
 

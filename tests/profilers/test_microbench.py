@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from typer.testing import CliRunner
 
-from perfmodel.errors import DeviceError
+from perfmodel.core.errors import DeviceError
 from perfmodel.hardware.catalog import load_catalog
 from perfmodel.profilers.bench_rows import SOURCE, done_keys, software_versions, timing_rows
 from perfmodel.profilers.microbench import (

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 import torch
 
-from perfmodel.errors import PerfmodelError
-from perfmodel.graph.opkinds import OpKind
+from perfmodel.core.errors import PerfmodelError
+from perfmodel.core.opkinds import OpKind
 from perfmodel.jobs.onnx_export import export_onnx
 from perfmodel.profilers.onnxrt import execution_provider, input_feeds, onnx_nodes_from_trace, profile_onnx
 

@@ -1,8 +1,8 @@
 import pytest
 
+from perfmodel.core.ir import Graph, GraphTotals, Node, TensorMeta
+from perfmodel.core.opkinds import OpKind
 from perfmodel.graph.from_torch import capture_graph
-from perfmodel.graph.ir import Graph, GraphTotals, Node, TensorMeta
-from perfmodel.graph.opkinds import OpKind
 from perfmodel.jobs.build import build_job
 from perfmodel.profilers.ops import TraceEvent, ops_from_events, profile_ops, tensor_shapes
 

@@ -14,7 +14,7 @@ import pytest
 from typer.testing import CliRunner
 
 from perfmodel.cli.profile_ray import profile_and_store
-from perfmodel.errors import PerfmodelError
+from perfmodel.core.errors import PerfmodelError
 from perfmodel.jobs.spec import JobSpec
 from perfmodel.profilers import ray_fanout
 from perfmodel.profilers.ray_fanout import FanoutTask, RayOptions, gpus_for, run_on_ray

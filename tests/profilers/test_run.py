@@ -1,6 +1,6 @@
 from perfmodel.jobs.spec import JobSpec
-from perfmodel.profilers.records import Outcome
 from perfmodel.profilers.run import profile_job
+from perfmodel.records import Outcome
 
 from .helpers import user_spec
 

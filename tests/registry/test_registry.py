@@ -7,7 +7,7 @@ import pytest
 from typer.testing import CliRunner
 
 from perfmodel.cli.main import app
-from perfmodel.errors import PerfmodelError, UnknownNameError
+from perfmodel.core.errors import PerfmodelError, UnknownNameError
 from perfmodel.features.dataset import sample_for_prediction
 from perfmodel.graph import capture_graph
 from perfmodel.hardware.catalog import get_accelerator

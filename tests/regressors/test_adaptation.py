@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from perfmodel.accuracy import mape_pct
+from perfmodel.core.accuracy import mape_pct
 from perfmodel.features.device_ops import device_op_features
 from perfmodel.hardware.catalog import load_catalog
 from perfmodel.jobs.spec import JobSpec

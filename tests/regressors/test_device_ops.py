@@ -5,7 +5,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from perfmodel.errors import PerfmodelError
+from perfmodel.core.errors import PerfmodelError
 from perfmodel.features.device_ops import device_op_features
 from perfmodel.hardware.catalog import load_catalog
 from perfmodel.regressors.device_ops import DeviceOpRegressor, base_ms

@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch import nn
 
-from perfmodel.errors import PerfmodelError
+from perfmodel.core.errors import PerfmodelError
 from perfmodel.features.nodes import has_phase, node_cost, roofline_ms
 from perfmodel.features.sample import Sample
 from perfmodel.graph.from_torch import graph_from_module

@@ -6,7 +6,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from perfmodel.errors import PerfmodelError
+from perfmodel.core.errors import PerfmodelError
 from perfmodel.features.dataset import sample_for_prediction
 from perfmodel.features.nodes import roofline_ms
 from perfmodel.graph.from_torch import capture_graph

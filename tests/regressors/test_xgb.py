@@ -15,7 +15,7 @@ import pytest
 import torch
 from torch import nn
 
-from perfmodel.errors import PerfmodelError, UnknownNameError
+from perfmodel.core.errors import PerfmodelError, UnknownNameError
 from perfmodel.features.graph import GRAPH_FEATURES, graph_feature_matrix
 from perfmodel.features.nodes import NODE_FEATURES, node_cost, roofline_ms
 from perfmodel.features.sample import Sample

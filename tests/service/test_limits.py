@@ -238,7 +238,7 @@ def test_loopback_hosts(host, loopback):
 
 
 def test_open_writes_beyond_loopback_are_refused_with_the_fix():
-    from perfmodel.errors import PerfmodelError
+    from perfmodel.core.errors import PerfmodelError
 
     with pytest.raises(PerfmodelError, match=r"PERFMODEL_TOKEN_SHA256=.*--hash-token.*--allow-open-writes"):
         refuse_open_writes(ServiceSettings(host="0.0.0.0"))

@@ -13,9 +13,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from perfmodel.graph.opkinds import OpKind
+from perfmodel.core.opkinds import OpKind
 from perfmodel.jobs.spec import HFConfigSource, JobSpec, Mode, OptimizerName, Precision, ZooSource
-from perfmodel.profilers.records import (
+from perfmodel.records import (
     Environment,
     IterationStats,
     OnnxNodeRecord,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import insert, inspect, select
 
-from perfmodel.errors import PerfmodelError
+from perfmodel.core.errors import PerfmodelError
 from perfmodel.jobs.spec import JobSpec, ZooSource
 from perfmodel.store import STORE_SCHEMA_VERSION
 from perfmodel.store.jobs import JobStore

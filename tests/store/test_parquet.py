@@ -8,8 +8,8 @@ from datetime import timedelta
 import pyarrow.parquet as pq
 import pytest
 
-from perfmodel.errors import PerfmodelError
-from perfmodel.profilers.records import Outcome
+from perfmodel.core.errors import PerfmodelError
+from perfmodel.records import Outcome
 from perfmodel.store import STORE_SCHEMA_VERSION, ProfileStore
 
 

@@ -9,7 +9,7 @@ import pytest
 from sqlalchemy import insert, inspect, select, text
 from sqlalchemy.exc import IntegrityError
 
-from perfmodel.errors import PerfmodelError
+from perfmodel.core.errors import PerfmodelError
 from perfmodel.store import STORE_SCHEMA_VERSION, ProfileStore
 from perfmodel.store.schema import ensure_schema
 from perfmodel.store.tables import SchemaInfo

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from perfmodel.errors import PerfmodelError
+from perfmodel.core.errors import PerfmodelError
 from perfmodel.jobs.spec import Mode, Precision
-from perfmodel.profilers.records import Outcome
+from perfmodel.records import Outcome
 from perfmodel.store import ProfileStore, ProfileSummary
 
 

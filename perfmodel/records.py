@@ -12,7 +12,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from perfmodel.graph.opkinds import OpKind
+from perfmodel.core.opkinds import OpKind
 from perfmodel.jobs.spec import JobSpec
 
 

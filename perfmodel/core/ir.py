@@ -17,7 +17,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from perfmodel.graph.opkinds import OpKind
+from perfmodel.core.opkinds import OpKind
 
 SCHEMA_VERSION = 1
 
@@ -132,7 +132,7 @@ class Graph(_Frozen):
         data = json.loads(text)
         version = data.get("schema_version")
         if version != SCHEMA_VERSION:
-            from perfmodel.errors import PerfmodelError
+            from perfmodel.core.errors import PerfmodelError
 
             raise PerfmodelError(f"graph IR schema_version {version!r} is not supported (expected {SCHEMA_VERSION})")
         return cls.model_validate(data)
