@@ -17,8 +17,8 @@ import time
 import pandas as pd
 
 from perfmodel.evaluation.device_ops import error_table, leave_one_device_out, op_class_mape, training_rows
-from perfmodel.features.device_ops import OP_CLASSES
 from perfmodel.hardware.catalog import load_catalog
+from perfmodel.lowering.ops import OP_CLASSES
 from perfmodel.regressors.device_ops import DeviceOpRegressor
 from perfmodel.store import ProfileStore
 

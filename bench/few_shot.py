@@ -29,8 +29,8 @@ import numpy as np
 import pandas as pd
 
 from perfmodel.evaluation.device_ops import chip_of, training_rows
-from perfmodel.features.device_ops import OP_CLASSES
 from perfmodel.hardware.catalog import load_catalog
+from perfmodel.lowering.ops import OP_CLASSES
 from perfmodel.regressors.device_ops import DeviceOpRegressor
 from perfmodel.store import ProfileStore
 

@@ -26,8 +26,8 @@ import pandas as pd
 
 from perfmodel.evaluation.device_ops import training_rows
 from perfmodel.evaluation.neusight_models import GraphCache, evaluate_models, mape_by, scan_labels
-from perfmodel.features.device_ops import roofline_ms
 from perfmodel.hardware.catalog import load_catalog
+from perfmodel.lowering.ops import op_roofline_ms as roofline_ms
 from perfmodel.regressors.device_ops import DeviceOpRegressor
 from perfmodel.settings import get_settings
 from perfmodel.store import ProfileStore

@@ -29,8 +29,10 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
+from perfmodel.core import cost
 from perfmodel.core.accuracy import mape_pct_or_none
 from perfmodel.core.errors import PerfmodelError
+from perfmodel.core.units import samples_per_s
 
 HALF_LIFE_DAYS = 30.0
 OUTLIER_MADS = 3.5
@@ -88,10 +90,12 @@ def ceiling_samples_per_s(spec: Any, graph: Any, placement: Any, catalog: Mappin
     from perfmodel.predictor.math_modes import maths_by_group
 
     hardware = get_accelerator(placement.accelerator, catalog)
-    peak_flop_s = max(peak_gflops(hardware, math_name, gemm=True)
-                      for math_name in set(maths_by_group(spec.precision, hardware).values())) * 1e9
+    peak = max(peak_gflops(hardware, math_name, gemm=True)
+               for math_name in set(maths_by_group(spec.precision, hardware).values()))
     per_sample = flops_per_sample(spec, graph)
-    return math.inf if per_sample <= 0 else placement.devices * peak_flop_s / per_sample
+    if per_sample <= 0:
+        return math.inf
+    return float(placement.devices * samples_per_s(1, float(cost.compute_ms(per_sample, peak))))
 
 
 def check_observation(throughput_samples_per_s: float, *, ceiling_samples_per_s: float,

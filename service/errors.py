@@ -35,13 +35,6 @@ class NotFound(ApiError):
         super().__init__(404, message)
 
 
-class ModelRefused(ApiError):
-    """A model that does not load is never promoted; the old one keeps serving."""
-
-    def __init__(self, message: str):
-        super().__init__(409, message)
-
-
 def field_error(loc: list[Any], message: str, status_code: int = 422) -> ApiError:
     """A 422 about one field (extended by the field the message itself names first)."""
     loc, message = with_field(list(loc), message)

@@ -4,6 +4,7 @@
 - `errors`: the exception types and their exit codes / HTTP statuses;
 - `ir`, `opkinds`: the graph IR schema (nodes, tensors, totals) and the op-kind vocabulary;
 - `accuracy`: prediction error (APE, MAPE);
+- `cost`: the analytic cost formulas (roofline; α-β collectives with the one NIC-rails rule);
 - `lru`: a thread-safe bounded cache;
 - `atomic`: write a file so that a crash leaves the old one or the new one, never part of one.
 

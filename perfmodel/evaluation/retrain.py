@@ -155,7 +155,7 @@ class DeviceOpsRecipe(RoleRecipe):
 
     def load(self, store: Any, catalog: Mapping[str, Any], progress: Progress) -> RoleData:
         from perfmodel.evaluation.device_ops import chip_of, training_rows
-        from perfmodel.features.device_ops import OP_CLASSES
+        from perfmodel.lowering.ops import OP_CLASSES
 
         measured = store.op_measurements(extra=False)
         ops = training_rows(measured)

@@ -33,7 +33,7 @@ output's last dim):
 | to, type, type_as, long, bool, float, half, int changing the dtype | memory row reading and writing numel |
 | full, ones, zeros, arange, *_like | memory row writing numel |
 
-A memory row is `perfmodel.predictor.device_ops.memory_row` (the element-wise row of equal bytes). Every row is
+A memory row is `perfmodel.lowering.rows.memory_row` (the element-wise row of equal bytes). Every row is
 fp32 when the node's output is float32 (fp16 / bf16 likewise); int64 and bool outputs (masks, position ids) are
 mapped as fp32 too: few and small.
 
@@ -57,9 +57,9 @@ import numpy as np
 import pandas as pd
 
 from perfmodel.core.errors import PerfmodelError, UnknownNameError
-from perfmodel.features.device_ops import SHAPE_COLUMNS
 from perfmodel.hardware.spec import HardwareSpec
-from perfmodel.predictor.device_ops import Row, memory_row
+from perfmodel.lowering.ops import SHAPE_COLUMNS
+from perfmodel.lowering.rows import Gemm, Row, bmm_row, linear_row, memory_row, vector_row
 from perfmodel.predictor.transfer import transfer_ops
 
 MAPPED, NO_KERNEL, UNMAPPED = "mapped", "no-kernel", "unmapped"
@@ -117,16 +117,15 @@ def _numel(shape: Sequence[int]) -> int:
 
 
 def _vector(op_class: str, op_name: str, numel: int, hidden: int) -> Row:
-    hidden = min(max(int(hidden), 1), max(int(numel), 1))
-    return Row(op_class, op_name, "fwd", {"batch": max(int(round(numel / hidden)), 1), "hidden": hidden})
+    return vector_row(op_class, op_name, "fwd", numel, hidden)
 
 
 def _linear(m: int, n: int, k: int) -> Row:
-    return Row("linear", "linear", "fwd", {"batch": 1, "m": max(m, 1), "n": max(n, 1), "k": max(k, 1)})
+    return linear_row(m, n, k, "fwd")
 
 
 def _bmm(batch: int, m: int, n: int, k: int) -> Row:
-    return Row("bmm", "bmm", "fwd", {"batch": max(batch, 1), "m": max(m, 1), "n": max(n, 1), "k": max(k, 1)})
+    return bmm_row(Gemm(batch, m, n, k), "fwd")
 
 
 def _gemm(a: Sequence[int], b: Sequence[int]) -> Row:
@@ -411,8 +410,8 @@ def neusight_sweep_ops(root: str | Path, catalog: Mapping[str, HardwareSpec], *,
     (`data/dataset*/train/collect/<op>/p<torch>/<GPU>.csv.gz`), leaving out `exclude_devices` (catalog ids) and
     op classes not in `op_classes`; `max_rows_per_file` samples each file (seeded)."""
     from perfmodel.evaluation.neusight_models import neusight_root
-    from perfmodel.features.device_ops import NEUSIGHT_OP_CLASS
     from perfmodel.hardware.catalog import get_accelerator
+    from perfmodel.lowering.ops import NEUSIGHT_OP_CLASS
     from perfmodel.predictor.op_table import ops_from_neusight_frame
 
     root = neusight_root(root)

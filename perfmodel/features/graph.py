@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from perfmodel.core import cost
 from perfmodel.core.ir import Graph
 from perfmodel.core.opkinds import OpKind
 from perfmodel.features.nodes import KINDS, hardware_features, has_phase, node_cost, roofline_ms
@@ -85,7 +86,7 @@ def roofline_parts_ms(graph: Graph, hw: HardwareSpec, spec: JobSpec) -> dict[str
                 compute_ops += node.kind != OpKind.view
     optimizer = optimizer_name(spec)
     optimizer_bytes = graph.totals.params * PARAM_BYTES * OPTIMIZER_TENSOR_PASSES[optimizer] if optimizer else 0
-    parts["optimizer"] = optimizer_bytes / (hw.memory_bandwidth_gbps * 1e9) * 1e3
+    parts["optimizer"] = float(cost.memory_ms(optimizer_bytes, hw.memory_bandwidth_gbps))
     parts["overhead"] = compute_ops * DISPATCH_MS_PER_OP
     return parts
 

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from perfmodel.core import cost
 from perfmodel.core.ir import Graph, Node
 from perfmodel.core.opkinds import OpKind
 from perfmodel.graph.flops import DTYPE_BYTES
@@ -48,10 +49,8 @@ def _log(x: float) -> float:
 
 
 def roofline_ms(flops: float, bytes_moved: float, hw: HardwareSpec) -> float:
-    """Time at peak: max(compute, memory), in ms."""
-    compute_ms = flops / (hw.peak_fp32_gflops * 1e9) * 1e3
-    memory_ms = bytes_moved / (hw.memory_bandwidth_gbps * 1e9) * 1e3
-    return max(compute_ms, memory_ms)
+    """Time at the fp32 peak and the memory bandwidth of `hw`: `core.cost.roofline_ms`, in ms."""
+    return float(cost.roofline_ms(flops, bytes_moved, hw.peak_fp32_gflops, hw.memory_bandwidth_gbps))
 
 
 def node_cost(node: Node, phase: str) -> tuple[int, int, int]:

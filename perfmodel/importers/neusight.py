@@ -22,7 +22,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Final
 
-from perfmodel.features.device_ops import NEUSIGHT_OP_CLASS
 from perfmodel.importers.common import (
     DatasetImporter,
     DeviceResolver,
@@ -34,9 +33,12 @@ from perfmodel.importers.common import (
     relative,
     rows,
 )
+from perfmodel.lowering.ops import NEUSIGHT_OP_CLASS, NEUSIGHT_SHAPE_SOURCES
 from perfmodel.profilers.external import OpMeasurement
 
 SOURCE: Final = "neusight"
+# a square conv row's fields -> the measurement's height/width field prefix
+SQUARE_CONV_FIELDS = {"input_size": "input", "kernel_size": "kernel", "stride": "stride", "padding": "padding"}
 
 
 FILE_PATTERNS = (
@@ -79,21 +81,11 @@ def _record(name: str, index: int, row: dict[str, Any], device: str, split: str,
     if latency is None or latency <= 0:
         stats.skipped["no latency"] += 1
         return None
-    shape: dict[str, Any] = {}
-    if op_class in ("bmm", "linear"):
-        shape = {"batch": integer(row.get("B")), "m": integer(row.get("M")), "n": integer(row.get("N")),
-                 "k": integer(row.get("K"))}
-    elif op_class == "conv2d":
-        size, kernel = integer(row.get("Input_Size")), integer(row.get("Kernel_Szie"))
-        stride, padding = integer(row.get("Stride")), integer(row.get("Padding"))
-        shape = {"batch": integer(row.get("B")), "in_channels": integer(row.get("Input_Channel")),
-                 "out_channels": integer(row.get("Output_Channel")),
-                 "input_height": size, "input_width": size, "input_size": size,
-                 "kernel_height": kernel, "kernel_width": kernel, "kernel_size": kernel,
-                 "stride_height": stride, "stride_width": stride, "stride": stride,
-                 "padding_height": padding, "padding_width": padding, "padding": padding}
-    else:
-        shape = {"batch": integer(row.get("B")), "hidden": integer(row.get("H"))}
+    shape: dict[str, Any] = {column: integer(next((row[name] for name in names if name in row), None))
+                             for column, names in NEUSIGHT_SHAPE_SOURCES[op_class].items()}
+    if op_class == "conv2d":  # square: the measurement's height and width fields too
+        for column, prefix in SQUARE_CONV_FIELDS.items():
+            shape[f"{prefix}_height"] = shape[f"{prefix}_width"] = shape[column]
     kernel_name = kernel_signature(row.get("Kernel Name"))
     kernels = [kernel_signature(k) for k in str(row.get("Kernels") or "").split(";") if k and k != "nan"]
     torch_version = row.get("Torch Version") or version_dir

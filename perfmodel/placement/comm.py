@@ -1,5 +1,8 @@
 """The α-β (latency-bandwidth, Hockney) cost model of collectives, fitted to public NCCL measurements.
 
+The formulas live in `perfmodel.core.cost` (one home, shared with the placement model `iteration`); this module
+prices them on a `LinkModel`, fits links to measurements, and builds links from spec sheets and networks.
+
 A link type is two numbers: α, the fixed cost of one message step (ms), and β, the time per byte on the link
 (ms/byte; 1/β is the effective bandwidth per direction). With S the bytes each rank contributes (the whole
 buffer, not a shard) and p ranks, the standard algorithm costs (Thakur, Rabenseifner & Gropp 2005; Patarasuk &
@@ -66,7 +69,9 @@ split over `network_rails` NICs: one per GPU of the typical server (`node_device
 enough for rails of at least MIN_RAIL_GBIT_S each (3200 Gb/s on 8 GPUs: 8 x 400; 400 on 8: 4 x 100, as a DGX-1),
 else fewer (100 Gb/s or 10 GbE: one NIC the node's GPUs share). g devices of a node use min(g, rails) rails, so all
 of a node's devices together never get more than the node's network, and one device per node gets one rail. The
-placement model prices a node's inter-node traffic (all its groups' shards at once) against it.
+placement model prices a node's inter-node traffic (all its groups' shards at once) against it. The rule is one,
+`core.cost.node_beta` / `stream_beta`: `hierarchical_allreduce_ms` applies it to one collective alone on its nodes
+(its g shards over min(g, r) rails), the placement model to every device of a node sending at once.
 """
 
 from __future__ import annotations
@@ -82,6 +87,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from perfmodel.core import cost
 from perfmodel.hardware.spec import HardwareSpec
 
 ALGORITHMS = ("ring", "tree", "send_recv", "allgather", "reduce_scatter")
@@ -140,27 +146,13 @@ def _check_ranks(p: np.ndarray) -> None:
 
 
 def coefficients(algorithm: str, message_bytes: ArrayLike, world_size: ArrayLike = 2) -> tuple[np.ndarray, np.ndarray]:
-    """(a, b) with T = a·α + b·β for `algorithm` (see the module docstring), broadcast over arrays."""
-    s = np.asarray(message_bytes, dtype=float)
-    p = np.asarray(world_size, dtype=float)
-    _check_ranks(p)
-    s, p = np.broadcast_arrays(s, p)
-    if algorithm == "ring":
-        return 2 * (p - 1), 2 * (p - 1) / p * s
-    if algorithm in ("allgather", "reduce_scatter"):
-        return p - 1, (p - 1) / p * s
-    if algorithm == "tree":
-        steps = np.ceil(np.log2(p))
-        return 2 * steps, np.where(p > 1, 2 * s, 0.0)
-    if algorithm == "send_recv":
-        return np.ones_like(s), s.copy()
-    raise ValueError(f"unknown algorithm {algorithm!r}; expected one of {ALGORITHMS}")
+    """(a, b) with T = a·α + b·β for `algorithm` (`perfmodel.core.cost.collective_coefficients`)."""
+    return cost.collective_coefficients(algorithm, message_bytes, world_size)
 
 
 def collective_ms(link: LinkModel, algorithm: str, message_bytes: ArrayLike, world_size: ArrayLike = 2) -> np.ndarray:
     """Time (ms) of one collective of `message_bytes` over `world_size` ranks on `link`."""
-    a, b = coefficients(algorithm, message_bytes, world_size)
-    return a * link.alpha_ms + b * link.beta_ms_per_byte
+    return cost.collective_ms(algorithm, message_bytes, world_size, link.alpha_ms, link.beta_ms_per_byte)
 
 
 def send_recv_ms(link: LinkModel, message_bytes: ArrayLike) -> np.ndarray:
@@ -212,10 +204,10 @@ def hierarchical_allreduce_ms(intra: LinkModel, inter: LinkModel, message_bytes:
     _check_ranks(g)
     r = g if rails is None else np.asarray(rails, dtype=float)
     _check_ranks(r)
-    share = g / np.minimum(r, g)  # shards per rail
-    intra_part = 2 * reduce_scatter_ms(intra, s, g)  # reduce-scatter and all-gather cost the same
-    a, b = coefficients("ring", s / g, n)
-    total: np.ndarray = intra_part + a * inter.alpha_ms + b * share * inter.beta_ms_per_byte
+    # the g shards of one collective alone on the node, over min(g, r) rails (the one rails rule of core.cost)
+    shard_beta = cost.stream_beta(cost.node_beta(inter.beta_ms_per_byte, r, g), g)
+    total: np.ndarray = cost.hierarchical_allreduce_ms(s, n * g, n, intra.alpha_ms, intra.beta_ms_per_byte,
+                                                       inter.alpha_ms, shard_beta)
     return total
 
 
@@ -428,9 +420,12 @@ def network_rails(node_gbit_s: float, node_devices: int | None) -> int:
 def node_network_link(node_gbit_s: float, latency_us: float, *, rails: int = 1, devices: int = 1,
                       efficiency: float = DEFAULT_NETWORK_EFFICIENCY) -> LinkModel:
     """What `devices` GPUs of one node get of its network together: `node_gbit_s` (Gb/s over all NICs) split
-    over `rails` NICs, min(devices, rails) of them usable (`network_link` of that rate)."""
+    over `rails` NICs (`network_link` of one NIC's rate), min(devices, rails) of them usable (`core.cost.node_beta`)."""
     if rails < 1 or devices < 1:
         raise ValueError("rails and devices must be >= 1")
-    usable = node_gbit_s * min(devices, rails) / rails
-    return network_link(usable, latency_us, efficiency=efficiency,
-                        name=f"network-{node_gbit_s:g}gbit-{min(devices, rails)}of{rails}rails")
+    rail = network_link(node_gbit_s / rails, latency_us, efficiency=efficiency)
+    beta = float(cost.node_beta(rail.beta_ms_per_byte, rails, devices))  # the one rails rule (core.cost)
+    return LinkModel(alpha_ms=rail.alpha_ms, beta_ms_per_byte=beta,
+                     name=f"network-{node_gbit_s:g}gbit-{min(devices, rails)}of{rails}rails",
+                     source=f"spec:{node_gbit_s:g} Gb/s over {rails} rail(s), {min(devices, rails)} used, "
+                            f"x {efficiency:g}, {latency_us:g} us")

@@ -74,6 +74,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from perfmodel.core import cost
 from perfmodel.placement.comm import NO_P2P_OVERLAP_SCALE
 
 PARAMS_FILE = "iteration_params.json"
@@ -197,25 +198,22 @@ class PlacementArrays:
 
 
 # The model is written once for arrays (many pairs) and plain floats (one pair: no numpy call overhead, ~10× faster
-# for a single prediction). Arithmetic works on both; these three and `_when` are the only functions it needs.
+# for a single prediction). Arithmetic works on both; `_where`, `_when` and core.cost's maximum / minimum (which the
+# cost formulas use too) are the only functions it needs.
 def _where(condition: Any, yes: Any, no: Any) -> Any:
     return np.where(condition, yes, no) if isinstance(condition, np.ndarray) else (yes if condition else no)
 
 
-def _maximum(a: Any, b: Any) -> Any:
-    return np.maximum(a, b) if isinstance(a, np.ndarray) or isinstance(b, np.ndarray) else max(a, b)
+_maximum = cost.maximum
+_minimum = cost.minimum
 
 
-def _minimum(a: Any, b: Any) -> Any:
-    return np.minimum(a, b) if isinstance(a, np.ndarray) or isinstance(b, np.ndarray) else min(a, b)
-
-
-def _when(condition: Any, cost: Any) -> Any:
-    """`cost()` where `condition` holds, else 0; not evaluated at all where it holds nowhere (one pair, or a batch
+def _when(condition: Any, price: Any) -> Any:
+    """`price()` where `condition` holds, else 0; not evaluated at all where it holds nowhere (one pair, or a batch
     with no such pair)."""
     if isinstance(condition, np.ndarray):
-        return np.where(condition, cost(), 0.0) if condition.any() else 0.0
-    return cost() if condition else 0.0
+        return np.where(condition, price(), 0.0) if condition.any() else 0.0
+    return price() if condition else 0.0
 
 
 class _Group(NamedTuple):
@@ -241,31 +239,42 @@ class _Group(NamedTuple):
                    p.intra_beta_ms_per_byte * (1 + p.host_staged * (devices - 1)))
 
 
+def _streams(group: _Group) -> Any:
+    """Transfers leaving a node at once over its network: one per device of the node (all its groups of this
+    kind), or the group's g members when the node's devices are unknown."""
+    return group.g * group.share
+
+
 def _half_ring(p: PlacementArrays, group: _Group, size: Any) -> Any:
     """A ring reduce-scatter (or all-gather) of `size` bytes per rank over `group`; an all-reduce is two of them.
     Across nodes it is hierarchical (the intra-node phase on each node's g members, the inter-node ring of the
-    node's shards over its network) and never cheaper than the same ranks in one node."""
-    intra = (group.g - 1) * (p.intra_alpha_ms + size / group.g * group.beta)
-    inter = (group.n - 1) * (p.inter_alpha_ms + size / group.n * group.share * p.inter_beta_ms_per_byte)
-    one_node = (group.ranks - 1) * (p.intra_alpha_ms + size / group.ranks * group.beta_one_node)
-    return _maximum(intra + inter, one_node)
+    node's shards over its network: `core.cost.hierarchical_reduce_scatter_ms`) and never cheaper than the same
+    ranks in one node."""
+    spread = cost.hierarchical_reduce_scatter_ms(size, group.ranks, group.n, p.intra_alpha_ms, group.beta,
+                                                 p.inter_alpha_ms,
+                                                 cost.stream_beta(p.inter_beta_ms_per_byte, _streams(group)))
+    one_node = cost.ring_step_ms(group.ranks - 1, size / group.ranks, p.intra_alpha_ms, group.beta_one_node)
+    return _maximum(spread, one_node)
 
 
 def _all_to_all(p: PlacementArrays, group: _Group, size: Any) -> Any:
     """Pairwise all-to-all: each rank sends (ranks-1)/ranks of its `size` bytes. Across nodes, the (n-1)/n that
-    leave a node go over its network for every rank on it; never cheaper than the same ranks in one node."""
-    intra = (group.g - 1) * (p.intra_alpha_ms + size / group.ranks * group.beta)
-    inter = (group.n - 1) * (p.inter_alpha_ms + size / group.n * group.g * group.share * p.inter_beta_ms_per_byte)
-    one_node = (group.ranks - 1) * (p.intra_alpha_ms + size / group.ranks * group.beta_one_node)
-    return _maximum(intra + inter, one_node)
+    leave a node go over its network for every rank on it (`core.cost.hierarchical_all_to_all_ms`); never cheaper
+    than the same ranks in one node."""
+    spread = cost.hierarchical_all_to_all_ms(size, group.ranks, group.n, p.intra_alpha_ms, group.beta,
+                                             p.inter_alpha_ms,
+                                             cost.stream_beta(p.inter_beta_ms_per_byte, _streams(group)))
+    one_node = cost.ring_step_ms(group.ranks - 1, size / group.ranks, p.intra_alpha_ms, group.beta_one_node)
+    return _maximum(spread, one_node)
 
 
 def _send(p: PlacementArrays, size: Any) -> Any:
     """A pipeline stage's send of `size` bytes: over the network when the pipeline spans nodes (every device of
     a node sending at once), never cheaper than within one node."""
     devices = p.tensor * p.pipeline * p.data
-    one_node = p.intra_alpha_ms + size * p.intra_beta_ms_per_byte * (1 + p.host_staged * (devices - 1))
-    network = p.inter_alpha_ms + size * _maximum(p.node_devices, 1.0) * p.inter_beta_ms_per_byte
+    one_node = cost.send_ms(size, p.intra_alpha_ms, p.intra_beta_ms_per_byte * (1 + p.host_staged * (devices - 1)))
+    network = cost.send_ms(size, p.inter_alpha_ms,
+                           cost.stream_beta(p.inter_beta_ms_per_byte, _maximum(p.node_devices, 1.0)))
     return _where(p.pipeline_nodes > 1, _maximum(network, one_node), one_node)
 
 

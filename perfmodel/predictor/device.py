@@ -45,7 +45,7 @@ from perfmodel.core.units import samples_per_s
 from perfmodel.hardware.impute import imputed
 from perfmodel.hardware.spec import HardwareSpec
 from perfmodel.jobs.spec import JobSpec, Precision
-from perfmodel.predictor.device_ops import BACKWARD, FORWARD, graph_op_rows, memory_row
+from perfmodel.lowering.rows import BACKWARD, FORWARD, graph_op_rows, memory_row
 from perfmodel.predictor.math_modes import CONV_KINDS, MATMUL_KINDS, group_of, maths_by_group, resolved_table
 from perfmodel.predictor.memory import estimate_memory
 from perfmodel.predictor.predict import Prediction

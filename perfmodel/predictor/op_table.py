@@ -33,23 +33,10 @@ import numpy as np
 import pandas as pd
 
 from perfmodel.core.errors import PerfmodelError, UnknownNameError
-from perfmodel.features.device_ops import NEUSIGHT_OP_CLASS, SHAPE_COLUMNS
 from perfmodel.hardware.catalog import get_accelerator, load_catalog
 from perfmodel.hardware.spec import HardwareSpec
+from perfmodel.lowering.ops import NEUSIGHT_OP_CLASS, NEUSIGHT_SHAPE_SOURCES, SHAPE_COLUMNS
 
-_GEMM = {"batch": ("B",), "m": ("M",), "n": ("N",), "k": ("K",)}
-_VECTOR = {"batch": ("B",), "hidden": ("H",)}
-# op class -> {regressor column: NeuSight column names it may have (the first one present is read)}
-SHAPE_SOURCES: Mapping[str, Mapping[str, tuple[str, ...]]] = {
-    "bmm": _GEMM,
-    "linear": _GEMM,
-    "conv2d": {"batch": ("B",), "in_channels": ("Input_Channel",), "out_channels": ("Output_Channel",),
-               "kernel_size": ("Kernel_Szie", "Kernel_Size"), "input_size": ("Input_Size",), "stride": ("Stride",),
-               "padding": ("Padding",)},
-    "elementwise": _VECTOR,
-    "softmax": _VECTOR,
-    "layernorm": _VECTOR,
-}
 # shape columns that may be 0 (every other one must be ≥ 1)
 ZERO_ALLOWED = frozenset({"padding"})
 
@@ -140,7 +127,7 @@ def ops_from_neusight_frame(frame: pd.DataFrame, catalog: Mapping[str, HardwareS
                        index=frame.index)
     shapes = {name: np.zeros(n, dtype=np.int64) for name in SHAPE_COLUMNS}
     classes = out["op_class"].to_numpy()
-    for cls, sources in SHAPE_SOURCES.items():
+    for cls, sources in NEUSIGHT_SHAPE_SOURCES.items():
         rows = classes == cls
         if not rows.any():
             continue

@@ -35,9 +35,11 @@ import pandas as pd
 from perfmodel.core.errors import DeviceError, PerfmodelError
 from perfmodel.hardware.math import has_tf32
 from perfmodel.hardware.spec import HardwareSpec
+from perfmodel.lowering.ops import op_roofline_ms, op_work
 from perfmodel.profilers.external import DType, OpClass
 
-# shape fields a BenchShape may set (the OpMeasurement names)
+# shape fields a BenchShape may set: the kernel-row shape columns (`perfmodel.lowering.ops.SHAPE_COLUMNS`, the
+# OpMeasurement names), in the order of the shape keys earlier runs stored (`BenchShape.key`: do not reorder)
 BENCH_FIELDS = ("batch", "m", "n", "k", "hidden", "in_channels", "out_channels", "input_size", "kernel_size",
                 "stride", "padding")
 WARMUP = 3
@@ -222,14 +224,12 @@ def order_candidates(shapes: Sequence[BenchShape], spec: HardwareSpec, catalog: 
     widest interval of `model` first (its p90 / p10 on this device; all equal without a model), ties broken
     farthest-point first over (log2 FLOPs, log2 bytes) so that any prefix spreads over the class's shapes.
     Shapes whose roofline × `ROOFLINE_SAFETY` exceeds `max_op_ms` are dropped."""
-    from perfmodel.features.device_ops import device_op_features
-
     if not shapes:
         return []
     limit = max_op_ms if max_op_ms is not None else (MAX_OP_MS_GPU if spec.kind == "gpu" else MAX_OP_MS_CPU)
     frame = shapes_frame(shapes, spec.name)
-    features = device_op_features(frame, catalog)
-    roofline_ms = np.exp2(features["log_roofline_ms"].to_numpy())
+    work = op_work(frame)
+    roofline_ms = op_roofline_ms(frame, catalog)
     width = np.zeros(len(frame))
     if model is not None:
         known = frame["op_class"].isin(getattr(model, "boosters_", {})).to_numpy()
@@ -240,7 +240,7 @@ def order_candidates(shapes: Sequence[BenchShape], spec: HardwareSpec, catalog: 
     for i, s in enumerate(shapes):
         if roofline_ms[i] * ROOFLINE_SAFETY <= limit:
             groups.setdefault((s.op_class, s.dtype), []).append(i)
-    points = np.column_stack([features["log_flops"].to_numpy(), features["log_bytes"].to_numpy()])
+    points = np.column_stack([np.log2(1 + work.flops), np.log2(1 + work.bytes_read + work.bytes_written)])
     queues = [_farthest_first(idx, points, width) for idx in groups.values()]
     ordered: list[BenchShape] = []
     for rank in range(max((len(q) for q in queues), default=0)):
@@ -251,11 +251,9 @@ def order_candidates(shapes: Sequence[BenchShape], spec: HardwareSpec, catalog: 
 def roofline_by_key(shapes: Sequence[BenchShape], spec: HardwareSpec, catalog: Mapping[str, HardwareSpec]
                     ) -> dict[str, float]:
     """max(FLOPs / peak, bytes / bandwidth) of every shape on the device, ms, by shape key."""
-    from perfmodel.features.device_ops import roofline_ms
-
     if not shapes:
         return {}
-    return dict(zip((s.key for s in shapes), roofline_ms(shapes_frame(shapes, spec.name), catalog).tolist()))
+    return dict(zip((s.key for s in shapes), op_roofline_ms(shapes_frame(shapes, spec.name), catalog).tolist()))
 
 
 def _farthest_first(indices: list[int], points: np.ndarray, width: np.ndarray) -> list[int]:

@@ -1,5 +1,5 @@
 """Fan-out of profiling work over a Ray cluster: `run_on_ray` runs tasks (`perfmodel profile --sweep FILE --ray
-ADDRESS` through perfmodel/cli/profile_ray.py; `perfmodel hw bench --ray` can reuse it). Ray is an optional extra
+ADDRESS` through perfmodel/store/profiling.py; `perfmodel hw bench --ray` can reuse it). Ray is an optional extra
 (`pip install 'perfmodel[ray]'`); nothing here imports it before a fan-out starts, and this module never touches the
 store (the layer above does, in the task bodies it passes).
 

@@ -32,16 +32,9 @@ import numpy as np
 import pandas as pd
 
 from perfmodel.core.errors import PerfmodelError
-from perfmodel.features.device_ops import (
-    DEVICE_IDENTITY_FEATURES,
-    DEVICE_OP_FEATURES,
-    GEMM_CLASSES,
-    OP_CLASSES,
-    VECTOR_CLASSES,
-    device_op_features,
-    row_maths,
-)
+from perfmodel.features.device_ops import DEVICE_IDENTITY_FEATURES, DEVICE_OP_FEATURES, device_op_features
 from perfmodel.hardware.spec import HardwareSpec
+from perfmodel.lowering.ops import GEMM_CLASSES, OP_CLASSES, VECTOR_CLASSES, row_maths
 from perfmodel.regressors.manifest import Manifest, data_hash
 
 

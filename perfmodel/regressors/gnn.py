@@ -41,6 +41,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from perfmodel.core import cost
 from perfmodel.core.errors import PerfmodelError
 from perfmodel.features.nodes import NODE_FEATURES, hardware_features, node_feature_matrix
 from perfmodel.features.sample import Sample
@@ -134,7 +135,7 @@ def edge_index(sample: Sample) -> np.ndarray:
 
 def optimizer_base_ms(sample: Sample) -> float:
     """Time to stream the parameters once at peak bandwidth (ms): the optimizer head scales this."""
-    return sample.graph.totals.param_bytes / (sample.hardware.memory_bandwidth_gbps * 1e9) * 1e3
+    return float(cost.memory_ms(sample.graph.totals.param_bytes, sample.hardware.memory_bandwidth_gbps))
 
 
 def sample_key(sample: Sample) -> str:

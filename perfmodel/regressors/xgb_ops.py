@@ -24,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
+from perfmodel.core import cost
 from perfmodel.core.errors import PerfmodelError
 from perfmodel.core.opkinds import OpKind
 from perfmodel.features.graph import DISPATCH_MS_PER_OP, OPTIMIZER_TENSOR_PASSES, PARAM_BYTES, optimizer_name
@@ -97,7 +98,7 @@ def overhead_features(sample: Sample, rows: _Rows) -> dict[str, float]:
     return {
         "constant": 1.0,
         "compute_ops_k": float(np.sum(~rows.view)) / 1000,
-        "optimizer_roofline_ms": optimizer_bytes / (hw.memory_bandwidth_gbps * 1e9) * 1e3,
+        "optimizer_roofline_ms": float(cost.memory_ms(optimizer_bytes, hw.memory_bandwidth_gbps)),
         "optimizer_param_tensors_k": sum(1 for n in graph.nodes if n.params > 0) / 1000 if optimizer else 0.0,
     }
 

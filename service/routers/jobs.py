@@ -105,7 +105,7 @@ async def register_job(request: Request, engine: Writer) -> Response:
 
 
 async def _onnx_job(request: Request) -> tuple[JobSpec, Graph]:
-    from perfmodel.jobs.onnx_upload import MAX_DATA_FILES, UploadError, uploaded_files
+    from perfmodel.graph.onnx_upload import MAX_DATA_FILES, UploadError, uploaded_files
 
     form = await request.form(max_files=1 + MAX_DATA_FILES, max_fields=8)
     try:
@@ -125,11 +125,11 @@ async def _onnx_job(request: Request) -> tuple[JobSpec, Graph]:
 
 
 def _graph_of_upload(files: list[Any], options: OnnxForm, max_total_bytes: int) -> Graph:
-    """The upload's graph: the model with its external data (parts or one zip, `perfmodel.jobs.onnx_upload`,
+    """The upload's graph: the model with its external data (parts or one zip, `perfmodel.graph.onnx_upload`,
     the limit on the total) in a private folder, checked with `onnx.checker` and shape-inferred; for mode=train
     with derived backward costs. Nothing in it is run."""
+    from perfmodel.graph.onnx_upload import UploadError, UploadTooLarge, graph_of_upload
     from perfmodel.jobs.limits import check_graph
-    from perfmodel.jobs.onnx_upload import UploadError, UploadTooLarge, graph_of_upload
     from service.errors import ApiError
     from service.limits import current_limits
 

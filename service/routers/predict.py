@@ -4,7 +4,7 @@ observed on the accelerator (`calibrated`, `calibration_factor`)."""
 
 from __future__ import annotations
 
-from collections import Counter, defaultdict
+from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
 
@@ -15,6 +15,7 @@ from starlette.concurrency import run_in_threadpool
 from perfmodel.core.errors import PerfmodelError
 from perfmodel.engine import FieldError, JobEntry, PredictionEngine
 from perfmodel.hardware.catalog import get_accelerator
+from perfmodel.placement.gavel import gavel_matrices, grid_layouts, job_type_names
 from perfmodel.predictor.predict import Prediction
 from service.deps import MetricsDep, Reader, State
 from service.routers.common import encode_json, json_response, resolve_job
@@ -78,14 +79,9 @@ def grid_placements(engine: PredictionEngine, grid: MatrixGrid) -> tuple[list[Pl
         for count in dict.fromkeys(grid.device_counts):
             if count > 1 and hardware.kind != "gpu":
                 continue  # multi-device placements are GPU placements
-            per_node = min(grid.per_node or hardware.node_devices or count, count)
-            full, rest = divmod(count, per_node)
-            placements.append(PlacementIn(accelerator=hardware.name,
-                                          devices_per_node=(per_node,) * full + ((rest,) if rest else ()), **network))
-            consolidated.append(True)
-            if grid.spread and count > 1 and per_node > 1:
-                placements.append(PlacementIn(accelerator=hardware.name, devices_per_node=(1,) * count, **network))
-                consolidated.append(False)
+            for layout, packed in grid_layouts(count, grid.per_node or hardware.node_devices, spread=grid.spread):
+                placements.append(PlacementIn(accelerator=hardware.name, devices_per_node=layout, **network))
+                consolidated.append(packed)
     if not placements:
         raise FieldError(("grid",), "the grid holds no placement (multi-device placements need a GPU)")
     return placements, consolidated
@@ -162,13 +158,8 @@ def gavel(entries: Sequence[JobEntry], placements: Sequence[PlacementIn], accele
           throughput: np.ndarray, consolidated: Sequence[bool], versions: dict[str, str]) -> dict[str, Any]:
     """Gavel's throughput dictionaries (a job that does not fit a placement gets 0); a job type is "<name> (batch
     size <b>)", with the job id added where two jobs of the request would share one."""
-    from perfmodel.placement.gavel import gavel_layout
-
-    names = {e.key: f"{e.spec.name} (batch size {e.spec.batch_size})" for e in entries}
-    clashes = Counter(names.values())
-    job_types = {key: name if clashes[name] == 1 else f"{name} [{key}]" for key, name in names.items()}
-    cells = ((job_types[entry.key], accelerators[j], placement.devices, consolidated[j], throughput[i, j])
-             for i, entry in enumerate(entries) for j, placement in enumerate(placements))
-    layout = gavel_layout(cells)
-    return {"layout": "gavel", **layout, "job_types": {t: key for key, t in job_types.items()},
+    job_types = job_type_names([(e.key, e.spec.name, e.spec.batch_size) for e in entries])
+    columns = [(accelerators[j], p.devices_per_node, consolidated[j]) for j, p in enumerate(placements)]
+    layout = gavel_matrices(job_types, columns, throughput.tolist())
+    return {"layout": "gavel", **layout, "job_types": {t: e.key for t, e in zip(job_types, entries)},
             "model_versions": versions}

@@ -59,6 +59,12 @@ def test_export_gavel_rejects_a_malformed_job(tmp_path):
     assert not (tmp_path / "x.json").exists()
 
 
+def test_export_gavel_refuses_a_missing_folder_before_predicting(tmp_path):
+    result = run("export", "gavel", tmp_path / "nowhere" / "x.json", "--job", "resnet18:16", "--accelerators", "t4")
+    assert result.exit_code == 2 and "no such folder" in result.output
+    assert not (tmp_path / "nowhere").exists()
+
+
 def test_tensor_parallelism_over_whole_nodes_and_the_catalog_network_by_default():
     common = ("predict", "resnet18", "-b", 8, "--accelerator", "h100-sxm5", "--nodes", 2, "--per-node", 8,
               "--tp", 16, "--json")

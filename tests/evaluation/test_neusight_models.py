@@ -19,8 +19,8 @@ from perfmodel.evaluation.neusight_models import (
     parse_label_name,
     scan_labels,
 )
-from perfmodel.features.device_ops import roofline_ms
 from perfmodel.hardware.catalog import load_catalog
+from perfmodel.lowering.ops import op_roofline_ms as roofline_ms
 from perfmodel.settings import get_settings
 
 DATASETS = get_settings().datasets_dir

@@ -3,14 +3,10 @@ import pandas as pd
 import pytest
 
 from perfmodel.core.errors import PerfmodelError
-from perfmodel.features.device_ops import (
-    DEVICE_IDENTITY_FEATURES,
-    DEVICE_OP_FEATURES,
-    device_op_features,
-    op_work,
-    roofline_ms,
-)
+from perfmodel.features.device_ops import DEVICE_IDENTITY_FEATURES, DEVICE_OP_FEATURES, device_op_features
 from perfmodel.hardware.catalog import load_catalog
+from perfmodel.lowering.ops import op_roofline_ms as roofline_ms
+from perfmodel.lowering.ops import op_work
 
 
 @pytest.fixture(scope="module")

@@ -6,8 +6,8 @@ import pandas as pd
 import pytest
 
 from perfmodel.core.errors import PerfmodelError
-from perfmodel.features.device_ops import NEUSIGHT_OP_CLASS, OP_CLASSES, SHAPE_COLUMNS
 from perfmodel.hardware.catalog import load_catalog
+from perfmodel.lowering.ops import NEUSIGHT_OP_CLASS, OP_CLASSES, SHAPE_COLUMNS
 from perfmodel.predictor.op_table import OP_COLUMNS, ops_from_neusight_frame, read_op_table
 from perfmodel.settings import get_settings
 

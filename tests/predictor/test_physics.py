@@ -10,11 +10,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from perfmodel.features.device_ops import op_work, row_maths
 from perfmodel.graph import graph_for_job
 from perfmodel.hardware.catalog import load_catalog
 from perfmodel.hardware.math import peak_gflops
 from perfmodel.jobs.spec import JobSpec, Precision
+from perfmodel.lowering.ops import op_work, row_maths
 from perfmodel.predictor import DevicePredictor
 from perfmodel.predictor.device_ops import BACKWARD, FORWARD
 

@@ -46,6 +46,21 @@ def test_maths_follow_the_catalog(catalog):
     assert len({s.key for s in grid}) == len(grid)  # keys identify shapes
 
 
+def test_bench_shapes_are_kernel_rows_priced_by_the_one_roofline(catalog):
+    from perfmodel.core import cost
+    from perfmodel.lowering.ops import SHAPE_COLUMNS, device_peaks, op_work
+    from perfmodel.profilers.microbench import BENCH_FIELDS, roofline_by_key, shapes_frame
+
+    assert set(BENCH_FIELDS) == set(SHAPE_COLUMNS)
+    spec = catalog["a100-pcie-40gb"]
+    frame = shapes_frame(TINY, spec.name)
+    work = op_work(frame)
+    peak, bandwidth = device_peaks(frame, catalog)
+    expected = cost.roofline_ms(work.flops, work.bytes_read + work.bytes_written, peak, bandwidth)
+    by_key = roofline_by_key(TINY, spec, catalog)
+    assert [by_key[s.key] for s in TINY] == expected.tolist()
+
+
 def test_order_interleaves_classes_and_drops_slow_shapes(catalog):
     spec = catalog["cpu"]
     grid = candidate_grid(spec)
@@ -53,7 +68,7 @@ def test_order_interleaves_classes_and_drops_slow_shapes(catalog):
     assert len({s.key for s in ordered}) == len(ordered) < len(grid)  # a subset, no repeats
     assert {s.op_class for s in ordered[:len(BENCH_CLASSES)]} == set(BENCH_CLASSES)  # any short budget sees all
     # farthest-first: the first few shapes of a class span a wide range of work
-    from perfmodel.features.device_ops import op_work
+    from perfmodel.lowering.ops import op_work
     from perfmodel.profilers.microbench import shapes_frame
 
     bmm = [s for s in ordered if s.op_class == "bmm"][:4]

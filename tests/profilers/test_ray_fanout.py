@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from perfmodel.cli.profile_ray import profile_and_store
 from perfmodel.core.errors import PerfmodelError
 from perfmodel.jobs.spec import JobSpec
 from perfmodel.profilers import ray_fanout
 from perfmodel.profilers.ray_fanout import FanoutTask, RayOptions, gpus_for, run_on_ray
 from perfmodel.store import ProfileStore
+from perfmodel.store.profiling import profile_and_store
 
 USER_MODELS = Path(__file__).parent / "user_models.py"
 QUICK = {"warmup": 1, "repeats": 2, "per_op": False, "time_budget_s": None}

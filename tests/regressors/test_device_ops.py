@@ -66,7 +66,7 @@ def test_refuses_unknown_classes_and_bad_latencies(catalog):
 
 
 def test_bounded_classes_never_beat_the_roofline_and_boosters_keep_their_own_features(catalog):
-    from perfmodel.features.device_ops import roofline_ms
+    from perfmodel.lowering.ops import op_roofline_ms as roofline_ms
     from perfmodel.regressors.device_ops import ROOFLINE_BOUNDED, class_features
 
     # measured 10 % above the roofline on the training GPUs: a model can only match it from above

@@ -1,16 +1,56 @@
-"""`perfmodel profile --ray ADDRESS`: each job of a sweep profiled as a Ray task (perfmodel/profilers/ray_fanout.py)
-and written to the shared store by the task itself, as its last step, in one transaction, idempotent by run id + job
-key (`ProfileStore.add_once` under `result_uid`)."""
+"""Profiling into the store: real profiles of jobs (perfmodel/profilers/run.py) added to a `ProfileStore`, either
+here one job after another (`profile_into_store`, what `perfmodel profile` runs) or as Ray tasks (`profile_on_ray`,
+`perfmodel profile --ray ADDRESS`; perfmodel/profilers/ray_fanout.py), each task writing its own result to the
+shared store as its last step, in one transaction, idempotent by run id + job key (`ProfileStore.add_once` under
+`result_uid`). Either way a job the store already has on the device is skipped unless `force`: sweeps resume."""
 
 from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 from uuid import uuid4
 
+from perfmodel.core.errors import PerfmodelError
 from perfmodel.profilers.ray_fanout import FanoutResult, FanoutTask, RayOptions, gpus_for, result_uid, run_on_ray
+
+
+@dataclass(frozen=True)
+class ProfiledJob:
+    """One job of a sweep: skipped (the store had it), failed (`error`), or profiled and stored as `profile_id`."""
+
+    spec: Any  # JobSpec
+    profile: Any = None  # Profile
+    profile_id: int | None = None
+    skipped: bool = False
+    error: str | None = None
+
+
+def profile_into_store(specs: Sequence[Any], device: str, store: Any, *, force: bool = False,
+                       stop_on_error: bool = False, progress: Callable[[str], None] | None = None,
+                       **options: Any) -> Iterator[ProfiledJob]:
+    """Profile every JobSpec on `device` (cpu, cuda, cuda:N) and add it to the open ProfileStore `store`, yielding
+    each job's outcome as it is done. A job that fails (PerfmodelError) is yielded with its error, or raised with
+    `stop_on_error`. `options` go to `profile_job` (warmup, repeats, per_op, onnx, time_budget_s)."""
+    from perfmodel.device import resolve_device
+    from perfmodel.profilers.env import capture_environment
+    from perfmodel.profilers.run import profile_job
+
+    device_name = capture_environment(resolve_device(device)).device_name
+    for spec in specs:
+        if not force and store.has(spec.key(), device_name=device_name):
+            yield ProfiledJob(spec, skipped=True)
+            continue
+        try:
+            profile = profile_job(spec, device, progress=progress, **options)
+        except PerfmodelError as exc:
+            if stop_on_error:
+                raise
+            yield ProfiledJob(spec, error=str(exc))
+            continue
+        yield ProfiledJob(spec, profile=profile, profile_id=store.add(profile))
 
 
 def profile_and_store(spec_json: dict[str, Any], device: str, store_url: str, run_id: str,
@@ -38,7 +78,7 @@ def profile_and_store(spec_json: dict[str, Any], device: str, store_url: str, ru
             "iter_time_ms_median": profile.iteration.iter_time_ms_median if profile.iteration else None}
 
 
-def profile_specs_on_ray(specs: Sequence[Any], device: str, address: str | None, store_url: str | None, *,
+def profile_on_ray(specs: Sequence[Any], device: str, address: str | None, store_url: str | None, *,
                          force: bool = False, options: dict[str, Any] | None = None,
                          progress: Callable[[str], None] | None = None, run_id: str | None = None,
                          ray_options: RayOptions | None = None) -> list[dict[str, Any]]:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from perfmodel.jobs.onnx_upload import UploadedFile, UploadError, UploadTooLarge, graph_of_upload
+from perfmodel.graph.onnx_upload import UploadedFile, UploadError, UploadTooLarge, graph_of_upload
 
 LIMIT = 1 << 20
 

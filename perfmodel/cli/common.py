@@ -1,0 +1,90 @@
+"""What every command module of the CLI shares: the consoles, `user_errors` (bad input -> one line on stderr, exit
+code 2), the job options and the JobSpec they build, JSON output and progress lines on stderr."""
+
+from __future__ import annotations
+
+import functools
+import json
+import shutil
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any, Optional, TypeVar
+
+import typer
+from pydantic import ValidationError
+from rich.console import Console
+
+from perfmodel.core.errors import PerfmodelError
+
+# Piped output (scripts, CI logs) gets a wide console rather than rich's 80-column default.
+out = Console(soft_wrap=True, width=shutil.get_terminal_size((160, 24)).columns)
+err = Console(stderr=True)
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def user_errors(fn: F) -> F:
+    """Turn bad input into a one-line message and exit code 2."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        from perfmodel.jobs.sweep import format_validation_error
+
+        try:
+            return fn(*args, **kwargs)
+        except PerfmodelError as exc:
+            message = str(exc)
+        except ValidationError as exc:
+            message = format_validation_error(exc)
+        typer.echo("error: " + " ".join(message.split()), err=True)
+        raise typer.Exit(2)
+
+    return wrapper  # type: ignore[return-value]
+
+
+# --- job options, shared by every command that takes a job ----------------------------------------------------
+ModelArg = Annotated[Optional[str], typer.Argument(help="zoo model name (see `perfmodel zoo list`)")]
+HFConfigOpt = Annotated[Optional[Path], typer.Option("--hf-config", help="HF config.json (or its folder)")]
+TaskOpt = Annotated[Optional[str], typer.Option(help="HF head: base, causal-lm, masked-lm, seq2seq-lm, "
+                                                     "sequence-classification, question-answering")]
+ModuleOpt = Annotated[Optional[str], typer.Option("--module", help="path/to/file.py:NAME")]
+OnnxOpt = Annotated[Optional[Path], typer.Option("--onnx", help="an .onnx file")]
+BatchOpt = Annotated[int, typer.Option("--batch-size", "-b", help="batch size")]
+SeqOpt = Annotated[Optional[int], typer.Option("--seq-len", help="sequence length of token models [128]")]
+PrecisionOpt = Annotated[str, typer.Option(help="fp32 (PyTorch's defaults: TF32 convs on Ampere+), fp32-strict, "
+                                                "tf32, amp, amp-bf16, fp16 or bf16")]
+OptimizerOpt = Annotated[str, typer.Option(help="sgd (momentum 0.9), adam or adamw")]
+ModeOpt = Annotated[str, typer.Option(help="train or inference")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="machine-readable output")]
+StoreOpt = Annotated[Optional[str], typer.Option("--store", help="store URL [env PERFMODEL_STORE_URL, "
+                                                                   "default SQLite under PERFMODEL_HOME]")]
+
+
+def job_spec(model: str | None, hf_config: Path | None, task: str | None, module: str | None,
+             onnx: Path | None, batch_size: int, seq_len: int | None, precision: str, optimizer: str,
+             mode: str) -> Any:
+    """The JobSpec the job options describe."""
+    from perfmodel.jobs.spec import JobSpec
+
+    if onnx is not None and not onnx.is_file():
+        raise PerfmodelError(f"ONNX file not found: {onnx}")
+    return JobSpec.from_options(zoo=model, hf_config=hf_config, task=task, module=module,
+                                onnx=str(onnx) if onnx else None, batch_size=batch_size, seq_len=seq_len,
+                                precision=precision, optimizer=optimizer, mode=mode)
+
+
+def writable_folder(path: Path) -> Path:
+    """`path`, refused (exit 2) before any work when its folder does not exist: the CLI never creates folders."""
+    if not path.parent.is_dir():
+        raise PerfmodelError(f"cannot write {path}: no such folder {path.parent}")
+    return path
+
+
+def print_json(data: Any) -> None:
+    sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
+
+
+def say(message: str) -> None:
+    """A progress line on stderr (stdout stays machine-readable)."""
+    err.print(f"[dim]{message}[/]", highlight=False)

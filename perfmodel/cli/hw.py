@@ -1,0 +1,149 @@
+"""`perfmodel hw list|show|probe|add|bench` and `perfmodel adapt`: the hardware catalog, this host measured, custom
+accelerators from spec sheets, and the device model adapted to this machine's device.
+
+`hw add SPEC` stores a custom accelerator from a spec sheet (YAML or JSON of `HardwareSpec` fields, numbers bare in
+the field's unit or with a unit: "3.35 TB/s") so that every process on the store predicts for it. `hw bench
+--device cuda:0` probes the device (matched to the catalog, or recorded as a new local entry), times the candidate
+shapes the shipped model is least sure of until its budget is spent, stores them in `op_measurements` (source
+`microbench`, one transaction per batch; perfmodel/evaluation/bench.py) and fits the device's adaptation
+(perfmodel/evaluation/training.py `fit_adaptation`), which every later prediction for that device loads.
+Re-running with the same `--run-id` skips the shapes already stored. `adapt` fits the adaptation from whatever rows
+the store holds for a device.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from perfmodel.cli.common import JsonOpt, StoreOpt, out, print_json, user_errors
+from perfmodel.core.errors import PerfmodelError
+
+hw_app = typer.Typer(no_args_is_help=True, help="The hardware catalog: list, show, probe this host.")
+
+
+@hw_app.command("list")
+@user_errors
+def hw_list(as_json: JsonOpt = False) -> None:
+    """List the catalog's accelerators."""
+    from rich.table import Table
+
+    from perfmodel.hardware.catalog import load_catalog
+
+    entries = sorted(load_catalog().values(), key=lambda e: (e.kind, e.vendor, e.release_year or 0, e.name))
+    if as_json:
+        print_json([e.model_dump(mode="json") for e in entries])
+        return
+
+    def tflops(gflops: float | None) -> str:
+        return "-" if gflops is None else f"{gflops / 1000:.3g}" if gflops < 10_000 else f"{gflops / 1000:.0f}"
+
+    table = Table("id", "kind", "vendor", "fp32 TFLOP/s", "fp16 TFLOP/s", "memory GB", "bandwidth GB/s",
+                  title=f"{len(entries)} accelerators (`perfmodel hw show ID` for every field)")
+    for e in entries:
+        table.add_row(e.name, e.kind, e.vendor, tflops(e.peak_fp32_gflops), tflops(e.peak_fp16_gflops),
+                      f"{e.memory_gb:g}", f"{e.memory_bandwidth_gbps:.0f}")
+    out.print(table)
+
+
+@hw_app.command("show")
+@user_errors
+def hw_show(name: Annotated[str, typer.Argument(help="catalog name or alias")]) -> None:
+    """Show one accelerator (any alias resolves)."""
+    from perfmodel.hardware.catalog import get_accelerator
+
+    print_json(get_accelerator(name).model_dump(mode="json"))
+
+
+@hw_app.command("probe")
+@user_errors
+def hw_probe(save: Annotated[bool, typer.Option(help="record it as catalog entry `cpu` (in PERFMODEL_HOME)")] = False,
+             as_json: JsonOpt = False) -> None:
+    """Measure this host: cores, threads, GEMM GFLOP/s, copy GB/s."""
+    from perfmodel.hardware.catalog import save_local
+    from perfmodel.hardware.probe import probe_host
+
+    spec = probe_host()
+    if save:
+        save_local(spec)
+    if as_json:
+        print_json(spec.model_dump(mode="json"))
+    else:
+        model = spec.aliases[0] if spec.aliases else "unnamed CPU"
+        out.print(f"{spec.name}: {model} ({spec.vendor or 'unknown vendor'}), {spec.compute_units} cores, "
+                  f"{spec.threads} threads, "
+                  f"{spec.peak_fp32_gflops:.1f} GFLOP/s fp32 GEMM, {spec.memory_bandwidth_gbps:.1f} GB/s copy, "
+                  f"{spec.memory_gb:.1f} GB" + (" (saved)" if save else ""))
+
+
+@hw_app.command("add")
+@user_errors
+def hw_add(
+    spec_file: Annotated[Path, typer.Argument(help="spec sheet, YAML or JSON, e.g. {name: acme-x1, kind: gpu, "
+                                                 "peak_fp32_gflops: 60 TFLOP/s, memory_bandwidth_gbps: 3 TB/s, "
+                                                 "memory_gb: 96, compute_units: 120}")],
+    store: StoreOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Add a custom accelerator (a spec sheet) to the store; predictions for it are flagged extrapolated."""
+    from perfmodel.hardware.custom import catalog_with, parse_spec_sheet, validate_spec_sheet
+    from perfmodel.store import ProfileStore
+    from perfmodel.store.accelerators import add_accelerator, custom_accelerators
+
+    try:
+        text = spec_file.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise PerfmodelError(f"cannot read spec sheet {spec_file}: {exc}") from None
+    data = parse_spec_sheet(text, str(spec_file))
+    with ProfileStore(store) as profile_store:
+        spec = validate_spec_sheet(data, catalog_with(custom_accelerators(profile_store)))
+        record, created = add_accelerator(profile_store, spec)
+    if as_json:
+        typer.echo(json.dumps({"created": created, **record.spec.model_dump(mode="json")}, indent=2))
+    else:
+        verb = "added" if created else "already stored (same figures)"
+        typer.echo(f"{record.spec.name}: {verb} in {profile_store!r}; the service on this store predicts for "
+                   f"it (flagged extrapolated: a spec sheet, no measurements)")
+
+
+@hw_app.command("bench")
+@user_errors
+def hw_bench(
+    device: Annotated[str, typer.Option(help="cpu, cuda, cuda:N or rocm")] = "cpu",
+    budget_s: Annotated[Optional[float], typer.Option(
+        "--budget-s", help="stop starting new shapes after this many seconds [240 on a CPU, 600 on a GPU]")] = None,
+    store: StoreOpt = None,
+    run_id: Annotated[Optional[str], typer.Option(
+        help="name of this sweep; re-running with the same id skips the shapes stored [bench-<device>]")] = None,
+    classes: Annotated[str, typer.Option(help="comma-separated op classes")] =
+        "bmm,linear,conv2d,elementwise,softmax,layernorm",
+    adapt: Annotated[bool, typer.Option(help="fit the device's adaptation from its rows afterwards")] = True,
+    max_op_ms: Annotated[Optional[float], typer.Option(
+        help="leave out shapes whose roofline x 3 exceeds this [50 on a CPU and a GPU]")] = None,
+) -> None:
+    """Time the op classes the device model learns on this machine's device, store them, adapt the model."""
+    from perfmodel.evaluation.bench import bench_device
+    from perfmodel.evaluation.training import fit_adaptation
+
+    run = bench_device(device, store, classes.split(","), budget_s=budget_s, run_id=run_id, max_op_ms=max_op_ms,
+                       progress=typer.echo)
+    typer.echo(run.summary())
+    if adapt:
+        fit_adaptation(run.device, store, run.catalog, typer.echo)
+
+
+@user_errors
+def adapt_command(
+    device: Annotated[str, typer.Option(help="catalog name or alias of the device")],
+    store: StoreOpt = None,
+) -> None:
+    """Fit the device model's adaptation to DEVICE from the rows the store holds for it (any source); every
+    later prediction for DEVICE uses it (saved in PERFMODEL_HOME/adaptations/)."""
+    from perfmodel.evaluation.training import fit_adaptation
+    from perfmodel.hardware.catalog import get_accelerator, load_catalog
+
+    catalog = load_catalog()
+    fit_adaptation(get_accelerator(device, catalog).name, store, catalog, typer.echo)

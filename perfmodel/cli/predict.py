@@ -1,0 +1,121 @@
+"""`perfmodel predict` (one job on one placement, from its graph alone: nothing is run) and `perfmodel predict-ops`
+(every op of a NeuSight-format table on its device). The placement is built by perfmodel/placement/build.py, the
+prediction made by the engine (perfmodel/engine/: `PredictionEngine`, op_table.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from perfmodel.cli.common import (
+    HFConfigOpt,
+    JsonOpt,
+    ModelArg,
+    ModeOpt,
+    ModuleOpt,
+    OnnxOpt,
+    OptimizerOpt,
+    PrecisionOpt,
+    SeqOpt,
+    TaskOpt,
+    job_spec,
+    out,
+    print_json,
+    user_errors,
+    writable_folder,
+)
+
+
+@user_errors
+def predict(model: ModelArg = None, hf_config: HFConfigOpt = None, task: TaskOpt = None, module: ModuleOpt = None,
+            onnx: OnnxOpt = None,
+            batch_size: Annotated[int, typer.Option(
+                "--batch-size", "-b", help="samples in one forward/backward pass of one model replica (README, "
+                                           "\"Batch size\")")] = 1,
+            global_batch_size: Annotated[Optional[int], typer.Option(
+                help="samples per iteration over all replicas and micro-batches [--batch-size x data-parallel "
+                     "degree x --micro-batches]")] = None,
+            seq_len: SeqOpt = None, precision: PrecisionOpt = "fp32", optimizer: OptimizerOpt = "sgd",
+            mode: ModeOpt = "train",
+            accelerator: Annotated[str, typer.Option(help="catalog name or alias (`perfmodel hw list`)")] = "cpu",
+            nodes: Annotated[int, typer.Option(help="nodes (with --per-node devices each)")] = 1,
+            per_node: Annotated[int, typer.Option(help="devices per node")] = 1,
+            devices_per_node: Annotated[Optional[str], typer.Option(
+                help="uneven layout instead of --nodes/--per-node, e.g. 4,4,2")] = None,
+            tp: Annotated[int, typer.Option(help="tensor-parallel degree")] = 1,
+            pp: Annotated[int, typer.Option(help="pipeline stages")] = 1,
+            micro_batches: Annotated[int, typer.Option(help="micro-batches per replica per iteration")] = 1,
+            zero: Annotated[int, typer.Option(help="ZeRO stage 0-3 (3 = FSDP)")] = 0,
+            checkpointing: Annotated[bool, typer.Option(help="activation checkpointing")] = False,
+            intra_link: Annotated[Optional[str], typer.Option(
+                help="override the catalog's intra-node link: nvlink1..5, infinity-fabric, pcie3..5")] = None,
+            ep: Annotated[int, typer.Option(help="expert-parallel degree (mixture of experts; divides the "
+                                                 "data-parallel degree)")] = 1,
+            inter_node_gbps: Annotated[Optional[float], typer.Option(
+                help="network of one node over all its NICs, Gb/s [the catalog's node_network_gbit_s, else "
+                     "100]")] = None,
+            inter_node_latency_us: Annotated[float, typer.Option(help="network latency, us")] = 5.0,
+            model_version: Annotated[Optional[str], typer.Option(help="NAME/VERSION [the promoted models]")] = None,
+            as_json: JsonOpt = False) -> None:
+    """Predict a job's iteration time, throughput and per-device memory on a placement from its graph alone
+    (nothing is run). Compute per device comes from the per-op device model on a GPU (any catalog GPU, from its
+    spec sheet) or the iteration model on the profiled CPU; the placement model adds communication, the pipeline
+    bubble and the memory of each device's shard. `--batch-size` is the job's batch (one replica's forward/backward
+    pass); the placement runs `--global-batch-size` samples per iteration, by default that batch on every
+    data-parallel replica and micro-batch."""
+    from perfmodel.engine import EngineConfig, PredictionEngine
+    from perfmodel.placement.build import placement_from_options
+
+    spec = job_spec(model, hf_config, task, module, onnx, batch_size, seq_len, precision, optimizer, mode)
+    placement = placement_from_options(
+        accelerator, global_batch_size, batch_size=batch_size, nodes=nodes, per_node=per_node,
+        devices_per_node=devices_per_node, tp=tp, pp=pp, micro_batches=micro_batches, zero=zero,
+        checkpointing=checkpointing, intra_link=intra_link, ep=ep, inter_node_gbps=inter_node_gbps,
+        inter_node_latency_us=inter_node_latency_us)
+    engine = PredictionEngine.open(EngineConfig(model_version=model_version, isolate_captures=False))
+    result = engine.prediction(spec, placement)
+    if as_json:
+        print_json(result.model_dump(mode="json"))
+        return
+    lo, hi = result.interval_ms
+    layout = "+".join(str(n) for n in placement.devices_per_node)
+    out.print(f"[bold]{result.job}[/] b={placement.global_batch_size} {spec.mode.value} on {layout} x "
+              f"{result.accelerator}: {result.iteration_time_ms:.2f} ms/iteration (80 % interval {lo:.2f}-{hi:.2f}), "
+              f"{result.throughput_samples_per_s:.1f} samples/s  [dim]{result.model_version}[/]")
+    out.print("  " + ", ".join(f"{k} {v:.2f} ms" for k, v in result.breakdown_ms.items()))
+    fits = "fits" if result.fits else "[red]does not fit[/]"
+    out.print(f"  peak memory per device ~{result.peak_memory_bytes / 2**30:.2f} GiB of "
+              f"{(result.memory_capacity_bytes or 0) / 2**30:.1f} GiB usable: {fits}")
+    if result.extrapolated:
+        out.print("  [yellow]extrapolated:[/] " + "; ".join(result.extrapolation_reasons))
+
+
+@user_errors
+def predict_ops(
+        table: Annotated[Path, typer.Argument(
+            metavar="IN", help="CSV (or .csv.gz) of ops in NeuSight's schema: OPName, Device and the op's shape "
+                               "columns (B, M, N, K / B, H / conv)")],
+        output: Annotated[Path, typer.Argument(
+            metavar="OUT", help="CSV to write: IN's columns + predicted_ms, p10_ms, p90_ms, extrapolated")],
+        model: Annotated[Optional[str], typer.Option(
+            "--model", help="NAME/VERSION (or NAME: its newest) of an xgb-device-ops model (default: the promoted "
+                            "device-ops model)")] = None,
+) -> None:
+    """Predict the latency of every op of a table on its device (any hardware-catalog accelerator).
+
+    OPName is one of bmm, linear, conv, add, addu, mul, mulu, div, divu, pow, powu, relu, gelu, tanh, softmax, ln;
+    Device a catalog name or alias (`perfmodel hw list`); a `dtype` column (fp32, fp16, bf16) is optional (fp32)."""
+    import time
+
+    from perfmodel.engine.op_table import predict_op_table, write_csv_atomically
+
+    started = time.perf_counter()
+    writable_folder(output)
+    result = predict_op_table(table, model)
+    write_csv_atomically(result.frame, output)
+    extrapolated = result.extrapolated
+    out.print(f"predicted {len(result.frame)} ops on {len(result.devices)} device(s) ({', '.join(result.devices)}) "
+              f"with {result.model_ref} in {time.perf_counter() - started:.2f} s -> {output}"
+              + (f"; {extrapolated} extrapolated" if extrapolated else ""), highlight=False)

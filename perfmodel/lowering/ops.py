@@ -1,0 +1,203 @@
+"""The kernel-row schema, its op-class vocabulary, and the work (FLOPs, bytes) and roofline of a row.
+
+A kernel row is one row of a DataFrame whose columns are `op_class`, `op_name`, `dtype` (fp32, tf32, fp16, bf16,
+fp8, int8), optionally `math` and `device` (a catalog id), and the shape columns `SHAPE_COLUMNS` (0 where the op
+has none). It is the schema of NeuSight's op sweeps, of `perfmodel hw bench`, and of the rows an IR graph lowers to
+(`perfmodel.lowering.rows`). `op_work` gives its FLOPs and bytes from a table of one function per op class;
+`op_roofline_ms` its roofline time on its device (`perfmodel.core.cost.roofline_ms`, at the peak of the row's math).
+
+GEMM shapes follow NeuSight's sweep files: `bmm` is B × (M×K · K×N); `linear` is a (B·M)×K input times an N×K
+weight. A conv is 2-D, square (`input_size`, `kernel_size`), NCHW.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+import pandas as pd
+
+from perfmodel.core import cost
+from perfmodel.core.errors import PerfmodelError
+from perfmodel.hardware.impute import imputed
+from perfmodel.hardware.math import peak_gflops
+from perfmodel.hardware.spec import HardwareSpec
+
+# the op classes of kernel rows (a subset of the measured op classes, `perfmodel.profilers.external.OpClass`)
+RowOpClass = Literal["bmm", "linear", "conv2d", "elementwise", "softmax", "layernorm"]
+
+DTYPE_BYTES: dict[str, int] = {"fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2, "fp8": 1, "int8": 1}
+
+# the op classes the cross-device regressors learn, and how a row of each describes its shape
+GEMM_CLASSES: tuple[RowOpClass, ...] = ("bmm", "linear", "conv2d")
+VECTOR_CLASSES: tuple[RowOpClass, ...] = ("elementwise", "softmax", "layernorm")
+OP_CLASSES = GEMM_CLASSES + VECTOR_CLASSES
+# NeuSight's OPName -> op class: one table for imports (perfmodel.importers.neusight) and for predictions from
+# NeuSight-schema op tables (perfmodel.predictor.op_table)
+NEUSIGHT_ELEMENTWISE_OPS = frozenset({"add", "addu", "mul", "mulu", "div", "divu", "pow", "powu", "relu", "gelu",
+                                      "tanh"})
+NEUSIGHT_OP_CLASS: Mapping[str, RowOpClass] = {
+    "bmm": "bmm", "linear": "linear", "conv": "conv2d", "ln": "layernorm", "softmax": "softmax",
+    **dict.fromkeys(NEUSIGHT_ELEMENTWISE_OPS, "elementwise"),
+}
+
+# element-wise ops by how many tensors of B·H elements they read, and FLOPs per element (NeuSight's op names;
+# the `u` suffix is the tensor-with-scalar variant)
+ELEMENTWISE_READS: dict[str, int] = {"add": 2, "mul": 2, "div": 2, "pow": 2, "sub": 2,
+                                     "addu": 1, "mulu": 1, "divu": 1, "powu": 1, "relu": 1, "gelu": 1, "tanh": 1}
+ELEMENTWISE_FLOPS: dict[str, float] = {"pow": 10.0, "powu": 10.0, "gelu": 14.0, "tanh": 10.0}
+DEFAULT_ELEMENTWISE_READS = 1
+DEFAULT_ELEMENTWISE_FLOPS = 1.0
+SOFTMAX_FLOPS_PER_ELEMENT = 5.0
+LAYERNORM_FLOPS_PER_ELEMENT = 8.0
+
+_GEMM = {"batch": ("B",), "m": ("M",), "n": ("N",), "k": ("K",)}
+_VECTOR = {"batch": ("B",), "hidden": ("H",)}
+# NeuSight's shape columns of each op class: {row column: the NeuSight column names it may have (the first one a
+# table has is read)}; one table for the importer of the sweeps and for user op tables (perfmodel.predictor.op_table)
+NEUSIGHT_SHAPE_SOURCES: Mapping[str, Mapping[str, tuple[str, ...]]] = {
+    "bmm": _GEMM,
+    "linear": _GEMM,
+    "conv2d": {"batch": ("B",), "in_channels": ("Input_Channel",), "out_channels": ("Output_Channel",),
+               "kernel_size": ("Kernel_Szie", "Kernel_Size"), "input_size": ("Input_Size",), "stride": ("Stride",),
+               "padding": ("Padding",)},
+    "elementwise": _VECTOR,
+    "softmax": _VECTOR,
+    "layernorm": _VECTOR,
+}
+
+SHAPE_COLUMNS = ("batch", "m", "n", "k", "hidden", "in_channels", "out_channels", "kernel_size", "input_size",
+                 "stride", "padding")
+
+
+@dataclass(frozen=True)
+class OpWork:
+    """FLOPs and bytes of every row, and the GEMM it is (for wave counts)."""
+
+    flops: np.ndarray
+    bytes_read: np.ndarray
+    bytes_written: np.ndarray
+    gemm_m: np.ndarray  # the (M, N) of the output of the GEMM an op is (B folded into M); 0 for vector ops
+    gemm_n: np.ndarray
+    gemm_batch: np.ndarray
+
+
+def _col(ops: pd.DataFrame, name: str) -> np.ndarray:
+    if name not in ops:
+        return np.zeros(len(ops))
+    return pd.to_numeric(ops[name], errors="coerce").fillna(0).to_numpy(dtype=np.float64)
+
+
+def _bmm(ops: pd.DataFrame, e: np.ndarray) -> OpWork:
+    b, m, n, k = (np.maximum(_col(ops, c), 1) for c in ("batch", "m", "n", "k"))
+    return OpWork(2 * b * m * n * k, e * b * (m * k + k * n), e * b * m * n, m, n, b)
+
+
+def _linear(ops: pd.DataFrame, e: np.ndarray) -> OpWork:
+    b, m, n, k = (np.maximum(_col(ops, c), 1) for c in ("batch", "m", "n", "k"))
+    return OpWork(2 * b * m * n * k, e * (b * m * k + n * k), e * b * m * n, b * m, n, np.ones_like(b))
+
+
+def conv_output_size(input_size: np.ndarray, kernel_size: np.ndarray, stride: np.ndarray,
+                     padding: np.ndarray) -> np.ndarray:
+    return np.maximum((input_size + 2 * padding - kernel_size) // np.maximum(stride, 1) + 1, 1)
+
+
+def _conv2d(ops: pd.DataFrame, e: np.ndarray) -> OpWork:
+    b = np.maximum(_col(ops, "batch"), 1)
+    cin, cout = np.maximum(_col(ops, "in_channels"), 1), np.maximum(_col(ops, "out_channels"), 1)
+    size, kernel = np.maximum(_col(ops, "input_size"), 1), np.maximum(_col(ops, "kernel_size"), 1)
+    out = conv_output_size(size, kernel, np.maximum(_col(ops, "stride"), 1), _col(ops, "padding"))
+    m, n, k = b * out * out, cout, cin * kernel * kernel  # implicit GEMM
+    return OpWork(2 * m * n * k, e * (b * cin * size * size + cout * k), e * m * n, m, n, np.ones_like(b))
+
+
+def _elements(ops: pd.DataFrame) -> np.ndarray:
+    return np.maximum(_col(ops, "batch"), 1) * np.maximum(_col(ops, "hidden"), 1)
+
+
+def _elementwise(ops: pd.DataFrame, e: np.ndarray) -> OpWork:
+    numel = _elements(ops)
+    names = ops["op_name"].astype(str) if "op_name" in ops else pd.Series([""] * len(ops))
+    reads = names.map(lambda s: ELEMENTWISE_READS.get(s, DEFAULT_ELEMENTWISE_READS)).to_numpy(dtype=np.float64)
+    flops = names.map(lambda s: ELEMENTWISE_FLOPS.get(s, DEFAULT_ELEMENTWISE_FLOPS)).to_numpy(dtype=np.float64)
+    zero = np.zeros(len(ops))
+    return OpWork(flops * numel, e * reads * numel, e * numel, zero, zero, zero)
+
+
+def _row_op(flops_per_element: float, extra_reads_per_row: float) -> Callable[[pd.DataFrame, np.ndarray], OpWork]:
+    def work(ops: pd.DataFrame, e: np.ndarray) -> OpWork:
+        numel = _elements(ops)
+        hidden = np.maximum(_col(ops, "hidden"), 1)
+        zero = np.zeros(len(ops))
+        return OpWork(flops_per_element * numel, e * (numel + extra_reads_per_row * hidden), e * numel, zero, zero,
+                      zero)
+    return work
+
+
+OP_WORK: dict[str, Callable[[pd.DataFrame, np.ndarray], OpWork]] = {
+    "bmm": _bmm,
+    "linear": _linear,
+    "conv2d": _conv2d,
+    "elementwise": _elementwise,
+    "softmax": _row_op(SOFTMAX_FLOPS_PER_ELEMENT, 0.0),
+    "layernorm": _row_op(LAYERNORM_FLOPS_PER_ELEMENT, 2.0),  # + weight and bias
+}
+
+
+def dtype_bytes(dtypes: pd.Series) -> np.ndarray:
+    unknown = sorted(set(dtypes) - set(DTYPE_BYTES))
+    if unknown:
+        raise PerfmodelError(f"unknown dtype(s) {unknown}; known: {sorted(DTYPE_BYTES)}")
+    return dtypes.map(DTYPE_BYTES).to_numpy(dtype=np.float64)
+
+
+def op_work(ops: pd.DataFrame) -> OpWork:
+    """FLOPs and bytes of every row, by its `op_class` (rows of any class `OP_WORK` knows)."""
+    unknown = sorted(set(ops["op_class"]) - set(OP_WORK))
+    if unknown:
+        raise PerfmodelError(f"no work model for op class(es) {unknown}; known: {sorted(OP_WORK)}")
+    e = dtype_bytes(ops["dtype"] if "dtype" in ops else pd.Series(["fp32"] * len(ops), index=ops.index))
+    fields = {name: np.zeros(len(ops)) for name in ("flops", "bytes_read", "bytes_written", "gemm_m", "gemm_n",
+                                                     "gemm_batch")}
+    for op_class, work_of in OP_WORK.items():
+        mask = (ops["op_class"] == op_class).to_numpy()
+        if mask.any():
+            work = work_of(ops[mask], e[mask])
+            for name in fields:
+                fields[name][mask] = getattr(work, name)
+    return OpWork(**fields)
+
+
+def row_maths(ops: pd.DataFrame) -> pd.Series:
+    """The math of every row: its `math` column where given (a job's rows: `perfmodel.predictor.math_modes`), else
+    its dtype (a measurement's: fp32 rows ran in fp32, half rows on tensor cores)."""
+    dtypes = ops["dtype"] if "dtype" in ops else pd.Series(["fp32"] * len(ops), index=ops.index)
+    if "math" not in ops:
+        return dtypes
+    return ops["math"].where(ops["math"].notna(), dtypes)
+
+
+def device_peaks(ops: pd.DataFrame, catalog: Mapping[str, HardwareSpec]) -> tuple[np.ndarray, np.ndarray]:
+    """(peak GFLOP/s of each row's math on its device, the device's memory bandwidth GB/s): the catalog entry with
+    its gaps imputed (`perfmodel.hardware.impute`), the peak by `perfmodel.hardware.math.peak_gflops`."""
+    devices = ops["device"]
+    missing = sorted(set(devices) - set(catalog))
+    if missing:
+        raise PerfmodelError(f"device(s) {missing} are not in the hardware catalog given")
+    specs = {device: imputed(catalog[device], catalog.values())[0] for device in set(devices)}
+    gemm = ops["op_class"].isin(GEMM_CLASSES).to_numpy()
+    keys = list(zip(devices, row_maths(ops), gemm))
+    peaks = {key: peak_gflops(specs[key[0]], key[1], bool(key[2])) for key in set(keys)}
+    return (np.array([peaks[key] for key in keys], dtype=np.float64),
+            np.array([specs[d].memory_bandwidth_gbps for d in devices], dtype=np.float64))
+
+
+def op_roofline_ms(ops: pd.DataFrame, catalog: Mapping[str, HardwareSpec]) -> np.ndarray:
+    """max(FLOPs / peak, bytes / bandwidth) of every row on its `device`, ms (`core.cost.roofline_ms`)."""
+    work = op_work(ops)
+    peak, bandwidth = device_peaks(ops, catalog)
+    out: np.ndarray = cost.roofline_ms(work.flops, work.bytes_read + work.bytes_written, peak, bandwidth)
+    return out

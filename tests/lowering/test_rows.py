@@ -1,0 +1,242 @@
+"""IR graph -> kernel rows (perfmodel.lowering.rows), priced by the rows' work (perfmodel.lowering.ops)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from torch import nn
+
+from perfmodel.core.errors import PerfmodelError
+from perfmodel.core.opkinds import OpKind
+from perfmodel.graph import graph_for_job
+from perfmodel.graph.from_torch import graph_from_module
+from perfmodel.hardware.catalog import load_catalog
+from perfmodel.jobs.spec import JobSpec
+from perfmodel.lowering.ops import OP_CLASSES, SHAPE_COLUMNS, op_roofline_ms, op_work
+from perfmodel.lowering.rows import (
+    ROW_COLUMNS,
+    ROW_RULES,
+    Gemm,
+    bmm_row,
+    graph_op_rows,
+    infer_stride_padding,
+    linear_row,
+    memory_row,
+    vector_row,
+)
+
+TINY_BERT = {"architectures": ["BertForMaskedLM"], "model_type": "bert", "hidden_size": 64, "num_hidden_layers": 2,
+             "num_attention_heads": 4, "intermediate_size": 128, "vocab_size": 1000, "max_position_embeddings": 64}
+DEVICE = "v100-pcie-32gb"
+GEMM_CLASSES = ("linear", "bmm", "conv2d")
+
+
+def tiny_bert(mode: str = "train", attn: str | None = None):
+    config = dict(TINY_BERT, **({"attn_implementation": attn} if attn else {}))
+    return graph_for_job(JobSpec.from_options(hf_config=config, batch_size=2, seq_len=16, mode=mode))
+
+
+@pytest.fixture(scope="module")
+def bert_sdpa():
+    return tiny_bert()  # the default attention: one fused scaled_dot_product_attention node per layer
+
+
+@pytest.fixture(scope="module")
+def bert_eager():
+    return tiny_bert(attn="eager")  # matmul, scale, mask, softmax, dropout, matmul
+
+
+class ConvNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 8, 3, stride=2, padding=1)
+        self.bn = nn.BatchNorm2d(8)
+        self.dw = nn.Conv2d(8, 8, 3, padding=1, groups=8, bias=False)
+        self.wide = nn.Conv2d(8, 4, (1, 3), padding=(0, 1))  # not square: an implicit-GEMM linear row
+        self.up = nn.ConvTranspose2d(4, 4, 2, stride=2)
+        self.pool = nn.MaxPool2d(2)
+        self.fc = nn.Linear(4 * 16 * 16, 10)
+
+    def forward(self, x, target):
+        x = torch.relu(self.bn(self.conv1(x)))
+        x = torch.sigmoid(self.dw(x))
+        x = self.pool(self.up(self.wide(x)))
+        logits = self.fc(x.flatten(1))
+        return nn.functional.cross_entropy(logits, target) + logits.mean()
+
+
+@pytest.fixture(scope="module")
+def convnet():
+    with torch.device("meta"):
+        module = ConvNet()
+        x, target = torch.randn(2, 3, 32, 32), torch.randint(0, 10, (2,))
+    return graph_from_module(module.train(), (x, target), name="convnet", mode="train")
+
+
+def flops(rows: pd.DataFrame) -> np.ndarray:
+    return op_work(rows).flops
+
+
+def test_every_kind_has_a_rule_and_rows_have_the_schema(bert_sdpa):
+    assert set(ROW_RULES) == set(OpKind)
+    rows = graph_op_rows(bert_sdpa)
+    assert tuple(rows.columns) == ROW_COLUMNS
+    assert set(rows["op_class"]) <= set(OP_CLASSES)
+    assert set(rows["phase"]) == {"forward", "backward"}
+    assert (rows["dtype"] == "fp32").all()
+
+
+@pytest.mark.parametrize("fixture", ["bert_sdpa", "bert_eager"])
+def test_every_non_view_node_has_forward_rows(fixture, request):
+    graph = request.getfixturevalue(fixture)
+    rows = graph_op_rows(graph)
+    forward = set(rows.loc[rows["phase"] == "forward", "node_id"])
+    expected = {n.id for n in graph.nodes if n.kind != OpKind.view
+                and not (n.op.startswith("aten.to.") and n.input_tensors and n.input_tensors[0] == n.output_tensors[0])}
+    assert forward == expected
+    assert not set(rows["node_id"]) & {n.id for n in graph.nodes if n.kind == OpKind.view}
+
+
+def test_linear_rows_flops_equal_2mnk_and_the_ir(bert_sdpa):
+    rows = graph_op_rows(bert_sdpa)
+    nodes = {n.id: n for n in bert_sdpa.nodes}
+    fwd = rows[(rows["phase"] == "forward") & (rows["kind"] == "linear")]
+    assert len(fwd) == sum(n.kind == OpKind.linear for n in bert_sdpa.nodes) == 2 * 6 + 2
+    expected = 2 * fwd["batch"] * fwd["m"] * fwd["n"] * fwd["k"]
+    np.testing.assert_array_equal(flops(fwd), expected)
+    np.testing.assert_array_equal(flops(fwd), [nodes[i].flops_fwd for i in fwd["node_id"]])
+    first = fwd.iloc[0]  # query projection: (2·16) × 64 · 64 × 64
+    assert (first["m"], first["n"], first["k"]) == (32, 64, 64)
+
+
+@pytest.mark.parametrize("fixture", ["bert_sdpa", "bert_eager"])
+def test_backward_gemm_flops_are_twice_the_forward_and_the_ir(fixture, request):
+    graph = request.getfixturevalue(fixture)
+    rows = graph_op_rows(graph)
+    rows = rows.assign(flops=flops(rows))
+    gemm = rows[rows["op_class"].isin(GEMM_CLASSES)]
+    by_node = gemm.groupby(["node_id", "phase"])["flops"].sum().unstack()
+    assert len(by_node) and not by_node.isna().any().any()  # every GEMM node has forward and backward GEMMs
+    np.testing.assert_allclose(by_node["backward"], 2 * by_node["forward"])
+    nodes = {n.id: n for n in graph.nodes}
+    for node_id, fb in by_node.iterrows():
+        node = nodes[node_id]
+        if node.kind in (OpKind.linear, OpKind.matmul, OpKind.bmm):
+            assert fb["forward"] == node.flops_fwd and fb["backward"] == node.flops_bwd
+    bwd = rows[(rows["phase"] == "backward") & (rows["kind"] == "linear")]
+    assert set(bwd["part"]) == {"dX", "dW", "dbias"}
+    q = bwd[bwd["node_id"] == bwd["node_id"].iloc[-1]].set_index("part")  # the first layer's query, last in bwd
+    assert tuple(q.loc["dX", ["m", "n", "k"]]) == (32, 64, 64)  # dY (32×64) · W (64×64)
+    assert tuple(q.loc["dW", ["m", "n", "k"]]) == (64, 64, 32)  # dYᵀ (64×32) · X (32×64)
+
+
+def test_attention_is_decomposed_like_eager(bert_sdpa, bert_eager):
+    sdpa = graph_op_rows(bert_sdpa)
+    attention = sdpa[(sdpa["kind"] == "attention") & (sdpa["phase"] == "forward")]
+    node = attention["node_id"].iloc[0]
+    parts = list(attention.loc[attention["node_id"] == node, "part"])
+    assert parts == ["scores", "scale", "mask", "softmax", "dropout", "context"]
+    scores = attention[(attention["node_id"] == node) & (attention["part"] == "scores")].iloc[0]
+    assert (scores["batch"], scores["m"], scores["n"], scores["k"]) == (2 * 4, 16, 16, 16)
+    eager = graph_op_rows(bert_eager)
+    for phase in ("forward", "backward"):
+        a, b = sdpa[sdpa["phase"] == phase], eager[eager["phase"] == phase]
+        assert flops(a[a["op_class"] == "bmm"]).sum() == flops(b[b["op_class"] == "bmm"]).sum()
+    # no attention dropout asked for: neither the fused decomposition nor eager's dropout after softmax has one
+    for graph in (bert_sdpa, bert_eager):
+        without = graph_op_rows(graph, attention_dropout=False)
+        assert len(without) == len(graph_op_rows(graph)) - 2 * 2  # 2 layers, forward + backward
+
+
+def test_elementwise_names_and_backward(bert_eager):
+    rows = graph_op_rows(bert_eager)
+    nodes = {n.id: n for n in bert_eager.nodes}
+    fwd = rows[rows["phase"] == "forward"].set_index("node_id")
+    bwd = rows[rows["phase"] == "backward"]
+    for node_id, row in fwd.iterrows():
+        op = nodes[node_id].op
+        if op == "aten.gelu.default":
+            assert row["op_name"] == "gelu"
+        elif op == "aten.add.Tensor" and len(nodes[node_id].input_tensors) == 2:
+            shapes = {t.shape for t in nodes[node_id].input_tensors}
+            assert row["op_name"] == ("add" if len(shapes) == 1 else "addu")
+        elif op == "aten.dropout.default":
+            assert row["op_name"] == "mul"
+    # add passes its gradient through: no backward rows; gelu's is grad × gelu'(x)
+    assert not bwd["node_op"].eq("aten.add.Tensor").any()
+    assert set(bwd.loc[bwd["node_op"] == "aten.gelu.default", "op_name"]) == {"mul"}
+    assert set(bwd.loc[bwd["node_op"] == "aten.mul.Tensor", "op_name"]) == {"mulu"}  # the scale, by a scalar
+
+
+def test_inference_has_forward_rows_only(bert_sdpa):
+    inference = tiny_bert(mode="inference")
+    rows = graph_op_rows(inference)
+    assert set(rows["phase"]) == {"forward"}
+    assert not (rows["kind"] == "dropout").any()  # eval dropout is the identity
+    assert set(graph_op_rows(bert_sdpa, mode="inference")["phase"]) == {"forward"}
+    with pytest.raises(PerfmodelError, match="inference"):
+        graph_op_rows(inference, mode="train")
+    with pytest.raises(PerfmodelError, match="dtype"):
+        graph_op_rows(inference, dtype="int8")
+
+
+def test_conv_net_rows(convnet):
+    rows = graph_op_rows(convnet)
+    nodes = {n.id: n for n in convnet.nodes}
+    conv = rows[(rows["kind"] == "conv") & (rows["phase"] == "forward")]
+    assert list(conv["op_class"]) == ["conv2d", "conv2d", "linear", "conv2d"]
+    first = conv.iloc[0]
+    assert (first["batch"], first["in_channels"], first["out_channels"], first["kernel_size"], first["input_size"],
+            first["stride"], first["padding"]) == (2, 3, 8, 3, 32, 2, 1)
+    depthwise = conv.iloc[1]  # 8 groups folded into the batch
+    assert (depthwise["batch"], depthwise["in_channels"], depthwise["out_channels"]) == (16, 1, 1)
+    np.testing.assert_array_equal(flops(conv), [nodes[i].flops_fwd for i in conv["node_id"]])
+    # the first conv's input needs no gradient: the weight grad only (its FLOPs are the IR's backward FLOPs)
+    bwd = rows[(rows["phase"] == "backward") & rows["op_class"].isin(GEMM_CLASSES)]
+    for node_id, group in bwd.groupby("node_id"):
+        assert flops(group).sum() == nodes[node_id].flops_bwd
+    first_bwd = bwd[bwd["node_id"] == first["node_id"]]
+    assert list(first_bwd["part"]) == ["dW"]
+    kinds = set(rows["kind"])
+    assert {"batchnorm", "pool", "loss", "activation", "conv", "linear"} <= kinds
+    assert rows.loc[rows["kind"] == "loss", "op_class"].iloc[0] == "softmax"
+    assert rows.loc[rows["kind"] == "batchnorm", "op_class"].iloc[0] == "layernorm"
+
+
+def test_rows_of_every_class_pass_through_op_work(bert_sdpa, bert_eager, convnet):
+    rows = pd.concat([graph_op_rows(g, dtype=dtype) for g in (bert_sdpa, bert_eager, convnet)
+                      for dtype in ("fp32", "bf16")], ignore_index=True)
+    assert set(rows["op_class"]) == set(OP_CLASSES)
+    work = op_work(rows)
+    assert np.isfinite(work.flops).all() and (work.flops > 0).all()
+    assert (work.bytes_read + work.bytes_written > 0).all()
+    catalog = load_catalog()
+    ms = op_roofline_ms(rows.assign(device=DEVICE), catalog)
+    assert np.isfinite(ms).all() and (ms > 0).all()
+
+
+@pytest.mark.parametrize("size, out, kernel, expected", [
+    (32, 32, 3, (1, 1)), (32, 16, 3, (2, 1)), (224, 112, 7, (2, 3)), (56, 56, 1, (1, 0)), (28, 14, 1, (2, 0)),
+    (7, 1, 7, (1, 0)), (16, 16, 5, (1, 2)),
+])
+def test_infer_stride_padding(size, out, kernel, expected):
+    assert infer_stride_padding(size, out, kernel) == expected
+
+
+def test_row_constructors_make_rows_op_work_prices():
+    b, m, k, n = 4, 32, 64, 48
+    rows = [linear_row(m, n, k, "fwd"), bmm_row(Gemm(b, m, n, k), "fwd"),
+            vector_row("softmax", "softmax", "p", 1000, 10), memory_row(3000, 1000, 10, "copy")]
+    frame = pd.DataFrame([{"op_class": r.op_class, "op_name": r.op_name, "dtype": "fp32",
+                                             "device": "a100-sxm4-80gb",
+                                             **{c: r.shape.get(c, 0) for c in SHAPE_COLUMNS}} for r in rows])
+    assert set(frame["op_class"]) <= set(OP_CLASSES)
+    work = op_work(frame)
+    assert work.flops[0] == 2 * m * n * k and work.flops[1] == 2 * b * m * n * k
+    assert frame.loc[2, "batch"] * frame.loc[2, "hidden"] == 1000
+    # a memory row moves the bytes it was given: 3000 read + 1000 written fp32 elements
+    assert work.bytes_read[3] + work.bytes_written[3] == pytest.approx(4 * 4000, rel=0.01)
+    roof = op_roofline_ms(frame, load_catalog())
+    assert np.all(np.isfinite(roof)) and np.all(roof > 0)
