@@ -39,13 +39,13 @@ from perfmodel.hardware.catalog import get_accelerator, load_catalog
 from perfmodel.importers.deepbench import deepbench_files, import_deepbench
 from perfmodel.importers.vidur import import_vidur, vidur_files
 from perfmodel.placement.comm import (
-    PCIE_X16_GBPS,
+    PCIE_X16_PER_DIR_GB_S,
     LinkModel,
     dump_link_table,
     fit_link,
     hierarchical_allreduce_ms,
     links_path,
-    nominal_intra_gbps,
+    nominal_intra_per_dir_gb_s,
     predict,
 )
 from perfmodel.settings import get_settings
@@ -101,7 +101,7 @@ class Group:
     scope: str  # intra | inter
     family: str  # nvlink | pcie | network | unknown
     device: str
-    nominal_gbps: float | None = None  # per direction, for the spec rule (intra only)
+    nominal_per_dir_gb_s: float | None = None  # per direction, for the spec rule (intra only)
     use_for_spec: bool = False
     note: str = ""
     extra: dict = field(default_factory=dict)
@@ -109,7 +109,7 @@ class Group:
 
 def groups(catalog) -> list[Group]:
     def nominal(name: str) -> float | None:
-        return nominal_intra_gbps(get_accelerator(name, catalog))
+        return nominal_intra_per_dir_gb_s(get_accelerator(name, catalog))
 
     g = []
     v = "vidur"
@@ -133,7 +133,7 @@ def groups(catalog) -> list[Group]:
                    & (d.algorithm == "send_recv") & (d.nodes == 1), "intra", "nvlink", "a100-pcie-80gb",
                    nominal("a100-pcie-80gb"), False, "send/recv within an NVLink-bridged pair"))
     g.append(Group("pcie4-a100-nc96", v, lambda d: (d.group == "a100_pairwise_nvlink") & (d.algorithm == "ring")
-                   & (d.world_size == 4), "intra", "pcie", "a100-pcie-80gb", PCIE_X16_GBPS[4], True,
+                   & (d.world_size == 4), "intra", "pcie", "a100-pcie-80gb", PCIE_X16_PER_DIR_GB_S[4], True,
                    "all-reduce over 4 GPUs = 2 bridged pairs: the ring crosses PCIe Gen4 (the bottleneck)"))
     g.append(Group("net-azure-nc96-a100-p2p", v, lambda d: (d.group == "a100_pairwise_nvlink")
                    & (d.algorithm == "send_recv") & (d.nodes == 2), "inter", "network", "a100-pcie-80gb", None, False,
@@ -153,7 +153,7 @@ def groups(catalog) -> list[Group]:
     for dev in ("m40", "titan-x-maxwell", "titan-x-pascal", "gtx-1080-ti", "p100-pcie-16gb"):
         spec = get_accelerator(dev, catalog)
         g.append(Group(f"pcie{spec.pcie_gen}-{dev}-deepbench", "deepbench", lambda d, dev=dev: d.group == dev,
-                       "intra", "pcie", dev, nominal_intra_gbps(spec), True,
+                       "intra", "pcie", dev, nominal_intra_per_dir_gb_s(spec), True,
                        "DeepBench NCCL 2.0 all-reduce on 2-8 PCIe GPUs (node topology not published)"))
     return g
 
@@ -208,16 +208,16 @@ def main(argv: list[str] | None = None) -> int:
         fit_err = mape_pct(predict(link, rows.message_bytes, rows.world_size, algo), rows.latency_ms)
         label, held = heldout(rows, {"name": grp.name, "source": source})
         fitted[grp.name] = link
-        eff = link.bandwidth_gbps / grp.nominal_gbps if grp.nominal_gbps else None
+        eff = link.bandwidth_per_dir_gb_s / grp.nominal_per_dir_gb_s if grp.nominal_per_dir_gb_s else None
         ps = ",".join(str(int(p)) for p in sorted(rows.world_size.unique()))
-        print(f"{grp.name:32s} {len(rows):5d} {ps:>9s} {link.alpha_us:9.2f} {link.bandwidth_gbps:8.2f} "
+        print(f"{grp.name:32s} {len(rows):5d} {ps:>9s} {link.alpha_us:9.2f} {link.bandwidth_per_dir_gb_s:8.2f} "
               f"{'' if eff is None else f'{eff:.2f}':>5s} {fit_err:9.1f} "
               f"{'' if held is None else f'{held:.1f}':>9s}  {label}")
         entries.append({
             "name": grp.name, "alpha_ms": link.alpha_ms, "beta_ms_per_byte": link.beta_ms_per_byte,
-            "bandwidth_gbps": link.bandwidth_gbps, "source": source, "dataset": grp.dataset,
+            "bandwidth_per_dir_gb_s": link.bandwidth_per_dir_gb_s, "source": source, "dataset": grp.dataset,
             "collective": sorted(set(algo.tolist())), "scope": grp.scope, "family": grp.family,
-            "device": grp.device, "nominal_gbps": grp.nominal_gbps, "use_for_spec": grp.use_for_spec,
+            "device": grp.device, "nominal_per_dir_gb_s": grp.nominal_per_dir_gb_s, "use_for_spec": grp.use_for_spec,
             "world_sizes": sorted(int(p) for p in rows.world_size.unique()),
             "message_bytes_range": [int(rows.message_bytes.min()), int(rows.message_bytes.max())],
             "rows": int(len(rows)), "fit_mape_pct": round(fit_err, 2),
@@ -243,15 +243,15 @@ def main(argv: list[str] | None = None) -> int:
         for entry in usable:
             others = [e for e in usable if e is not entry]
             same = [e for e in others if e["family"] == entry["family"]] or others
-            eff = float(np.median([e["bandwidth_gbps"] / e["nominal_gbps"] for e in same]))
+            eff = float(np.median([e["bandwidth_per_dir_gb_s"] / e["nominal_per_dir_gb_s"] for e in same]))
             alpha = float(np.median([e["alpha_ms"] for e in same]))
-            spec_link = LinkModel(alpha, 1e-6 / (entry["nominal_gbps"] * eff), entry["name"], "spec rule")
+            spec_link = LinkModel(alpha, 1e-6 / (entry["nominal_per_dir_gb_s"] * eff), entry["name"], "spec rule")
             grp = next(g for g in groups(catalog) if g.name == entry["name"])
             rows = data[(data.dataset == grp.dataset) & grp.select(data)]
             err = mape_pct(predict(spec_link, rows.message_bytes, rows.world_size, rows.algorithm.to_numpy()),
                        rows.latency_ms)
-            print(f"  {entry['name']:32s} predicted {spec_link.bandwidth_gbps:7.1f} GB/s vs fitted "
-                  f"{entry['bandwidth_gbps']:7.1f}; MAPE on its rows {err:6.1f}%")
+            print(f"  {entry['name']:32s} predicted {spec_link.bandwidth_per_dir_gb_s:7.1f} GB/s vs fitted "
+                  f"{entry['bandwidth_per_dir_gb_s']:7.1f}; MAPE on its rows {err:6.1f}%")
     print("\nsources: vidur (microsoft/vidur, MIT), vTrain (VIA-Research/vTrain, MIT), DeepBench "
           "(baidu-research/DeepBench, Apache-2.0)")
     if args.write:

@@ -93,7 +93,7 @@ def evaluate(device: str, model: DeviceOpRegressor, rows: pd.DataFrame, catalog:
 
 def cpu_steps(store_url: str) -> None:
     """Measured CPU steps in `store_url` vs the adapted device model and the CPU iteration model."""
-    from perfmodel.predictor.device import DevicePredictor
+    from perfmodel.predictor.gpu_iteration import DevicePredictor
     from perfmodel.predictor.predict import Predictor
     from perfmodel.regressors.adaptation import AdaptedRegressor
 
@@ -110,11 +110,11 @@ def cpu_steps(store_url: str) -> None:
                 continue
             adapted = device.predict(profile.job, "cpu")
             plain = iteration.predict(profile.job, "cpu")
-            records.append({"job": profile.job.name, "batch": profile.job.batch_size,
+            records.append({"job_name": profile.job.name, "batch": profile.job.batch_size,
                             "measured_ms": stats.iter_time_ms_median, "cv": stats.iter_time_cv,
-                            "adapted_ms": adapted.iteration_time_ms,
+                            "adapted_ms": adapted.iter_time_ms,
                             "adapted_p10_ms": adapted.interval_ms[0], "adapted_p90_ms": adapted.interval_ms[1],
-                            "cpu_model_ms": plain.iteration_time_ms})
+                            "cpu_model_ms": plain.iter_time_ms})
     frame = pd.DataFrame.from_records(records)
     for name in ("adapted", "cpu_model"):
         frame[f"{name}_err_pct"] = (frame[f"{name}_ms"] / frame["measured_ms"] - 1) * 100

@@ -48,8 +48,8 @@ def compare(zoo_name: str, batch_size: int, seq_len: int, accelerators: list[str
     for accelerator in accelerators:
         a = predictor.predict(torch_spec, accelerator, graph=torch_graph)  # type: ignore[attr-defined]
         b = predictor.predict(onnx_spec, accelerator, graph=onnx_graph)  # type: ignore[attr-defined]
-        out.append({"model": zoo_name, "accelerator": accelerator, "torch_ms": a.iteration_time_ms,
-                    "onnx_ms": b.iteration_time_ms, "diff_pct": 100 * (b.iteration_time_ms / a.iteration_time_ms - 1),
+        out.append({"model": zoo_name, "accelerator": accelerator, "torch_ms": a.iter_time_ms,
+                    "onnx_ms": b.iter_time_ms, "diff_pct": 100 * (b.iter_time_ms / a.iter_time_ms - 1),
                     "torch": a.breakdown_ms, "onnx": b.breakdown_ms})
     return out
 
@@ -62,7 +62,7 @@ def main() -> None:
     parser.add_argument("--accelerators", default=",".join(ACCELERATORS))
     args = parser.parse_args()
 
-    from perfmodel.predictor.device import DevicePredictor
+    from perfmodel.predictor.gpu_iteration import DevicePredictor
 
     predictor = DevicePredictor.load()
     worst = 0.0

@@ -34,7 +34,7 @@ def bench(job: str, device: str = "cpu") -> float:
           f"peak {it.peak_memory_bytes / 2**20:.0f} MiB")
     if ops is not None:
         print(f"   per-op: {len(ops.ops)} op calls/step over {ops.steps} steps, profiled step "
-              f"{ops.iteration_time_ms:.1f} ms, coverage {ops.coverage:.3f}, matched to IR {ops.matched_fraction:.3f}")
+              f"{ops.iter_time_ms:.1f} ms, coverage {ops.coverage:.3f}, matched to IR {ops.matched_fraction:.3f}")
     return total_s
 
 

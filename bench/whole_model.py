@@ -34,7 +34,7 @@ from perfmodel.evaluation.whole_model import (
 )
 from perfmodel.hardware.catalog import load_catalog
 from perfmodel.placement.iteration import load_params
-from perfmodel.predictor.device import DevicePredictor
+from perfmodel.predictor.gpu_iteration import DevicePredictor
 from perfmodel.regressors.device_ops import DeviceOpRegressor
 from perfmodel.settings import get_settings
 from perfmodel.store import ProfileStore

@@ -97,7 +97,7 @@ class Client:
     # --- predictions and observations ---
 
     def predict(self, job: JobRef, placement: PlacementRef) -> dict[str, Any]:
-        """The job on the placement: `iteration_time_ms`, `throughput_samples_per_s`, ..., `calibrated`."""
+        """The job on the placement: `iter_time_ms`, `throughput_samples_per_s`, ..., `calibrated`."""
         return self._call("POST", "/v1/predict", json={"job": _json(job), "placement": _json(placement)})
 
     def matrix(self, jobs: Sequence[JobRef], placements: Sequence[PlacementRef] | None = None, *,

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 from datetime import datetime, timezone
 from enum import Enum
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from perfmodel.core.opkinds import OpKind
+from perfmodel.core.renamed import upgrade_names
 from perfmodel.jobs.spec import JobSpec
 
 
@@ -89,9 +90,9 @@ class OpProfile(_Frozen):
     """The per-op view of one step: every top-level aten call, and how much of the step they explain."""
 
     steps: int  # profiled steps the op times are averaged over
-    iteration_time_ms: float  # wall time of one profiled step (median over `steps`)
+    iter_time_ms: float  # wall time of one profiled step (median over `steps`)
     ops: tuple[OpRecord, ...]
-    coverage: float  # total op self time / total wall time of the profiled steps (≈ sum of ops / iteration_time_ms)
+    coverage: float  # total op self time / total wall time of the profiled steps (≈ sum of ops / iter_time_ms)
     matched_fraction: float  # fraction of forward op time matched to an IR node
 
 
@@ -111,8 +112,8 @@ class OnnxNodeRecord(_Frozen):
 class OnnxProfile(_Frozen):
     provider: str
     runs: int
-    iteration_time_ms_disabled: float  # median session.run time, graph optimisation off
-    iteration_time_ms_enabled: float  # median session.run time, graph optimisation on (ORT_ENABLE_ALL)
+    iter_time_ms_disabled: float  # median session.run time, graph optimisation off
+    iter_time_ms_enabled: float  # median session.run time, graph optimisation on (ORT_ENABLE_ALL)
     nodes: tuple[OnnxNodeRecord, ...]
 
 
@@ -120,10 +121,16 @@ class Profile(_Frozen):
     """One profiling run of one job on one device."""
 
     job: JobSpec
-    job_key: str
+    job_id: str
     family: str
     environment: Environment
     iteration: IterationStats | None = None
     ops: OpProfile | None = None
     onnx: OnnxProfile | None = None
     created_at: datetime = Field(default_factory=utc_now)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed_fields(cls, data: Any) -> Any:
+        """Inputs written before the renames of issue 15 (`perfmodel.core.renamed`) under today's names."""
+        return upgrade_names(data)

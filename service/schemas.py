@@ -18,6 +18,7 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator, model_validator
 
+from perfmodel.core.renamed import upgrade_names
 from perfmodel.jobs.limits import JobLimitError, check_graph_nodes, check_spec
 from perfmodel.jobs.spec import GraphSource, HFConfigSource, JobSpec, ZooSource
 from perfmodel.placement.spec import Parallelism, PlacementSpec
@@ -38,6 +39,12 @@ JobId = Annotated[str, Field(pattern=JOB_ID_PATTERN, description="a job id from 
 
 class _In(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed_fields(cls, data: Any) -> Any:
+        """Inputs written before the renames of issue 15 (`perfmodel.core.renamed`) under today's names."""
+        return upgrade_names(data)
 
 
 class ApiJobSpec(JobSpec):
@@ -230,11 +237,10 @@ class PredictRequest(_In):
 
 
 class PredictResponse(Prediction):
-    job_id: str
     calibrated: bool = Field(description="true: scaled by what this job observed on this accelerator")
     calibration_factor: float = Field(description="observed / predicted throughput (geometric mean); 1 if none")
     observations: int = Field(description="observations of this job on this accelerator behind the factor")
-    uncalibrated_iteration_time_ms: float
+    uncalibrated_iter_time_ms: float
     uncalibrated_throughput_samples_per_s: float
 
 
@@ -246,7 +252,7 @@ class MatrixGrid(_In):
                                  "node_devices of the accelerator, else n on one node")
     spread: bool = Field(default=False, description="also one device per node for each count > 1 (Gavel's "
                                                     "unconsolidated placements)")
-    inter_node_bandwidth_gbps: float | None = Field(
+    inter_node_bandwidth_gbit_s: float | None = Field(
         default=None, gt=0, description="network of one node over all its NICs, Gb/s (1e9 bit/s, not GB/s); "
                                         "default: each accelerator's node_network_gbit_s in the catalog, else 100")
     inter_node_latency_us: float | None = Field(default=None, ge=0, description="one-way network latency, µs; "
@@ -336,7 +342,7 @@ class MatrixResponse(BaseModel):
     jobs: list[str] = Field(description="job ids, one per row")
     placements: list[MatrixPlacement] = Field(description="one per column")
     throughput_samples_per_s: list[list[float]]
-    iteration_time_ms: list[list[float]]
+    iter_time_ms: list[list[float]]
     fits: list[list[bool | None]]
     calibrated: list[list[bool]]
     model_versions: dict[str, str]

@@ -26,7 +26,8 @@ def export_gavel(
     accelerators: Annotated[str, typer.Option(help="comma-separated catalog names (Gavel's worker types)")],
     scale_factors: Annotated[str, typer.Option(help="comma-separated device counts")] = "1,2,4,8",
     seq_len: SeqOpt = None, precision: PrecisionOpt = "fp32", optimizer: OptimizerOpt = "sgd",
-    inter_node_gbps: Annotated[Optional[float], typer.Option(
+    inter_node_gbit_s: Annotated[Optional[float], typer.Option(
+        "--inter-node-gbit-s", "--inter-node-gbps",
         help="network of one node over all its NICs, Gb/s [the catalog's node_network_gbit_s, else 100]")] = None,
 ) -> None:
     """Throughputs (samples/s) of jobs x accelerator types x scale factors in Gavel's layout
@@ -48,7 +49,7 @@ def export_gavel(
         jobs.append(job_spec(name, None, None, None, None, int(batch), seq_len, precision, optimizer, "train"))
     spread_path = writable_folder(output).with_name(f"{output.stem}.spread.json")
     engine = PredictionEngine.open(EngineConfig(isolate_captures=False))
-    matrices = gavel_throughputs(engine, jobs, names, factors, inter_node_gbps=inter_node_gbps)
+    matrices = gavel_throughputs(engine, jobs, names, factors, inter_node_gbit_s=inter_node_gbit_s)
     for path, kind in ((output, "consolidated"), (spread_path, "spread")):
         write_text_atomically(path, json.dumps(matrices[kind], indent=2, sort_keys=True) + "\n", make_parents=False)
     out.print(f"wrote {output} and {spread_path}: {len(jobs)} jobs x {len(names)} worker types x scale factors "

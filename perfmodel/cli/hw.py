@@ -45,7 +45,7 @@ def hw_list(as_json: JsonOpt = False) -> None:
                   title=f"{len(entries)} accelerators (`perfmodel hw show ID` for every field)")
     for e in entries:
         table.add_row(e.name, e.kind, e.vendor, tflops(e.peak_fp32_gflops), tflops(e.peak_fp16_gflops),
-                      f"{e.memory_gb:g}", f"{e.memory_bandwidth_gbps:.0f}")
+                      f"{e.memory_gb:g}", f"{e.memory_bandwidth_gb_s:.0f}")
     out.print(table)
 
 
@@ -75,7 +75,7 @@ def hw_probe(save: Annotated[bool, typer.Option(help="record it as catalog entry
         model = spec.aliases[0] if spec.aliases else "unnamed CPU"
         out.print(f"{spec.name}: {model} ({spec.vendor or 'unknown vendor'}), {spec.compute_units} cores, "
                   f"{spec.threads} threads, "
-                  f"{spec.peak_fp32_gflops:.1f} GFLOP/s fp32 GEMM, {spec.memory_bandwidth_gbps:.1f} GB/s copy, "
+                  f"{spec.peak_fp32_gflops:.1f} GFLOP/s fp32 GEMM, {spec.memory_bandwidth_gb_s:.1f} GB/s copy, "
                   f"{spec.memory_gb:.1f} GB" + (" (saved)" if save else ""))
 
 
@@ -83,7 +83,7 @@ def hw_probe(save: Annotated[bool, typer.Option(help="record it as catalog entry
 @user_errors
 def hw_add(
     spec_file: Annotated[Path, typer.Argument(help="spec sheet, YAML or JSON, e.g. {name: acme-x1, kind: gpu, "
-                                                 "peak_fp32_gflops: 60 TFLOP/s, memory_bandwidth_gbps: 3 TB/s, "
+                                                 "peak_fp32_gflops: 60 TFLOP/s, memory_bandwidth_gb_s: 3 TB/s, "
                                                  "memory_gb: 96, compute_units: 120}")],
     store: StoreOpt = None,
     as_json: JsonOpt = False,

@@ -53,7 +53,8 @@ def predict(model: ModelArg = None, hf_config: HFConfigOpt = None, task: TaskOpt
                 help="override the catalog's intra-node link: nvlink1..5, infinity-fabric, pcie3..5")] = None,
             ep: Annotated[int, typer.Option(help="expert-parallel degree (mixture of experts; divides the "
                                                  "data-parallel degree)")] = 1,
-            inter_node_gbps: Annotated[Optional[float], typer.Option(
+            inter_node_gbit_s: Annotated[Optional[float], typer.Option(
+                "--inter-node-gbit-s", "--inter-node-gbps",
                 help="network of one node over all its NICs, Gb/s [the catalog's node_network_gbit_s, else "
                      "100]")] = None,
             inter_node_latency_us: Annotated[float, typer.Option(help="network latency, us")] = 5.0,
@@ -72,7 +73,7 @@ def predict(model: ModelArg = None, hf_config: HFConfigOpt = None, task: TaskOpt
     placement = placement_from_options(
         accelerator, global_batch_size, batch_size=batch_size, nodes=nodes, per_node=per_node,
         devices_per_node=devices_per_node, tp=tp, pp=pp, micro_batches=micro_batches, zero=zero,
-        checkpointing=checkpointing, intra_link=intra_link, ep=ep, inter_node_gbps=inter_node_gbps,
+        checkpointing=checkpointing, intra_link=intra_link, ep=ep, inter_node_gbit_s=inter_node_gbit_s,
         inter_node_latency_us=inter_node_latency_us)
     engine = PredictionEngine.open(EngineConfig(model_version=model_version, isolate_captures=False))
     result = engine.prediction(spec, placement)
@@ -81,8 +82,8 @@ def predict(model: ModelArg = None, hf_config: HFConfigOpt = None, task: TaskOpt
         return
     lo, hi = result.interval_ms
     layout = "+".join(str(n) for n in placement.devices_per_node)
-    out.print(f"[bold]{result.job}[/] b={placement.global_batch_size} {spec.mode.value} on {layout} x "
-              f"{result.accelerator}: {result.iteration_time_ms:.2f} ms/iteration (80 % interval {lo:.2f}-{hi:.2f}), "
+    out.print(f"[bold]{result.job_name}[/] b={placement.global_batch_size} {spec.mode.value} on {layout} x "
+              f"{result.accelerator}: {result.iter_time_ms:.2f} ms/iteration (80 % interval {lo:.2f}-{hi:.2f}), "
               f"{result.throughput_samples_per_s:.1f} samples/s  [dim]{result.model_version}[/]")
     out.print("  " + ", ".join(f"{k} {v:.2f} ms" for k, v in result.breakdown_ms.items()))
     fits = "fits" if result.fits else "[red]does not fit[/]"

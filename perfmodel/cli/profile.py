@@ -62,7 +62,7 @@ def profile(model: ModelArg = None, hf_config: HFConfigOpt = None, task: TaskOpt
 
     options = dict(warmup=warmup, repeats=repeats, per_op=per_op, onnx=onnxrt, time_budget_s=time_budget or None)
     if ray is None:  # on Ray workers the device is theirs, not this host's
-        from perfmodel.device import resolve_device
+        from perfmodel.torch_device import resolve_device
 
         resolve_device(device)  # fail fast, before any work
     if sweep is not None and (model or hf_config or module or onnx):
@@ -91,10 +91,10 @@ def profile(model: ModelArg = None, hf_config: HFConfigOpt = None, task: TaskOpt
             spec = job.spec
             if job.skipped:
                 advance(f"skip {spec.name} (in store)")
-                results.append({"job": spec.name, "job_key": spec.key(), "skipped": True})
+                results.append({"job_name": spec.name, "job_id": spec.key(), "skipped": True})
             elif job.error is not None:
                 typer.echo(f"error: {spec.name}: {job.error}", err=True)
-                results.append({"job": spec.name, "job_key": spec.key(), "error": job.error})
+                results.append({"job_name": spec.name, "job_id": spec.key(), "error": job.error})
                 advance(f"failed {spec.name}")
             else:
                 advance(f"{spec.name} b={spec.batch_size}")

@@ -39,8 +39,8 @@ def profile_as_json(p: Profile) -> dict[str, Any]:
     """The figures a script reads: iteration statistics, coverage, per-kind op time; not every op."""
     it = p.iteration
     data: dict[str, Any] = {
-        "job": p.job.name,
-        "job_key": p.job_key,
+        "job_name": p.job.name,
+        "job_id": p.job_id,
         "family": p.family,
         "spec": p.job.model_dump(mode="json"),
         "device": p.environment.device,
@@ -49,12 +49,12 @@ def profile_as_json(p: Profile) -> dict[str, Any]:
     }
     if p.ops is not None:
         data["ops"] = {"coverage": p.ops.coverage, "matched_fraction": p.ops.matched_fraction,
-                       "iteration_time_ms": p.ops.iteration_time_ms, "time_ms_by_kind": op_time_by_kind(p),
+                       "iter_time_ms": p.ops.iter_time_ms, "time_ms_by_kind": op_time_by_kind(p),
                        "time_ms_by_phase": op_time_by_phase(p)}
     if p.onnx is not None:
         data["onnx"] = {"provider": p.onnx.provider,
-                        "iteration_time_ms_disabled": p.onnx.iteration_time_ms_disabled,
-                        "iteration_time_ms_enabled": p.onnx.iteration_time_ms_enabled,
+                        "iter_time_ms_disabled": p.onnx.iter_time_ms_disabled,
+                        "iter_time_ms_enabled": p.onnx.iter_time_ms_enabled,
                         "nodes": len(p.onnx.nodes)}
     return data
 
@@ -94,7 +94,7 @@ def render_profile(console: Console, p: Profile, profile_id: int | None = None, 
                 f"{human_bytes(it.peak_memory_bytes or 0)}")
     if p.ops is not None:
         console.print(f"  per-op: {len(p.ops.ops)} aten calls/step, coverage {p.ops.coverage:.2f} of "
-                      f"{p.ops.iteration_time_ms:.2f} ms, {100 * p.ops.matched_fraction:.0f}% of forward time "
+                      f"{p.ops.iter_time_ms:.2f} ms, {100 * p.ops.matched_fraction:.0f}% of forward time "
                       f"matched to IR nodes")
         phases = op_time_by_phase(p)
         console.print("  by phase: " + ", ".join(f"{k} {v:.2f} ms" for k, v in phases.items()))
@@ -105,8 +105,8 @@ def render_profile(console: Console, p: Profile, profile_id: int | None = None, 
         console.print(table)
     if p.onnx is not None:
         o = p.onnx
-        console.print(f"  ONNX Runtime ({o.provider}): {o.iteration_time_ms_disabled:.2f} ms unoptimised, "
-                      f"{o.iteration_time_ms_enabled:.2f} ms optimised, {len(o.nodes)} node records")
+        console.print(f"  ONNX Runtime ({o.provider}): {o.iter_time_ms_disabled:.2f} ms unoptimised, "
+                      f"{o.iter_time_ms_enabled:.2f} ms optimised, {len(o.nodes)} node records")
 
 
 def render_profile_list(console: Console, rows: list[Any]) -> None:

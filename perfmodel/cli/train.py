@@ -14,6 +14,7 @@ import typer
 
 from perfmodel.cli.common import StoreOpt, out, say, user_errors, writable_folder
 from perfmodel.core.errors import PerfmodelError
+from perfmodel.core.renamed import RENAMED_ROLES
 from perfmodel.evaluation.training import DEVICE_OPS_SOURCES
 
 Opt = typer.Option
@@ -102,7 +103,7 @@ def retrain(
         models_dir: Annotated[Optional[Path], Opt("--models-dir", help="model registry [env PERFMODEL_MODELS_DIR, "
                                                                        "the shipped models/]")] = None,
         report: Annotated[Optional[Path], Opt("--report", help="write the JSON report here (atomically)")] = None,
-        roles: Annotated[str, Opt(help="comma-separated roles to retrain: default, device-ops")] = "default,device-ops",
+        roles: Annotated[str, Opt(help="roles to retrain, comma-separated")] = "cpu-step,device-ops",
         min_improvement_pct: Annotated[float, Opt(help="promote only a challenger whose held-out MAPE is this % "
                                                        "(relative) below the champion's")] = 2.0,
         holdout_fraction: Annotated[float, Opt(help="fraction of the groups (families, chips) held out")] = 0.25,
@@ -132,7 +133,7 @@ def retrain(
     def settings() -> RetrainSettings:
         chosen = RetrainSettings(
             min_improvement_pct=min_improvement_pct, holdout_fraction=holdout_fraction, seed=seed,
-            roles=tuple(r.strip() for r in roles.split(",") if r.strip()),
+            roles=tuple(RENAMED_ROLES.get(r.strip(), r.strip()) for r in roles.split(",") if r.strip()),
             regressors=_role_values(regressor or [], "--regressor", lambda value, _: value),
             estimator_settings=_role_values(setting or [], "--set", _setting), force=force)
         if report is not None:

@@ -67,14 +67,14 @@ def compute_ms(flops: Values, peak_gflops: Values) -> Values:
     return flops / (peak_gflops * GIGA) * MS_PER_S
 
 
-def memory_ms(bytes_moved: Values, bandwidth_gbps: Values) -> Values:
+def memory_ms(bytes_moved: Values, bandwidth_gb_s: Values) -> Values:
     """Bytes at the bandwidth: bytes / (GB/s · 1e9) in ms."""
-    return bytes_moved / (bandwidth_gbps * GIGA) * MS_PER_S
+    return bytes_moved / (bandwidth_gb_s * GIGA) * MS_PER_S
 
 
-def roofline_ms(flops: Values, bytes_moved: Values, peak_gflops: Values, bandwidth_gbps: Values) -> Values:
+def roofline_ms(flops: Values, bytes_moved: Values, peak_gflops: Values, bandwidth_gb_s: Values) -> Values:
     """max(compute time at peak, memory time at bandwidth), ms."""
-    return maximum(compute_ms(flops, peak_gflops), memory_ms(bytes_moved, bandwidth_gbps))
+    return maximum(compute_ms(flops, peak_gflops), memory_ms(bytes_moved, bandwidth_gb_s))
 
 
 def arithmetic_intensity(flops: Values, bytes_moved: Values) -> Values:
@@ -82,9 +82,9 @@ def arithmetic_intensity(flops: Values, bytes_moved: Values) -> Values:
     return flops / maximum(bytes_moved, 1)
 
 
-def ridge_point(peak_gflops: Values, bandwidth_gbps: Values) -> Values:
+def ridge_point(peak_gflops: Values, bandwidth_gb_s: Values) -> Values:
     """The intensity (FLOP/byte) where compute time equals memory time on a device: peak / bandwidth."""
-    return (peak_gflops * GIGA) / (bandwidth_gbps * GIGA)
+    return (peak_gflops * GIGA) / (bandwidth_gb_s * GIGA)
 
 
 # --- α-β collectives ------------------------------------------------------------------------------------------------

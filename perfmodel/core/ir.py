@@ -13,11 +13,12 @@ optional and left out of the JSON when absent, so dense graphs serialise as befo
 from __future__ import annotations
 
 from collections import Counter
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from perfmodel.core.opkinds import OpKind
+from perfmodel.core.renamed import upgrade_names
 
 SCHEMA_VERSION = 1
 
@@ -110,7 +111,7 @@ class Graph(_Frozen):
     name: str
     source: Literal["torch.export", "onnx"]
     mode: Literal["train", "inference"] = "train"
-    job_key: str | None = None
+    job_id: str | None = None
     nodes: tuple[Node, ...]
     totals: GraphTotals
     inputs: tuple[TensorMeta, ...] = Field(default=(), description="the graph's user inputs")
@@ -136,3 +137,9 @@ class Graph(_Frozen):
 
             raise PerfmodelError(f"graph IR schema_version {version!r} is not supported (expected {SCHEMA_VERSION})")
         return cls.model_validate(data)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed_fields(cls, data: Any) -> Any:
+        """Inputs written before the renames of issue 15 (`perfmodel.core.renamed`) under today's names."""
+        return upgrade_names(data)

@@ -1,4 +1,6 @@
-"""Unit conversions, in one place. Names carry their units: `iter_time_ms`, `bytes_read`, `bandwidth_gbps`."""
+"""Unit conversions, in one place. Names carry their units: `iter_time_ms`, `bytes_read`,
+`memory_bandwidth_gb_s` (GB/s: bytes), `node_network_gbit_s` (Gb/s: bits); README "Naming" lists them.
+"""
 
 from __future__ import annotations
 
@@ -17,6 +19,14 @@ def us_to_ms(us: float) -> float:
 
 def ns_to_ms(ns: float) -> float:
     return ns / NS_PER_MS
+
+
+BITS_PER_BYTE = 8
+
+
+def gbit_s_to_gb_s(gbit_s: float) -> float:
+    """A rate in Gb/s (1e9 bit/s) in GB/s (1e9 bytes/s)."""
+    return gbit_s / BITS_PER_BYTE
 
 
 def samples_per_s(batch_size: int, iter_time_ms: float) -> float:

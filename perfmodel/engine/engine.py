@@ -404,11 +404,11 @@ class PredictionEngine:
         factor, count = calibration.factor(prediction.accelerator, prediction.devices)
         data = prediction.model_dump(mode="json")
         data.update(job_id=entry.key, calibrated=count > 0, calibration_factor=factor, observations=count,
-                    uncalibrated_iteration_time_ms=prediction.iteration_time_ms,
+                    uncalibrated_iter_time_ms=prediction.iter_time_ms,
                     uncalibrated_throughput_samples_per_s=prediction.throughput_samples_per_s)
         if count:
             data["throughput_samples_per_s"] *= factor
-            data["iteration_time_ms"] /= factor
+            data["iter_time_ms"] /= factor
             data["interval_ms"] = [bound / factor for bound in data["interval_ms"]]
             data["breakdown_ms"] = {k: v / factor for k, v in data["breakdown_ms"].items()}
         return data
@@ -534,13 +534,13 @@ class PredictionEngine:
         record = self.store.delete_observation(observation_id)
         if not record:
             raise NotFound(f"no observation {observation_id}")
-        cached = self._jobs.peek(record.job_key)
+        cached = self._jobs.peek(record.job_id)
         if cached is not None:
             self._drop_observations(cached, {observation_id})
         try:
-            entry = self.job(record.job_key)
+            entry = self.job(record.job_id)
         except NotFound:  # the job went with it meanwhile
-            return {"deleted": record.model_dump(mode="json"), "job_id": record.job_key, "calibration": None}
+            return {"deleted": record.model_dump(mode="json"), "job_id": record.job_id, "calibration": None}
         return {"deleted": record.model_dump(mode="json"), "job_id": entry.key,
                 "calibration": self.calibration_report(entry)}
 
@@ -613,13 +613,13 @@ class PredictionEngine:
         new: dict[str, list[Any]] = {}
         for record in self.store.observations(after_id=self._last_observation_id):
             self._last_observation_id = max(self._last_observation_id, record.id)
-            new.setdefault(record.job_key, []).append(record)
+            new.setdefault(record.job_id, []).append(record)
         for key, records in new.items():
             entry = self._jobs.peek(key)
             if entry is not None and entry.registered:
                 self._add_observations(entry, records)
         registered = [(k, e) for k, e in self._jobs.items() if e.registered]
-        keys = self.store.job_keys()
+        keys = self.store.job_ids()
         for key, _ in registered:
             if key not in keys:
                 self._jobs.pop(key)

@@ -15,9 +15,9 @@ from perfmodel.placement.spec import Parallelism, PlacementSpec
 
 
 def gavel_throughputs(engine: Any, specs: Sequence[Any], accelerators: Sequence[str], scale_factors: Sequence[int],
-                      *, inter_node_gbps: float | None = None) -> dict[str, GavelMatrix]:
+                      *, inter_node_gbit_s: float | None = None) -> dict[str, GavelMatrix]:
     """{"consolidated": matrix, "spread": matrix} of every JobSpec in `specs` on every accelerator (catalog name or
-    alias; the matrices use the catalog name) at every scale factor. `inter_node_gbps` None: the catalog's network."""
+    alias; the matrices use the catalog name) at every scale factor. `inter_node_gbit_s` None: the catalog's network."""
     columns: list[tuple[str, tuple[int, ...], bool]] = []
     for name in accelerators:
         hardware = get_accelerator(name, engine.catalog)
@@ -31,7 +31,7 @@ def gavel_throughputs(engine: Any, specs: Sequence[Any], accelerators: Sequence[
             placement = PlacementSpec(accelerator=worker_type, devices_per_node=layout,
                                       global_batch_size=spec.batch_size * sum(layout),
                                       parallelism=Parallelism(data=sum(layout)),
-                                      inter_node_bandwidth_gbps=inter_node_gbps)
+                                      inter_node_bandwidth_gbit_s=inter_node_gbit_s)
             result = engine.prediction(spec, placement)
             row.append(result.throughput_samples_per_s if result.fits else 0.0)
         throughput.append(row)

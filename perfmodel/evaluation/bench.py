@@ -70,7 +70,7 @@ def bench_device(device: str, store_url: str | None, classes: Sequence[str], *, 
         path = save_local(spec)
         catalog = load_catalog()
         progress(f"new accelerator {spec.name!r} recorded in {path} (measured: "
-                 f"{spec.peak_fp32_gflops:.0f} GFLOP/s fp32, {spec.memory_bandwidth_gbps:.0f} GB/s)")
+                 f"{spec.peak_fp32_gflops:.0f} GFLOP/s fp32, {spec.memory_bandwidth_gb_s:.0f} GB/s)")
     model, ref = promoted_device_ops_model()
     shapes = order_candidates(candidate_grid(spec, wanted), spec, catalog, model, max_op_ms)
     run = run_id or f"bench-{spec.name}"

@@ -103,7 +103,7 @@ def evaluate(regressor_factories: Mapping[str, RegressorFactory], samples: Seque
              seed: int = 0) -> EvaluationResult:
     """Family-grouped k-fold cross-validation of every factory's regressors on measured `samples`."""
     samples = list(samples)
-    unmeasured = [i for i, s in enumerate(samples) if not s.iteration_time_ms or s.iteration_time_ms <= 0]
+    unmeasured = [i for i, s in enumerate(samples) if not s.iter_time_ms or s.iter_time_ms <= 0]
     if unmeasured:
         raise PerfmodelError(f"{len(unmeasured)} samples have no measured iteration time (first: #{unmeasured[0]})")
     if not regressor_factories:
@@ -122,7 +122,7 @@ def evaluate(regressor_factories: Mapping[str, RegressorFactory], samples: Seque
             start = time.perf_counter()
             prediction = regressor.predict(test)
             predict_s[name] += time.perf_counter() - start
-            predictions.extend(_held_out(name, fold, test, prediction.iteration_time_ms, prediction.p10_ms,
+            predictions.extend(_held_out(name, fold, test, prediction.iter_time_ms, prediction.p10_ms,
                                          prediction.p90_ms))
     names = tuple(regressor_factories)
     return EvaluationResult(
@@ -134,21 +134,21 @@ def evaluate(regressor_factories: Mapping[str, RegressorFactory], samples: Seque
 
 def _measured_ms(sample: Sample) -> float:
     """A held-out sample's measured iteration time (every profiled sample has one)."""
-    if sample.iteration_time_ms is None:
+    if sample.iter_time_ms is None:
         raise PerfmodelError(f"sample {sample.profile_id!r} has no measured iteration time to evaluate against")
-    return float(sample.iteration_time_ms)
+    return float(sample.iter_time_ms)
 
 
 def _held_out(name: str, fold: int, test: list[Sample], predicted: np.ndarray, p10: np.ndarray,
               p90: np.ndarray) -> list[HeldOutPrediction]:
-    for label, values in (("iteration_time_ms", predicted), ("p10_ms", p10), ("p90_ms", p90)):
+    for label, values in (("iter_time_ms", predicted), ("p10_ms", p10), ("p90_ms", p90)):
         if np.shape(values) != (len(test),):
             raise PerfmodelError(f"regressor {name!r} returned {label} of shape {np.shape(values)} for "
                                  f"{len(test)} samples")
     return [
         HeldOutPrediction(regressor=name, fold=fold, family=s.family, job_name=s.spec.name, profile_id=s.profile_id,
                           measured_ms=_measured_ms(s), predicted_ms=float(predicted[i]),
-                          p10_ms=float(p10[i]), p90_ms=float(p90[i]), measured_cv=s.iteration_time_cv)
+                          p10_ms=float(p10[i]), p90_ms=float(p90[i]), measured_cv=s.iter_time_cv)
         for i, s in enumerate(test)
     ]
 

@@ -110,7 +110,7 @@ def adaptdl_params(theta: np.ndarray, source: str) -> IterationParams:
 
 def adaptdl_predict(df: pd.DataFrame, theta: np.ndarray) -> np.ndarray:
     out = iteration_breakdown(adaptdl_compute(df), adaptdl_placements(df, theta), adaptdl_params(theta, "fit"))
-    return out["iteration_ms"]
+    return out["iter_time_ms"]
 
 
 def fit_adaptdl(df: pd.DataFrame) -> np.ndarray:
@@ -194,7 +194,7 @@ def vtrain_params(theta: np.ndarray, source: str) -> IterationParams:
 
 def fit_vtrain(c: ComputeArrays, p: PlacementArrays, measured: np.ndarray) -> np.ndarray:
     def residuals(theta: np.ndarray) -> np.ndarray:
-        return np.log(iteration_breakdown(c, p, vtrain_params(theta, "fit"))["iteration_ms"] / measured)
+        return np.log(iteration_breakdown(c, p, vtrain_params(theta, "fit"))["iter_time_ms"] / measured)
 
     return least_squares(residuals, VTRAIN_START, bounds=VTRAIN_BOUNDS, loss="soft_l1", f_scale=0.1).x
 
@@ -243,7 +243,7 @@ def evaluate_vtrain(df: pd.DataFrame, c: ComputeArrays, p: PlacementArrays) -> t
     measured = df.step_ms.to_numpy(float)
 
     def predict(theta: np.ndarray, test: np.ndarray) -> np.ndarray:
-        return iteration_breakdown(_take(c, test), _take(p, test), vtrain_params(theta, "fit"))["iteration_ms"]
+        return iteration_breakdown(_take(c, test), _take(p, test), vtrain_params(theta, "fit"))["iter_time_ms"]
 
     results, predicted = leave_one_model_out(
         sorted(df.model.unique()), lambda train: fit_vtrain(_take(c, train), _take(p, train), measured[train]),

@@ -1,6 +1,6 @@
 """The retraining job (`perfmodel retrain`): champion/challenger over everything in the store, safe from cron.
 
-For each model role of the registry (`default`: iteration time from profiles; `device-ops`: per-op latency from op
+For each model role of the registry (`cpu-step`: iteration time from profiles; `device-ops`: per-op latency from op
 measurements) a `RoleRecipe` says how to read the role's data from the store, how to group it for a held-out split
 (by model family for profiles, by chip for op measurements: a group is never in train and test at once) and how to
 fit the regressor. One run:
@@ -200,9 +200,9 @@ class DeviceOpsRecipe(RoleRecipe):
 
 
 class IterationRecipe(RoleRecipe):
-    """`default`: the iteration-time model on every stored profile with a per-op profile, held out by family."""
+    """`cpu-step`: the iteration-time model on every stored profile with a per-op profile, held out by family."""
 
-    role = "default"
+    role = "cpu-step"
     default_regressor = "xgb-ops"
     group_by = "family"
 
@@ -214,8 +214,8 @@ class IterationRecipe(RoleRecipe):
 
         samples = samples_from_store(store, graph_cache_dir=self.graph_cache_dir, progress=progress)
         return RoleData(rows=samples, groups=np.array([s.family for s in samples], dtype=object),
-                        measured_ms=np.array([s.iteration_time_ms for s in samples], dtype=np.float64),
-                        keys=[f"{s.profile_id}|{s.spec.key()}|{s.hardware.name}|{s.iteration_time_ms!r}"
+                        measured_ms=np.array([s.iter_time_ms for s in samples], dtype=np.float64),
+                        keys=[f"{s.profile_id}|{s.spec.key()}|{s.hardware.name}|{s.iter_time_ms!r}"
                               for s in samples],
                         notes={"profiles_in_store": store.count(), "families": len(set(s.family for s in samples))})
 
@@ -235,7 +235,7 @@ class IterationRecipe(RoleRecipe):
         return cls(**settings).fit(rows)
 
     def predict_ms(self, model: Any, rows: Any, catalog: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray]:
-        predicted = np.asarray(model.predict(rows).iteration_time_ms, dtype=np.float64)
+        predicted = np.asarray(model.predict(rows).iter_time_ms, dtype=np.float64)
         return predicted, np.isfinite(predicted) & (predicted > 0)
 
     def domain(self, rows: Any) -> dict[str, Any]:
@@ -248,7 +248,7 @@ class IterationRecipe(RoleRecipe):
         return None if families is None else set(families)
 
 
-RECIPES: dict[str, Callable[[], RoleRecipe]] = {"default": IterationRecipe, "device-ops": DeviceOpsRecipe}
+RECIPES: dict[str, Callable[[], RoleRecipe]] = {"cpu-step": IterationRecipe, "device-ops": DeviceOpsRecipe}
 
 
 # --- the run ---------------------------------------------------------------------------------------------------------
@@ -540,7 +540,7 @@ def _run(result: RetrainResult, url: str, root: Path, settings: RetrainSettings,
         except SQLAlchemyError as exc:
             raise PerfmodelError(f"cannot read the store: {exc}") from None
         for role in settings.roles:
-            recipe = RECIPES[role]() if role != "default" else IterationRecipe(graph_cache_dir)
+            recipe = RECIPES[role]() if role != "cpu-step" else IterationRecipe(graph_cache_dir)
             started = time.perf_counter()
             try:
                 outcome = _evaluate_role(recipe, store, registry, settings, catalog, state, say)

@@ -146,7 +146,7 @@ def shapes(rows: Iterable[SplitwiseRow], max_shapes: int | None = None) -> list[
     return distinct if max_shapes is None else distinct[:max(max_shapes, 0)]
 
 
-PredictFn = Callable[[JobSpec, PlacementSpec], Any]  # -> a perfmodel Prediction (iteration_time_ms, breakdown_ms)
+PredictFn = Callable[[JobSpec, PlacementSpec], Any]  # -> a perfmodel Prediction (iter_time_ms, breakdown_ms)
 
 RESULT_COLUMNS = ("source_row", "model", "tp", "batch_size", "prompt_tokens", "measured_prompt_ms",
                   "predicted_prompt_ms", "ape", "predicted_compute_ms", "predicted_communication_ms", "fits")
@@ -177,8 +177,8 @@ def evaluate_prompt_times(rows: Sequence[SplitwiseRow], predict: PredictFn, *, m
             b = p.breakdown_ms
             records.append({
                 "source_row": r.source_row, "model": model, "tp": r.tp, "batch_size": batch, "prompt_tokens": prompt,
-                "measured_prompt_ms": r.prompt_time_ms, "predicted_prompt_ms": p.iteration_time_ms,
-                "ape": ape(p.iteration_time_ms, r.prompt_time_ms),
+                "measured_prompt_ms": r.prompt_time_ms, "predicted_prompt_ms": p.iter_time_ms,
+                "ape": ape(p.iter_time_ms, r.prompt_time_ms),
                 "predicted_compute_ms": b.get("forward", 0.0) + b.get("backward", 0.0),
                 "predicted_communication_ms": b.get("communication", 0.0), "fits": bool(p.fits)})
         if on_shape is not None:

@@ -115,8 +115,8 @@ def predict_measurements(measurements: Iterable[StepMeasurement], predictor_for_
     `host_ms_per_kernel`, when given, replaces the predictors' host dispatch cost."""
     from perfmodel.graph import graph_for_job
     from perfmodel.hardware.math import has_tf32
-    from perfmodel.predictor.device import OPTIMIZER, job_rows
     from perfmodel.predictor.device_ops import BACKWARD, FORWARD
+    from perfmodel.predictor.gpu_iteration import OPTIMIZER, job_rows
     from perfmodel.predictor.placed import PlacementPredictor
 
     graphs: dict[tuple[Any, ...], Graph] = {}
@@ -142,7 +142,7 @@ def predict_measurements(measurements: Iterable[StepMeasurement], predictor_for_
             if m.placement is not None:
                 placed = PlacementPredictor(None, device, params)
                 placed._graphs.put(m.spec.key(), graph)  # the micro-batch graph, captured above
-                record["predicted_ms"] = placed.predict(m.spec, m.placement, graph=graph).iteration_time_ms
+                record["predicted_ms"] = placed.predict(m.spec, m.placement, graph=graph).iter_time_ms
             else:
                 hardware = device.catalog[m.device]
                 key = (m.graph_key, m.spec.precision, has_tf32(hardware))

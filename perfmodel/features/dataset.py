@@ -5,7 +5,7 @@
     for train_idx, test_idx in family_folds(samples, k=5): ...
 
 A sample's measurements come from its profile:
-- `iteration_time_ms` / `iteration_time_cv`: the median and coefficient of variation of the timed steps;
+- `iter_time_ms` / `iter_time_cv`: the median and coefficient of variation of the timed steps;
 - `node_times_ms[(node id, phase)]`: for the forward and backward phases, the sum of the self times of the aten
   calls attributed to that IR node (per-op profile; backward calls carry their forward call's node), per step;
 - `unattributed_ms`: iteration median minus the sum of node times: the optimizer step, unattributed calls,
@@ -116,8 +116,8 @@ def sample_from_profile(profile: Profile, graph: Graph, hardware: HardwareSpec,
         graph=graph,
         hardware=hardware,
         family=profile.family,
-        iteration_time_ms=iteration.iter_time_ms_median,
-        iteration_time_cv=iteration.iter_time_cv,
+        iter_time_ms=iteration.iter_time_ms_median,
+        iter_time_cv=iteration.iter_time_cv,
         node_times_ms=MappingProxyType(times),
         unattributed_ms=iteration.iter_time_ms_median - sum(times.values()),
         profile_id=profile_id,
@@ -150,8 +150,8 @@ def samples_from_store(store: ProfileStore, *, hardware_for: HardwareFor | None 
             say(f"profile {summary.id}: {unknown_ms:.3f} ms of op time names IR nodes the graph lacks "
                 "(the graph changed since profiling); counted as unattributed")
         median_ms = profile.iteration.iter_time_ms_median if profile.iteration else None
-        if median_ms and not 1 / OP_STEP_DEVIATION <= profile.ops.iteration_time_ms / median_ms <= OP_STEP_DEVIATION:
-            say(f"profile {summary.id} ({profile.job.name}): its per-op step took {profile.ops.iteration_time_ms:.1f} "
+        if median_ms and not 1 / OP_STEP_DEVIATION <= profile.ops.iter_time_ms / median_ms <= OP_STEP_DEVIATION:
+            say(f"profile {summary.id} ({profile.job.name}): its per-op step took {profile.ops.iter_time_ms:.1f} "
                 f"ms against a timed median of {median_ms:.1f} ms; its node times are suspect (re-profile it)")
         samples.append(sample_from_profile(profile, graph, hardware_for(profile.environment), summary.id))
     return samples

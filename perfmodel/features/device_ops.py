@@ -34,7 +34,7 @@ from perfmodel.lowering.ops import (
 GEMM_TILE = 128
 
 # device columns taken from the catalog entry (numbers only)
-DEVICE_FEATURES = ("peak_gflops", "memory_bandwidth_gbps", "compute_units", "l2_cache_mb", "boost_clock_mhz",
+DEVICE_FEATURES = ("peak_gflops", "memory_bandwidth_gb_s", "compute_units", "l2_cache_mb", "boost_clock_mhz",
                    "fp32_cores_per_cu", "memory_gb", "watts_per_core")
 
 DEVICE_OP_FEATURES = (
@@ -80,7 +80,7 @@ def _device_columns(devices: pd.Series, maths: pd.Series, gemm: np.ndarray,
         spec = specs[device]
         table[(device, math, is_gemm)] = {
             "peak_gflops": peak_gflops(spec, math, bool(is_gemm)),
-            "memory_bandwidth_gbps": spec.memory_bandwidth_gbps,
+            "memory_bandwidth_gb_s": spec.memory_bandwidth_gb_s,
             "compute_units": float(spec.compute_units),
             "l2_cache_mb": spec.l2_cache_mb or np.nan,  # NaN only if no reference device has it
             "boost_clock_mhz": spec.boost_clock_mhz or np.nan,
@@ -107,12 +107,12 @@ def device_op_features(ops: pd.DataFrame, catalog: Mapping[str, HardwareSpec]) -
     device = _device_columns(ops["device"], maths, gemm, catalog)
     bytes_total = work.bytes_read + work.bytes_written
     peak_gflops_ = device["peak_gflops"].to_numpy()
-    bandwidth_gbps = device["memory_bandwidth_gbps"].to_numpy()
+    bandwidth_gb_s = device["memory_bandwidth_gb_s"].to_numpy()
     peak = peak_gflops_ * cost.GIGA
     compute_ms = cost.compute_ms(work.flops, peak_gflops_)
-    memory_ms = cost.memory_ms(bytes_total, bandwidth_gbps)
+    memory_ms = cost.memory_ms(bytes_total, bandwidth_gb_s)
     intensity = cost.arithmetic_intensity(work.flops, bytes_total)
-    ridge = cost.ridge_point(peak_gflops_, bandwidth_gbps)
+    ridge = cost.ridge_point(peak_gflops_, bandwidth_gb_s)
     tiles = work.gemm_batch * np.ceil(work.gemm_m / GEMM_TILE) * np.ceil(work.gemm_n / GEMM_TILE)
     units = device["compute_units"].to_numpy()
     waves = tiles / units

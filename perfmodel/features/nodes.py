@@ -37,7 +37,7 @@ NODE_FEATURES: tuple[str, ...] = (
     "log_intensity",  # FLOPs per byte moved
     "log_roofline_ms",
     "log_hw_peak_gflops",
-    "log_hw_bandwidth_gbps",
+    "log_hw_bandwidth_gb_s",
     "hw_compute_units",
     "hw_threads",
     "hw_is_gpu",
@@ -50,7 +50,7 @@ def _log(x: float) -> float:
 
 def roofline_ms(flops: float, bytes_moved: float, hw: HardwareSpec) -> float:
     """Time at the fp32 peak and the memory bandwidth of `hw`: `core.cost.roofline_ms`, in ms."""
-    return float(cost.roofline_ms(flops, bytes_moved, hw.peak_fp32_gflops, hw.memory_bandwidth_gbps))
+    return float(cost.roofline_ms(flops, bytes_moved, hw.peak_fp32_gflops, hw.memory_bandwidth_gb_s))
 
 
 def node_cost(node: Node, phase: str) -> tuple[int, int, int]:
@@ -70,7 +70,7 @@ def has_phase(node: Node, phase: str) -> bool:
 def hardware_features(hw: HardwareSpec) -> dict[str, float]:
     return {
         "log_hw_peak_gflops": math.log(hw.peak_fp32_gflops),
-        "log_hw_bandwidth_gbps": math.log(hw.memory_bandwidth_gbps),
+        "log_hw_bandwidth_gb_s": math.log(hw.memory_bandwidth_gb_s),
         "hw_compute_units": float(hw.compute_units),
         "hw_threads": float(hw.threads or hw.compute_units),
         "hw_is_gpu": 1.0 if hw.kind == "gpu" else 0.0,

@@ -24,8 +24,8 @@ class Sample:
     graph: Graph
     hardware: HardwareSpec
     family: str
-    iteration_time_ms: float | None = None  # measured median, None when predicting
-    iteration_time_cv: float | None = None  # spread of the measurement (std/mean of the repeats)
+    iter_time_ms: float | None = None  # measured median, None when predicting
+    iter_time_cv: float | None = None  # spread of the measurement (std/mean of the repeats)
     # measured self time per (IR node id, phase), summed over the aten calls attributed to the node; ms per step
     node_times_ms: Mapping[tuple[str, NodePhase], float] = field(default_factory=dict)
     unattributed_ms: float | None = None  # measured step time not attributed to any node (optimizer, glue)

@@ -41,11 +41,11 @@ def graph_for_job(spec: JobSpec) -> Graph:
     """The graph of any job: the IR itself for an IR source, read from the ONNX file for an ONNX source, captured
     with torch.export otherwise."""
     if isinstance(spec.source, GraphSource):
-        return spec.source.parsed().model_copy(update={"job_key": spec.key()})
+        return spec.source.parsed().model_copy(update={"job_id": spec.key()})
     if isinstance(spec.source, OnnxSource):
         graph = graph_from_onnx(spec.source.path, batch_size=spec.batch_size, seq_len=spec.seq_len, name=spec.name,
                                 mode=spec.mode.value)
-        return graph.model_copy(update={"job_key": spec.key()})
+        return graph.model_copy(update={"job_id": spec.key()})
     from perfmodel.graph.from_torch import capture_graph
 
     return capture_graph(spec)

@@ -204,6 +204,6 @@ def _capture(spec: JobSpec, limits: JobLimits) -> Graph:
         if model_type in EXPORT_INPUTS:
             kwargs = EXPORT_INPUTS[model_type](kwargs)
         graph = graph_from_module(job.module, job.args, kwargs, name=spec.name, mode=spec.mode.value,
-                                  job_key=spec.key())
+                                  job_id=spec.key())
     check_graph(graph, limits)
     return graph

@@ -39,7 +39,7 @@ _GRAPH_MODES: dict[str, GraphMode] = {"train": "train", "inference": "inference"
 
 
 def graph_from_module(module: nn.Module, args: tuple, kwargs: Mapping[str, Any] | None = None, *, name: str,
-                      mode: str = "train", job_key: str | None = None) -> Graph:
+                      mode: str = "train", job_id: str | None = None) -> Graph:
     """Export `module(*args, **kwargs)` and build its graph. Tensors may be real, fake or on the meta device.
     `mode="train"` adds backward costs; `"inference"` leaves them zero."""
     graph_mode = _GRAPH_MODES.get(mode)
@@ -54,7 +54,7 @@ def graph_from_module(module: nn.Module, args: tuple, kwargs: Mapping[str, Any] 
     except Exception as exc:  # a model torch.export cannot trace: report it in one line
         first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         raise PerfmodelError(f"torch.export could not capture {name}: {type(exc).__name__}: {first_line}") from exc
-    return graph_from_exported(exported, module, name=name, mode=graph_mode, job_key=job_key,
+    return graph_from_exported(exported, module, name=name, mode=graph_mode, job_id=job_id,
                                moe=moe_layers.info())
 
 
@@ -83,11 +83,11 @@ def capture_graph(spec: JobSpec) -> Graph:
     if model_type in EXPORT_INPUTS:
         kwargs = EXPORT_INPUTS[model_type](kwargs)
     return graph_from_module(job.module, job.args, kwargs, name=spec.name, mode=spec.mode.value,
-                             job_key=spec.key())
+                             job_id=spec.key())
 
 
 def graph_from_exported(exported: torch.export.ExportedProgram, module: nn.Module | None = None, *, name: str,
-                        mode: GraphMode = "train", job_key: str | None = None, moe: MoEInfo | None = None) -> Graph:
+                        mode: GraphMode = "train", job_id: str | None = None, moe: MoEInfo | None = None) -> Graph:
     """Build the graph of an already exported program (`module`, when given, says which parameters are frozen;
     `moe` describes its MoE layers, when it has some)."""
     builder = _Builder(exported, module, training=mode == "train")
@@ -96,7 +96,7 @@ def graph_from_exported(exported: torch.export.ExportedProgram, module: nn.Modul
     activation_bytes = sum(sum(tensor_bytes(t) for t in n.output_tensors) for n in nodes if n.kind != OpKind.view)
     totals = GraphTotals.from_nodes(nodes, params=builder.param_elements, param_bytes=builder.param_bytes,
                                     activation_bytes=activation_bytes)
-    return Graph(name=name, source="torch.export", mode=mode, job_key=job_key, nodes=tuple(nodes), totals=totals,
+    return Graph(name=name, source="torch.export", mode=mode, job_id=job_id, nodes=tuple(nodes), totals=totals,
                  inputs=tuple(builder.user_inputs), moe=moe)
 
 

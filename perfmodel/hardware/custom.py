@@ -1,7 +1,7 @@
 """Custom accelerators: hardware a team has but the catalog lacks, described by a spec sheet the user gives.
 
 A spec sheet is YAML or JSON holding `HardwareSpec` fields. Numbers may be given bare (in the field's unit, the one
-its name says: `memory_bandwidth_gbps` in GB/s) or as text with a unit that converts to it ("3.35 TB/s",
+its name says: `memory_bandwidth_gb_s` in GB/s) or as text with a unit that converts to it ("3.35 TB/s",
 "989 TFLOP/s", "80 GB", "1.98 GHz", "700 W", "400 Gb/s"); a unit of another quantity is an error naming the field.
 Checks, each naming its field:
 - the schema's own (types, > 0, known fields only);
@@ -29,6 +29,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from perfmodel.core.errors import PerfmodelError
+from perfmodel.core.renamed import upgrade_names
 from perfmodel.hardware.catalog import normalize_name
 from perfmodel.hardware.spec import HardwareSpec
 
@@ -38,22 +39,22 @@ DEFAULT_SOURCE = "spec sheet given by the user"
 
 # fields each kind needs beyond the schema's required ones (those a prediction for it reads)
 REQUIRED_BY_KIND: dict[str, tuple[str, ...]] = {
-    "gpu": ("peak_fp32_gflops", "memory_bandwidth_gbps", "memory_gb", "compute_units"),
+    "gpu": ("peak_fp32_gflops", "memory_bandwidth_gb_s", "memory_gb", "compute_units"),
 }
 # upper bounds of plausible values, in the field's unit (about 100x today's largest parts)
 MAX_VALUES: dict[str, float] = {
     **dict.fromkeys(("peak_fp32_gflops", "peak_fp32_matrix_gflops", "peak_tf32_gflops", "peak_fp16_gflops",
                      "peak_bf16_gflops", "peak_fp8_gflops", "peak_fp64_gflops"), 1e9),  # 1 EFLOP/s
-    "memory_bandwidth_gbps": 1e6, "memory_gb": 1e5, "l2_cache_mb": 1e5, "compute_units": 1e6,
+    "memory_bandwidth_gb_s": 1e6, "memory_gb": 1e5, "l2_cache_mb": 1e5, "compute_units": 1e6,
     "fp32_cores_per_cu": 1e4, "threads": 1e6, "boost_clock_mhz": 1e5, "base_clock_mhz": 1e5, "tdp_w": 1e5,
-    "interconnect_bandwidth_gbps": 1e6, "node_devices": 1024, "node_network_gbit_s": 1e6,
+    "interconnect_bidir_gb_s": 1e6, "node_devices": 1024, "node_network_gbit_s": 1e6,
 }
 
 # field suffix -> {unit as written, lower case: factor to the field's unit}
 _UNITS: dict[str, dict[str, float]] = {
     "_gflops": {"gflop/s": 1.0, "gflops": 1.0, "tflop/s": 1e3, "tflops": 1e3, "pflop/s": 1e6, "pflops": 1e6,
                 "mflop/s": 1e-3, "mflops": 1e-3},
-    "_gbps": {"gb/s": 1.0, "gbps": 1.0, "tb/s": 1e3, "tbps": 1e3, "mb/s": 1e-3},
+    "_gb_s": {"gb/s": 1.0, "gbps": 1.0, "tb/s": 1e3, "tbps": 1e3, "mb/s": 1e-3},
     "_gb": {"gb": 1.0, "tb": 1e3, "mb": 1e-3, "gib": 2**30 / 1e9, "tib": 2**40 / 1e9, "mib": 2**20 / 1e9},
     "_mb": {"mb": 1.0, "kb": 1e-3, "gb": 1e3, "mib": 2**20 / 1e6, "kib": 2**10 / 1e6},
     "_mhz": {"mhz": 1.0, "ghz": 1e3},
@@ -121,7 +122,7 @@ def validate_spec_sheet(data: Mapping[str, Any], catalog: Mapping[str, HardwareS
     local entries) is what it must not clash with. Its `source` is marked as custom."""
     if not isinstance(data, Mapping):
         raise SpecSheetError((), "a spec sheet must be a mapping of HardwareSpec fields")
-    fields = {str(k): _converted(str(k), v) for k, v in data.items()}
+    fields = {str(k): _converted(str(k), v) for k, v in upgrade_names(dict(data)).items()}
     fields["source"] = CUSTOM_SOURCE_PREFIX + str(fields.get("source") or DEFAULT_SOURCE).removeprefix(
         CUSTOM_SOURCE_PREFIX)
     kind = fields.get("kind")
@@ -231,5 +232,5 @@ class LiveCatalog(Mapping[str, HardwareSpec]):
 def spec_sheet_example() -> str:
     """A minimal spec sheet (what `perfmodel hw add --help` shows)."""
     return json.dumps({"name": "acme-x1", "kind": "gpu", "vendor": "ACME", "peak_fp32_gflops": "60 TFLOP/s",
-                       "peak_bf16_gflops": "800 TFLOP/s", "memory_bandwidth_gbps": "3 TB/s", "memory_gb": 96,
+                       "peak_bf16_gflops": "800 TFLOP/s", "memory_bandwidth_gb_s": "3 TB/s", "memory_gb": 96,
                        "compute_units": 120, "source": "ACME X1 datasheet rev 2"})

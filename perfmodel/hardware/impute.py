@@ -25,8 +25,8 @@ def derived_boost_clock_mhz(spec: HardwareSpec) -> float | None:
 
 
 def _distance(a: HardwareSpec, b: HardwareSpec) -> float:
-    return math.dist((math.log(a.peak_fp32_gflops), math.log(a.memory_bandwidth_gbps), math.log(a.compute_units)),
-                     (math.log(b.peak_fp32_gflops), math.log(b.memory_bandwidth_gbps), math.log(b.compute_units)))
+    return math.dist((math.log(a.peak_fp32_gflops), math.log(a.memory_bandwidth_gb_s), math.log(a.compute_units)),
+                     (math.log(b.peak_fp32_gflops), math.log(b.memory_bandwidth_gb_s), math.log(b.compute_units)))
 
 
 def imputed(spec: HardwareSpec, reference: Iterable[HardwareSpec]) -> tuple[HardwareSpec, dict[str, str]]:

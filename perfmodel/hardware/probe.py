@@ -121,7 +121,7 @@ def probe_host(threads: int | None = None, *, gemm_sizes: tuple[int, ...] = GEMM
     try:
         used_threads = torch.get_num_threads()
         gflops = max(gemm_gflops(n, repeats) for n in gemm_sizes)
-        bandwidth = copy_bandwidth_gbps(copy_mib, repeats)
+        bandwidth = copy_bandwidth_gb_s(copy_mib, repeats)
     finally:
         torch.set_num_threads(previous_threads)
     cpu = read_cpu_identity()
@@ -132,7 +132,7 @@ def probe_host(threads: int | None = None, *, gemm_sizes: tuple[int, ...] = GEMM
         vendor=cpu.vendor,
         aliases=(cpu.model,) if cpu.model and cpu.model.lower() != "cpu" else (),
         peak_fp32_gflops=round(gflops, 1),
-        memory_bandwidth_gbps=round(bandwidth, 2),
+        memory_bandwidth_gb_s=round(bandwidth, 2),
         memory_gb=round(host_memory_gb(), 2),
         compute_units=physical_cores(),
         threads=used_threads,
@@ -170,7 +170,7 @@ def gemm_gflops(n: int, repeats: int = REPEATS) -> float:
     return 2 * n**3 * calls / best_seconds(batch, repeats) / 1e9
 
 
-def copy_bandwidth_gbps(mib: int = COPY_MIB, repeats: int = REPEATS) -> float:
+def copy_bandwidth_gb_s(mib: int = COPY_MIB, repeats: int = REPEATS) -> float:
     """Memory bandwidth of `dst.copy_(src)` on `mib` MiB fp32 tensors: (read + written bytes) / best time, GB/s."""
     import torch
 

@@ -10,9 +10,11 @@ Peaks are dense (no 2:4 structured sparsity). Units are in the field names; GB a
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from perfmodel.core.renamed import upgrade_names
 
 
 class HardwareSpec(BaseModel):
@@ -46,7 +48,7 @@ class HardwareSpec(BaseModel):
     peak_fp64_gflops: float | None = Field(default=None, gt=0, description="dense fp64 vector (non-tensor) peak")
 
     # --- memory ---------------------------------------------------------------------------------------------------
-    memory_bandwidth_gbps: float = Field(gt=0, description="GB/s (1e9 bytes/s)")
+    memory_bandwidth_gb_s: float = Field(gt=0, description="GB/s (1e9 bytes/s)")
     memory_gb: float = Field(gt=0, description="device memory (host RAM for a CPU), 1e9 bytes")
     memory_type: str | None = Field(default=None, description="HBM2, HBM2e, HBM3, GDDR6, GDDR6X, DDR4, ...")
     l2_cache_mb: float | None = Field(default=None, gt=0, description="L2 cache, MB (total over the device)")
@@ -65,7 +67,7 @@ class HardwareSpec(BaseModel):
     pcie_gen: int | None = Field(default=None, ge=1, le=7, description="PCIe generation of the host link")
     interconnect: str | None = Field(default=None, description="GPU-to-GPU link: nvlink1..5, nvlink3-bridge, "
                                                                "infinity-fabric, pcie, ...")
-    interconnect_bandwidth_gbps: float | None = Field(default=None, gt=0,
+    interconnect_bidir_gb_s: float | None = Field(default=None, gt=0,
                                                       description="total GPU-to-GPU link bandwidth per device, "
                                                                   "bidirectional GB/s as the vendor quotes it; "
                                                                   "None for PCIe-only parts")
@@ -82,3 +84,9 @@ class HardwareSpec(BaseModel):
                                         "its NICs, e.g. 3200 for 8 x 400 Gb/s on an H100 SXM server")
 
     source: str = Field(description="where the figures come from: a datasheet, or `perfmodel hw probe` on a host")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed_fields(cls, data: Any) -> Any:
+        """Inputs written before the renames of issue 15 (`perfmodel.core.renamed`) under today's names."""
+        return upgrade_names(data)

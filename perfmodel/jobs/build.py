@@ -15,11 +15,11 @@ import torch
 from torch import nn
 
 from perfmodel.core.errors import JobLoadError, PerfmodelError
-from perfmodel.device import resolve_device
 from perfmodel.jobs import custom
 from perfmodel.jobs.hf import build_hf_model
 from perfmodel.jobs.spec import GraphSource, HFConfigSource, JobSpec, ModuleSource, OnnxSource, Precision, ZooSource
 from perfmodel.jobs.zoo import InputKind, get_entry
+from perfmodel.torch_device import resolve_device
 
 _DTYPES = {Precision.fp16: torch.float16, Precision.bf16: torch.bfloat16}
 

@@ -192,7 +192,7 @@ def device_peaks(ops: pd.DataFrame, catalog: Mapping[str, HardwareSpec]) -> tupl
     keys = list(zip(devices, row_maths(ops), gemm))
     peaks = {key: peak_gflops(specs[key[0]], key[1], bool(key[2])) for key in set(keys)}
     return (np.array([peaks[key] for key in keys], dtype=np.float64),
-            np.array([specs[d].memory_bandwidth_gbps for d in devices], dtype=np.float64))
+            np.array([specs[d].memory_bandwidth_gb_s for d in devices], dtype=np.float64))
 
 
 def op_roofline_ms(ops: pd.DataFrame, catalog: Mapping[str, HardwareSpec]) -> np.ndarray:

@@ -21,10 +21,10 @@ def parse_layout(devices_per_node: str) -> tuple[int, ...]:
 def placement_from_options(accelerator: str, global_batch_size: int | None, *, batch_size: int = 1, nodes: int = 1,
                            per_node: int = 1, devices_per_node: str | None = None, tp: int = 1, pp: int = 1,
                            micro_batches: int = 1, zero: int = 0, checkpointing: bool = False,
-                           intra_link: str | None = None, ep: int = 1, inter_node_gbps: float | None = None,
+                           intra_link: str | None = None, ep: int = 1, inter_node_gbit_s: float | None = None,
                            inter_node_latency_us: float = 5.0) -> PlacementSpec:
     """Data parallel over whatever the tensor and pipeline degrees leave. `global_batch_size` None: `batch_size` on
-    every data-parallel replica and micro-batch. `inter_node_gbps` None: the catalog's network of the accelerator's
+    every data-parallel replica and micro-batch. `inter_node_gbit_s` None: the catalog's network of the accelerator's
     server."""
     layout = parse_layout(devices_per_node) if devices_per_node else (per_node,) * nodes
     devices = sum(layout)
@@ -41,5 +41,5 @@ def placement_from_options(accelerator: str, global_batch_size: int | None, *, b
         global_batch_size = batch_size * data * micro_batches
     return PlacementSpec.model_validate(dict(
         accelerator=accelerator, devices_per_node=layout, intra_node_link=intra_link,
-        inter_node_bandwidth_gbps=inter_node_gbps, inter_node_latency_us=inter_node_latency_us,
+        inter_node_bandwidth_gbit_s=inter_node_gbit_s, inter_node_latency_us=inter_node_latency_us,
         parallelism=parallelism, global_batch_size=global_batch_size))

@@ -44,11 +44,11 @@ How two GPUs of one node talk (`HardwareSpec.peer_to_peer`, `peer_to_peer_mode`)
   bottleneck (the GPUs DMA into each other through the PCIe switch or root complex).
 - "none" (GeForce cards since the RTX 4090, and any GPU whose driver disables P2P): NCCL stages every transfer
   through host memory (SHM transport): device -> host over the sender's PCIe link, host -> device over the
-  receiver's. `host_staged_link` prices one such transfer alone: β = 1 / PCIE_EFFECTIVE_GBPS[pcie_gen] (the
+  receiver's. `host_staged_link` prices one such transfer alone: β = 1 / PCIE_EFFECTIVE_PER_DIR_GB_S[pcie_gen] (the
   chunks of the two hops are pipelined, so one hop's rate, not half of it), α = HOST_STAGED_ALPHA_US (staging and
   the CPU proxy's hand-off per step, against ~5-10 µs for P2P). The host's root complex and memory are one
   bottleneck: with g GPUs of a node transferring at once (every rank of a ring does), they share it, so each
-  gets PCIE_EFFECTIVE_GBPS / g: β_eff(g) = g·β (`host_shared_beta`). The placement model applies this with
+  gets PCIE_EFFECTIVE_PER_DIR_GB_S / g: β_eff(g) = g·β (`host_shared_beta`). The placement model applies this with
   g = the devices of the node, and compares with the same devices in one node (g = all of them).
   Overlap: NCCL's host-staged transport runs on copy engines and a CPU proxy thread and contends with the
   backward kernels for PCIe and host memory, so DDP hides less of the gradient all-reduce behind backward: the
@@ -57,14 +57,14 @@ How two GPUs of one node talk (`HardwareSpec.peer_to_peer`, `peer_to_peer_mode`)
   `network_link` prices it.
 - None (unknown): GPUs are assumed to have P2P; the link is the one `interconnect` names (as "nvlink" or "pcie").
 
-PCIE_EFFECTIVE_GBPS (one direction, x16, pinned host memory, what CUDA's bandwidthTest typically reaches):
+PCIE_EFFECTIVE_PER_DIR_GB_S (one direction, x16, pinned host memory, what CUDA's bandwidthTest typically reaches):
 gen3 13, gen4 25, gen5 50 GB/s. Check against the public data (phantora, L40S, PCIe gen4, host<->device memcpy
 times vs size, 2 B to 4.45 GB): fitted α 0.34 µs / 13.5 GB/s host->device, 1.0 µs / 13.3 GB/s device->host
 (large copies 13.0-13.2 GB/s): half the table's gen4 figure, as pageable-memory copies (what frameworks issue)
 typically run; NCCL's staging buffers are pinned, so the table keeps the pinned rates.
 
 The network (`node_network_link`): a node's network is `node_network_gbit_s` Gb/s over all its NICs
-(`HardwareSpec`, or the placement's `inter_node_bandwidth_gbps`; DEFAULT_NODE_NETWORK_GBIT_S when neither says),
+(`HardwareSpec`, or the placement's `inter_node_bandwidth_gbit_s`; DEFAULT_NODE_NETWORK_GBIT_S when neither says),
 split over `network_rails` NICs: one per GPU of the typical server (`node_devices`) where the network is fast
 enough for rails of at least MIN_RAIL_GBIT_S each (3200 Gb/s on 8 GPUs: 8 x 400; 400 on 8: 4 x 100, as a DGX-1),
 else fewer (100 Gb/s or 10 GbE: one NIC the node's GPUs share). g devices of a node use min(g, rails) rails, so all
@@ -88,6 +88,8 @@ from typing import Any, Literal
 import numpy as np
 
 from perfmodel.core import cost
+from perfmodel.core.renamed import upgrade_names
+from perfmodel.core.units import gbit_s_to_gb_s
 from perfmodel.hardware.spec import HardwareSpec
 
 ALGORITHMS = ("ring", "tree", "send_recv", "allgather", "reduce_scatter")
@@ -95,7 +97,7 @@ LINKS_FILE = "links.json"
 LINKS_SCHEMA_VERSION = 1
 
 # PCIe x16 usable bandwidth per direction, GB/s (8 GT/s 128b/130b x16 = 15.75 for gen3; doubling per generation)
-PCIE_X16_GBPS = {1: 4.0, 2: 8.0, 3: 15.75, 4: 31.5, 5: 63.0, 6: 121.0, 7: 242.0}
+PCIE_X16_PER_DIR_GB_S = {1: 4.0, 2: 8.0, 3: 15.75, 4: 31.5, 5: 63.0, 6: 121.0, 7: 242.0}
 # used only when links.json has no fitted link of the family to take a value from
 DEFAULT_EFFICIENCY = 0.7
 DEFAULT_ALPHA_MS = 0.01
@@ -104,7 +106,7 @@ DEFAULT_NODE_NETWORK_GBIT_S = 100.0  # a node's network when neither the catalog
 MIN_RAIL_GBIT_S = 100.0  # per-GPU NIC rails are at least this fast; slower networks are NICs the GPUs share
 
 # host<->device DMA over a PCIe x16 link, one direction, pinned memory, GB/s by generation (module docstring)
-PCIE_EFFECTIVE_GBPS = {3: 13.0, 4: 25.0, 5: 50.0}
+PCIE_EFFECTIVE_PER_DIR_GB_S = {3: 13.0, 4: 25.0, 5: 50.0}
 HOST_STAGED_DEFAULT_GEN = 3  # a GPU whose PCIe generation the catalog lacks: the slowest the table knows
 HOST_STAGED_ALPHA_US = 30.0  # per message step when staged through host memory (~25-50 µs; P2P ~5-10 µs)
 NO_P2P_OVERLAP_SCALE = 0.5  # host-staged collectives hide half as much behind backward (an assumption)
@@ -129,7 +131,7 @@ class LinkModel:
             raise ValueError(f"beta_ms_per_byte must be finite and >= 0, got {self.beta_ms_per_byte}")
 
     @property
-    def bandwidth_gbps(self) -> float:
+    def bandwidth_per_dir_gb_s(self) -> float:
         """Effective bandwidth per direction, GB/s (1e9 bytes/s): 1/β."""
         return math.inf if self.beta_ms_per_byte == 0 else 1e-6 / self.beta_ms_per_byte
 
@@ -285,7 +287,7 @@ def _read_link_table(path: str, mtime_ns: int) -> tuple[dict[str, Any], ...]:
     if data.get("schema_version") != LINKS_SCHEMA_VERSION:
         raise ValueError(f"links file schema_version {data.get('schema_version')!r} is not "
                          f"{LINKS_SCHEMA_VERSION}")
-    return tuple(data["links"])
+    return tuple(upgrade_names(entry) for entry in data["links"])
 
 
 def load_links(path: Path | str | None = None) -> dict[str, LinkModel]:
@@ -316,13 +318,13 @@ def interconnect_family(interconnect: str | None) -> str | None:
     return name
 
 
-def nominal_intra_gbps(spec: HardwareSpec) -> float | None:
+def nominal_intra_per_dir_gb_s(spec: HardwareSpec) -> float | None:
     """Per-direction GPU-to-GPU bandwidth on the datasheet, GB/s: half the quoted bidirectional interconnect
     bandwidth, or a PCIe x16 link of the spec's generation for PCIe-only parts."""
-    if spec.interconnect_bandwidth_gbps:
-        return spec.interconnect_bandwidth_gbps / 2
+    if spec.interconnect_bidir_gb_s:
+        return spec.interconnect_bidir_gb_s / 2
     if spec.pcie_gen:
-        return PCIE_X16_GBPS.get(spec.pcie_gen)
+        return PCIE_X16_PER_DIR_GB_S.get(spec.pcie_gen)
     return None
 
 
@@ -330,21 +332,21 @@ def link_for_accelerator(spec: HardwareSpec, table: Sequence[Mapping[str, Any]] 
                          efficiency: float | None = None) -> LinkModel:
     """The intra-node link of `spec`'s GPUs, from the spec alone.
 
-    Rule: β = 1 / (B · e), B = `nominal_intra_gbps(spec)` (per direction); e and α come from the fitted intra-node
-    all-reduce links of the same interconnect family in `table` (links.json by default; entries with
+    Rule: β = 1 / (B · e), B = `nominal_intra_per_dir_gb_s(spec)` (per direction); e and α come from the fitted
+    intra-node all-reduce links of the same interconnect family in `table` (links.json by default; entries with
     "use_for_spec": true): e = the median of their fitted bandwidth / nominal bandwidth, α = the median of their α.
     With no such link: every usable intra-node link's median, else DEFAULT_EFFICIENCY / DEFAULT_ALPHA_MS.
     `efficiency` overrides e.
     """
-    nominal = nominal_intra_gbps(spec)
+    nominal = nominal_intra_per_dir_gb_s(spec)
     if nominal is None:
         raise ValueError(f"{spec.name}: no interconnect bandwidth or PCIe generation in the spec")
     family = interconnect_family(spec.interconnect) or "pcie"
     entries = [e for e in (load_link_table() if table is None else table)
-               if e.get("use_for_spec") and e.get("scope") == "intra" and e.get("nominal_gbps")]
+               if e.get("use_for_spec") and e.get("scope") == "intra" and e.get("nominal_per_dir_gb_s")]
     same = [e for e in entries if e.get("family") == family] or entries
     if same:
-        ratio = float(np.median([e["bandwidth_gbps"] / e["nominal_gbps"] for e in same]))
+        ratio = float(np.median([e["bandwidth_per_dir_gb_s"] / e["nominal_per_dir_gb_s"] for e in same]))
         alpha = float(np.median([e["alpha_ms"] for e in same]))
         basis = ",".join(sorted(e["name"] for e in same))
     else:
@@ -356,17 +358,17 @@ def link_for_accelerator(spec: HardwareSpec, table: Sequence[Mapping[str, Any]] 
                      source=f"spec:{spec.name} ({nominal:g} GB/s/dir x {e:.2f}; alpha from {basis})")
 
 
-def network_link(gbps: float, latency_us: float, *, efficiency: float = DEFAULT_NETWORK_EFFICIENCY,
+def network_link(gbit_s: float, latency_us: float, *, efficiency: float = DEFAULT_NETWORK_EFFICIENCY,
                  name: str | None = None) -> LinkModel:
     """An inter-node link from its line rate (Gb/s, per NIC, per direction) and one-way latency (µs):
-    β = 8 / (gbps · efficiency) ns per byte, α = latency. The default efficiency (0.8) is what NCCL typically
+    β = 8 / (gbit_s · efficiency) ns per byte, α = latency. The default efficiency (0.8) is what NCCL typically
     reaches on InfiniBand/RoCE with GPUDirect RDMA; the vidur cloud/DGX measurements reach far less (see
     links.json), so pass a lower one for TCP sockets."""
-    if not (gbps > 0 and efficiency > 0 and latency_us >= 0):
-        raise ValueError("gbps and efficiency must be > 0, latency_us >= 0")
-    gbytes = gbps / 8 * efficiency
-    return LinkModel(alpha_ms=latency_us * 1e-3, beta_ms_per_byte=1e-6 / gbytes,
-                     name=name or f"network-{gbps:g}gbps", source=f"spec:{gbps:g} Gb/s x {efficiency:g}, "
+    if not (gbit_s > 0 and efficiency > 0 and latency_us >= 0):
+        raise ValueError("gbit_s and efficiency must be > 0, latency_us >= 0")
+    gb_s = gbit_s_to_gb_s(gbit_s) * efficiency
+    return LinkModel(alpha_ms=latency_us * 1e-3, beta_ms_per_byte=1e-6 / gb_s,
+                     name=name or f"network-{gbit_s:g}gbit_s", source=f"spec:{gbit_s:g} Gb/s x {efficiency:g}, "
                                                                      f"{latency_us:g} us")
 
 
@@ -383,29 +385,31 @@ def peer_to_peer_mode(spec: HardwareSpec) -> PeerToPeer:
 
 def pcie_p2p_link(spec: HardwareSpec, table: Sequence[Mapping[str, Any]] | None = None) -> LinkModel:
     """PCIe peer-to-peer between two GPUs of `spec`: `link_for_accelerator` of its PCIe generation (x16)."""
-    pcie = spec.model_copy(update={"interconnect": "pcie", "interconnect_bandwidth_gbps": None,
+    pcie = spec.model_copy(update={"interconnect": "pcie", "interconnect_bidir_gb_s": None,
                                    "pcie_gen": spec.pcie_gen or HOST_STAGED_DEFAULT_GEN})
     return link_for_accelerator(pcie, table)
 
 
-def pcie_effective_gbps(gen: int) -> float:
-    """PCIE_EFFECTIVE_GBPS[gen]; generations outside the table double per generation from gen 3's rate."""
-    return PCIE_EFFECTIVE_GBPS.get(gen, PCIE_EFFECTIVE_GBPS[3] * 2.0 ** (gen - 3))
+def pcie_effective_per_dir_gb_s(gen: int) -> float:
+    """PCIE_EFFECTIVE_PER_DIR_GB_S[gen]; generations outside the table double per generation from gen 3's rate."""
+    return PCIE_EFFECTIVE_PER_DIR_GB_S.get(gen, PCIE_EFFECTIVE_PER_DIR_GB_S[3] * 2.0 ** (gen - 3))
 
 
 def host_staged_link(spec: HardwareSpec) -> LinkModel:
     """One transfer between two GPUs of `spec` staged through host memory, alone on the host (see the module
-    docstring): β = 1 / PCIE_EFFECTIVE_GBPS[pcie_gen], α = HOST_STAGED_ALPHA_US. `host_shared_beta` shares it."""
+    docstring): β = 1 / PCIE_EFFECTIVE_PER_DIR_GB_S[pcie_gen], α = HOST_STAGED_ALPHA_US. `host_shared_beta` shares
+    it."""
     gen = spec.pcie_gen or HOST_STAGED_DEFAULT_GEN
-    gbps = pcie_effective_gbps(gen)
-    return LinkModel(alpha_ms=HOST_STAGED_ALPHA_US * 1e-3, beta_ms_per_byte=1e-6 / gbps,
+    per_dir_gb_s = pcie_effective_per_dir_gb_s(gen)
+    return LinkModel(alpha_ms=HOST_STAGED_ALPHA_US * 1e-3, beta_ms_per_byte=1e-6 / per_dir_gb_s,
                      name=f"host-staged-pcie{gen}-{spec.name}",
-                     source=f"spec:{spec.name} (no P2P: PCIe gen{gen} {gbps:g} GB/s/dir via host memory, "
+                     source=f"spec:{spec.name} (no P2P: PCIe gen{gen} {per_dir_gb_s:g} GB/s/dir via host memory, "
                             f"{HOST_STAGED_ALPHA_US:g} us per step)")
 
 
 def host_shared_beta(beta_ms_per_byte: ArrayLike, devices_on_node: ArrayLike) -> np.ndarray:
-    """β of each of `devices_on_node` GPUs transferring at once through one host: g·β (PCIE_EFFECTIVE_GBPS / g)."""
+    """β of each of `devices_on_node` GPUs transferring at once through one host: g·β (PCIE_EFFECTIVE_PER_DIR_GB_S /
+    g)."""
     beta: np.ndarray = np.asarray(beta_ms_per_byte, dtype=float) * np.maximum(np.asarray(devices_on_node, dtype=float),
                                                                                1.0)
     return beta

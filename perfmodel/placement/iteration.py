@@ -279,7 +279,7 @@ def _send(p: PlacementArrays, size: Any) -> Any:
 
 
 def iteration_breakdown(c: ComputeArrays, p: PlacementArrays, params: IterationParams) -> dict[str, np.ndarray]:
-    """Per-pair components (ms); `iteration_ms` is their explicit sum. Arrays in, arrays out; floats (one pair)
+    """Per-pair components (ms); `iter_time_ms` is their explicit sum. Arrays in, arrays out; floats (one pair)
     in, floats out."""
     t, pp, d, m, e = p.tensor, p.pipeline, p.data, p.micro_batches, p.expert
     train = _where(c.gradient_bytes_per_param > 0, 1.0, 0.0)  # no gradients: inference
@@ -345,12 +345,12 @@ def iteration_breakdown(c: ComputeArrays, p: PlacementArrays, params: IterationP
         "pipeline_bubble": (pp - 1) * stage_ms,
         "overhead": overhead + m * (launch + host_exposed),
     }
-    out["iteration_ms"] = sum(out.values())
+    out["iter_time_ms"] = sum(out.values())
     out["tensor_parallel_ms"] = m * tp_ms
     out["expert_parallel_ms"] = m * ep_ms
     out["pipeline_p2p_ms"] = pp_ms
     out["data_parallel_ms"] = dp_ms
-    shape = np.shape(out["iteration_ms"])
+    shape = np.shape(out["iter_time_ms"])
     if shape:  # arrays: every component over every pair, also those no pair of the batch has (0 everywhere)
         out = {k: v if np.shape(v) == shape else np.broadcast_to(v, shape).copy() for k, v in out.items()}
     return out

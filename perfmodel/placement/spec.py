@@ -10,8 +10,8 @@ data-parallel one; the global batch splits evenly into data-parallel replicas an
 group sits in one node (its degree divides every node's devices) or spans whole nodes (all nodes hold the same
 number of devices, and the degree is a multiple of it: Megatron's TP 16 over two 8-GPU nodes).
 
-The network: `inter_node_bandwidth_gbps` is in Gb/s (1e9 bit/s; the name predates the `_gbit_s` spelling and is
-kept for API compatibility) over all the NICs of one node. None (the default) takes the catalog's
+The network: `inter_node_bandwidth_gbit_s` is in Gb/s (1e9 bit/s) over all the NICs of one node.
+None (the default) takes the catalog's
 `node_network_gbit_s` of the accelerator's typical server, or 100 Gb/s where the catalog has none.
 """
 
@@ -20,6 +20,8 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from perfmodel.core.renamed import upgrade_names
 
 # intra-node links a placement can name instead of the catalog's; per-direction bandwidth is the comm model's job
 IntraNodeLink = Literal["nvlink1", "nvlink2", "nvlink3", "nvlink4", "nvlink5", "infinity-fabric", "pcie3", "pcie4",
@@ -58,7 +60,7 @@ class PlacementSpec(BaseModel):
     devices_per_node: tuple[int, ...] = Field(default=(1,), min_length=1,
                                               description="devices on each node used, e.g. (4, 4) = 2 nodes × 4")
     intra_node_link: IntraNodeLink | None = Field(default=None, description="override of the catalog's link")
-    inter_node_bandwidth_gbps: float | None = Field(
+    inter_node_bandwidth_gbit_s: float | None = Field(
         default=None, gt=0, description="network of one node over all its NICs, Gb/s (1e9 bit/s, not GB/s); "
                                         "default: the catalog's node_network_gbit_s, else 100")
     inter_node_latency_us: float = Field(default=5.0, ge=0, description="one-way network latency, µs")
@@ -110,3 +112,9 @@ class PlacementSpec(BaseModel):
             raise ValueError(f"global_batch_size: {self.global_batch_size} does not split into {p.data} replicas × "
                              f"{p.micro_batches} micro-batches")
         return self
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed_fields(cls, data: Any) -> Any:
+        """Inputs written before the renames of issue 15 (`perfmodel.core.renamed`) under today's names."""
+        return upgrade_names(data)

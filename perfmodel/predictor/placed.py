@@ -5,7 +5,7 @@ placement model (`perfmodel.placement.iteration`) for communication, pipelining 
     predictor.predict(spec, PlacementSpec.grid("a100-sxm4-80gb", nodes=2, per_node=8, global_batch_size=512))
 
 The compute of one micro-batch on one device (`ShardCompute`) comes from the CPU iteration model (role
-`default`, the host the corpus was profiled on) or the per-op device model (role `device-ops`, any catalog GPU),
+`cpu-step`, the host the corpus was profiled on) or the per-op device model (role `device-ops`, any catalog GPU),
 and is cached per (job, accelerator, micro-batch): a scheduler's repeated questions about one job only redo the
 array arithmetic of the placement model. `predict_matrix` answers jobs × placements in one vectorised call.
 
@@ -15,7 +15,7 @@ the prediction engine passes its single-flight, capture-locked graph cache) or, 
 
 Links (`placement_links`, no predictor needed): the intra-node link by the catalog's `peer_to_peer` (NVLink,
 PCIe P2P, or staged through host memory: `perfmodel.placement.comm`), or the link the placement names; the
-network is the placement's `inter_node_bandwidth_gbps` (Gb/s per node), else the catalog's `node_network_gbit_s`,
+network is the placement's `inter_node_bandwidth_gbit_s` (Gb/s per node), else the catalog's `node_network_gbit_s`,
 else 100 Gb/s, split over the NIC rails it implies (`comm.network_rails`: up to one per device of the catalog's
 typical node, `node_devices`).
 """
@@ -59,7 +59,7 @@ from perfmodel.predictor.memory import USABLE_MEMORY_FRACTION, bytes_per_param, 
 from perfmodel.predictor.predict import Prediction
 
 # datasheet GPU-to-GPU bandwidth of the links a placement may name instead of the catalog's, GB/s bidirectional
-INTRA_LINK_BIDIR_GBPS = {"nvlink1": 160.0, "nvlink2": 300.0, "nvlink3": 600.0, "nvlink4": 900.0, "nvlink5": 1800.0,
+INTRA_LINK_BIDIR_GB_S = {"nvlink1": 160.0, "nvlink2": 300.0, "nvlink3": 600.0, "nvlink4": 900.0, "nvlink5": 1800.0,
                          "infinity-fabric": 400.0}
 BREAKDOWN_KEYS = ("forward", "backward", "optimizer", "communication", "pipeline_bubble", "overhead")
 DEFAULT_CACHE_SIZE = 4096  # entries of each cache (computes, memory estimates, links, graphs)
@@ -86,17 +86,17 @@ def intra_link(hardware: HardwareSpec, override: str | None) -> LinkModel:
             return host_staged_link(hardware)
         return pcie_p2p_link(hardware) if mode == "pcie" else link_for_accelerator(hardware)
     if override.startswith("pcie"):
-        spec = hardware.model_copy(update={"interconnect": "pcie", "interconnect_bandwidth_gbps": None,
+        spec = hardware.model_copy(update={"interconnect": "pcie", "interconnect_bidir_gb_s": None,
                                            "pcie_gen": int(override.removeprefix("pcie"))})
     else:
         spec = hardware.model_copy(update={"interconnect": override,
-                                           "interconnect_bandwidth_gbps": INTRA_LINK_BIDIR_GBPS[override]})
+                                           "interconnect_bidir_gb_s": INTRA_LINK_BIDIR_GB_S[override]})
     return link_for_accelerator(spec)
 
 
 def node_network_gbit_s(placement: PlacementSpec, hardware: HardwareSpec) -> float:
     """A node's network, Gb/s over all its NICs: the placement's, else the catalog's, else 100."""
-    for value in (placement.inter_node_bandwidth_gbps, hardware.node_network_gbit_s):
+    for value in (placement.inter_node_bandwidth_gbit_s, hardware.node_network_gbit_s):
         if value is not None:
             return float(value)
     return DEFAULT_NODE_NETWORK_GBIT_S
@@ -153,17 +153,17 @@ class PlacementPredictor:
         """The promoted models of both roles; `model_version` (NAME/VERSION) replaces the one of its role, and
         `refs` ({role: NAME/VERSION or None}) names the model of each role it gives (None: the registry's promoted
         one). Raises if an artifact does not load."""
-        from perfmodel.predictor.device import DevicePredictor
+        from perfmodel.predictor.gpu_iteration import DevicePredictor
         from perfmodel.predictor.predict import Predictor
         from perfmodel.registry.registry import ModelRegistry, role_of
 
         registry = ModelRegistry(models_dir)
-        chosen: dict[str, str | None] = {"default": None, "device-ops": None, **(refs or {})}
+        chosen: dict[str, str | None] = {"cpu-step": None, "device-ops": None, **(refs or {})}
         if model_version is not None:
             entry = registry.get(model_version)  # a non-None ref resolves by name, whatever the role
             chosen[role_of(entry.manifest.regressor)] = entry.ref
-        cpu = (Predictor.load(chosen["default"], models_dir)
-               if _has_role(registry, chosen["default"], "default") else None)
+        cpu = (Predictor.load(chosen["cpu-step"], models_dir)
+               if _has_role(registry, chosen["cpu-step"], "cpu-step") else None)
         device = (DevicePredictor.load(chosen["device-ops"], models_dir)
                   if _has_role(registry, chosen["device-ops"], "device-ops") else None)
         if cpu is None and device is None:
@@ -189,7 +189,7 @@ class PlacementPredictor:
     def model_versions(self) -> dict[str, str]:
         out = {}
         if self.cpu is not None:
-            out["default"] = self.cpu.model_version
+            out["cpu-step"] = self.cpu.model_version
         if self.device is not None:
             out["device-ops"] = self.device.model_version
         return out
@@ -201,7 +201,7 @@ class PlacementPredictor:
         own = self.device is not None and hardware.name in getattr(self.device.regressor, "devices", ())
         predictor = self.device if hardware.kind == "gpu" or own else self.cpu
         if predictor is None:
-            role = "device-ops" if hardware.kind == "gpu" else "default"
+            role = "device-ops" if hardware.kind == "gpu" else "cpu-step"
             raise PerfmodelError(f"no {role} model loaded: cannot predict {hardware.name}")
         return predictor
 
@@ -272,7 +272,7 @@ class PlacementPredictor:
         """`placement_links`, cached per (accelerator, link override, network, latency, fewest devices on a node)."""
         if placement.devices == 1:
             return _NO_LINKS
-        key = (hardware.name, placement.intra_node_link, placement.inter_node_bandwidth_gbps,
+        key = (hardware.name, placement.intra_node_link, placement.inter_node_bandwidth_gbit_s,
                placement.inter_node_latency_us, min(placement.devices_per_node))
         found = self._links.get(key)
         if found is None:
@@ -305,7 +305,7 @@ class PlacementPredictor:
         shape = (len(specs), len(placements))
         result = {name: value.reshape(shape) for name, value in iteration_breakdown(c, p, self.params).items()}
         global_batch = np.array([pl.global_batch_size for pl in placements], dtype=float)
-        result["throughput_samples_per_s"] = global_batch[None, :] * 1e3 / result["iteration_ms"]
+        result["throughput_samples_per_s"] = global_batch[None, :] * 1e3 / result["iter_time_ms"]
         result["peak_memory_bytes"] = self._memory_matrix(specs, placements)
         capacity = np.array([capacity_bytes(hw) for hw in hardware], dtype=np.int64)
         result["memory_capacity_bytes"] = np.broadcast_to(capacity, shape)
@@ -328,7 +328,7 @@ class PlacementPredictor:
         c = ComputeArrays(**{f.name: float(getattr(compute, f.name)) for f in fields(ComputeArrays)})
         p = PlacementArrays(*placement_row(placement, self.links(placement, hw)))
         out: dict[str, Any] = iteration_breakdown(c, p, self.params)
-        out["throughput_samples_per_s"] = placement.global_batch_size * 1e3 / out["iteration_ms"]
+        out["throughput_samples_per_s"] = placement.global_batch_size * 1e3 / out["iter_time_ms"]
         memory, capacity = self.memory(spec, placement), capacity_bytes(hw)
         out.update(peak_memory_bytes=memory, memory_capacity_bytes=capacity, fits=memory <= capacity)
         return self._prediction(spec, placement, hw, single, out)
@@ -351,12 +351,12 @@ class PlacementPredictor:
 
     def _prediction(self, spec: JobSpec, placement: PlacementSpec, hardware: HardwareSpec, single: Prediction,
                     out: dict[str, Any]) -> Prediction:
-        iteration_ms = out["iteration_ms"]
+        iter_time_ms = out["iter_time_ms"]
         breakdown = {k: out[k] for k in BREAKDOWN_KEYS}
-        ratio = iteration_ms / single.iteration_time_ms if single.iteration_time_ms > 0 else 1.0
+        ratio = iter_time_ms / single.iter_time_ms if single.iter_time_ms > 0 else 1.0
         return Prediction(
-            job=spec.name, job_key=spec.key(), accelerator=hardware.name, model_version=single.model_version,
-            iteration_time_ms=iteration_ms, throughput_samples_per_s=out["throughput_samples_per_s"],
+            job_name=spec.name, job_id=spec.key(), accelerator=hardware.name, model_version=single.model_version,
+            iter_time_ms=iter_time_ms, throughput_samples_per_s=out["throughput_samples_per_s"],
             interval_ms=(single.interval_ms[0] * ratio, single.interval_ms[1] * ratio), breakdown_ms=breakdown,
             peak_memory_bytes=out["peak_memory_bytes"], extrapolated=single.extrapolated,
             extrapolation_reasons=single.extrapolation_reasons,

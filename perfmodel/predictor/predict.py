@@ -15,11 +15,11 @@ from perfmodel.predictor.memory import estimate_memory
 class Prediction(BaseModel):
     model_config = ConfigDict(frozen=True)
 
-    job: str
-    job_key: str
+    job_name: str
+    job_id: str
     accelerator: str
     model_version: str
-    iteration_time_ms: float
+    iter_time_ms: float
     throughput_samples_per_s: float
     interval_ms: tuple[float, float]  # [p10, p90]
     breakdown_ms: dict[str, float]  # forward + backward + optimizer + communication (+ pipeline_bubble) + overhead
@@ -70,11 +70,11 @@ class Predictor:
             "communication": 0.0,  # one device: nothing to communicate (placement model: issue 5)
             "overhead": float(out.overhead_ms[0]),
         }
-        iteration_ms = sum(breakdown.values())
+        iter_time_ms = sum(breakdown.values())
         reasons = self.extrapolation_reasons(sample)
         return Prediction(
-            job=spec.name, job_key=spec.key(), accelerator=hardware.name, model_version=self.model_version,
-            iteration_time_ms=iteration_ms, throughput_samples_per_s=samples_per_s(spec.batch_size, iteration_ms),
+            job_name=spec.name, job_id=spec.key(), accelerator=hardware.name, model_version=self.model_version,
+            iter_time_ms=iter_time_ms, throughput_samples_per_s=samples_per_s(spec.batch_size, iter_time_ms),
             interval_ms=(float(out.p10_ms[0]), float(out.p90_ms[0])), breakdown_ms=breakdown,
             peak_memory_bytes=estimate_memory(spec, sample.graph).peak_bytes,
             extrapolated=bool(reasons), extrapolation_reasons=tuple(reasons),

@@ -12,9 +12,9 @@ from pathlib import Path
 import torch
 
 import perfmodel
-from perfmodel.device import resolve_device
 from perfmodel.hardware.probe import physical_cores
 from perfmodel.records import Environment
+from perfmodel.torch_device import resolve_device
 
 _SMI_TIMEOUT_S = 5.0
 

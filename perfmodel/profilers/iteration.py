@@ -33,10 +33,10 @@ from torch.profiler import ProfilerActivity, profile, record_function
 
 from perfmodel.core.errors import PerfmodelError
 from perfmodel.core.units import MS_PER_S, s_to_ms, samples_per_s
-from perfmodel.device import synchronize
 from perfmodel.jobs.build import BuiltJob
 from perfmodel.jobs.spec import Mode, OptimizerName
 from perfmodel.records import IterationStats, Outcome, Phase
+from perfmodel.torch_device import synchronize
 
 # record_function labels around the phases of a step; the per-op profiler assigns ops to phases with them.
 PHASE_LABELS: dict[Phase, str] = {

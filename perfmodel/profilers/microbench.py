@@ -477,7 +477,7 @@ def probe_device(device: str, catalog: Mapping[str, HardwareSpec]) -> ProbedDevi
         probed = probe_host()
         name = f"cpu-{slug(model)}" if model else "cpu-local"
         props.update(cores=probed.compute_units, peak_fp32_gflops=probed.peak_fp32_gflops,
-                     memory_bandwidth_gbps=probed.memory_bandwidth_gbps)
+                     memory_bandwidth_gb_s=probed.memory_bandwidth_gb_s)
         return ProbedDevice("cpu", probed.model_copy(update={"name": name}), name not in catalog, props)
     if not torch.cuda.is_available():
         raise DeviceError(f"{device}: torch sees no CUDA/ROCm device on this machine")
@@ -513,7 +513,7 @@ def new_gpu_spec(target: str, props: Mapping[str, Any]) -> HardwareSpec:
     vendor = "AMD" if torch.version.hip else "NVIDIA"
     return HardwareSpec(
         name=slug(str(props["name"])) or "gpu-local", kind="gpu", vendor=vendor, aliases=(str(props["name"]),),
-        peak_fp32_gflops=round(gflops, 1), memory_bandwidth_gbps=round(bandwidth, 1),
+        peak_fp32_gflops=round(gflops, 1), memory_bandwidth_gb_s=round(bandwidth, 1),
         memory_gb=round(props["total_memory"] / 1e9, 2), compute_units=int(props["multi_processor_count"]),
         l2_cache_mb=round(l2 / 1e6, 2) if l2 else None,
         boost_clock_mhz=props["clock_rate"] / 1e3 if props.get("clock_rate") else None,

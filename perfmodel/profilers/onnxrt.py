@@ -6,7 +6,7 @@ holds one `model_run` event (cat "Session") per `session.run` and one event per 
 `<node>_kernel_time`, args op_name / provider / input_type_shape / output_type_shape, dur in microseconds); node
 times are averaged over the timed runs only (node events before the first timed `model_run` are warm-up).
 
-`iteration_time_ms_*` is the median wall time of `session.run` (perf_counter) over the timed runs, measured with
+`iter_time_ms_*` is the median wall time of `session.run` (perf_counter) over the timed runs, measured with
 profiling on (ORT's per-node timestamps cost microseconds per node) and with numpy feeds, so on GPU it includes the
 host-to-device copy of the inputs and the copy back of the outputs.
 """
@@ -27,8 +27,8 @@ import torch
 from perfmodel.core.errors import PerfmodelError
 from perfmodel.core.opkinds import kind_of_onnx
 from perfmodel.core.units import s_to_ms, us_to_ms
-from perfmodel.device import resolve_device
 from perfmodel.records import OnnxNodeRecord, OnnxProfile
+from perfmodel.torch_device import resolve_device
 
 GraphOptimization = Literal["disabled", "enabled"]
 KERNEL_SUFFIX = "_kernel_time"
@@ -92,8 +92,8 @@ def profile_onnx(path: str | Path, device: str | torch.device = "cpu", *, batch_
             trace = json.loads(Path(session.end_profiling()).read_text())
             times_ms[label] = statistics.median(samples_ms)
             nodes += onnx_nodes_from_trace(trace, label, skip_runs=warmup)
-    return OnnxProfile(provider=provider, runs=runs, iteration_time_ms_disabled=times_ms["disabled"],
-                       iteration_time_ms_enabled=times_ms["enabled"], nodes=tuple(nodes))
+    return OnnxProfile(provider=provider, runs=runs, iter_time_ms_disabled=times_ms["disabled"],
+                       iter_time_ms_enabled=times_ms["enabled"], nodes=tuple(nodes))
 
 
 def _open_session(ort: Any, path: Path, options: Any, provider: str, provider_options: dict) -> Any:

@@ -27,7 +27,7 @@ What is counted (the parser's rules):
   call gets the IR node of that forward call's top-level call. Calls of the engine outside every node
   (AccumulateGrad) stay unattributed.
 - Coverage = total self time of the calls / total wall time of the profiled steps (the `perfmodel::step` ranges,
-  which include a device synchronise): a ratio of sums, so one slow step moves both alike. (`iteration_time_ms` is
+  which include a device synchronise): a ratio of sums, so one slow step moves both alike. (`iter_time_ms` is
   the median step.) The rest is time inside no aten call. Measured on a 2-core CPU (torch 2.13, batch 8, training)
   it is 2-3 % of a step for resnet18 and bert-small: Python between ops (the self time of the `perfmodel::*`
   labels, ~1 %), `Optimizer.zero_grad`'s Python loop (0.5-1.3 %), autograd-engine bookkeeping (~0.5 %); coverage
@@ -50,10 +50,10 @@ from perfmodel.core.errors import PerfmodelError
 from perfmodel.core.ir import Graph, Node
 from perfmodel.core.opkinds import kind_of, normalize_op_name
 from perfmodel.core.units import us_to_ms
-from perfmodel.device import synchronize
 from perfmodel.jobs.build import BuiltJob
 from perfmodel.profilers.iteration import PHASE_LABELS, make_step
 from perfmodel.records import OpProfile, OpRecord, Phase
+from perfmodel.torch_device import synchronize
 
 STEP_LABEL = "perfmodel::step"
 ATEN_PREFIX = "aten::"
@@ -235,7 +235,7 @@ def ops_from_events(events: Sequence[TraceEvent], graph: Graph | None = None) ->
     matched_ms = sum(r.self_time_ms for r in records if r.phase == "forward" and r.ir_node is not None)
     return OpProfile(
         steps=len(steps),
-        iteration_time_ms=us_to_ms(statistics.median(step_us)),
+        iter_time_ms=us_to_ms(statistics.median(step_us)),
         ops=records,
         coverage=sum(c.total_us for c in ordered) / sum(step_us) if sum(step_us) > 0 else 0.0,
         matched_fraction=matched_ms / forward_ms if forward_ms > 0 else 0.0,

@@ -70,9 +70,9 @@ def _ray() -> Any:
     return ray
 
 
-def result_uid(run_id: str, job_key: str, device: str) -> str:
+def result_uid(run_id: str, job_id: str, device: str) -> str:
     """The store uid of one job's result in one run: a retry of the task writes under the same uid."""
-    return hashlib.sha256(f"{run_id}|{job_key}|{device}".encode()).hexdigest()[:32]
+    return hashlib.sha256(f"{run_id}|{job_id}|{device}".encode()).hexdigest()[:32]
 
 
 def _call(fn: Callable[[], Any]) -> Any:

@@ -15,7 +15,6 @@ import torch
 from perfmodel.core.errors import PerfmodelError
 from perfmodel.core.ir import Graph
 from perfmodel.core.units import MS_PER_S
-from perfmodel.device import resolve_device
 from perfmodel.graph.from_torch import capture_graph
 from perfmodel.jobs.build import build_job
 from perfmodel.jobs.onnx_export import export_onnx
@@ -25,6 +24,7 @@ from perfmodel.profilers.iteration import make_step, profile_iteration
 from perfmodel.profilers.onnxrt import profile_onnx
 from perfmodel.profilers.ops import profile_ops
 from perfmodel.records import OnnxProfile, Outcome, Profile
+from perfmodel.torch_device import resolve_device
 
 Progress = Callable[[str], None]
 
@@ -54,10 +54,10 @@ def profile_job(spec: JobSpec, device: str | torch.device = "cpu", *, warmup: in
     say = progress or (lambda message: None)
     torch_device: torch.device = resolve_device(device)
     environment = capture_environment(torch_device)
-    job_key = spec.key()
+    job_id = spec.key()
     if isinstance(spec.source, OnnxSource):
         say(f"profiling {spec.source.path} with ONNX Runtime")
-        return Profile(job=spec, job_key=job_key, environment=environment, family="onnx",
+        return Profile(job=spec, job_id=job_id, environment=environment, family="onnx",
                        onnx=_profile_onnx_file(spec.source.path, torch_device, spec))
 
     say(f"building {spec.name} (batch {spec.batch_size}) on {torch_device}")
@@ -68,7 +68,7 @@ def profile_job(spec: JobSpec, device: str | torch.device = "cpu", *, warmup: in
                                   time_budget_s=_left_s(deadline_s, share=ITERATION_SHARE))
     if iteration.outcome != Outcome.ok:
         say(f"out of memory: {iteration.error}")
-        return Profile(job=spec, job_key=job_key, environment=environment, family=job.family, iteration=iteration)
+        return Profile(job=spec, job_id=job_id, environment=environment, family=job.family, iteration=iteration)
     say(f"{iteration.warmup} warm-up + {iteration.repeats} timed steps: median "
         f"{iteration.iter_time_ms_median:.1f} ms, cv {iteration.iter_time_cv:.3f}")
     ops = None
@@ -82,7 +82,7 @@ def profile_job(spec: JobSpec, device: str | torch.device = "cpu", *, warmup: in
     family = job.family
     del job, step  # free the module before ONNX export and ORT build their own copies
     onnx_profile = _export_and_profile_onnx(spec, torch_device, say) if onnx else None
-    return Profile(job=spec, job_key=job_key, environment=environment, family=family, iteration=iteration, ops=ops,
+    return Profile(job=spec, job_id=job_id, environment=environment, family=family, iteration=iteration, ops=ops,
                    onnx=onnx_profile)
 
 

@@ -1,6 +1,6 @@
 """The model registry: `models/<name>/<version>/` folders, each an artifact plus `manifest.json` (and
 `domain.json`: the range of the training data, for `extrapolated`), and `models/promoted.json` naming the promoted
-model of each role: `default` (iteration time on the host the corpus was profiled on) and `device-ops` (per-op
+model of each role: `cpu-step` (iteration time on the host the corpus was profiled on) and `device-ops` (per-op
 latency on any catalog accelerator).
 
 The shipped `models/` folder of a checkout is the default root; `PERFMODEL_MODELS_DIR` points elsewhere.
@@ -18,10 +18,11 @@ from typing import Any
 
 from perfmodel.core.atomic import write_json_atomically
 from perfmodel.core.errors import PerfmodelError, UnknownNameError
+from perfmodel.core.renamed import upgrade_roles
 from perfmodel.regressors.manifest import Manifest
 
 PROMOTED_FILE = "promoted.json"
-ROLES = ("default", "device-ops")
+ROLES = ("cpu-step", "device-ops")
 DOMAIN_FILE = "domain.json"
 _VERSION = re.compile(r"^v(\d+)$")
 
@@ -75,7 +76,7 @@ class ModelRegistry:
         (directory / DOMAIN_FILE).write_text(json.dumps(domain, indent=2, sort_keys=True) + "\n")
         return self.get(f"{name}/{directory.name}")
 
-    def get(self, ref: str | None = None, role: str = "default") -> ModelEntry:
+    def get(self, ref: str | None = None, role: str = "cpu-step") -> ModelEntry:
         """`name/version`, `name` (its newest version), or None (the model promoted for `role`)."""
         entries = self.entries()
         if ref is None:
@@ -117,15 +118,15 @@ class ModelRegistry:
 
     def _promoted(self) -> dict[str, str]:
         path = self.root / PROMOTED_FILE
-        return json.loads(path.read_text()) if path.is_file() else {}
+        return upgrade_roles(json.loads(path.read_text())) if path.is_file() else {}
 
-    def promoted_ref(self, role: str = "default") -> str | None:
+    def promoted_ref(self, role: str = "cpu-step") -> str | None:
         return self._promoted().get(role)
 
 
 def role_of(regressor: str) -> str:
-    """The role a regressor kind is promoted for: per-op device models answer `device-ops`, the rest `default`."""
-    return "device-ops" if regressor == "xgb-device-ops" else "default"
+    """The role a regressor kind is promoted for: per-op device models answer `device-ops`, the rest `cpu-step`."""
+    return "device-ops" if regressor == "xgb-device-ops" else "cpu-step"
 
 
 def read_domain(directory: Path) -> dict[str, Any]:

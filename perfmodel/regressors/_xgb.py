@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from perfmodel.core.errors import PerfmodelError
+from perfmodel.core.renamed import upgrade_feature_names
 from perfmodel.features.sample import Sample
 from perfmodel.regressors.manifest import Manifest, data_hash
 
@@ -97,6 +98,7 @@ def load_booster(directory: Path, manifest: Manifest, feature_names: Sequence[st
     manifest.check_features(feature_names)
     booster = xgb.Booster()
     booster.load_model(str(Path(directory) / MODEL_FILE))
+    booster.feature_names = list(upgrade_feature_names(booster.feature_names or ())) or None
     if tuple(booster.feature_names or ()) != tuple(feature_names):
         raise PerfmodelError(f"{directory}/{MODEL_FILE}: booster feature names differ from its manifest's")
     return booster
@@ -116,7 +118,7 @@ def training_hash(samples: Sequence[Sample]) -> str:
 
 
 def measured_ms(samples: Sequence[Sample]) -> np.ndarray:
-    times = [s.iteration_time_ms for s in samples]
+    times = [s.iter_time_ms for s in samples]
     if any(t is None or not t > 0 for t in times):
         raise PerfmodelError("every training sample needs a measured iteration time > 0")
     return np.asarray(times, dtype=np.float64)

@@ -26,7 +26,7 @@ class IterationPrediction:
     """Per-sample predictions (arrays of len(samples)), all in ms. Totals are explicit sums:
     iteration = forward + backward + optimizer + overhead."""
 
-    iteration_time_ms: np.ndarray
+    iter_time_ms: np.ndarray
     p10_ms: np.ndarray
     p90_ms: np.ndarray
     forward_ms: np.ndarray

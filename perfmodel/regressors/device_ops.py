@@ -32,6 +32,7 @@ import numpy as np
 import pandas as pd
 
 from perfmodel.core.errors import PerfmodelError
+from perfmodel.core.renamed import upgrade_names
 from perfmodel.features.device_ops import DEVICE_IDENTITY_FEATURES, DEVICE_OP_FEATURES, device_op_features
 from perfmodel.hardware.spec import HardwareSpec
 from perfmodel.lowering.ops import GEMM_CLASSES, OP_CLASSES, VECTOR_CLASSES, row_maths
@@ -177,8 +178,8 @@ class DeviceOpRegressor:
                 "devices": [d.name for d in devices],
                 "peak_fp32_gflops": [min(d.peak_fp32_gflops for d in devices),
                                      max(d.peak_fp32_gflops for d in devices)],
-                "memory_bandwidth_gbps": [min(d.memory_bandwidth_gbps for d in devices),
-                                          max(d.memory_bandwidth_gbps for d in devices)],
+                "memory_bandwidth_gb_s": [min(d.memory_bandwidth_gb_s for d in devices),
+                                          max(d.memory_bandwidth_gb_s for d in devices)],
                 "rows": int(len(rows)),
                 "log_residual_quantiles": residual_quantiles,
             }
@@ -193,10 +194,10 @@ class DeviceOpRegressor:
             domain = self.domain_["op_classes"][op_class]
             spec = catalog[device]
             lo_peak, hi_peak = domain["peak_fp32_gflops"]
-            lo_bw, hi_bw = domain["memory_bandwidth_gbps"]
+            lo_bw, hi_bw = upgrade_names(domain)["memory_bandwidth_gb_s"]
             out[i] = (math not in domain.get("maths", domain["dtypes"])
                       or not lo_peak <= spec.peak_fp32_gflops <= hi_peak
-                      or not lo_bw <= spec.memory_bandwidth_gbps <= hi_bw)
+                      or not lo_bw <= spec.memory_bandwidth_gb_s <= hi_bw)
         return out
 
     def predict(self, ops: pd.DataFrame, catalog: Mapping[str, HardwareSpec]) -> OpPrediction:

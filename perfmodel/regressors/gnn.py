@@ -61,7 +61,7 @@ NODE_INPUTS: tuple[str, ...] = (
 GRAPH_INPUTS: tuple[str, ...] = (
     "graph_log_hw_peak_gflops",
     "graph_log_hw_peak_fp16_gflops",  # the fp32 peak where the hardware has no separate half-precision peak
-    "graph_log_hw_bandwidth_gbps",
+    "graph_log_hw_bandwidth_gb_s",
     "graph_hw_compute_units",
     "graph_hw_threads",
     "graph_hw_is_gpu",
@@ -135,7 +135,7 @@ def edge_index(sample: Sample) -> np.ndarray:
 
 def optimizer_base_ms(sample: Sample) -> float:
     """Time to stream the parameters once at peak bandwidth (ms): the optimizer head scales this."""
-    return float(cost.memory_ms(sample.graph.totals.param_bytes, sample.hardware.memory_bandwidth_gbps))
+    return float(cost.memory_ms(sample.graph.totals.param_bytes, sample.hardware.memory_bandwidth_gb_s))
 
 
 def sample_key(sample: Sample) -> str:
@@ -249,15 +249,15 @@ class GNNRegressor:
         samples = list(samples)
         if not samples:
             raise PerfmodelError("gnn: no samples to fit")
-        if any(s.iteration_time_ms is None or s.iteration_time_ms <= 0 for s in samples):
-            raise PerfmodelError("gnn: every training sample needs a measured iteration_time_ms > 0")
+        if any(s.iter_time_ms is None or s.iter_time_ms <= 0 for s in samples):
+            raise PerfmodelError("gnn: every training sample needs a measured iter_time_ms > 0")
         with _torch_runtime(self.threads):
             raw = [_RawGraph.of(s) for s in samples]
             lo, hi, calibration = self._calibrate(samples, raw)
             self.net_, self.normalisation_ = self._train(raw)
             self.interval_ = (lo, hi)
             fitted = self._predict_raw(raw)
-        measured = np.asarray([s.iteration_time_ms for s in samples])
+        measured = np.asarray([s.iter_time_ms for s in samples])
         self.metrics_ = {"train": _metrics(fitted["iteration"], measured), "calibration": calibration}
         self.training_data_hash_ = data_hash(sample_key(s) for s in samples)
         self.training_samples_ = len(samples)
@@ -276,7 +276,7 @@ class GNNRegressor:
         outer = [r for r, s in zip(raw, samples) if s.family in held]
         net, normalisation = self._train(inner)
         predicted = self._predict_raw(outer, net, normalisation)["iteration"]
-        measured = np.asarray([r.iteration_ms for r in outer])
+        measured = np.asarray([r.iter_time_ms for r in outer])
         residuals = np.log(measured) - np.log(predicted)
         lo = float(min(1.0, math.exp(np.quantile(residuals, 0.1))))
         hi = float(max(1.0, math.exp(np.quantile(residuals, 0.9))))
@@ -330,7 +330,7 @@ class GNNRegressor:
         with _torch_runtime(self.threads):
             out = self._predict_raw([_RawGraph.of(s) for s in samples])
         lo, hi = self.interval_
-        return IterationPrediction(iteration_time_ms=out["iteration"], p10_ms=out["iteration"] * lo,
+        return IterationPrediction(iter_time_ms=out["iteration"], p10_ms=out["iteration"] * lo,
                                    p90_ms=out["iteration"] * hi, forward_ms=out["forward"],
                                    backward_ms=out["backward"], optimizer_ms=out["optimizer"],
                                    overhead_ms=out["overhead"])
@@ -420,18 +420,18 @@ class _RawGraph:
     """A sample's unnormalised tensors (computed once per fit/predict)."""
 
     def __init__(self, x: np.ndarray, g: np.ndarray, edges: np.ndarray, has_bwd: np.ndarray,
-                 log_opt_base: float, is_train: float, iteration_ms: float | None,
+                 log_opt_base: float, is_train: float, iter_time_ms: float | None,
                  fwd_ms: np.ndarray, bwd_ms: np.ndarray, unattributed_ms: float | None) -> None:
         self.x, self.g, self.edges, self.has_bwd = x, g, edges, has_bwd
         self.log_opt_base, self.is_train = log_opt_base, is_train
-        self.iteration_ms, self.fwd_ms, self.bwd_ms, self.unattributed_ms = iteration_ms, fwd_ms, bwd_ms, \
+        self.iter_time_ms, self.fwd_ms, self.bwd_ms, self.unattributed_ms = iter_time_ms, fwd_ms, bwd_ms, \
             unattributed_ms
 
     def measured_ms(self) -> float:
         """The measured iteration time, which every training sample has."""
-        if self.iteration_ms is None:
+        if self.iter_time_ms is None:
             raise PerfmodelError("gnn: a training sample without a measured iteration time")
-        return self.iteration_ms
+        return self.iter_time_ms
 
     @classmethod
     def of(cls, sample: Sample) -> _RawGraph:
@@ -446,7 +446,7 @@ class _RawGraph:
         bwd[~has_bwd] = np.nan
         return cls(x=x, g=graph_vector(sample), edges=edge_index(sample), has_bwd=has_bwd,
                    log_opt_base=math.log(max(optimizer_base_ms(sample), 1e-9)),
-                   is_train=1.0 if sample.graph.mode == "train" else 0.0, iteration_ms=sample.iteration_time_ms,
+                   is_train=1.0 if sample.graph.mode == "train" else 0.0, iter_time_ms=sample.iter_time_ms,
                    fwd_ms=fwd, bwd_ms=bwd, unattributed_ms=sample.unattributed_ms)
 
     def to_data(self, normalisation: dict[str, Any]) -> Any:
@@ -464,7 +464,7 @@ class _RawGraph:
 
         log_fwd, fwd_measured = log_target(self.fwd_ms)
         log_bwd, bwd_measured = log_target(self.bwd_ms)
-        iteration = self.iteration_ms if self.iteration_ms else 1.0
+        iteration = self.iter_time_ms if self.iter_time_ms else 1.0
         unattributed = self.unattributed_ms if self.unattributed_ms and self.unattributed_ms > 0 else None
         return Data(
             x=std(self.x, "node"), edge_index=torch.from_numpy(self.edges), num_nodes=self.x.shape[0],

@@ -12,7 +12,9 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from perfmodel.core.renamed import upgrade_feature_names
 
 MANIFEST_FILE = "manifest.json"
 MANIFEST_SCHEMA_VERSION = 1
@@ -40,6 +42,14 @@ def data_hash(keys: Iterable[str]) -> str:
 
 class Manifest(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed_features(cls, data: Any) -> Any:
+        """Models saved before the renames of issue 15 name some features by their old names."""
+        if isinstance(data, dict) and "feature_names" in data:
+            return {**data, "feature_names": upgrade_feature_names(data["feature_names"])}
+        return data
 
     schema_version: int = MANIFEST_SCHEMA_VERSION
     regressor: str = Field(description="regressor class key, e.g. xgb-ops, xgb-graph, gnn, roofline")

@@ -77,7 +77,7 @@ class RooflineRegressor:
         optimizer = np.array([optimizer_roofline_ms(s) for s in samples], dtype=np.float64)
         overhead = np.zeros(len(samples), dtype=np.float64)
         iteration = forward + backward + optimizer + overhead
-        return IterationPrediction(iteration_time_ms=iteration, p10_ms=iteration.copy(), p90_ms=iteration.copy(),
+        return IterationPrediction(iter_time_ms=iteration, p10_ms=iteration.copy(), p90_ms=iteration.copy(),
                                    forward_ms=forward, backward_ms=backward, optimizer_ms=optimizer,
                                    overhead_ms=overhead)
 

@@ -7,7 +7,7 @@
   conformal-calibrated on out-of-fold predictions of inner family folds (`IntervalCalibration`, saved in the
   manifest's normalisation): with ~160 jobs the raw tails are too narrow for families never seen.
 - Breakdown: the predicted median is split into forward / backward / optimizer / overhead in proportion to the
-  job's roofline parts (`perfmodel.features.graph.roofline_parts_ms`: Σ node roofline per phase, the optimizer's
+  job's roofline parts (`perfmodel.features.whole_graph.roofline_parts_ms`: Σ node roofline per phase, the optimizer's
   parameter traffic at memory bandwidth, a nominal dispatch cost per op). It is a heuristic split, not learned: the
   parts always sum exactly to the prediction.
 """
@@ -20,8 +20,8 @@ from pathlib import Path
 import numpy as np
 
 from perfmodel.core.errors import PerfmodelError
-from perfmodel.features.graph import GRAPH_FEATURES, graph_feature_matrix, roofline_parts_ms
 from perfmodel.features.sample import Sample
+from perfmodel.features.whole_graph import GRAPH_FEATURES, graph_feature_matrix, roofline_parts_ms
 from perfmodel.regressors._xgb import (
     MODEL_FILE,
     IntervalCalibration,
@@ -90,7 +90,7 @@ class XGBGraphRegressor(QuantileBoosterSettings):
         self.n_samples_ = len(samples)
         fitted = self.predict(samples)
         oof_low, oof_high = self.calibration_.apply(oof[:, median], oof[:, 0], oof[:, -1])
-        self.metrics_ = {"train": iteration_metrics(measured, fitted.iteration_time_ms, fitted.p10_ms, fitted.p90_ms),
+        self.metrics_ = {"train": iteration_metrics(measured, fitted.iter_time_ms, fitted.p10_ms, fitted.p90_ms),
                          "inner_oof": iteration_metrics(measured, oof[:, median], oof_low, oof_high)}
         return self
 
@@ -105,7 +105,7 @@ class XGBGraphRegressor(QuantileBoosterSettings):
         split = {name: iteration * shares[:, i] for i, name in enumerate(PARTS)}
         # the last part takes the rounding remainder, so the parts add up to the iteration exactly
         split["overhead"] = iteration - split["forward"] - split["backward"] - split["optimizer"]
-        return IterationPrediction(iteration_time_ms=iteration, p10_ms=low, p90_ms=high, forward_ms=split["forward"],
+        return IterationPrediction(iter_time_ms=iteration, p10_ms=low, p90_ms=high, forward_ms=split["forward"],
                                    backward_ms=split["backward"], optimizer_ms=split["optimizer"],
                                    overhead_ms=split["overhead"])
 

@@ -27,9 +27,9 @@ import numpy as np
 from perfmodel.core import cost
 from perfmodel.core.errors import PerfmodelError
 from perfmodel.core.opkinds import OpKind
-from perfmodel.features.graph import DISPATCH_MS_PER_OP, OPTIMIZER_TENSOR_PASSES, PARAM_BYTES, optimizer_name
 from perfmodel.features.nodes import NODE_FEATURES, node_cost, node_feature_matrix, roofline_ms
 from perfmodel.features.sample import Sample
+from perfmodel.features.whole_graph import DISPATCH_MS_PER_OP, OPTIMIZER_TENSOR_PASSES, PARAM_BYTES, optimizer_name
 from perfmodel.regressors._xgb import (
     MODEL_FILE,
     IntervalCalibration,
@@ -98,7 +98,7 @@ def overhead_features(sample: Sample, rows: _Rows) -> dict[str, float]:
     return {
         "constant": 1.0,
         "compute_ops_k": float(np.sum(~rows.view)) / 1000,
-        "optimizer_roofline_ms": float(cost.memory_ms(optimizer_bytes, hw.memory_bandwidth_gbps)),
+        "optimizer_roofline_ms": float(cost.memory_ms(optimizer_bytes, hw.memory_bandwidth_gb_s)),
         "optimizer_param_tensors_k": sum(1 for n in graph.nodes if n.params > 0) / 1000 if optimizer else 0.0,
     }
 
@@ -158,7 +158,7 @@ class XGBOpsRegressor(QuantileBoosterSettings):
         self.n_samples_ = len(samples)
         fitted = self.predict(samples)
         oof_low, oof_high = self.calibration_.apply(oof, oof, oof)
-        self.metrics_ = {"train": iteration_metrics(measured, fitted.iteration_time_ms, fitted.p10_ms, fitted.p90_ms),
+        self.metrics_ = {"train": iteration_metrics(measured, fitted.iter_time_ms, fitted.p10_ms, fitted.p90_ms),
                          "inner_oof": iteration_metrics(measured, oof, oof_low, oof_high),
                          "training_rows": int(sum(len(t[1]) for t in training))}
         return self
@@ -174,7 +174,7 @@ class XGBOpsRegressor(QuantileBoosterSettings):
         overhead = sum((terms[f] for f in OVERHEAD_FEATURES if f not in OPTIMIZER_TERMS), np.zeros(len(samples)))
         iteration = forward + backward + optimizer + overhead
         low, high = self.calibration_.apply(iteration, iteration, iteration)
-        return IterationPrediction(iteration_time_ms=iteration, p10_ms=low, p90_ms=high, forward_ms=forward,
+        return IterationPrediction(iter_time_ms=iteration, p10_ms=low, p90_ms=high, forward_ms=forward,
                                    backward_ms=backward, optimizer_ms=optimizer, overhead_ms=overhead)
 
     def _node_sums(self, rows: Sequence[_Rows], booster) -> tuple[np.ndarray, np.ndarray]:

@@ -44,7 +44,7 @@ class JobRecord(_Record):
 
 class ObservationRecord(_Record):
     id: int
-    job_key: str
+    job_id: str
     accelerator: str = Field(description="catalog name of the placement's accelerator")
     devices: int
     placement: dict[str, Any] = Field(description="the PlacementSpec, as JSON")
@@ -119,7 +119,7 @@ class JobStore(ProfileStore):
         with self.engine.connect() as connection:
             return [self._job(row) for row in connection.execute(query).mappings()]
 
-    def job_keys(self) -> set[str]:
+    def job_ids(self) -> set[str]:
         with self.engine.connect() as connection:
             return set(connection.scalars(select(_JOBS.c.key)))
 
@@ -158,14 +158,14 @@ class JobStore(ProfileStore):
                 throughput_samples_per_s=throughput_samples_per_s,
                 predicted_throughput_samples_per_s=predicted_throughput_samples_per_s, model_version=model_version,
                 created_at=created_at)))
-        return ObservationRecord(id=observation_id, job_key=key, accelerator=accelerator, devices=devices,
+        return ObservationRecord(id=observation_id, job_id=key, accelerator=accelerator, devices=devices,
                                  placement=placement, throughput_samples_per_s=throughput_samples_per_s,
                                  predicted_throughput_samples_per_s=predicted_throughput_samples_per_s,
                                  model_version=model_version, created_at=created_at)
 
     def observations(self, key: str | None = None, *, after_id: int = 0) -> builtins.list[ObservationRecord]:
         """Observations (of job `key`, or of every job) with an id above `after_id`, oldest first."""
-        query = (select(*_OBSERVATION_COLUMNS, _OBSERVATIONS.c.placement_json, _JOBS.c.key.label("job_key"))
+        query = (select(*_OBSERVATION_COLUMNS, _OBSERVATIONS.c.placement_json, _JOBS.c.key.label("job_id"))
                  .join_from(_OBSERVATIONS, _JOBS).where(_OBSERVATIONS.c.id > after_id).order_by(_OBSERVATIONS.c.id))
         if key is not None:
             query = query.where(_JOBS.c.key == key)
@@ -174,7 +174,7 @@ class JobStore(ProfileStore):
 
     def observation(self, observation_id: int) -> ObservationRecord | None:
         """One observation by id; None if there is none."""
-        query = (select(*_OBSERVATION_COLUMNS, _OBSERVATIONS.c.placement_json, _JOBS.c.key.label("job_key"))
+        query = (select(*_OBSERVATION_COLUMNS, _OBSERVATIONS.c.placement_json, _JOBS.c.key.label("job_id"))
                  .join_from(_OBSERVATIONS, _JOBS).where(_OBSERVATIONS.c.id == observation_id))
         with self.engine.connect() as connection:
             row = connection.execute(query).mappings().first()

@@ -34,9 +34,9 @@ def profile_into_store(specs: Sequence[Any], device: str, store: Any, *, force: 
     """Profile every JobSpec on `device` (cpu, cuda, cuda:N) and add it to the open ProfileStore `store`, yielding
     each job's outcome as it is done. A job that fails (PerfmodelError) is yielded with its error, or raised with
     `stop_on_error`. `options` go to `profile_job` (warmup, repeats, per_op, onnx, time_budget_s)."""
-    from perfmodel.device import resolve_device
     from perfmodel.profilers.env import capture_environment
     from perfmodel.profilers.run import profile_job
+    from perfmodel.torch_device import resolve_device
 
     device_name = capture_environment(resolve_device(device)).device_name
     for spec in specs:
@@ -57,23 +57,23 @@ def profile_and_store(spec_json: dict[str, Any], device: str, store_url: str, ru
                       profile_options: dict[str, Any], force: bool = False) -> dict[str, Any]:
     """A Ray task's body: profile one job on this worker's device, then store it (the last step, one transaction,
     idempotent by run id + job key). On a GPU worker Ray sets CUDA_VISIBLE_DEVICES: `cuda` is the GPU it gave us."""
-    from perfmodel.device import resolve_device
     from perfmodel.jobs.spec import JobSpec
     from perfmodel.profilers.env import capture_environment
     from perfmodel.profilers.run import profile_job
     from perfmodel.store import ProfileStore
+    from perfmodel.torch_device import resolve_device
 
     spec = JobSpec.model_validate(spec_json)
     torch_device = resolve_device(device)
     device_name = capture_environment(torch_device).device_name
     with ProfileStore(store_url) as store:
         if not force and store.has(spec.key(), device_name=device_name):
-            return {"job": spec.name, "job_key": spec.key(), "skipped": True, "device_name": device_name}
+            return {"job_name": spec.name, "job_id": spec.key(), "skipped": True, "device_name": device_name}
     profile = profile_job(spec, device, **profile_options)
     with ProfileStore(store_url) as store:
         profile_id, added = store.add_once(profile, result_uid(run_id, spec.key(), device_name))
     outcome = profile.iteration.outcome.value if profile.iteration is not None else None
-    return {"job": spec.name, "job_key": spec.key(), "profile_id": profile_id, "added": added,
+    return {"job_name": spec.name, "job_id": spec.key(), "profile_id": profile_id, "added": added,
             "device_name": device_name, "outcome": outcome,
             "iter_time_ms_median": profile.iteration.iter_time_ms_median if profile.iteration else None}
 
@@ -83,7 +83,7 @@ def profile_on_ray(specs: Sequence[Any], device: str, address: str | None, store
                          progress: Callable[[str], None] | None = None, run_id: str | None = None,
                          ray_options: RayOptions | None = None) -> list[dict[str, Any]]:
     """Profile every spec as a Ray task on `device` (of the worker Ray picks) and store each result; one dict per
-    spec (the task's result, or {"job", "job_key", "error"}). `store_url` must be reachable from every worker
+    spec (the task's result, or {"job_name", "job_id", "error"}). `store_url` must be reachable from every worker
     (PostgreSQL on a cluster; a SQLite file only with a local Ray)."""
     from perfmodel.settings import Settings
 
@@ -101,5 +101,5 @@ def profile_on_ray(specs: Sequence[Any], device: str, address: str | None, store
         say(f"{result.key}: " + (f"error: {result.error}" if result.error else json.dumps(result.value)))
 
     results = run_on_ray(tasks, address, options=ray_options, on_result=report)
-    return [r.value if r.ok else {"job": spec.name, "job_key": spec.key(), "error": r.error}
+    return [r.value if r.ok else {"job_name": spec.name, "job_id": spec.key(), "error": r.error}
             for spec, r in zip(specs, results)]

@@ -29,7 +29,7 @@ def profile_values(profile: Profile) -> dict[str, Any]:
     """The `profiles` columns of a profile (all but `id` and `uid`)."""
     job, env, it, ops, onnx = profile.job, profile.environment, profile.iteration, profile.ops, profile.onnx
     values: dict[str, Any] = {
-        "job_key": profile.job_key,
+        "job_key": profile.job_id,
         "job_name": job.name,
         "family": profile.family,
         "source_kind": job.source.kind,
@@ -57,13 +57,13 @@ def profile_values(profile: Profile) -> dict[str, Any]:
         "peak_memory_bytes": it.peak_memory_bytes if it else None,
         "error": it.error if it else None,
         "ops_steps": ops.steps if ops else None,
-        "ops_iteration_time_ms": ops.iteration_time_ms if ops else None,
+        "ops_iteration_time_ms": ops.iter_time_ms if ops else None,
         "ops_coverage": ops.coverage if ops else None,
         "ops_matched_fraction": ops.matched_fraction if ops else None,
         "onnx_provider": onnx.provider if onnx else None,
         "onnx_runs": onnx.runs if onnx else None,
-        "onnx_iteration_time_ms_disabled": onnx.iteration_time_ms_disabled if onnx else None,
-        "onnx_iteration_time_ms_enabled": onnx.iteration_time_ms_enabled if onnx else None,
+        "onnx_iteration_time_ms_disabled": onnx.iter_time_ms_disabled if onnx else None,
+        "onnx_iteration_time_ms_enabled": onnx.iter_time_ms_enabled if onnx else None,
         "created_at": profile.created_at,
     }
     for name, value in values.items():
@@ -134,7 +134,7 @@ def to_profile(row: Row, ops: Iterable[Row], nodes: Iterable[Row]) -> Profile:
     if row["ops_steps"] is not None:
         op_profile = {
             "steps": row["ops_steps"],
-            "iteration_time_ms": row["ops_iteration_time_ms"],
+            "iter_time_ms": row["ops_iteration_time_ms"],
             "coverage": row["ops_coverage"],
             "matched_fraction": row["ops_matched_fraction"],
             "ops": [{field: op[field] for field in _OP_FIELDS} for op in ops],
@@ -144,14 +144,14 @@ def to_profile(row: Row, ops: Iterable[Row], nodes: Iterable[Row]) -> Profile:
         onnx_profile = {
             "provider": row["onnx_provider"],
             "runs": row["onnx_runs"],
-            "iteration_time_ms_disabled": row["onnx_iteration_time_ms_disabled"],
-            "iteration_time_ms_enabled": row["onnx_iteration_time_ms_enabled"],
+            "iter_time_ms_disabled": row["onnx_iteration_time_ms_disabled"],
+            "iter_time_ms_enabled": row["onnx_iteration_time_ms_enabled"],
             "nodes": [{field: node[field] for field in _ONNX_FIELDS} for node in nodes],
         }
     return Profile.model_validate(
         {
             "job": row["job_json"],
-            "job_key": row["job_key"],
+            "job_id": row["job_key"],
             "family": row["family"],
             "environment": row["environment_json"],
             "iteration": iteration,

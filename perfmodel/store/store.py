@@ -51,7 +51,7 @@ class ProfileSummary(BaseModel):
 
     id: int
     job_name: str
-    job_key: str
+    job_id: str  # column profiles.job_key
     family: str
     device_name: str
     batch_size: int
@@ -69,7 +69,8 @@ class ProfileSummary(BaseModel):
 _DONE_OUTCOMES = (Outcome.ok.value, Outcome.oom.value)
 
 _SUMMARY_COLUMNS = [
-    *(_PROFILES.c[name] for name in ProfileSummary.model_fields if name != "coverage"),
+    *(_PROFILES.c[name] for name in ProfileSummary.model_fields if name not in ("coverage", "job_id")),
+    _PROFILES.c.job_key.label("job_id"),
     _PROFILES.c.ops_coverage.label("coverage"),
 ]
 
@@ -161,9 +162,9 @@ class ProfileStore:
 
     # --- reading ---
 
-    def has(self, job_key: str, device_name: str | None = None) -> bool:
+    def has(self, job_id: str, device_name: str | None = None) -> bool:
         """Whether the job was run to an outcome (ok or oom), on `device_name` if given: sweeps skip those."""
-        condition = (_PROFILES.c.job_key == job_key) & _PROFILES.c.outcome.in_(_DONE_OUTCOMES)
+        condition = (_PROFILES.c.job_key == job_id) & _PROFILES.c.outcome.in_(_DONE_OUTCOMES)
         if device_name is not None:
             condition &= _PROFILES.c.device_name == device_name
         with self.engine.connect() as connection:

@@ -23,7 +23,7 @@ ObservationId = Annotated[int, PathParam(ge=1, le=2**62, description="an observa
 
 class StoredObservation(BaseModel):
     id: int
-    job_key: str = Field(description="the job's id")
+    job_id: str = Field(description="the job's id")
     accelerator: str
     devices: int
     placement: dict[str, Any]

@@ -69,7 +69,7 @@ def grid_placements(engine: PredictionEngine, grid: MatrixGrid) -> tuple[list[Pl
     """The placements of a grid and whether each is consolidated (as few nodes as possible)."""
     placements: list[PlacementIn] = []
     consolidated: list[bool] = []
-    network = {name: value for name in ("inter_node_bandwidth_gbps", "inter_node_latency_us")
+    network = {name: value for name in ("inter_node_bandwidth_gbit_s", "inter_node_latency_us")
                if (value := getattr(grid, name)) is not None}
     for i, name in enumerate(grid.accelerators):
         try:
@@ -116,7 +116,7 @@ def matrix(engine: PredictionEngine, entries: Sequence[JobEntry],
         accelerators = accelerators or [engine.hardware(p.accelerator, (*where, j, "accelerator")).name
                                         for j, p in enumerate(placements)]
         raw_throughput[members] = arrays["throughput_samples_per_s"]
-        raw_iteration[members] = arrays["iteration_ms"]
+        raw_iteration[members] = arrays["iter_time_ms"]
         fits[members] = arrays["fits"]
         if body.detail:
             for i, row in zip(members, engine.raw_predictions(group, placements, where)):
@@ -145,7 +145,7 @@ def matrix(engine: PredictionEngine, entries: Sequence[JobEntry],
         "placements": [{"accelerator": accelerator, "devices": p.devices, "nodes": p.nodes, "consolidated": c,
                         "placement": p.model_dump(mode="json", exclude_none=True)}
                        for p, c, accelerator in zip(given, consolidated, accelerators)],
-        "throughput_samples_per_s": throughput.tolist(), "iteration_time_ms": (raw_iteration / factor).tolist(),
+        "throughput_samples_per_s": throughput.tolist(), "iter_time_ms": (raw_iteration / factor).tolist(),
         "fits": fits.tolist(), "calibrated": calibrated.tolist(), "model_versions": versions,
     }
     if body.detail:

@@ -102,7 +102,7 @@ def test_profile_store_list_show_export_import(tmp_path):
     listed = json.loads(run("profiles", "list", "--json").stdout)
     assert len(listed) == 1
     shown = run("profiles", "show", data["profile_id"], "--json")
-    assert shown.exit_code == 0 and json.loads(shown.stdout)["job_key"] == data["job_key"]
+    assert shown.exit_code == 0 and json.loads(shown.stdout)["job_id"] == data["job_id"]
     assert run("profiles", "show", 999).exit_code == 2
     export_dir = tmp_path / "export"
     assert run("profiles", "export", export_dir).exit_code == 0

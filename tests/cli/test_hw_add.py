@@ -17,7 +17,7 @@ name: acme-x1
 kind: gpu
 vendor: ACME
 peak_fp32_gflops: 60 TFLOP/s
-memory_bandwidth_gbps: 3 TB/s
+memory_bandwidth_gb_s: 3 TB/s
 memory_gb: 96
 compute_units: 120
 source: ACME X1 datasheet rev 2
@@ -30,7 +30,7 @@ def test_hw_add_stores_the_sheet_once(tmp_path, sqlite_url):
     result = runner.invoke(app, ["hw", "add", str(sheet), "--store", sqlite_url, "--json"])
     assert result.exit_code == 0, result.output
     added = json.loads(result.stdout)
-    assert added["created"] is True and added["memory_bandwidth_gbps"] == 3000.0
+    assert added["created"] is True and added["memory_bandwidth_gb_s"] == 3000.0
     again = runner.invoke(app, ["hw", "add", str(sheet), "--store", sqlite_url])
     assert again.exit_code == 0 and "already stored" in again.stdout
     with ProfileStore(sqlite_url) as store:
@@ -40,7 +40,7 @@ def test_hw_add_stores_the_sheet_once(tmp_path, sqlite_url):
 def test_hw_add_refuses_bad_sheets_with_exit_2(tmp_path, sqlite_url):
     cases = {
         "clash.yaml": (SHEET.replace("name: acme-x1", "name: H100"), "h100-sxm5"),
-        "unit.yaml": (SHEET.replace("3 TB/s", "3 TFLOP/s"), "memory_bandwidth_gbps"),
+        "unit.yaml": (SHEET.replace("3 TB/s", "3 TFLOP/s"), "memory_bandwidth_gb_s"),
         "missing.yaml": (SHEET.replace("compute_units: 120\n", ""), "compute_units"),
         "list.yaml": ("- 1\n- 2\n", "mapping"),
     }

@@ -20,7 +20,7 @@ def test_predict_on_a_spread_placement_reports_communication_memory_and_fit():
     data = json.loads(result.stdout)
     assert data["devices"] == 4 and data["nodes"] == 2 and data["accelerator"] == "t4"
     assert data["breakdown_ms"]["communication"] > 0
-    assert data["iteration_time_ms"] == sum(data["breakdown_ms"].values())
+    assert data["iter_time_ms"] == sum(data["breakdown_ms"].values())
     assert data["fits"] is True and 0 < data["peak_memory_bytes"] < data["memory_capacity_bytes"]
     assert data["placement"]["parallelism"]["data"] == 4
     assert data["placement"]["global_batch_size"] == 4 * 64  # -b is one replica's batch (README, "Batch size")
@@ -72,9 +72,9 @@ def test_tensor_parallelism_over_whole_nodes_and_the_catalog_network_by_default(
     assert default.exit_code == 0, default.output
     data = json.loads(default.stdout)
     assert data["devices"] == 16 and data["nodes"] == 2 and data["placement"]["parallelism"]["tensor"] == 16
-    assert data["placement"].get("inter_node_bandwidth_gbps") is None  # the catalog's network
+    assert data["placement"].get("inter_node_bandwidth_gbit_s") is None  # the catalog's network
     slow = json.loads(run(*common, "--inter-node-gbps", 10).stdout)
-    assert slow["placement"]["inter_node_bandwidth_gbps"] == 10
+    assert slow["placement"]["inter_node_bandwidth_gbit_s"] == 10
     assert slow["breakdown_ms"]["communication"] > data["breakdown_ms"]["communication"] > 0
 
 

@@ -35,7 +35,8 @@ class FixedRateDevice:
         forward = graph.totals.flops_fwd / FLOP_PER_MS
         backward = graph.totals.flops_bwd / FLOP_PER_MS
         total = forward + backward
-        return Prediction(job=spec.name, job_key=spec.key(), accelerator=accelerator, model_version=self.model_version,
-                          iteration_time_ms=total, throughput_samples_per_s=spec.batch_size * 1e3 / total,
+        return Prediction(job_name=spec.name, job_id=spec.key(), accelerator=accelerator,
+                          model_version=self.model_version,
+                          iter_time_ms=total, throughput_samples_per_s=spec.batch_size * 1e3 / total,
                           interval_ms=(total * 0.9, total * 1.1), peak_memory_bytes=0, extrapolated=False,
                           breakdown_ms={"forward": forward, "backward": backward, "optimizer": 0.0, "overhead": 0.0})

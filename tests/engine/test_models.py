@@ -17,7 +17,7 @@ from perfmodel.store.jobs import JobStore
 
 @pytest.fixture
 def models_dir(tmp_path: Path) -> Path:
-    """The shipped registry plus xgb-ops/v2 (a copy of v1: a second model of the `default` role)."""
+    """The shipped registry plus xgb-ops/v2 (a copy of v1: a second model of the `cpu-step` role)."""
     target = tmp_path / "models"
     shutil.copytree(default_models_dir(), target)
     shutil.copytree(target / "xgb-ops" / "v1", target / "xgb-ops" / "v2")
@@ -32,12 +32,12 @@ def test_a_pinned_version_survives_sync_and_refuses_promotions_of_its_role(model
     url = f"sqlite:///{tmp_path / 'store.db'}"
     pinned = _open(models_dir, url, model_version="xgb-device-ops/v2")
     other = _open(models_dir, url)
-    assert pinned.model_versions == {"default": "xgb-ops/v1", "device-ops": "xgb-device-ops/v2"}
-    assert other.model_versions == {"default": "xgb-ops/v1", "device-ops": "xgb-device-ops/v3"}
+    assert pinned.model_versions == {"cpu-step": "xgb-ops/v1", "device-ops": "xgb-device-ops/v2"}
+    assert other.model_versions == {"cpu-step": "xgb-ops/v1", "device-ops": "xgb-device-ops/v3"}
     other.promote("xgb-device-ops/v3")  # the pinned role, promoted elsewhere
     other.promote("xgb-ops/v2")  # the other role
     pinned.sync_once()
-    assert pinned.model_versions == {"default": "xgb-ops/v2", "device-ops": "xgb-device-ops/v2"}
+    assert pinned.model_versions == {"cpu-step": "xgb-ops/v2", "device-ops": "xgb-device-ops/v2"}
     with pytest.raises(Refused, match="pins xgb-device-ops/v2"):
         pinned.promote("xgb-device-ops/v3")
     pinned.sync_once()
@@ -66,13 +66,13 @@ def test_two_workers_promoting_at_once_lose_nothing_and_every_worker_follows_the
     assert all(isinstance(a, dict) for a in answers.values()), answers
     first.sync_once()
     second.sync_once()
-    expected = {"default": "xgb-ops/v2", "device-ops": "xgb-device-ops/v2"}
+    expected = {"cpu-step": "xgb-ops/v2", "device-ops": "xgb-device-ops/v2"}
     assert first.model_versions == second.model_versions == expected
     assert json.loads((models_dir / "promoted.json").read_text()) == expected  # the CLI's view lost nothing either
     events = JobStore(url).model_events()
     assert sorted(e.model_version for e in events if e.action == "promoted") == sorted(expected.values())
     # the store, not a host's promoted.json, is what a new worker or replica serves
-    (models_dir / "promoted.json").write_text(json.dumps({"default": "xgb-ops/v1",
+    (models_dir / "promoted.json").write_text(json.dumps({"cpu-step": "xgb-ops/v1",
                                                           "device-ops": "xgb-device-ops/v3"}))
     assert _open(models_dir, url).model_versions == expected
     assert not list(models_dir.glob(".promoted.json.*.tmp"))  # no temporary file left behind

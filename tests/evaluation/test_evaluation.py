@@ -17,7 +17,7 @@ from perfmodel.regressors.base import IterationPrediction
 from perfmodel.regressors.roofline import RooflineRegressor
 
 USER_MODELS = Path(__file__).parents[1] / "profilers" / "user_models.py"
-HW = HardwareSpec(name="test-cpu", kind="cpu", peak_fp32_gflops=100.0, memory_bandwidth_gbps=20.0, memory_gb=16.0,
+HW = HardwareSpec(name="test-cpu", kind="cpu", peak_fp32_gflops=100.0, memory_bandwidth_gb_s=20.0, memory_gb=16.0,
                   compute_units=2, threads=2, source="test")
 FAMILIES = ("cnn", "mlp", "rnn", "vit", "bert")
 
@@ -30,12 +30,12 @@ def samples():
         for batch in (2, 4):
             spec = JobSpec.from_options(module=f"{USER_MODELS}:{name}", batch_size=batch)
             base.append(sample_for_prediction(spec, HW, graph=capture_graph(spec)))
-    roofline = RooflineRegressor().predict(base).iteration_time_ms
+    roofline = RooflineRegressor().predict(base).iter_time_ms
     out = []
     for i, family in enumerate(FAMILIES):
         for j, sample in enumerate(base):
-            out.append(dataclasses.replace(sample, family=family, iteration_time_ms=float(roofline[j] * (20 + 5 * i)),
-                                           iteration_time_cv=0.01 * (1 + i), profile_id=len(out)))
+            out.append(dataclasses.replace(sample, family=family, iter_time_ms=float(roofline[j] * (20 + 5 * i)),
+                                           iter_time_cv=0.01 * (1 + i), profile_id=len(out)))
     return out
 
 
@@ -49,8 +49,8 @@ class ScaledRoofline:
         self.scale = 1.0
 
     def fit(self, samples):
-        roofline = RooflineRegressor().predict(samples).iteration_time_ms
-        ratio = [s.iteration_time_ms / r for s, r in zip(samples, roofline)]
+        roofline = RooflineRegressor().predict(samples).iter_time_ms
+        ratio = [s.iter_time_ms / r for s, r in zip(samples, roofline)]
         self.scale = float(np.mean(ratio))
         ScaledRoofline.fitted_families.append({s.family for s in samples})
         return self
@@ -58,8 +58,8 @@ class ScaledRoofline:
     def predict(self, samples):
         base = RooflineRegressor().predict(samples)
         scaled = {f.name: getattr(base, f.name) * self.scale for f in dataclasses.fields(base)}
-        scaled["p10_ms"] = scaled["iteration_time_ms"] * 0.7
-        scaled["p90_ms"] = scaled["iteration_time_ms"] * 1.3
+        scaled["p10_ms"] = scaled["iter_time_ms"] * 0.7
+        scaled["p90_ms"] = scaled["iter_time_ms"] * 1.3
         return IterationPrediction(**scaled)
 
 
@@ -100,7 +100,7 @@ def test_error_metrics_by_hand():
 
 def test_unmeasured_samples_are_refused(samples):
     with pytest.raises(PerfmodelError, match="no measured iteration time"):
-        evaluate({"roofline": RooflineRegressor}, [*samples, dataclasses.replace(samples[0], iteration_time_ms=None)])
+        evaluate({"roofline": RooflineRegressor}, [*samples, dataclasses.replace(samples[0], iter_time_ms=None)])
 
 
 def test_report_files_are_written(samples, tmp_path):

@@ -179,7 +179,7 @@ def make(batch_size):
 
 def test_default_role_learns_from_profiles_held_out_by_family(tmp_path):
     """Three families (one user module file each), profiled for real on this CPU; the iteration model is retrained
-    with few trees and promoted for the `default` role."""
+    with few trees and promoted for the `cpu-step` role."""
     from perfmodel.profilers.run import profile_job
 
     url = f"sqlite:///{tmp_path / 'store.db'}"
@@ -191,14 +191,14 @@ def test_default_role_learns_from_profiles_held_out_by_family(tmp_path):
                 spec = JobSpec.from_options(module=f"{path}:make", batch_size=batch)
                 store.add(profile_job(spec, "cpu", warmup=1, repeats=3, op_steps=1, time_budget_s=None))
     models, report = tmp_path / "models", tmp_path / "report.json"
-    args = ("--store", url, "--models-dir", models, "--roles", "default", "--report", report,
+    args = ("--store", url, "--models-dir", models, "--roles", "cpu-step", "--report", report,
             "--set", "default=n_estimators:20", "--set", "default=inner_folds:2", "--set", "default=nthread:1")
     result = run(*args)
     assert result.exit_code == 0, result.output
     (role,) = json.loads(report.read_text())["roles"]
     assert role["decision"] == "promoted" and role["regressor"] == "xgb-ops" and role["group_by"] == "family"
     assert role["rows"] == 6 and role["held_out_rows"] == 2 and len(role["held_out_groups"]) == 1
-    assert ModelRegistry(models).promoted_ref("default") == role["promoted"] == "xgb-ops/v1"
+    assert ModelRegistry(models).promoted_ref("cpu-step") == role["promoted"] == "xgb-ops/v1"
     assert run(*args).exit_code == 3 and versions(models) == ["xgb-ops/v1"]
 
 

@@ -60,10 +60,10 @@ def test_a_learned_model_beats_roofline_on_a_family_it_never_saw(samples):
     assert {s.family for s in train} == set(TRAIN_FAMILIES)
     assert len(held_out) >= 15
 
-    measured = np.asarray([s.iteration_time_ms for s in held_out])
+    measured = np.asarray([s.iter_time_ms for s in held_out])
     learned = XGBGraphRegressor().fit(train).predict(held_out)
     roofline = RooflineRegressor().predict(held_out)
-    learned_mape = float(np.mean(np.abs(learned.iteration_time_ms - measured) / measured)) * 100
-    roofline_mape = float(np.mean(np.abs(roofline.iteration_time_ms - measured) / measured)) * 100
+    learned_mape = float(np.mean(np.abs(learned.iter_time_ms - measured) / measured)) * 100
+    roofline_mape = float(np.mean(np.abs(roofline.iter_time_ms - measured) / measured)) * 100
     assert learned_mape < roofline_mape, (
         f"held-out {HELD_OUT}: learned {learned_mape:.1f} %, roofline {roofline_mape:.1f} %")

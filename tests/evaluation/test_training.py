@@ -26,7 +26,7 @@ from perfmodel.settings import get_settings
 from perfmodel.store import ProfileStore
 
 USER_MODELS = Path(__file__).parents[1] / "profilers" / "user_models.py"
-HW = HardwareSpec(name="test-cpu", kind="cpu", peak_fp32_gflops=100.0, memory_bandwidth_gbps=20.0, memory_gb=16.0,
+HW = HardwareSpec(name="test-cpu", kind="cpu", peak_fp32_gflops=100.0, memory_bandwidth_gb_s=20.0, memory_gb=16.0,
                   compute_units=2, threads=2, source="test")
 NEUSIGHT = get_settings().datasets_dir / "neusight"
 GPUS = ("Tesla T4", "Tesla P4", "NVIDIA A100-PCIE-40GB")
@@ -39,8 +39,8 @@ def samples():
     base = [sample_for_prediction(spec, HW, graph=capture_graph(spec))
             for spec in (JobSpec.from_options(module=f"{USER_MODELS}:{name}", batch_size=2)
                          for name in ("tiny_cnn", "tiny_mlp"))]
-    roofline = RooflineRegressor().predict(base).iteration_time_ms
-    return [dataclasses.replace(s, family=f"f{i}", iteration_time_ms=float(30 * r), profile_id=i)
+    roofline = RooflineRegressor().predict(base).iter_time_ms
+    return [dataclasses.replace(s, family=f"f{i}", iter_time_ms=float(30 * r), profile_id=i)
             for i, (s, r) in enumerate(zip(base, roofline))]
 
 
@@ -55,12 +55,12 @@ def test_an_iteration_model_is_saved_and_promoted(samples, tmp_path):
     entry = train_iteration_model("roofline", samples, name="base", promote=True, models_dir=tmp_path,
                                   progress=said.append)
     registry = ModelRegistry(tmp_path)
-    assert entry.ref == "base/v1" and registry.promoted_ref("default") == "base/v1"
+    assert entry.ref == "base/v1" and registry.promoted_ref("cpu-step") == "base/v1"
     domain = json.loads((entry.path / DOMAIN_FILE).read_text())
     assert domain["samples"] == len(samples) and domain["hardware"] == ["test-cpu"]
     assert said == [f"training roofline on {len(samples)} profiles"]
     again = train_iteration_model("roofline", samples, name="base", models_dir=tmp_path)
-    assert again.ref == "base/v2" and registry.promoted_ref("default") == "base/v1"  # not promoted unless asked
+    assert again.ref == "base/v2" and registry.promoted_ref("cpu-step") == "base/v1"  # not promoted unless asked
 
 
 def test_no_samples_or_an_unknown_regressor_is_refused(tmp_path):

@@ -57,9 +57,9 @@ def test_one_sample_per_ok_profile_with_ops(filled, samples):
     for sample in samples:
         profile = ok[sample.profile_id]
         assert sample.spec == profile.job and sample.family == profile.family
-        assert sample.iteration_time_ms == profile.iteration.iter_time_ms_median
-        assert sample.iteration_time_cv == profile.iteration.iter_time_cv
-        assert sample.hardware == cpu and sample.graph.job_key == profile.job.key()
+        assert sample.iter_time_ms == profile.iteration.iter_time_ms_median
+        assert sample.iter_time_cv == profile.iteration.iter_time_cv
+        assert sample.hardware == cpu and sample.graph.job_id == profile.job.key()
 
 
 def test_node_times_add_up_to_the_attributed_forward_and_backward_op_time(filled, samples):
@@ -71,7 +71,7 @@ def test_node_times_add_up_to_the_attributed_forward_and_backward_op_time(filled
         node_sum = sum(sample.node_times_ms.values())
         assert node_sum == pytest.approx(attributed, rel=1e-9)
         assert node_sum > 0.5 * phase_total  # most forward + backward op time is attributed to IR nodes
-        assert sample.unattributed_ms == pytest.approx(sample.iteration_time_ms - node_sum)
+        assert sample.unattributed_ms == pytest.approx(sample.iter_time_ms - node_sum)
         node_ids = {n.id for n in sample.graph.nodes}
         assert all(node in node_ids for node, _ in sample.node_times_ms)
 
@@ -82,7 +82,7 @@ def test_training_has_backward_node_times_and_inference_has_none(samples):
     assert {phase for _, phase in inference.node_times_ms} == {"forward"}
 
 
-def test_graphs_are_cached_by_job_key(filled, tmp_path, monkeypatch):
+def test_graphs_are_cached_by_job_id(filled, tmp_path, monkeypatch):
     url, _ = filled
     cache = tmp_path / "graphs"
     with ProfileStore(url) as store:
@@ -106,7 +106,7 @@ def test_default_cache_is_under_perfmodel_home(_isolated_home):
 
 def test_hardware_for_overrides_the_catalog(filled, tmp_path):
     url, _ = filled
-    other = HardwareSpec(name="test-cpu", kind="cpu", peak_fp32_gflops=10.0, memory_bandwidth_gbps=5.0,
+    other = HardwareSpec(name="test-cpu", kind="cpu", peak_fp32_gflops=10.0, memory_bandwidth_gb_s=5.0,
                          memory_gb=8.0, compute_units=4, threads=4, source="test")
     seen = []
     with ProfileStore(url) as store:
@@ -128,9 +128,9 @@ def test_sample_for_prediction_has_the_graph_and_no_measurements(samples):
     measured = samples[0]
     sample = sample_for_prediction(measured.spec, measured.hardware, graph=measured.graph)
     assert sample.family == measured.family == family_of(measured.spec)
-    assert sample.iteration_time_ms is None and not sample.node_times_ms and sample.unattributed_ms is None
+    assert sample.iter_time_ms is None and not sample.node_times_ms and sample.unattributed_ms is None
     captured = sample_for_prediction(user_spec("tiny_mlp"), measured.hardware)
-    assert captured.graph.nodes and captured.graph.job_key == user_spec("tiny_mlp").key()
+    assert captured.graph.nodes and captured.graph.job_id == user_spec("tiny_mlp").key()
 
 
 def test_family_of_zoo_and_hf_jobs():
@@ -145,8 +145,8 @@ def test_a_per_op_step_far_from_the_timed_median_is_reported(filled, tmp_path):
     profile = next(p for p in profiles.values() if p.ops is not None)
     median_ms = profile.iteration.iter_time_ms_median
     # the fixture's own per-op step may be off on a loaded machine: pin it to the median so only the copy deviates
-    profile = profile.model_copy(update={"ops": profile.ops.model_copy(update={"iteration_time_ms": median_ms})})
-    slow_ops = profile.ops.model_copy(update={"iteration_time_ms": 10 * median_ms})
+    profile = profile.model_copy(update={"ops": profile.ops.model_copy(update={"iter_time_ms": median_ms})})
+    slow_ops = profile.ops.model_copy(update={"iter_time_ms": 10 * median_ms})
     messages = []
     with ProfileStore(f"sqlite:///{tmp_path / 'store.db'}") as store:
         store.add(profile)

@@ -17,7 +17,7 @@ def test_zoo_model_captures(zoo_name):
     spec = JobSpec(source=ZooSource(name=zoo_name), batch_size=2, seq_len=32)
     graph = capture_graph(spec)
     totals = graph.totals
-    assert graph.source == "torch.export" and graph.mode == "train" and graph.job_key == spec.key()
+    assert graph.source == "torch.export" and graph.mode == "train" and graph.job_id == spec.key()
     assert totals.nodes == len(graph.nodes) > 0
     assert totals.params > 0 and totals.flops_fwd > 0 and totals.activation_bytes > 0
     # Backward: about twice the forward (GEMM/conv), never more than three times.
@@ -69,7 +69,7 @@ def test_bounded_capture_returns_the_in_process_graph():
     spec = JobSpec(source=HFConfigSource(config=GPT2_SMALL, task="causal-lm"), batch_size=2, seq_len=32)
     graph = bounded(spec, timeout_s=300, limits=JobLimits())
     assert graph.to_json() == capture_graph(spec).to_json()
-    assert graph.job_key == spec.key()
+    assert graph.job_id == spec.key()
 
 
 def test_bounded_capture_refuses_a_huge_config_before_any_work():

@@ -16,7 +16,7 @@ from perfmodel.graph import SCHEMA_VERSION, Graph, graph_from_module, summarize
 def small_graph() -> Graph:
     model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
                           nn.Linear(8, 4))
-    return graph_from_module(model, (torch.randn(2, 3, 16, 16),), name="small", mode="train", job_key="abc")
+    return graph_from_module(model, (torch.randn(2, 3, 16, 16),), name="small", mode="train", job_id="abc")
 
 
 def test_json_round_trip(small_graph):

@@ -47,7 +47,7 @@ def test_graph_for_job_reads_onnx_sources(resnet18_onnx):
     _, path = resnet18_onnx
     spec = JobSpec(source=OnnxSource(path=str(path)), batch_size=2)
     graph = graph_for_job(spec)
-    assert graph.source == "onnx" and graph.job_key == spec.key() and graph.totals.flops_fwd > 0
+    assert graph.source == "onnx" and graph.job_id == spec.key() and graph.totals.flops_fwd > 0
 
 
 def _dynamic_model(path, batch_dim: str = "batch_size", seq_dim: str = "sequence_length"):

@@ -19,7 +19,7 @@ from perfmodel.hardware.spec import HardwareSpec
 
 def gpu(name: str = "a100-sxm4-40gb", *aliases: str, gflops: float = 19_500.0) -> HardwareSpec:
     return HardwareSpec(name=name, kind="gpu", vendor="NVIDIA", aliases=aliases or ("NVIDIA A100-SXM4-40GB",),
-                        peak_fp32_gflops=gflops, peak_fp16_gflops=312_000.0, memory_bandwidth_gbps=1555.0,
+                        peak_fp32_gflops=gflops, peak_fp16_gflops=312_000.0, memory_bandwidth_gb_s=1555.0,
                         memory_gb=40.0, compute_units=108, l2_cache_mb=40.0, source="NVIDIA A100 datasheet")
 
 

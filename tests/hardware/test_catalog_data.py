@@ -258,7 +258,7 @@ def test_fp32_peak_is_lanes_times_two_times_clock(gpus):
 
 
 def test_generations_order_as_expected(catalog):
-    bw = {name: spec.memory_bandwidth_gbps for name, spec in catalog.items()}
+    bw = {name: spec.memory_bandwidth_gb_s for name, spec in catalog.items()}
     assert bw["b200"] > bw["h200"] > bw["h100-sxm5"] > bw["a100-sxm4-80gb"] > bw["a100-sxm4-40gb"]
     assert bw["h100-pcie"] > bw["a100-pcie-80gb"] > bw["a100-pcie-40gb"] > bw["v100-sxm2-32gb"] > bw["p4"]
     assert bw["mi300x"] > bw["mi250x"] and bw["t4"] > bw["p4"]
@@ -271,9 +271,9 @@ def test_generations_order_as_expected(catalog):
 def test_link_bandwidth_only_for_gpu_to_gpu_links(gpus):
     for g in gpus:
         if g.interconnect == "pcie":
-            assert g.interconnect_bandwidth_gbps is None, g.name
+            assert g.interconnect_bidir_gb_s is None, g.name
         elif g.form_factor == "sxm":
-            assert g.interconnect.startswith("nvlink") and g.interconnect_bandwidth_gbps, g.name
+            assert g.interconnect.startswith("nvlink") and g.interconnect_bidir_gb_s, g.name
 
 
 def test_bare_short_names_pick_one_documented_default(catalog):
@@ -420,7 +420,7 @@ def test_figures_agree_with_neusight_spec_sheets(catalog):
     for path in configs:
         sheet = json.loads(path.read_text())
         spec = get_accelerator(sheet["Device"], catalog)
-        assert math.isclose(sheet["Mem_Bw"], spec.memory_bandwidth_gbps, rel_tol=0.02), spec.name
+        assert math.isclose(sheet["Mem_Bw"], spec.memory_bandwidth_gb_s, rel_tol=0.02), spec.name
         assert abs(sheet["Dev_Mem"] - spec.memory_gb) <= 1.0, spec.name
         if spec.vendor == "AMD":
             assert sheet["Num_Sm"] == spec.compute_units

@@ -17,14 +17,14 @@ from perfmodel.hardware.custom import (
     validate_spec_sheet,
 )
 
-SHEET = {"name": "acme-x1", "kind": "gpu", "peak_fp32_gflops": "60 TFLOP/s", "memory_bandwidth_gbps": "3.35 TB/s",
+SHEET = {"name": "acme-x1", "kind": "gpu", "peak_fp32_gflops": "60 TFLOP/s", "memory_bandwidth_gb_s": "3.35 TB/s",
          "memory_gb": "80 GiB", "compute_units": 120, "boost_clock_mhz": "1.98 GHz", "tdp_w": "0.7 kW",
          "node_network_gbit_s": "3.2 Tb/s"}
 
 
 def test_units_convert_to_the_fields_units():
     spec = validate_spec_sheet(SHEET)
-    assert spec.peak_fp32_gflops == 60_000 and spec.memory_bandwidth_gbps == pytest.approx(3350)
+    assert spec.peak_fp32_gflops == 60_000 and spec.memory_bandwidth_gb_s == pytest.approx(3350)
     assert spec.memory_gb == pytest.approx(80 * 2**30 / 1e9) and spec.boost_clock_mhz == pytest.approx(1980)
     assert spec.tdp_w == pytest.approx(700) and spec.node_network_gbit_s == pytest.approx(3200)
     assert is_custom(spec) and custom_reasons(spec) == [CUSTOM_REASON]
@@ -34,10 +34,10 @@ def test_units_convert_to_the_fields_units():
 
 @pytest.mark.parametrize(("change", "field"), [
     ({"memory_gb": "80 GB/s"}, "memory_gb"),
-    ({"memory_bandwidth_gbps": "fast"}, "memory_bandwidth_gbps"),
+    ({"memory_bandwidth_gb_s": "fast"}, "memory_bandwidth_gb_s"),
     ({"compute_units": None}, "compute_units"),
     ({"peak_fp32_gflops": 0}, "peak_fp32_gflops"),
-    ({"memory_bandwidth_gbps": 1e12}, "memory_bandwidth_gbps"),
+    ({"memory_bandwidth_gb_s": 1e12}, "memory_bandwidth_gb_s"),
     ({"kind": "tpu"}, "kind"),
     ({"name": "--"}, "name"),
 ])

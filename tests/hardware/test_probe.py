@@ -17,7 +17,7 @@ def test_probe_measures_plausible_figures_and_restores_threads():
     assert torch.get_num_threads() == before
     assert spec.name == "cpu" and spec.kind == "cpu" and spec.threads == 1
     assert 0.1 < spec.peak_fp32_gflops < 100_000
-    assert 0.1 < spec.memory_bandwidth_gbps < 10_000
+    assert 0.1 < spec.memory_bandwidth_gb_s < 10_000
     assert 0.5 < spec.memory_gb < 100_000
     assert spec.compute_units >= 1
     assert spec.source.startswith("perfmodel hw probe on ") and f"torch {torch.__version__}" in spec.source

@@ -33,7 +33,7 @@ TEST_DEVICES: dict[str, tuple[str, ...]] = {
 
 def make_spec(name: str, aliases: tuple[str, ...]) -> HardwareSpec:
     return HardwareSpec(name=name, kind="gpu", vendor="test", aliases=aliases, peak_fp32_gflops=8000,
-                        memory_bandwidth_gbps=300, memory_gb=16, compute_units=40, source="test fixture")
+                        memory_bandwidth_gb_s=300, memory_gb=16, compute_units=40, source="test fixture")
 
 
 def dataset(name: str) -> Path:

@@ -30,7 +30,7 @@ def test_ir_job_returns_its_graph_without_capture(ir, monkeypatch):
     assert isinstance(graph, Graph)
     assert graph.nodes == Graph.model_validate(ir).nodes
     assert graph.totals == Graph.model_validate(ir).totals
-    assert graph.job_key == spec.key()
+    assert graph.job_id == spec.key()
     assert spec.name == "ir:mlp-recommender"
 
 

@@ -10,8 +10,8 @@ import pytest
 from perfmodel.core.accuracy import mape_pct
 from perfmodel.hardware.catalog import get_accelerator
 from perfmodel.placement.comm import (
-    PCIE_EFFECTIVE_GBPS,
-    PCIE_X16_GBPS,
+    PCIE_EFFECTIVE_PER_DIR_GB_S,
+    PCIE_X16_PER_DIR_GB_S,
     LinkModel,
     allgather_ms,
     allreduce_ms,
@@ -25,7 +25,7 @@ from perfmodel.placement.comm import (
     network_link,
     network_rails,
     node_network_link,
-    pcie_effective_gbps,
+    pcie_effective_per_dir_gb_s,
     pcie_p2p_link,
     peer_to_peer_mode,
     predict,
@@ -76,7 +76,7 @@ def test_vectorised():
 
 
 def test_bandwidth_units():
-    assert LINK.bandwidth_gbps == pytest.approx(100.0)
+    assert LINK.bandwidth_per_dir_gb_s == pytest.approx(100.0)
     assert LINK.alpha_us == pytest.approx(10.0)
     with pytest.raises(ValueError):
         LinkModel(alpha_ms=-1, beta_ms_per_byte=1e-9, name="x", source="y")
@@ -156,10 +156,10 @@ def test_links_json_shipped():
     for entry in table:
         assert entry["rows"] > 0 and entry["source"] and entry["fit_mape_pct"] >= 0
         link = links[entry["name"]]
-        assert link.beta_ms_per_byte > 0 and 0.1 < link.bandwidth_gbps < 1000
+        assert link.beta_ms_per_byte > 0 and 0.1 < link.bandwidth_per_dir_gb_s < 1000
     assert {"nvswitch-a100-dgx", "net-a100-dgx", "nvswitch-a100-vtrain"} <= links.keys()
     # the DGX NVSwitch is far faster than the network between DGX nodes
-    assert links["nvswitch-a100-dgx"].bandwidth_gbps > 10 * links["net-a100-dgx"].bandwidth_gbps
+    assert links["nvswitch-a100-dgx"].bandwidth_per_dir_gb_s > 10 * links["net-a100-dgx"].bandwidth_per_dir_gb_s
 
 
 def test_link_from_spec():
@@ -167,15 +167,15 @@ def test_link_from_spec():
     a100 = link_for_accelerator(get_accelerator("a100-sxm4-80gb"), table)
     h100 = link_for_accelerator(get_accelerator("h100-sxm5"), table)
     t4 = link_for_accelerator(get_accelerator("t4"), table)
-    assert h100.bandwidth_gbps > a100.bandwidth_gbps > t4.bandwidth_gbps
-    assert 50 < a100.bandwidth_gbps < 300 and 2 < t4.bandwidth_gbps < 15.75
+    assert h100.bandwidth_per_dir_gb_s > a100.bandwidth_per_dir_gb_s > t4.bandwidth_per_dir_gb_s
+    assert 50 < a100.bandwidth_per_dir_gb_s < 300 and 2 < t4.bandwidth_per_dir_gb_s < 15.75
     # the rule: β = 1/(nominal per direction × efficiency)
     fixed = link_for_accelerator(get_accelerator("a100-sxm4-80gb"), table, efficiency=0.5)
-    assert fixed.bandwidth_gbps == pytest.approx(150.0)
+    assert fixed.bandwidth_per_dir_gb_s == pytest.approx(150.0)
     # no table: documented defaults
-    assert link_for_accelerator(get_accelerator("t4"), []).bandwidth_gbps == pytest.approx(15.75 * 0.7)
+    assert link_for_accelerator(get_accelerator("t4"), []).bandwidth_per_dir_gb_s == pytest.approx(15.75 * 0.7)
     net = network_link(100, 5, efficiency=1.0)
-    assert net.bandwidth_gbps == pytest.approx(12.5) and net.alpha_us == pytest.approx(5)
+    assert net.bandwidth_per_dir_gb_s == pytest.approx(12.5) and net.alpha_us == pytest.approx(5)
     assert math.isclose(float(send_recv_ms(net, 12.5e6)), 0.005 + 1.0)
 
 
@@ -197,7 +197,7 @@ def test_fit_on_vidur_rows():
         link = fit_link(s, p, t, algo)
         assert mape_pct(predict(link, s, p, algo), t) < bound
     # NVLink-bridged pair: 100-300 GB/s; DGX inter-node send/recv: 1-25 GB/s
-    assert 100 < fit_link([r.message_bytes for r in pair], 2, [r.latency_ms for r in pair]).bandwidth_gbps < 300
+    assert 100 < fit_link([r.message_bytes for r in pair], 2, [r.latency_ms for r in pair]).bandwidth_per_dir_gb_s < 300
 
 
 # --- GPUs without peer-to-peer, the node's network ------------------------------------------------------------------
@@ -217,29 +217,31 @@ def test_peer_to_peer_comes_from_the_catalog_and_unknown_means_p2p_over_the_name
 def test_host_staged_transfers_run_at_the_pcie_rate_with_a_staging_latency_and_share_the_host(gen):
     spec = get_accelerator("rtx-4090").model_copy(update={"pcie_gen": gen})
     staged = host_staged_link(spec)
-    assert staged.bandwidth_gbps == pytest.approx(PCIE_EFFECTIVE_GBPS[gen])
+    assert staged.bandwidth_per_dir_gb_s == pytest.approx(PCIE_EFFECTIVE_PER_DIR_GB_S[gen])
     assert 25 <= staged.alpha_us <= 50  # staging, against ~5-10 us peer to peer
-    assert staged.bandwidth_gbps < PCIE_X16_GBPS[gen]  # effective below the x16 line rate
+    assert staged.bandwidth_per_dir_gb_s < PCIE_X16_PER_DIR_GB_S[gen]  # effective below the x16 line rate
     p2p = pcie_p2p_link(spec)
     assert p2p.alpha_us < staged.alpha_us
     # g GPUs through one host: each gets 1/g of it
     for g in (1, 2, 4, 8):
         assert float(host_shared_beta(staged.beta_ms_per_byte, g)) == pytest.approx(g * staged.beta_ms_per_byte)
-    assert pcie_effective_gbps(6) == pytest.approx(2 * pcie_effective_gbps(5), rel=0.05)  # doubling beyond the table
+    # doubling beyond the table
+    assert pcie_effective_per_dir_gb_s(6) == pytest.approx(2 * pcie_effective_per_dir_gb_s(5), rel=0.05)
 
 
 def test_a_node_never_gets_more_than_its_network_and_one_device_gets_one_rail():
     whole = node_network_link(3200, 5, rails=8, devices=8, efficiency=1.0)
-    assert whole.bandwidth_gbps == pytest.approx(400.0)  # 3200 Gb/s = 400 GB/s for the node
-    assert node_network_link(3200, 5, rails=8, devices=16, efficiency=1.0).bandwidth_gbps == pytest.approx(400.0)
-    assert node_network_link(3200, 5, rails=8, devices=1, efficiency=1.0).bandwidth_gbps == pytest.approx(50.0)
-    assert node_network_link(100, 5, devices=4, efficiency=1.0).bandwidth_gbps == pytest.approx(12.5)  # one NIC
+    assert whole.bandwidth_per_dir_gb_s == pytest.approx(400.0)  # 3200 Gb/s = 400 GB/s for the node
+    assert node_network_link(3200, 5, rails=8, devices=16,
+                             efficiency=1.0).bandwidth_per_dir_gb_s == pytest.approx(400.0)
+    assert node_network_link(3200, 5, rails=8, devices=1, efficiency=1.0).bandwidth_per_dir_gb_s == pytest.approx(50.0)
+    assert node_network_link(100, 5, devices=4, efficiency=1.0).bandwidth_per_dir_gb_s == pytest.approx(12.5)  # one NIC
     rng = np.random.default_rng(3)
     for gbit, rails, devices in zip(rng.uniform(1, 4000, 50), rng.integers(1, 9, 50), rng.integers(1, 17, 50)):
         link = node_network_link(float(gbit), 5, rails=int(rails), devices=int(devices), efficiency=1.0)
-        assert link.bandwidth_gbps <= gbit / 8 * (1 + 1e-12)
+        assert link.bandwidth_per_dir_gb_s <= gbit / 8 * (1 + 1e-12)
         more = node_network_link(float(gbit) * 2, 5, rails=int(rails), devices=int(devices), efficiency=1.0)
-        assert more.bandwidth_gbps > link.bandwidth_gbps
+        assert more.bandwidth_per_dir_gb_s > link.bandwidth_per_dir_gb_s
 
 
 @pytest.mark.skipif(not PHANTORA_MEMCPY.is_file(),
@@ -255,7 +257,7 @@ def test_phantora_l40s_memcpy_checks_the_pcie_gen4_rate():
         seconds = rows.nanos.to_numpy(float) * 1e-9
         link = fit_link(rows.size_bytes.to_numpy(float), 2, seconds * 1e3, "send_recv", name=kind)
         assert mape_pct(predict(link, rows.size_bytes.to_numpy(float), 2, "send_recv"), seconds * 1e3) < 15
-        assert 10 < link.bandwidth_gbps <= PCIE_EFFECTIVE_GBPS[4] and link.alpha_us < 5
+        assert 10 < link.bandwidth_per_dir_gb_s <= PCIE_EFFECTIVE_PER_DIR_GB_S[4] and link.alpha_us < 5
 
 
 def test_the_rails_a_network_implies():

@@ -21,7 +21,7 @@ def test_consolidated_tensor_and_pipeline_split():
     ({"devices_per_node": (4, 2), "parallelism": Parallelism(data=1, tensor=6)}, "parallelism.tensor"),
     ({"devices_per_node": (2,), "parallelism": Parallelism(data=2), "global_batch_size": 3}, "global_batch_size"),
     ({"devices_per_node": (0, 2)}, "devices_per_node"),
-    ({"inter_node_bandwidth_gbps": 0}, "inter_node_bandwidth_gbps"),
+    ({"inter_node_bandwidth_gbit_s": 0}, "inter_node_bandwidth_gbit_s"),
     ({"intra_node_link": "nvlink9"}, "intra_node_link"),
 ])
 def test_inconsistent_placements_name_the_field_at_fault(fields, field):
@@ -60,7 +60,7 @@ def test_expert_parallelism_divides_data_parallelism():
 
 def test_the_network_defaults_to_the_catalog_and_is_in_gbit_per_s():
     spec = PlacementSpec.grid("h100-sxm5", nodes=2, per_node=8, global_batch_size=16)
-    assert spec.inter_node_bandwidth_gbps is None
-    assert "Gb/s" in PlacementSpec.model_fields["inter_node_bandwidth_gbps"].description
-    given = PlacementSpec.grid("t4", nodes=2, global_batch_size=2, inter_node_bandwidth_gbps=25)
-    assert given.inter_node_bandwidth_gbps == 25
+    assert spec.inter_node_bandwidth_gbit_s is None
+    assert "Gb/s" in PlacementSpec.model_fields["inter_node_bandwidth_gbit_s"].description
+    given = PlacementSpec.grid("t4", nodes=2, global_batch_size=2, inter_node_bandwidth_gbit_s=25)
+    assert given.inter_node_bandwidth_gbit_s == 25

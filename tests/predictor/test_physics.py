@@ -54,7 +54,7 @@ def test_no_kernel_beats_the_peak_of_its_math_or_the_bandwidth(predictor, graphs
     peaks = np.array([peak_gflops(hardware, m, bool(g)) for m, g in zip(row_maths(rows), gemm)]) * 1e9
     assert np.all(work.flops / seconds <= peaks * (1 + 1e-9)), "a kernel above the peak of its math"
     bytes_per_s = (work.bytes_read + work.bytes_written) / seconds
-    assert np.all(bytes_per_s <= hardware.memory_bandwidth_gbps * 1e9 * (1 + 1e-9)), "a kernel above the bandwidth"
+    assert np.all(bytes_per_s <= hardware.memory_bandwidth_gb_s * 1e9 * (1 + 1e-9)), "a kernel above the bandwidth"
     # and so the step: its FLOPs over its time never above the fastest math it uses
     assert work.flops.sum() / seconds.sum() <= peaks.max() * (1 + 1e-9)
 
@@ -73,7 +73,7 @@ def test_the_step_is_the_sum_of_its_parts_and_names_its_math(predictor, graphs, 
     name, gpu, precision = draw
     spec = JobSpec.from_options(**{**JOBS[name], "precision": precision.value})
     result = predictor.predict(spec, gpu, graph=graphs[name])
-    assert result.iteration_time_ms == pytest.approx(sum(result.breakdown_ms.values()))
+    assert result.iter_time_ms == pytest.approx(sum(result.breakdown_ms.values()))
     if spec.mode.value == "train":
         assert result.breakdown_ms["backward"] >= result.breakdown_ms["forward"]
     maths = result.math_by_op_group
@@ -94,13 +94,13 @@ def test_fp32_runs_convolutions_in_tf32_where_the_gpu_has_it(predictor, graphs):
     assert any("TF32" in reason for reason in a100.extrapolation_reasons)
     strict = predictor.predict(spec.model_copy(update={"precision": Precision.fp32_strict}), "a100-sxm4-80gb",
                                graph=graphs["resnet18"])
-    assert strict.iteration_time_ms > a100.iteration_time_ms  # the same convolutions on CUDA cores
+    assert strict.iter_time_ms > a100.iter_time_ms  # the same convolutions on CUDA cores
     v100 = predictor.predict(spec, "v100-sxm2-32gb", graph=graphs["resnet18"])
     assert v100.math_by_op_group["conv"] == "fp32"
 
 
 def test_amp_adds_weight_casts_and_the_grad_scaler(predictor, graphs):
-    from perfmodel.predictor.device import job_rows
+    from perfmodel.predictor.gpu_iteration import job_rows
 
     hardware = predictor.catalog["a100-sxm4-80gb"]
     fp32 = JobSpec.from_options(**JOBS["tiny-bert"])
@@ -118,7 +118,7 @@ def test_amp_adds_weight_casts_and_the_grad_scaler(predictor, graphs):
 
 
 def test_a_host_bound_stream_waits_for_the_host():
-    from perfmodel.predictor.device import host_bound_ms
+    from perfmodel.predictor.gpu_iteration import host_bound_ms
 
     gpu = np.full(100, 0.002)  # 100 kernels of 2 us
     assert host_bound_ms(gpu, 0.0) == pytest.approx(0.2)  # the device alone

@@ -7,7 +7,7 @@ import pytest
 
 from perfmodel.jobs.spec import JobSpec, Mode
 from perfmodel.placement.spec import Parallelism, PlacementSpec
-from perfmodel.predictor.device import DevicePredictor
+from perfmodel.predictor.gpu_iteration import DevicePredictor
 from perfmodel.predictor.placed import PlacementPredictor
 
 
@@ -24,17 +24,17 @@ def spec() -> JobSpec:
 def test_one_device_predicts_what_the_single_device_model_does(predictor, spec):
     placed = predictor.predict(spec, PlacementSpec(accelerator="t4", global_batch_size=16))
     single = DevicePredictor.load().predict(spec, "t4")
-    assert placed.iteration_time_ms == pytest.approx(single.iteration_time_ms, rel=1e-9)
+    assert placed.iter_time_ms == pytest.approx(single.iter_time_ms, rel=1e-9)
     assert placed.breakdown_ms["communication"] == 0
     assert placed.devices == 1 and placed.fits is True
-    assert placed.iteration_time_ms == pytest.approx(sum(placed.breakdown_ms.values()))
+    assert placed.iter_time_ms == pytest.approx(sum(placed.breakdown_ms.values()))
 
 
 def test_data_parallel_adds_communication_and_never_beats_linear_scaling(predictor, spec):
     one = predictor.predict(spec, PlacementSpec(accelerator="t4", global_batch_size=16))
     four = predictor.predict(spec, PlacementSpec.grid("t4", nodes=1, per_node=4, global_batch_size=64))
     spread = predictor.predict(spec, PlacementSpec.grid("t4", nodes=4, per_node=1, global_batch_size=64,
-                                                        inter_node_bandwidth_gbps=10))
+                                                        inter_node_bandwidth_gbit_s=10))
     assert four.breakdown_ms["communication"] > 0
     assert four.throughput_samples_per_s <= 4 * one.throughput_samples_per_s
     assert spread.throughput_samples_per_s <= four.throughput_samples_per_s
@@ -68,12 +68,12 @@ def test_the_matrix_equals_one_by_one_predictions(predictor, spec):
                                 parallelism=Parallelism(data=6, zero_stage=3))]
     matrix = predictor.predict_matrix([spec, other], placements)
     arrays = predictor.matrix_arrays([spec, other], placements)
-    assert arrays["iteration_ms"].shape == (2, 4)
+    assert arrays["iter_time_ms"].shape == (2, 4)
     for i, job in enumerate([spec, other]):
         for j, placement in enumerate(placements):
             alone = predictor.predict(job, placement)
             _assert_same(matrix[i][j].model_dump(), alone.model_dump())
-            assert arrays["iteration_ms"][i, j] == pytest.approx(alone.iteration_time_ms)
+            assert arrays["iter_time_ms"][i, j] == pytest.approx(alone.iter_time_ms)
             assert arrays["throughput_samples_per_s"][i, j] == pytest.approx(alone.throughput_samples_per_s)
             assert arrays["fits"][i, j] == alone.fits
             for part, value in alone.breakdown_ms.items():
@@ -102,7 +102,7 @@ def test_multi_device_cpu_placements_are_refused(predictor, spec):
     with pytest.raises(PerfmodelError, match="need a GPU"):
         predictor.predict(spec, PlacementSpec.grid("cpu", per_node=2, global_batch_size=32))
     assert np.isfinite(predictor.predict(spec, PlacementSpec(accelerator="cpu", global_batch_size=16))
-                       .iteration_time_ms)
+                       .iter_time_ms)
 
 
 # --- physical properties with the real predictor, over random placements -------------------------------------------
@@ -121,7 +121,7 @@ def _random_placements(rng: np.random.Generator, batch: int, count: int) -> list
         d, m = devices // (t * p), int(rng.choice([1, 2]))
         out.append(PlacementSpec(
             accelerator=str(rng.choice(PROPERTY_GPUS)), devices_per_node=(per_node,) * nodes,
-            global_batch_size=batch * d * m, inter_node_bandwidth_gbps=rng.choice([None, 25.0, 400.0]),
+            global_batch_size=batch * d * m, inter_node_bandwidth_gbit_s=rng.choice([None, 25.0, 400.0]),
             parallelism=Parallelism(data=d, tensor=t, pipeline=p, micro_batches=m, zero_stage=int(rng.integers(0, 4)),
                                     activation_checkpointing=bool(rng.random() < 0.3))))
     return out
@@ -144,7 +144,7 @@ def test_real_predictions_obey_the_physics_over_random_placements(predictor, job
     rng = np.random.default_rng(len(job.name))
     placements = _random_placements(rng, job.batch_size, 40)
     grid = predictor.matrix_arrays([job], placements)
-    iteration = grid["iteration_ms"][0]
+    iteration = grid["iter_time_ms"][0]
     parts = sum(grid[k][0] for k in ("forward", "backward", "optimizer", "communication", "pipeline_bubble",
                                      "overhead"))
     np.testing.assert_allclose(iteration, parts, rtol=1e-12)
@@ -158,7 +158,7 @@ def test_real_predictions_obey_the_physics_over_random_placements(predictor, job
     # spread never beats the same devices in one node; ZeRO-3 never communicates less than ZeRO-0
     together = predictor.matrix_arrays([job], [p.model_copy(update={"devices_per_node": (p.devices,)})
                                                for p in placements])
-    assert np.all(iteration >= together["iteration_ms"][0] * (1 - 1e-12))
+    assert np.all(iteration >= together["iter_time_ms"][0] * (1 - 1e-12))
     by_stage = {z: predictor.matrix_arrays([job], [p.model_copy(update={"parallelism": p.parallelism.model_copy(
         update={"zero_stage": z})}) for p in placements])["data_parallel_ms"][0] for z in (0, 3)}
     assert np.all(by_stage[3] >= by_stage[0] * (1 - 1e-12))
@@ -166,9 +166,9 @@ def test_real_predictions_obey_the_physics_over_random_placements(predictor, job
     assert np.all(by_stage[3][data > 1] > 0)
 
     # a faster network is never slower
-    faster = predictor.matrix_arrays([job], [p.model_copy(update={"inter_node_bandwidth_gbps": 6400.0})
+    faster = predictor.matrix_arrays([job], [p.model_copy(update={"inter_node_bandwidth_gbit_s": 6400.0})
                                              for p in placements])
-    assert np.all(faster["iteration_ms"][0] <= iteration * (1 + 1e-12))
+    assert np.all(faster["iter_time_ms"][0] <= iteration * (1 + 1e-12))
 
     # inference: no gradient communication, no optimizer
     inference = job.model_copy(update={"mode": Mode.inference})
@@ -188,11 +188,11 @@ def test_the_network_defaults_to_the_catalog_and_16_h100s_beat_8(predictor):
     assert sixteen.throughput_samples_per_s > 1.8 * eight.throughput_samples_per_s
     if hardware.node_network_gbit_s is not None:
         named = predictor.predict(job, PlacementSpec.grid("h100-sxm5", nodes=2, per_node=8, global_batch_size=128,
-                                                          inter_node_bandwidth_gbps=hardware.node_network_gbit_s))
-        assert named.iteration_time_ms == sixteen.iteration_time_ms
+                                                          inter_node_bandwidth_gbit_s=hardware.node_network_gbit_s))
+        assert named.iter_time_ms == sixteen.iter_time_ms
     slow = predictor.predict(job, PlacementSpec.grid("h100-sxm5", nodes=2, per_node=8, global_batch_size=128,
-                                                     inter_node_bandwidth_gbps=10.0))
-    assert slow.iteration_time_ms > sixteen.iteration_time_ms
+                                                     inter_node_bandwidth_gbit_s=10.0))
+    assert slow.iter_time_ms > sixteen.iter_time_ms
 
 
 def test_gpus_without_peer_to_peer_scale_below_p2p_ones(predictor):

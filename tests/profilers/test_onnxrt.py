@@ -20,7 +20,7 @@ def tiny_onnx(tmp_path_factory):
 def test_profile_onnx_with_optimisation_off_and_on(tiny_onnx):
     profile = profile_onnx(tiny_onnx, "cpu", batch_size=3, seq_len=8, runs=4, warmup=1)
     assert profile.provider == "CPUExecutionProvider" and profile.runs == 4
-    assert profile.iteration_time_ms_disabled > 0 and profile.iteration_time_ms_enabled > 0
+    assert profile.iter_time_ms_disabled > 0 and profile.iter_time_ms_enabled > 0
     for level in ("disabled", "enabled"):
         nodes = [n for n in profile.nodes if n.graph_optimization == level]
         assert nodes, level
@@ -28,8 +28,8 @@ def test_profile_onnx_with_optimisation_off_and_on(tiny_onnx):
         assert all(n.input_shapes and n.output_shapes for n in nodes)
         assert any(n.kind == OpKind.conv for n in nodes)
         assert len({n.node_name for n in nodes}) == len(nodes)  # one record per node
-        iteration_ms = getattr(profile, f"iteration_time_ms_{level}")
-        assert sum(n.time_ms for n in nodes) <= 2 * iteration_ms  # node times happen inside session.run
+        iter_time_ms = getattr(profile, f"iter_time_ms_{level}")
+        assert sum(n.time_ms for n in nodes) <= 2 * iter_time_ms  # node times happen inside session.run
     disabled = [n for n in profile.nodes if n.graph_optimization == "disabled"]
     assert disabled[0].op_type == "Conv" and disabled[0].input_shapes[0] == (3, 3, 16, 16)
 

@@ -57,7 +57,7 @@ def test_ops_from_events_handwritten_trace():
     graph = _graph(_node("linear", "aten.linear.default", OpKind.linear, X, W, B),
                    _node("relu", "aten.relu.default", OpKind.activation, H))
     profile = ops_from_events(EVENTS, graph=graph)
-    assert profile.steps == 2 and profile.iteration_time_ms == pytest.approx(1.0)
+    assert profile.steps == 2 and profile.iter_time_ms == pytest.approx(1.0)
     names = [(r.seq, r.phase, r.name) for r in profile.ops]
     assert names == [(0, "forward", "aten::linear"), (1, "forward", "aten::t"), (2, "forward", "aten::addmm"),
                      (3, "forward", "aten::relu"), (4, "forward", "aten::mean"), (5, "backward", "aten::mm"),

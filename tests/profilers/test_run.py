@@ -9,7 +9,7 @@ def test_profile_job_runs_every_stage():
     spec = user_spec("tiny_cnn", batch_size=2)
     messages = []
     profile = profile_job(spec, "cpu", warmup=1, repeats=4, onnx=True, op_steps=2, progress=messages.append)
-    assert profile.job == spec and profile.job_key == spec.key()
+    assert profile.job == spec and profile.job_id == spec.key()
     assert profile.family.startswith("module:") and profile.environment.device == "cpu"
     assert profile.iteration.outcome == Outcome.ok and len(profile.iteration.samples_ms) == 4
     assert profile.ops.steps == 2 and {r.phase for r in profile.ops.ops} >= {"forward", "backward", "optimizer"}

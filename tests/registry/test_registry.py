@@ -58,10 +58,10 @@ def test_predict_from_graph_alone_with_breakdown_and_extrapolation(registry, tmp
     registry.promote("base/v1")
     predictor = Predictor.load()
     inside = predictor.predict(JobSpec.from_options(zoo="resnet18", batch_size=2), "cpu")
-    assert inside.iteration_time_ms > 0 and inside.model_version == "base/v1"
-    assert sum(inside.breakdown_ms.values()) == pytest.approx(inside.iteration_time_ms)
-    assert inside.throughput_samples_per_s == pytest.approx(2 * 1000 / inside.iteration_time_ms)
-    assert inside.interval_ms[0] <= inside.iteration_time_ms <= inside.interval_ms[1]
+    assert inside.iter_time_ms > 0 and inside.model_version == "base/v1"
+    assert sum(inside.breakdown_ms.values()) == pytest.approx(inside.iter_time_ms)
+    assert inside.throughput_samples_per_s == pytest.approx(2 * 1000 / inside.iter_time_ms)
+    assert inside.interval_ms[0] <= inside.iter_time_ms <= inside.interval_ms[1]
     assert inside.peak_memory_bytes > 0 and not inside.extrapolated
     # a module nobody profiled, at a batch size outside the training range: predicted, and flagged
     path = tmp_path / "net.py"
@@ -71,7 +71,7 @@ def test_predict_from_graph_alone_with_breakdown_and_extrapolation(registry, tmp
             return torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.GELU()), torch.randn(batch_size, 32)
     """))
     unseen = predictor.predict(JobSpec.from_options(module=f"{path}:make", batch_size=64), "cpu")
-    assert unseen.iteration_time_ms > 0 and unseen.extrapolated
+    assert unseen.iter_time_ms > 0 and unseen.extrapolated
     assert any("batch size" in r for r in unseen.extrapolation_reasons)
 
 
@@ -82,7 +82,7 @@ def test_predict_cli_json(registry):
     result = runner.invoke(app, ["predict", "resnet18", "-b", "2", "--json"])
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
-    for field in ("iteration_time_ms", "throughput_samples_per_s", "interval_ms", "breakdown_ms",
+    for field in ("iter_time_ms", "throughput_samples_per_s", "interval_ms", "breakdown_ms",
                   "peak_memory_bytes", "accelerator", "model_version", "extrapolated"):
         assert field in data
     assert set(data["breakdown_ms"]) == {"forward", "backward", "optimizer", "communication", "pipeline_bubble",

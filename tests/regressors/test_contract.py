@@ -43,9 +43,9 @@ from perfmodel.regressors import REGRESSORS, load_regressor, regressor_class
 from perfmodel.regressors.manifest import Manifest
 
 HARDWARE = (
-    HardwareSpec(name="contract-cpu-small", kind="cpu", peak_fp32_gflops=50, memory_bandwidth_gbps=10, memory_gb=8,
+    HardwareSpec(name="contract-cpu-small", kind="cpu", peak_fp32_gflops=50, memory_bandwidth_gb_s=10, memory_gb=8,
                  compute_units=2, threads=2, source="test"),
-    HardwareSpec(name="contract-cpu-big", kind="cpu", peak_fp32_gflops=400, memory_bandwidth_gbps=40, memory_gb=64,
+    HardwareSpec(name="contract-cpu-big", kind="cpu", peak_fp32_gflops=400, memory_bandwidth_gb_s=40, memory_gb=64,
                  compute_units=16, threads=16, source="test"),
 )
 KIND_FACTOR = {"linear": 2.5, "conv": 4.0, "attention": 5.0}
@@ -100,11 +100,11 @@ def _sample(family: str, batch: int, hw: HardwareSpec, optimizer: str) -> Sample
                 factor = KIND_FACTOR.get(node.kind.value, 1.5)
                 times[(node.id, phase)] = factor * roofline_ms(flops, read + written, hw) + 0.005
     passes = 3 if optimizer == "sgd" else 4
-    optimizer_ms = 2 * passes * graph.totals.param_bytes / (hw.memory_bandwidth_gbps * 1e6)
+    optimizer_ms = 2 * passes * graph.totals.param_bytes / (hw.memory_bandwidth_gb_s * 1e6)
     unattributed = optimizer_ms + 0.2
     spec = JobSpec(source=ModuleSource(path=f"contract.py:{family}"), batch_size=batch, optimizer=optimizer)
-    return Sample(spec=spec, graph=graph, hardware=hw, family=family, iteration_time_ms=sum(times.values())
-                  + unattributed, iteration_time_cv=0.02, node_times_ms=times, unattributed_ms=unattributed)
+    return Sample(spec=spec, graph=graph, hardware=hw, family=family, iter_time_ms=sum(times.values())
+                  + unattributed, iter_time_cv=0.02, node_times_ms=times, unattributed_ms=unattributed)
 
 
 @dataclass(frozen=True)
@@ -124,7 +124,7 @@ class Case:
         return {f.name: np.asarray(getattr(out, f.name)) for f in fields(out)}
 
     def interval(self, arrays: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        median = arrays["latency_ms"] if self.data == "ops" else arrays["iteration_time_ms"]
+        median = arrays["latency_ms"] if self.data == "ops" else arrays["iter_time_ms"]
         return arrays["p10_ms"], median, arrays["p90_ms"]
 
 

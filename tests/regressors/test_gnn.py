@@ -23,9 +23,9 @@ from perfmodel.regressors.manifest import Manifest
 SMALL = dict(hidden=16, layers=2, epochs=25, lr=1e-2, batch_graphs=6, threads=1, seed=0)
 BATCHES = (2, 4, 8)
 HARDWARE = (
-    HardwareSpec(name="test-cpu-small", kind="cpu", peak_fp32_gflops=50, memory_bandwidth_gbps=10, memory_gb=8,
+    HardwareSpec(name="test-cpu-small", kind="cpu", peak_fp32_gflops=50, memory_bandwidth_gb_s=10, memory_gb=8,
                  compute_units=2, threads=2, source="test"),
-    HardwareSpec(name="test-cpu-big", kind="cpu", peak_fp32_gflops=400, memory_bandwidth_gbps=40, memory_gb=64,
+    HardwareSpec(name="test-cpu-big", kind="cpu", peak_fp32_gflops=400, memory_bandwidth_gb_s=40, memory_gb=64,
                  compute_units=16, threads=16, source="test"),
 )
 
@@ -78,11 +78,11 @@ def synthetic_sample(family: str, batch: int, hw: HardwareSpec, mode: str = "tra
             if has_phase(node, phase):
                 flops, read, written = node_cost(node, phase)
                 times[(node.id, phase)] = 3 * roofline_ms(flops, read + written, hw) + 0.005
-    optimizer = 4 * graph.totals.param_bytes / (hw.memory_bandwidth_gbps * 1e9) * 1e3 if mode == "train" else 0.0
+    optimizer = 4 * graph.totals.param_bytes / (hw.memory_bandwidth_gb_s * 1e9) * 1e3 if mode == "train" else 0.0
     unattributed = optimizer + 0.2
     spec = JobSpec(source=ModuleSource(path=f"tiny.py:{family}"), batch_size=batch, mode=mode)
     return Sample(spec=spec, graph=graph, hardware=hw, family=family,
-                  iteration_time_ms=sum(times.values()) + unattributed, node_times_ms=times,
+                  iter_time_ms=sum(times.values()) + unattributed, node_times_ms=times,
                   unattributed_ms=unattributed)
 
 
@@ -102,28 +102,28 @@ def _state(model: GNNRegressor) -> dict[str, torch.Tensor]:
 
 def test_fit_rejects_unmeasured_samples(samples):
     unmeasured = Sample(spec=samples[0].spec, graph=samples[0].graph, hardware=samples[0].hardware, family="mlp")
-    with pytest.raises(PerfmodelError, match="iteration_time_ms"):
+    with pytest.raises(PerfmodelError, match="iter_time_ms"):
         GNNRegressor(**SMALL).fit([unmeasured])
 
 
 def test_breakdown_sums_to_total_and_interval_is_ordered(fitted, samples):
     p = fitted.predict(samples)
     total = p.forward_ms + p.backward_ms + p.optimizer_ms + p.overhead_ms
-    np.testing.assert_allclose(total, p.iteration_time_ms, rtol=1e-12)
+    np.testing.assert_allclose(total, p.iter_time_ms, rtol=1e-12)
     for part in (p.forward_ms, p.backward_ms, p.optimizer_ms, p.overhead_ms):
         assert np.all(part >= 0)
     assert np.all(p.backward_ms > 0) and np.all(p.optimizer_ms > 0)  # training graphs
-    assert np.all(p.p10_ms <= p.iteration_time_ms) and np.all(p.iteration_time_ms <= p.p90_ms)
+    assert np.all(p.p10_ms <= p.iter_time_ms) and np.all(p.iter_time_ms <= p.p90_ms)
 
 
 def test_inference_graph_has_no_backward_or_optimizer(fitted):
     p = fitted.predict([synthetic_sample("mlp", 4, HARDWARE[0], mode="inference")])
-    assert p.backward_ms[0] == 0 and p.optimizer_ms[0] == 0 and p.iteration_time_ms[0] > 0
+    assert p.backward_ms[0] == 0 and p.optimizer_ms[0] == 0 and p.iter_time_ms[0] > 0
 
 
 def test_learns_the_synthetic_targets(fitted, samples):
-    measured = np.array([s.iteration_time_ms for s in samples])
-    ape = np.abs(fitted.predict(samples).iteration_time_ms - measured) / measured
+    measured = np.array([s.iter_time_ms for s in samples])
+    ape = np.abs(fitted.predict(samples).iter_time_ms - measured) / measured
     assert np.median(ape) < 0.35, ape
     assert fitted.metrics_["train"]["n"] == len(samples)
     assert len(fitted.metrics_["calibration"]["held_out_families"]) == 1
@@ -168,8 +168,8 @@ def test_another_seed_gives_other_predictions(samples):
     """The contract checks that the same seed reproduces; here, that the seed is actually used."""
     subset = samples[::2]
     settings = {**SMALL, "epochs": 5}
-    a = GNNRegressor(**settings).fit(subset).predict(subset).iteration_time_ms
-    c = GNNRegressor(**{**settings, "seed": 1}).fit(subset).predict(subset).iteration_time_ms
+    a = GNNRegressor(**settings).fit(subset).predict(subset).iter_time_ms
+    c = GNNRegressor(**{**settings, "seed": 1}).fit(subset).predict(subset).iter_time_ms
     assert not np.array_equal(a, c)
 
 

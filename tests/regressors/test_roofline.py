@@ -17,9 +17,9 @@ from perfmodel.regressors.roofline import RooflineRegressor
 
 USER_MODELS = Path(__file__).parents[1] / "profilers" / "user_models.py"
 
-HW = HardwareSpec(name="test-cpu", kind="cpu", peak_fp32_gflops=100.0, memory_bandwidth_gbps=20.0, memory_gb=16.0,
+HW = HardwareSpec(name="test-cpu", kind="cpu", peak_fp32_gflops=100.0, memory_bandwidth_gb_s=20.0, memory_gb=16.0,
                   compute_units=2, threads=2, source="test")
-FAST = HW.model_copy(update={"peak_fp32_gflops": 1000.0, "memory_bandwidth_gbps": 200.0})
+FAST = HW.model_copy(update={"peak_fp32_gflops": 1000.0, "memory_bandwidth_gb_s": 200.0})
 
 
 def user_spec(name: str, batch_size: int = 4, **run) -> JobSpec:
@@ -44,15 +44,15 @@ def test_prediction_is_the_sum_of_node_rooflines(samples):
         roofline_ms(0, 2 * train_mlp_adam.graph.totals.param_bytes * 4, HW))
     assert prediction.backward_ms[2] == 0 and prediction.optimizer_ms[2] == 0 and prediction.forward_ms[2] > 0
     total = prediction.forward_ms + prediction.backward_ms + prediction.optimizer_ms + prediction.overhead_ms
-    np.testing.assert_allclose(prediction.iteration_time_ms, total)
-    np.testing.assert_array_equal(prediction.p10_ms, prediction.iteration_time_ms)
-    np.testing.assert_array_equal(prediction.p90_ms, prediction.iteration_time_ms)
-    assert np.all(prediction.overhead_ms == 0) and np.all(prediction.iteration_time_ms > 0)
+    np.testing.assert_allclose(prediction.iter_time_ms, total)
+    np.testing.assert_array_equal(prediction.p10_ms, prediction.iter_time_ms)
+    np.testing.assert_array_equal(prediction.p90_ms, prediction.iter_time_ms)
+    assert np.all(prediction.overhead_ms == 0) and np.all(prediction.iter_time_ms > 0)
 
 
 def test_faster_hardware_predicts_faster(samples):
-    slow = RooflineRegressor().predict(samples).iteration_time_ms
-    fast = RooflineRegressor().predict([dataclasses.replace(s, hardware=FAST) for s in samples]).iteration_time_ms
+    slow = RooflineRegressor().predict(samples).iter_time_ms
+    fast = RooflineRegressor().predict([dataclasses.replace(s, hardware=FAST) for s in samples]).iter_time_ms
     np.testing.assert_allclose(fast, slow / 10)
 
 

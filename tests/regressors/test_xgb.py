@@ -16,9 +16,9 @@ import torch
 from torch import nn
 
 from perfmodel.core.errors import PerfmodelError, UnknownNameError
-from perfmodel.features.graph import GRAPH_FEATURES, graph_feature_matrix
 from perfmodel.features.nodes import NODE_FEATURES, node_cost, roofline_ms
 from perfmodel.features.sample import Sample
+from perfmodel.features.whole_graph import GRAPH_FEATURES, graph_feature_matrix
 from perfmodel.graph.from_torch import graph_from_module
 from perfmodel.hardware.spec import HardwareSpec
 from perfmodel.jobs.spec import JobSpec, ModuleSource
@@ -28,7 +28,7 @@ from perfmodel.regressors.manifest import MANIFEST_FILE
 from perfmodel.regressors.xgb_graph import XGBGraphRegressor
 from perfmodel.regressors.xgb_ops import XGBOpsRegressor
 
-HW = HardwareSpec(name="test-cpu", kind="cpu", peak_fp32_gflops=200.0, memory_bandwidth_gbps=20.0, memory_gb=16.0,
+HW = HardwareSpec(name="test-cpu", kind="cpu", peak_fp32_gflops=200.0, memory_bandwidth_gb_s=20.0, memory_gb=16.0,
                   compute_units=2, threads=2, source="test")
 FAST = {"n_estimators": 20, "max_depth": 4, "inner_folds": 3, "nthread": 1}
 
@@ -92,10 +92,10 @@ def _synthetic_sample(family: str, batch_size: int, optimizer: str, rng: np.rand
             efficiency = KIND_EFFICIENCY.get(node.kind.value, 0.05)
             ms = roofline_ms(flops, read + written, HW) / efficiency + 0.01
             node_times[(node.id, phase)] = ms * math.exp(rng.normal(0, 0.1))
-    optimizer_ms = graph.totals.params * 4 * (5 if optimizer == "sgd" else 7) / (HW.memory_bandwidth_gbps * 1e6)
+    optimizer_ms = graph.totals.params * 4 * (5 if optimizer == "sgd" else 7) / (HW.memory_bandwidth_gb_s * 1e6)
     iteration = (sum(node_times.values()) + 0.5 + 3 * optimizer_ms) * math.exp(rng.normal(0, 0.03))
-    return Sample(spec=spec, graph=graph, hardware=HW, family=family, iteration_time_ms=iteration,
-                  iteration_time_cv=0.03, node_times_ms=node_times, profile_id=len(node_times) + batch_size)
+    return Sample(spec=spec, graph=graph, hardware=HW, family=family, iter_time_ms=iteration,
+                  iter_time_cv=0.03, node_times_ms=node_times, profile_id=len(node_times) + batch_size)
 
 
 @pytest.fixture(scope="module")
@@ -123,16 +123,16 @@ def _state(model) -> dict:
 def test_breakdown_sums_to_iteration(fitted, samples):
     out = fitted.predict(samples)
     total = out.forward_ms + out.backward_ms + out.optimizer_ms + out.overhead_ms
-    np.testing.assert_allclose(total, out.iteration_time_ms, rtol=1e-6)
-    assert np.all(out.iteration_time_ms > 0)
+    np.testing.assert_allclose(total, out.iter_time_ms, rtol=1e-6)
+    assert np.all(out.iter_time_ms > 0)
     assert np.all(out.forward_ms > 0) and np.all(out.backward_ms > 0)
     assert np.all(out.optimizer_ms >= 0) and np.all(out.overhead_ms >= 0)
 
 
 def test_learns_the_synthetic_target(fitted, samples):
     out = fitted.predict(samples)
-    measured = np.array([s.iteration_time_ms for s in samples])
-    assert np.median(np.abs(out.iteration_time_ms - measured) / measured) < 0.25
+    measured = np.array([s.iter_time_ms for s in samples])
+    assert np.median(np.abs(out.iter_time_ms - measured) / measured) < 0.25
 
 
 def test_manifest_records_features_artifact_and_training_data(fitted, samples, tmp_path):

@@ -9,7 +9,7 @@ from perfmodel.hardware.custom import CUSTOM_REASON
 from tests.service.conftest import SMALL_JOB, WRITE_TOKEN, make_client
 
 SHEET = {"name": "acme-x1", "kind": "gpu", "vendor": "ACME", "aliases": ["ACME X1"],
-         "peak_fp32_gflops": "60 TFLOP/s", "peak_bf16_gflops": "800 TFLOP/s", "memory_bandwidth_gbps": "3 TB/s",
+         "peak_fp32_gflops": "60 TFLOP/s", "peak_bf16_gflops": "800 TFLOP/s", "memory_bandwidth_gb_s": "3 TB/s",
          "memory_gb": 96, "compute_units": 120, "source": "ACME X1 datasheet rev 2"}
 
 
@@ -23,7 +23,7 @@ def test_a_spec_sheet_is_stored_shown_and_predicted_extrapolated(writer, secured
     created = writer.post("/v1/accelerators", json=SHEET)
     assert created.status_code == 201, created.text
     body = created.json()
-    assert body["custom"] is True and body["memory_bandwidth_gbps"] == 3000.0 and body["peak_fp32_gflops"] == 60000.0
+    assert body["custom"] is True and body["memory_bandwidth_gb_s"] == 3000.0 and body["peak_fp32_gflops"] == 60000.0
     assert body["source"].startswith("custom accelerator: ")
     again = writer.post("/v1/accelerators", json=SHEET)
     assert again.status_code == 200 and again.json()["name"] == "acme-x1"
@@ -37,7 +37,7 @@ def test_a_spec_sheet_is_stored_shown_and_predicted_extrapolated(writer, secured
     predicted = writer.post("/v1/predict", json={"job": SMALL_JOB, "placement": {"accelerator": "acme-x1"}})
     assert predicted.status_code == 200, predicted.text
     prediction = predicted.json()
-    assert prediction["accelerator"] == "acme-x1" and prediction["iteration_time_ms"] > 0
+    assert prediction["accelerator"] == "acme-x1" and prediction["iter_time_ms"] > 0
     assert prediction["extrapolated"] is True and CUSTOM_REASON in prediction["extrapolation_reasons"]
 
     with make_client(secured, WRITE_TOKEN) as other:  # another worker on the same store
@@ -59,7 +59,7 @@ def test_a_catalog_name_is_a_clash(writer):
 
 
 @pytest.mark.parametrize(("change", "field"), [
-    ({"memory_bandwidth_gbps": "3 TFLOP/s"}, "memory_bandwidth_gbps"),  # a unit of another quantity
+    ({"memory_bandwidth_gb_s": "3 TFLOP/s"}, "memory_bandwidth_gb_s"),  # a unit of another quantity
     ({"memory_gb": None}, "memory_gb"),  # what a GPU prediction needs
     ({"compute_units": -4}, "compute_units"),
     ({"peak_fp32_gflops": 1e15}, "peak_fp32_gflops"),  # beyond any real part

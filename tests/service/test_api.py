@@ -11,7 +11,7 @@ from perfmodel.placement.spec import PlacementSpec
 from perfmodel.predictor.placed import PlacementPredictor
 from tests.service.conftest import READ_TOKEN, SMALL_JOB, WRITE_TOKEN, make_client, small_onnx
 
-PREDICT_FIELDS = {"job", "job_key", "accelerator", "model_version", "iteration_time_ms", "throughput_samples_per_s",
+PREDICT_FIELDS = {"job_name", "job_id", "accelerator", "model_version", "iter_time_ms", "throughput_samples_per_s",
                   "interval_ms", "breakdown_ms", "peak_memory_bytes", "extrapolated", "extrapolation_reasons",
                   "devices", "nodes", "fits", "memory_capacity_bytes", "placement"}
 
@@ -63,7 +63,7 @@ def test_predict_returns_the_fields_of_perfmodel_predict_and_matches_the_predict
     expected = PlacementPredictor.load(models_dir).predict(
         spec, PlacementSpec.grid("a100-sxm4-80gb", nodes=2, per_node=4, global_batch_size=64))
     assert body["throughput_samples_per_s"] == pytest.approx(expected.throughput_samples_per_s, rel=1e-9)
-    assert sum(body["breakdown_ms"].values()) == pytest.approx(body["iteration_time_ms"], rel=1e-6)
+    assert sum(body["breakdown_ms"].values()) == pytest.approx(body["iter_time_ms"], rel=1e-6)
     inline = client.post("/v1/predict", json={"job": SMALL_JOB, "placement": placement}).json()
     assert inline["throughput_samples_per_s"] == body["throughput_samples_per_s"]
 
@@ -77,7 +77,7 @@ def test_an_ir_job_from_a_client_machine_is_predicted_without_capture(client, sm
     assert registered.status_code == 201 and registered.json()["source_kind"] == "ir"
     job_id = registered.json()["job_id"]
     ok = client.post("/v1/predict", json={"job": job_id, "placement": {"accelerator": "t4"}})
-    assert ok.status_code == 200 and ok.json()["job"] == "ir:mlp-recommender"
+    assert ok.status_code == 200 and ok.json()["job_name"] == "ir:mlp-recommender"
     other_batch = client.post("/v1/predict", json={"job": job_id,
                                                    "placement": {"accelerator": "t4", "global_batch_size": 4}})
     assert other_batch.status_code == 422 and "captured at batch 8" in other_batch.text
@@ -157,12 +157,12 @@ def test_the_matrix_grid_fills_catalog_nodes_and_takes_the_network(client):
     node_devices = PlacementPredictor.load().hardware("h100-sxm5").node_devices or 16
     assert [(p["devices"], p["nodes"]) for p in default["placements"]] == [(8, 1), (16, 16 // node_devices)]
     slow = client.post("/v1/predict/matrix", json={"jobs": [job], "grid": {
-        **grid, "inter_node_bandwidth_gbps": 10, "inter_node_latency_us": 50}}).json()
-    assert slow["placements"][1]["placement"]["inter_node_bandwidth_gbps"] == 10
-    assert slow["iteration_time_ms"][0][0] == pytest.approx(default["iteration_time_ms"][0][0])  # one node
+        **grid, "inter_node_bandwidth_gbit_s": 10, "inter_node_latency_us": 50}}).json()
+    assert slow["placements"][1]["placement"]["inter_node_bandwidth_gbit_s"] == 10
+    assert slow["iter_time_ms"][0][0] == pytest.approx(default["iter_time_ms"][0][0])  # one node
     if default["placements"][1]["nodes"] > 1:
-        assert slow["iteration_time_ms"][0][1] > default["iteration_time_ms"][0][1]
-    for field, value in (("inter_node_bandwidth_gbps", 0), ("inter_node_latency_us", -1)):
+        assert slow["iter_time_ms"][0][1] > default["iter_time_ms"][0][1]
+    for field, value in (("inter_node_bandwidth_gbit_s", 0), ("inter_node_latency_us", -1)):
         bad = client.post("/v1/predict/matrix", json={"jobs": [job], "grid": {**grid, field: value}})
         assert bad.status_code == 422
         assert any(d["loc"][:3] == ["body", "grid", field] for d in bad.json()["detail"]), bad.text
@@ -221,7 +221,7 @@ def test_accelerators_and_models(client, models_dir):
     assert {"t4", "a100-sxm4-80gb", "v100-sxm2-32gb", "cpu"} <= names and len(accelerators) >= 39
     models = client.get("/v1/models").json()
     promoted = json.loads((models_dir / "promoted.json").read_text())  # the registry's promoted model per role
-    assert models["serving"] == promoted and set(promoted) == {"default", "device-ops"}
+    assert models["serving"] == promoted and set(promoted) == {"cpu-step", "device-ops"}
     assert {m["model"] for m in models["models"] if m["serving"]} == set(promoted.values())
 
 
@@ -243,15 +243,15 @@ def test_promotion_is_a_hot_swap_and_a_broken_model_is_refused(client, models_di
     refused = client.post("/v1/models/xgb-ops/v2/promote")
     assert refused.status_code == 409 and "xgb-ops/v2" in refused.json()["detail"]
     assert "still serving" in refused.json()["detail"]
-    assert json.loads((models_dir / "promoted.json").read_text())["default"] == "xgb-ops/v1"
+    assert json.loads((models_dir / "promoted.json").read_text())["cpu-step"] == "xgb-ops/v1"
     assert client.post("/v1/predict", json=cpu).json()["model_version"] == before["model_version"] == "xgb-ops/v1"
     _add_version(models_dir, "xgb-ops", "v3", break_artifact=False)
     promoted = client.post("/v1/models/xgb-ops/v3/promote")
     assert promoted.status_code == 200, promoted.text
-    assert promoted.json()["serving"]["default"] == "xgb-ops/v3"
-    assert promoted.json()["previous"]["default"] == "xgb-ops/v1"
+    assert promoted.json()["serving"]["cpu-step"] == "xgb-ops/v3"
+    assert promoted.json()["previous"]["cpu-step"] == "xgb-ops/v1"
     assert client.post("/v1/predict", json=cpu).json()["model_version"] == "xgb-ops/v3"
-    assert json.loads((models_dir / "promoted.json").read_text())["default"] == "xgb-ops/v3"
+    assert json.loads((models_dir / "promoted.json").read_text())["cpu-step"] == "xgb-ops/v3"
     events = client.get("/v1/models").json()["events"]
     assert [(e["action"], e["model_version"]) for e in events] == [("promoted", "xgb-ops/v3"),
                                                                     ("refused", "xgb-ops/v2")]
@@ -262,7 +262,7 @@ def test_health_readiness_and_metrics(client):
     job_id = _register(client)
     assert client.get("/healthz").json()["status"] == "ok"
     ready = client.get("/readyz")
-    assert ready.status_code == 200 and ready.json()["model_versions"]["default"] == "xgb-ops/v1"
+    assert ready.status_code == 200 and ready.json()["model_versions"]["cpu-step"] == "xgb-ops/v1"
     for _ in range(3):
         client.post("/v1/predict", json={"job": job_id, "placement": {"accelerator": "t4"}})
     client.post("/v1/predict/matrix", json={"jobs": [job_id], "grid": {"accelerators": ["t4"],
@@ -272,7 +272,7 @@ def test_health_readiness_and_metrics(client):
     assert 'perfmodel_http_request_duration_seconds_bucket{le="0.005",method="POST",route="/v1/predict"}' in text
     assert 'perfmodel_predictions_total{endpoint="predict"} 3.0' in text
     assert 'perfmodel_predictions_total{endpoint="matrix"} 2.0' in text
-    assert 'perfmodel_model_info{role="default",version="xgb-ops/v1"} 1.0' in text
+    assert 'perfmodel_model_info{role="cpu-step",version="xgb-ops/v1"} 1.0' in text
     assert f"/v1/jobs/{job_id}" not in text  # routes are labelled by template, not by raw path
 
 

@@ -38,7 +38,7 @@ def test_an_observation_is_read_back_and_deleting_it_recalibrates_the_job(client
     # the recency-weighted median of two points: the newer weighs a little more
     assert client.post("/v1/predict", json=t4).json()["calibration_factor"] == pytest.approx(0.4)
     read = client.get(f"/v1/observations/{wrong['observation_id']}")
-    assert read.status_code == 200 and read.json()["job_key"] == job
+    assert read.status_code == 200 and read.json()["job_id"] == job
     assert read.json()["throughput_samples_per_s"] == pytest.approx(raw * 0.4)
     deleted = client.delete(f"/v1/observations/{wrong['observation_id']}")
     assert deleted.status_code == 200, deleted.text

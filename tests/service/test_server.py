@@ -53,7 +53,7 @@ def test_a_scheduler_talks_to_a_real_server_with_the_client(server, tmp_path):
         assert pm.predict(job["job_id"], {"accelerator": "t4"})["calibrated"] is True
         assert pm.job(job["job_id"])["calibration"]["observations"] == 1
         assert any(a["name"] == "t4" for a in pm.accelerators())
-        assert pm.models()["serving"]["default"] == "xgb-ops/v1"
+        assert pm.models()["serving"]["cpu-step"] == "xgb-ops/v1"
         with pytest.raises(ServiceError) as bad:
             pm.predict(job["job_id"], {"accelerator": "t4", "global_batch_size": 0})
         assert bad.value.status_code == 422 and "global_batch_size" in str(bad.value)

@@ -95,7 +95,7 @@ def make_ops(n_ops: int) -> OpProfile:
             )
         )
     total = sum(op.self_time_ms for op in ops)
-    return OpProfile(steps=3, iteration_time_ms=total / 0.91 if ops else 1.0, ops=tuple(ops),
+    return OpProfile(steps=3, iter_time_ms=total / 0.91 if ops else 1.0, ops=tuple(ops),
                      coverage=0.91 if ops else 0.0, matched_fraction=0.8732)
 
 
@@ -113,8 +113,8 @@ def make_onnx(n_nodes: int) -> OnnxProfile:
         )
         for i in range(n_nodes)
     )
-    return OnnxProfile(provider="CPUExecutionProvider", runs=20, iteration_time_ms_disabled=4.817,
-                       iteration_time_ms_enabled=3.9021, nodes=nodes)
+    return OnnxProfile(provider="CPUExecutionProvider", runs=20, iter_time_ms_disabled=4.817,
+                       iter_time_ms_enabled=3.9021, nodes=nodes)
 
 
 def make_iteration(batch_size: int, outcome: Outcome = Outcome.ok) -> IterationStats:
@@ -156,7 +156,7 @@ def make_profile(
                   optimizer=OptimizerName.adamw)
     return Profile(
         job=job,
-        job_key=job.key(),
+        job_id=job.key(),
         family=family,
         environment=environment or cpu_environment(),
         iteration=None if outcome is None else make_iteration(batch_size, outcome),
@@ -174,7 +174,7 @@ def make_hf_profile() -> Profile:
                   precision=Precision.bf16, mode=Mode.inference)
     return Profile(
         job=job,
-        job_key=job.key(),
+        job_id=job.key(),
         family="bert",
         environment=cuda_environment(),
         iteration=make_iteration(8),

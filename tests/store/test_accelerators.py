@@ -18,7 +18,7 @@ from perfmodel.store.schema import open_engine, write_transaction
 from perfmodel.store.tables import Base, SchemaInfo
 
 SPEC = validate_spec_sheet({"name": "acme-x1", "kind": "gpu", "peak_fp32_gflops": 60_000,
-                            "memory_bandwidth_gbps": 3000, "memory_gb": 96, "compute_units": 120})
+                            "memory_bandwidth_gb_s": 3000, "memory_gb": 96, "compute_units": 120})
 
 
 def test_add_get_list_delete(store_url):

@@ -46,7 +46,7 @@ def test_error_after_some_op_rows_rolls_back_everything(store, factory, monkeypa
     assert op_inserts == [10, 10, 10]
     assert _row_counts(store) == (1, 5, 2)  # only the earlier profile
     assert store.get(kept_id) == kept
-    assert store.has(kept.job_key)
+    assert store.has(kept.job_id)
     again = factory.profile(n_ops=95, n_onnx=3)
     assert store.get(store.add(again)) == again  # the store is still usable
 
@@ -114,7 +114,7 @@ def test_sigkill_in_the_middle_of_a_large_add_leaves_no_partial_profile(sqlite_u
             assert connection.execute(text("PRAGMA integrity_check")).scalar() == "ok"
         assert _row_counts(store) == (1, 20, 3)  # the committed profile, nothing of the killed one
         assert store.get(int(committed[1])) == factory.profile(n_ops=20, n_onnx=3)
-        assert not store.has(factory.profile(name="vit_b_16").job_key)
+        assert not store.has(factory.profile(name="vit_b_16").job_id)
         retry = factory.profile(name="vit_b_16", n_ops=1000)
         assert store.get(store.add(retry)) == retry
 

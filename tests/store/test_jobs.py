@@ -31,7 +31,7 @@ def test_jobs_are_stored_once_with_their_graph(store_url):
         stored = store.get_job(job.key, with_graph=True)
         assert stored.spec == SPEC and stored.graph_json == '{"graph": 1}'  # the first registration stands
         assert store.get_job(job.key).graph_json is None  # the graph is only read when asked for
-        assert [j.key for j in store.jobs()] == [job.key] and store.job_keys() == {job.key}
+        assert [j.key for j in store.jobs()] == [job.key] and store.job_ids() == {job.key}
         assert store.get_job("0" * 24) is None
 
 
@@ -68,7 +68,7 @@ def test_a_failed_observation_write_leaves_nothing(store_url, monkeypatch):
         with pytest.raises(RuntimeError):
             _observe(store, key)
         monkeypatch.undo()
-        assert store.observations() == [] and store.job_keys() == {key}
+        assert store.observations() == [] and store.job_ids() == {key}
 
 
 def test_model_events_newest_first(store_url):
@@ -104,7 +104,7 @@ def test_a_v2_store_is_migrated_to_v3_with_the_service_tables(store_url):
         with store.engine.connect() as connection:
             assert connection.scalar(select(SchemaInfo.version)) == STORE_SCHEMA_VERSION
         key = store.add_job(SPEC)[0].key
-        assert _observe(store, key).job_key == key
+        assert _observe(store, key).job_id == key
 
 
 def test_one_observation_is_read_and_deleted_by_id(store_url):

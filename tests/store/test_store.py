@@ -66,7 +66,7 @@ def test_repeated_adds_keep_every_run(store, factory):
     assert len(set(ids)) == 3
     assert store.count() == 3
     assert [store.get(i) for i in ids] == [first, second, first]
-    assert [s.id for s in store.list(job=first.job_key)] == [ids[1], ids[2], ids[0]]  # newest first
+    assert [s.id for s in store.list(job=first.job_id)] == [ids[1], ids[2], ids[0]]  # newest first
 
 
 def test_has_counts_only_finished_runs_per_device(store, factory):
@@ -75,11 +75,11 @@ def test_has_counts_only_finished_runs_per_device(store, factory):
     no_iteration = factory.profile(name="bert-base", outcome=None)
     for profile in (ok, oom, no_iteration):
         store.add(profile)
-    assert store.has(ok.job_key)
-    assert store.has(ok.job_key, ok.environment.device_name)
-    assert not store.has(ok.job_key, "NVIDIA A100-SXM4-80GB")
-    assert store.has(oom.job_key, "NVIDIA A100-SXM4-80GB")  # an OOM is an answer: a sweep need not retry it
-    assert not store.has(no_iteration.job_key)  # stored, but never timed
+    assert store.has(ok.job_id)
+    assert store.has(ok.job_id, ok.environment.device_name)
+    assert not store.has(ok.job_id, "NVIDIA A100-SXM4-80GB")
+    assert store.has(oom.job_id, "NVIDIA A100-SXM4-80GB")  # an OOM is an answer: a sweep need not retry it
+    assert not store.has(no_iteration.job_id)  # stored, but never timed
     assert not store.has("0" * 24)
 
 
@@ -94,7 +94,7 @@ def test_list_filters_orders_and_limits(store, factory):
     assert [s.id for s in everything] == [other_id, gpu_id, cpu_id]  # newest first
     assert all(isinstance(s, ProfileSummary) for s in everything)
     assert [s.id for s in store.list(job="resnet50")] == [gpu_id, cpu_id]
-    assert [s.id for s in store.list(job=other.job_key)] == [other_id]
+    assert [s.id for s in store.list(job=other.job_id)] == [other_id]
     assert [s.id for s in store.list(device="cuda:0")] == [gpu_id]
     assert [s.id for s in store.list(device="a100")] == [gpu_id]  # part of the device name, any case
     assert [s.id for s in store.list(job="resnet50", device="Xeon")] == [cpu_id]
@@ -104,7 +104,7 @@ def test_list_filters_orders_and_limits(store, factory):
 
     summary = store.list(job="vit_b_16")[0]
     assert summary == ProfileSummary(
-        id=other_id, job_name="vit_b_16", job_key=other.job_key, family="resnet",
+        id=other_id, job_name="vit_b_16", job_id=other.job_id, family="resnet",
         device_name=other.environment.device_name, batch_size=64, seq_len=128, precision=Precision.amp,
         mode=Mode.train, outcome=Outcome.ok, iter_time_ms_median=other.iteration.iter_time_ms_median,
         throughput_samples_per_s=other.iteration.throughput_samples_per_s, coverage=None, created_at=other.created_at,

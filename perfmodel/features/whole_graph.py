@@ -51,7 +51,7 @@ GRAPH_FEATURES: tuple[str, ...] = (
     *(f"log_flops_fwd_{k}" for k in KINDS),
     *(f"share_flops_{k}" for k in KINDS),
     "log_hw_peak_gflops",
-    "log_hw_bandwidth_gbps",
+    "log_hw_bandwidth_gb_s",
     "hw_compute_units",
     "hw_threads",
     "hw_is_gpu",
@@ -86,7 +86,7 @@ def roofline_parts_ms(graph: Graph, hw: HardwareSpec, spec: JobSpec) -> dict[str
                 compute_ops += node.kind != OpKind.view
     optimizer = optimizer_name(spec)
     optimizer_bytes = graph.totals.params * PARAM_BYTES * OPTIMIZER_TENSOR_PASSES[optimizer] if optimizer else 0
-    parts["optimizer"] = float(cost.memory_ms(optimizer_bytes, hw.memory_bandwidth_gbps))
+    parts["optimizer"] = float(cost.memory_ms(optimizer_bytes, hw.memory_bandwidth_gb_s))
     parts["overhead"] = compute_ops * DISPATCH_MS_PER_OP
     return parts
 

@@ -190,11 +190,11 @@ class DevicePredictor:
         graph = graph if graph is not None else graph_for_job(spec)
         rows, out = self.predict_rows(spec, hardware, graph)
         breakdown = self.breakdown(rows, out.latency_ms)
-        iteration_ms = sum(breakdown.values())
+        iter_time_ms = sum(breakdown.values())
         reasons = self._reasons(rows, out, hardware, graph)
         return Prediction(
-            job=spec.name, job_key=spec.key(), accelerator=hardware.name, model_version=self.model_version,
-            iteration_time_ms=iteration_ms, throughput_samples_per_s=samples_per_s(spec.batch_size, iteration_ms),
+            job_name=spec.name, job_id=spec.key(), accelerator=hardware.name, model_version=self.model_version,
+            iter_time_ms=iter_time_ms, throughput_samples_per_s=samples_per_s(spec.batch_size, iter_time_ms),
             interval_ms=(self.step_ms(rows, out.p10_ms), self.step_ms(rows, out.p90_ms)), breakdown_ms=breakdown,
             peak_memory_bytes=estimate_memory(spec, graph).peak_bytes,
             extrapolated=bool(reasons), extrapolation_reasons=reasons,
