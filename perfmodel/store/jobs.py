@@ -126,11 +126,11 @@ class JobStore(ProfileStore):
     def delete_job(self, key: str) -> bool:
         """Remove a job and its observations (one transaction); False if there was no such job."""
         with write_transaction(self.engine) as connection:
-            job_id = connection.scalar(select(_JOBS.c.id).where(_JOBS.c.key == key))
-            if job_id is None:
+            job_row = connection.scalar(select(_JOBS.c.id).where(_JOBS.c.key == key))
+            if job_row is None:
                 return False
-            connection.execute(delete(_OBSERVATIONS).where(_OBSERVATIONS.c.job_id == job_id))
-            connection.execute(delete(_JOBS).where(_JOBS.c.id == job_id))
+            connection.execute(delete(_OBSERVATIONS).where(_OBSERVATIONS.c.job_id == job_row))
+            connection.execute(delete(_JOBS).where(_JOBS.c.id == job_row))
             return True
 
     @staticmethod
@@ -150,11 +150,12 @@ class JobStore(ProfileStore):
                 raise PerfmodelError(f"{name} must be a positive finite number, got {value!r}")
         created_at = utc_now()
         with write_transaction(self.engine) as connection:
-            job_id = connection.scalar(select(_JOBS.c.id).where(_JOBS.c.key == key))
-            if job_id is None:
+            job_row = connection.scalar(select(_JOBS.c.id).where(_JOBS.c.key == key))
+            if job_row is None:
                 raise PerfmodelError(f"no job {key!r} in the store")
             observation_id = _new_id(connection.execute(insert(_OBSERVATIONS).values(
-                job_id=job_id, accelerator=accelerator, devices=devices, placement_json=placement,
+                job_id=job_row,  # column observations.job_id: the jobs table's row id
+                accelerator=accelerator, devices=devices, placement_json=placement,
                 throughput_samples_per_s=throughput_samples_per_s,
                 predicted_throughput_samples_per_s=predicted_throughput_samples_per_s, model_version=model_version,
                 created_at=created_at)))
