@@ -40,9 +40,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from perfmodel.core.units import MS_PER_S
-
-GIGA = 1e9  # GFLOP/s and GB/s (1e9 bytes/s) to per second
+from perfmodel.core.units import GIGA, MS_PER_S
 
 Collective = Literal["ring", "tree", "send_recv", "allgather", "reduce_scatter", "all_to_all"]
 COLLECTIVES: tuple[Collective, ...] = ("ring", "tree", "send_recv", "allgather", "reduce_scatter", "all_to_all")
@@ -180,7 +178,7 @@ def ring_allreduce_bytes(message_bytes: Values, ranks: Values) -> Values:
 
 
 __all__ = [
-    "COLLECTIVES", "GIGA", "Collective", "arithmetic_intensity", "collective_coefficients", "collective_ms",
+    "COLLECTIVES", "Collective", "arithmetic_intensity", "collective_coefficients", "collective_ms",
     "compute_ms", "hierarchical_all_to_all_ms", "hierarchical_allreduce_ms", "hierarchical_reduce_scatter_ms",
     "maximum", "memory_ms", "minimum", "node_beta", "ridge_point", "ring_allreduce_bytes", "ring_step_ms",
     "roofline_ms", "send_ms", "stream_beta",

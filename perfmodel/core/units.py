@@ -22,6 +22,7 @@ def ns_to_ms(ns: float) -> float:
 
 
 BITS_PER_BYTE = 8
+GIGA = 1e9  # GFLOP/s, GB/s (1e9 bytes/s), Gb/s (1e9 bit/s) -> per second
 
 
 def gbit_s_to_gb_s(gbit_s: float) -> float:

@@ -18,6 +18,7 @@ import pandas as pd
 
 from perfmodel.core import cost
 from perfmodel.core.errors import PerfmodelError
+from perfmodel.core.units import GIGA
 from perfmodel.hardware.impute import imputed
 from perfmodel.hardware.math import on_tensor_cores, peak_gflops
 from perfmodel.hardware.spec import HardwareSpec
@@ -108,7 +109,7 @@ def device_op_features(ops: pd.DataFrame, catalog: Mapping[str, HardwareSpec]) -
     bytes_total = work.bytes_read + work.bytes_written
     peak_gflops_ = device["peak_gflops"].to_numpy()
     bandwidth_gb_s = device["memory_bandwidth_gb_s"].to_numpy()
-    peak = peak_gflops_ * cost.GIGA
+    peak = peak_gflops_ * GIGA
     compute_ms = cost.compute_ms(work.flops, peak_gflops_)
     memory_ms = cost.memory_ms(bytes_total, bandwidth_gb_s)
     intensity = cost.arithmetic_intensity(work.flops, bytes_total)
@@ -148,7 +149,7 @@ def device_op_features(ops: pd.DataFrame, catalog: Mapping[str, HardwareSpec]) -
         "working_set_over_l2": bytes_total / l2_bytes,
         "elements_per_core": elements / cores,
         "rocm": np.asarray([float(catalog[d].vendor == "AMD") for d in ops["device"]]),
-        "log_peak_per_watt": np.where(tensor, np.log2(peak / 1e9 / watts), np.nan),
+        "log_peak_per_watt": np.where(tensor, np.log2(peak / GIGA / watts), np.nan),
         "tensor_math": tensor.astype(np.float64),
     }
     return pd.DataFrame(out, index=ops.index)[list(DEVICE_OP_FEATURES)]

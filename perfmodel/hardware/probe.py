@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
+from perfmodel.core.units import GIGA
 from perfmodel.hardware.spec import HardwareSpec
 
 GEMM_SIZES = (2048,)
@@ -167,7 +168,7 @@ def gemm_gflops(n: int, repeats: int = REPEATS) -> float:
         for _ in range(calls):
             torch.mm(a, b, out=c)
 
-    return 2 * n**3 * calls / best_seconds(batch, repeats) / 1e9
+    return 2 * n**3 * calls / best_seconds(batch, repeats) / GIGA
 
 
 def copy_bandwidth_gb_s(mib: int = COPY_MIB, repeats: int = REPEATS) -> float:
@@ -178,7 +179,7 @@ def copy_bandwidth_gb_s(mib: int = COPY_MIB, repeats: int = REPEATS) -> float:
     src = torch.ones(numel)
     dst = torch.zeros(numel)  # written once already, so the timed copies do not page-fault
     seconds = best_seconds(lambda: dst.copy_(src), repeats)
-    return 2 * numel * FP32_BYTES / seconds / 1e9
+    return 2 * numel * FP32_BYTES / seconds / GIGA
 
 
 def host_memory_gb() -> float:
@@ -186,9 +187,9 @@ def host_memory_gb() -> float:
     try:
         import psutil
 
-        return psutil.virtual_memory().total / 1e9
+        return psutil.virtual_memory().total / GIGA
     except ImportError:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1e9
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / GIGA
 
 
 def vendor_of(cpu_model: str, vendor_id: str = "") -> str:

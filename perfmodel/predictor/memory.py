@@ -74,6 +74,7 @@ from dataclasses import dataclass
 
 from perfmodel.core.ir import Graph, Node, TensorMeta
 from perfmodel.core.opkinds import OpKind
+from perfmodel.core.units import GIGA
 from perfmodel.graph.flops import DTYPE_BYTES
 from perfmodel.hardware.spec import HardwareSpec
 from perfmodel.jobs.spec import JobSpec, Mode, OptimizerName, Precision
@@ -293,4 +294,4 @@ def _expert_params(graph: Graph, expert_parallel: int) -> int:
 def fits(estimate: MemoryEstimate, hardware: HardwareSpec, *,
          usable_fraction: float = USABLE_MEMORY_FRACTION) -> bool:
     """Whether the estimate's peak fits in `usable_fraction` of the device's memory (memory_gb x 1e9 bytes)."""
-    return estimate.peak_bytes <= hardware.memory_gb * 1e9 * usable_fraction
+    return estimate.peak_bytes <= hardware.memory_gb * GIGA * usable_fraction

@@ -33,6 +33,7 @@ import numpy as np
 from perfmodel.core.errors import PerfmodelError
 from perfmodel.core.ir import Graph
 from perfmodel.core.lru import LRU
+from perfmodel.core.units import GIGA
 from perfmodel.hardware.spec import HardwareSpec
 from perfmodel.jobs.spec import JobSpec, Precision
 from perfmodel.placement.comm import (
@@ -414,7 +415,7 @@ def placement_arrays(placements: Sequence[PlacementSpec], links: Sequence[_Links
 
 def capacity_bytes(hardware: HardwareSpec) -> int:
     """Memory a job may use on one device of `hardware`."""
-    return int(hardware.memory_gb * 1e9 * USABLE_MEMORY_FRACTION)
+    return int(hardware.memory_gb * GIGA * USABLE_MEMORY_FRACTION)
 
 
 def activation_element_bytes(precision: Precision) -> int:

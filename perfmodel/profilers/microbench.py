@@ -33,6 +33,7 @@ import numpy as np
 import pandas as pd
 
 from perfmodel.core.errors import DeviceError, PerfmodelError
+from perfmodel.core.units import GIGA
 from perfmodel.hardware.math import has_tf32
 from perfmodel.hardware.spec import HardwareSpec
 from perfmodel.lowering.ops import op_roofline_ms, op_work
@@ -504,17 +505,17 @@ def new_gpu_spec(target: str, props: Mapping[str, Any]) -> HardwareSpec:
     n = 4096
     a = torch.randn(n, n, device=target)
     samples, _ = time_op(lambda: a @ a, target, 2, 5)
-    gflops = 2 * n**3 / (min(samples) / 1e3) / 1e9
+    gflops = 2 * n**3 / (min(samples) / 1e3) / GIGA
     src = torch.ones(2**28, device=target)
     dst = torch.empty_like(src)
     samples, _ = time_op(lambda: dst.copy_(src), target, 2, 5)
-    bandwidth = 2 * src.numel() * 4 / (min(samples) / 1e3) / 1e9
+    bandwidth = 2 * src.numel() * 4 / (min(samples) / 1e3) / GIGA
     l2 = props.get("l2_cache_size")
     vendor = "AMD" if torch.version.hip else "NVIDIA"
     return HardwareSpec(
         name=slug(str(props["name"])) or "gpu-local", kind="gpu", vendor=vendor, aliases=(str(props["name"]),),
         peak_fp32_gflops=round(gflops, 1), memory_bandwidth_gb_s=round(bandwidth, 1),
-        memory_gb=round(props["total_memory"] / 1e9, 2), compute_units=int(props["multi_processor_count"]),
+        memory_gb=round(props["total_memory"] / GIGA, 2), compute_units=int(props["multi_processor_count"]),
         l2_cache_mb=round(l2 / 1e6, 2) if l2 else None,
         boost_clock_mhz=props["clock_rate"] / 1e3 if props.get("clock_rate") else None,
         source=f"perfmodel hw bench: torch.cuda.get_device_properties and a timed {n}^3 fp32 GEMM and copy "
