@@ -20,7 +20,7 @@ run: setup
 # (tests/conftest.py).
 TEST_WORKERS ?= 2
 test: setup
-	bash scripts/with-postgres.sh $(VENV)/bin/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=25
+	bash scripts/with-postgres.sh $(VENV)/bin/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=25
 
 bench: setup
 	$(VENV)/bin/python bench/service.py

@@ -1,15 +1,16 @@
-"""`perfmodel profiles list|show|export|import|ops-summary`: the profiles (and imported op measurements) a store
-holds."""
+"""`perfmodel profiles list|show|export|import|add-graphs|ops-summary`: the profiles (and their jobs' graphs, and
+imported op measurements) a store holds."""
 
 from __future__ import annotations
 
 import sys
+from dataclasses import asdict
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 
-from perfmodel.cli.common import JsonOpt, StoreOpt, out, print_json, user_errors
+from perfmodel.cli.common import JsonOpt, StoreOpt, out, print_json, say, user_errors
 
 profiles_app = typer.Typer(no_args_is_help=True, help="Profiles in the store: list, show, export, import.")
 
@@ -71,6 +72,22 @@ def profiles_import(directory: Annotated[Path, typer.Argument(help="folder holdi
     with ProfileStore(store) as profile_store:
         added = profile_store.import_parquet(directory)
     out.print(f"imported {added} new profile(s) from {directory}")
+
+
+@profiles_app.command("add-graphs")
+@user_errors
+def profiles_add_graphs(store: StoreOpt = None, as_json: JsonOpt = False) -> None:
+    """Capture and store the graph of each profiled job that has none (stores made before graphs were kept)."""
+    from perfmodel.store import ProfileStore
+    from perfmodel.store.profiling import add_missing_graphs
+
+    with ProfileStore(store) as profile_store:
+        fills = add_missing_graphs(profile_store, progress=say)
+    if as_json:
+        print_json([asdict(fill) for fill in fills])
+    else:
+        added = sum(fill.added for fill in fills)
+        out.print(f"stored {added} graph(s); skipped {len(fills) - added}")
 
 
 @profiles_app.command("ops-summary")

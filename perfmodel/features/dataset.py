@@ -11,7 +11,9 @@ A sample's measurements come from its profile:
 - `unattributed_ms`: iteration median minus the sum of node times: the optimizer step, unattributed calls,
   Python glue. It may be negative: the op times come from other (profiled, slower) steps than the median.
 
-Graphs are captured on the meta device (0.2-2 s each) and cached as IR JSON by job key.
+A profile's graph is the one stored with it (`ProfileStore.graph`, schema v5: the graph its ops were matched
+against, shipped in exports); for runs without one, it is captured on the meta device (0.2-5 s each) and cached as
+IR JSON by job key (`cached_graph`; `perfmodel profiles add-graphs` stores them instead).
 """
 
 from __future__ import annotations
@@ -128,7 +130,8 @@ def samples_from_store(store: ProfileStore, *, hardware_for: HardwareFor | None 
                        graph_cache_dir: Path | None = None, progress: Progress | None = None,
                        families: Collection[str] | None = None) -> list[Sample]:
     """One sample per stored profile with outcome ok and a per-op profile, in profile id order (only those of
-    `families` when given). Profiles whose graph cannot be captured are skipped (reported through `progress`).
+    `families` when given). The graph is the store's graph of the job, else `cached_graph` (captured into
+    `graph_cache_dir`); profiles whose graph cannot be captured are skipped (reported through `progress`).
     Only reads the store."""
     say = progress or (lambda message: None)
     hardware_for = hardware_for or default_hardware_for()
@@ -141,10 +144,16 @@ def samples_from_store(store: ProfileStore, *, hardware_for: HardwareFor | None 
             continue
         say(f"[{i}/{len(summaries)}] profile {summary.id}: {profile.job.name} batch {profile.job.batch_size}")
         try:
-            graph = cached_graph(profile.job, graph_cache_dir)
-        except PerfmodelError as exc:
-            say(f"skipped profile {summary.id}: {exc}")
-            continue
+            graph = store.graph(profile.job_id)
+        except PerfmodelError as exc:  # e.g. stored under an older IR schema
+            say(f"profile {summary.id}: {exc}; capturing it instead")
+            graph = None
+        if graph is None:
+            try:
+                graph = cached_graph(profile.job, graph_cache_dir)
+            except PerfmodelError as exc:
+                say(f"skipped profile {summary.id}: {exc}")
+                continue
         _, unknown_ms = node_times_ms(profile, graph)
         if unknown_ms > 0:
             say(f"profile {summary.id}: {unknown_ms:.3f} ms of op time names IR nodes the graph lacks "

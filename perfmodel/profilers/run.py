@@ -27,6 +27,8 @@ from perfmodel.records import OnnxProfile, Outcome, Profile
 from perfmodel.torch_device import resolve_device
 
 Progress = Callable[[str], None]
+# the graph IR to match a job's per-op profile against (None: none, the ops stay unmatched), e.g. a stored one
+GraphFor = Callable[[JobSpec, Progress], Graph | None]
 
 DEFAULT_TIME_BUDGET_S = 60.0
 ITERATION_SHARE = 0.7  # of the budget left after the build, for the iteration profile; the rest for per-op
@@ -35,13 +37,14 @@ PROFILED_STEP_COST = 1.4  # a per-op step in plain steps: profiler on with shape
 
 def profile_job(spec: JobSpec, device: str | torch.device = "cpu", *, warmup: int = 3, repeats: int = 10,
                 per_op: bool = True, onnx: bool = False, op_steps: int = 3, progress: Progress | None = None,
-                time_budget_s: float | None = DEFAULT_TIME_BUDGET_S) -> Profile:
+                time_budget_s: float | None = DEFAULT_TIME_BUDGET_S, graph_for: GraphFor | None = None) -> Profile:
     """Profile `spec` on `device`.
 
     ONNX sources get only the ONNX Runtime profile. Other sources are built once, then: the iteration profile
     (`warmup` + `repeats` steps); if it ran (not out of memory) and `per_op`, the per-op profile over `op_steps`
-    steps of the same, already warm, step function (no warm-up of its own), matched to the graph from
-    `capture_graph(spec)`; if `onnx`, an ONNX export profiled with ONNX Runtime.
+    steps of the same, already warm, step function (no warm-up of its own), matched to the graph `graph_for(spec,
+    progress)` gives (only then asked for; by default `capture_graph_or_none`, a fresh capture); if `onnx`, an ONNX
+    export profiled with ONNX Runtime.
 
     `time_budget_s` is a soft bound on the iteration and per-op stages together (the ONNX stage is not in it), for
     models whose steps take seconds: `ITERATION_SHARE` of what is left after the build goes to the iteration profile
@@ -74,7 +77,7 @@ def profile_job(spec: JobSpec, device: str | torch.device = "cpu", *, warmup: in
     ops = None
     if per_op:
         assert iteration.iter_time_ms_median is not None  # set whenever the iteration profile ran
-        graph = _capture_graph(spec, say)
+        graph = (graph_for or capture_graph_or_none)(spec, say)
         steps = _steps_that_fit(op_steps, _left_s(deadline_s), iteration.iter_time_ms_median * PROFILED_STEP_COST)
         say(f"profiling ops over {steps} step(s)")
         ops = profile_ops(job, graph, warmup=0, steps=steps, step=step)
@@ -96,7 +99,7 @@ def _steps_that_fit(wanted: int, left_s: float | None, step_ms: float) -> int:
     return max(1, min(wanted, int(left_s * MS_PER_S // step_ms)))
 
 
-def _capture_graph(spec: JobSpec, say: Progress) -> Graph | None:
+def capture_graph_or_none(spec: JobSpec, say: Progress) -> Graph | None:
     """The job's IR for op matching; None (ops stay unmatched, matched_fraction 0) when torch.export fails on the
     model: the measured op times are still worth keeping."""
     say("capturing the graph (torch.export on meta)")

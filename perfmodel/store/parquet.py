@@ -2,8 +2,11 @@
 
 An export is a folder with one Parquet file per table and a `manifest.json` written last (so a folder with a
 manifest is complete). Op and ONNX rows point at their profile by its `uid`, never by a database id, so exports
-can be imported into any store; JSON columns are stored as JSON text. Only the runs are exported: the
-`op_measurements` table (public benchmark data, see `perfmodel import`) is not.
+can be imported into any store; JSON columns are stored as JSON text. Since schema v5 an export also holds
+`graphs.parquet` (job_key, graph_json): the stored graph IR of each job the exported runs name, so a store that
+imports it trains without capturing graphs again; exports of v1-v4 have no graphs file and still import. Only the
+runs and their graphs are exported: the `op_measurements` table (public benchmark data, see `perfmodel import`)
+and the service's tables are not.
 """
 
 from __future__ import annotations
@@ -24,17 +27,23 @@ from sqlalchemy import JSON, Column, Connection, Double, Engine, Integer, Select
 import perfmodel
 from perfmodel.core.atomic import write_json_atomically
 from perfmodel.core.errors import PerfmodelError
+from perfmodel.core.ir import Graph
 from perfmodel.records import Profile
 from perfmodel.store.rows import to_profile
 from perfmodel.store.schema import STORE_SCHEMA_VERSION
-from perfmodel.store.tables import OnnxNodeRow, OpRecordRow, ProfileRow, UTCDateTime
+from perfmodel.store.tables import GraphRow, OnnxNodeRow, OpRecordRow, ProfileRow, UTCDateTime
 
 FORMAT = "perfmodel-profiles"
 # exports of these store schema versions hold the same three tables, so each can be imported: v2 only added
 # `op_measurements`, which exports leave out (imported public benchmark data is re-imported from its source with
 # `perfmodel import`, not shipped), v3 the service's tables (jobs, observations, model_events), left out too, and
-# v4 custom accelerators (`accelerators`), left out too
-READABLE_SCHEMA_VERSIONS = frozenset({1, 2, 3, 4})
+# v4 custom accelerators (`accelerators`), left out too; v5 added `graphs`, exported as graphs.parquet (the graphs of
+# the exported runs' jobs), which older exports lack
+READABLE_SCHEMA_VERSIONS = frozenset({1, 2, 3, 4, 5})
+GRAPHS = "graphs"
+# IR JSON repeats itself a lot: zstd makes the corpus's graphs file 0.9 MB where the default (snappy) makes 2.7 MB
+GRAPHS_COMPRESSION = "zstd"
+FIRST_VERSION_WITH_GRAPHS = 5
 MANIFEST = "manifest.json"
 BATCH_ROWS = 50_000
 
@@ -44,6 +53,9 @@ TABLES: dict[str, Table] = {
     "op_records": OpRecordRow.__table__,  # type: ignore[dict-item]
     "onnx_nodes": OnnxNodeRow.__table__,  # type: ignore[dict-item]
 }
+_GRAPHS: Table = GraphRow.__table__  # type: ignore[assignment]
+GRAPHS_SCHEMA = pa.schema([pa.field("job_key", pa.string(), nullable=False),
+                           pa.field("graph_json", pa.string(), nullable=False)])
 
 
 def _columns(name: str) -> list[tuple[str, Column[Any]]]:
@@ -104,14 +116,32 @@ def _write_table(connection: Connection, name: str, directory: Path) -> int:
     return rows
 
 
+def _write_graphs(connection: Connection, directory: Path) -> int:
+    """graphs.parquet: the stored graphs of the jobs the exported runs name, by job key."""
+    query = (select(_GRAPHS.c.job_key, _GRAPHS.c.graph_json)
+             .where(_GRAPHS.c.job_key.in_(select(_PROFILES.c.job_key).distinct()))
+             .order_by(_GRAPHS.c.job_key))
+    temporary = directory / f".{GRAPHS}.parquet.tmp"
+    rows = 0
+    result = connection.execute(query.execution_options(yield_per=BATCH_ROWS))
+    with pq.ParquetWriter(str(temporary), GRAPHS_SCHEMA, compression=GRAPHS_COMPRESSION) as writer:
+        for part in result.partitions():
+            columns = {"job_key": [r[0] for r in part], "graph_json": [r[1] for r in part]}
+            writer.write_batch(pa.RecordBatch.from_pydict(columns, schema=GRAPHS_SCHEMA))
+            rows += len(part)
+    os.replace(temporary, directory / f"{GRAPHS}.parquet")
+    return rows
+
+
 def export_tables(engine: Engine, directory: Path) -> dict[str, int]:
     """Write every table of the store to `directory`, then the manifest; returns the row count of each file."""
     directory.mkdir(parents=True, exist_ok=True)
     with engine.connect() as connection:
-        if connection.dialect.name == "postgresql":  # one snapshot for all three tables
+        if connection.dialect.name == "postgresql":  # one snapshot for all the tables
             connection.execution_options(isolation_level="REPEATABLE READ")
         with connection.begin():
             counts = {name: _write_table(connection, name, directory) for name in TABLES}
+            counts[GRAPHS] = _write_graphs(connection, directory)
     manifest = {
         "format": FORMAT,
         "schema_version": STORE_SCHEMA_VERSION,
@@ -148,14 +178,15 @@ def _read_manifest(directory: Path) -> dict[str, Any]:
         readable = ", ".join(f"v{v}" for v in sorted(READABLE_SCHEMA_VERSIONS))
         raise PerfmodelError(f"cannot import an export of store schema v{version} (only {readable})")
     counts = manifest.get("row_counts")
-    if not isinstance(counts, dict) or not all(isinstance(counts.get(name), int) for name in TABLES):
+    required = [*TABLES, GRAPHS] if version >= FIRST_VERSION_WITH_GRAPHS else list(TABLES)
+    if not isinstance(counts, dict) or not all(isinstance(counts.get(name), int) for name in required):
         raise PerfmodelError(f"{path} has no row count for every table")
     return manifest
 
 
-def _read_table(directory: Path, name: str, expected_rows: int) -> pa.Table:
+def _read_table(directory: Path, name: str, expected_rows: int, schema: pa.Schema | None = None) -> pa.Table:
     path = directory / f"{name}.parquet"
-    schema = arrow_schema(name)
+    schema = arrow_schema(name) if schema is None else schema
     try:
         table = pq.read_table(str(path))
         missing = sorted(set(schema.names) - set(table.column_names))
@@ -214,3 +245,27 @@ def _profiles(directory: Path, tables: dict[str, pa.Table], skip: Container[str]
         except (ValidationError, json.JSONDecodeError) as exc:
             raise PerfmodelError(f"profile {uid} in {directory} is not valid: {exc}") from None
         yield uid, profile
+
+
+def read_graphs(directory: Path) -> dict[str, str]:
+    """The graphs of an export as IR JSON by job key, each checked to parse (`Graph.from_json`) and to name its job:
+    {} for an export of schema v1-v4 without a graphs file. Reads the whole graphs file before returning."""
+    manifest = _read_manifest(directory)
+    expected = manifest["row_counts"].get(GRAPHS)
+    if not isinstance(expected, int):  # a v1-v4 export (v5 manifests must have the count: see _read_manifest)
+        return {}
+    table = _read_table(directory, GRAPHS, expected, GRAPHS_SCHEMA)
+    graphs: dict[str, str] = {}
+    for job_key, text in zip(table.column("job_key").to_pylist(), table.column("graph_json").to_pylist()):
+        if job_key is None or text is None:
+            raise PerfmodelError(f"{directory / (GRAPHS + '.parquet')} has an empty job key or graph")
+        if job_key in graphs:
+            raise PerfmodelError(f"{directory / (GRAPHS + '.parquet')} holds job {job_key} twice")
+        try:
+            graph = Graph.from_json(text)
+        except (ValueError, PerfmodelError) as exc:  # ValidationError and JSONDecodeError are ValueErrors
+            raise PerfmodelError(f"the graph of job {job_key} in {directory} is not valid: {exc}") from None
+        if graph.job_id is not None and graph.job_id != job_key:
+            raise PerfmodelError(f"the graph of job {job_key} in {directory} names job {graph.job_id}")
+        graphs[job_key] = text
+    return graphs

@@ -42,7 +42,8 @@ from perfmodel.store.tables import Base, SchemaInfo, UTCDateTime
 # v1: profiles, op_records, onnx_nodes. v2: + op_measurements (op timings imported from public GPU benchmarks).
 # v3: + jobs, observations, model_events (the HTTP service's registered jobs and what they measured).
 # v4: + accelerators (custom accelerators: users' spec sheets).
-STORE_SCHEMA_VERSION = 4
+# v5: + graphs (the graph IR of each profiled job, by job key: training reads it instead of capturing again).
+STORE_SCHEMA_VERSION = 5
 
 Migration = Callable[[Connection], None]
 
@@ -131,8 +132,20 @@ def _v3_to_v4(connection: Connection) -> None:
     ).create(connection)
 
 
+def _v4_to_v5(connection: Connection) -> None:
+    """Add the `graphs` table (the graph IR of profiled jobs, by job key), spelled out as it was at v5."""
+    Table(
+        "graphs",
+        MetaData(),
+        Column("id", Integer, primary_key=True, autoincrement=True),
+        Column("job_key", String(64), nullable=False, unique=True),
+        Column("graph_json", Text, nullable=False),
+        Column("created_at", UTCDateTime, nullable=False),
+    ).create(connection)
+
+
 # MIGRATIONS[v] upgrades a store from version v to v + 1. Add one step per schema change, never edit old ones.
-MIGRATIONS: Mapping[int, Migration] = {1: _v1_to_v2, 2: _v2_to_v3, 3: _v3_to_v4}
+MIGRATIONS: Mapping[int, Migration] = {1: _v1_to_v2, 2: _v2_to_v3, 3: _v3_to_v4, 4: _v4_to_v5}
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 

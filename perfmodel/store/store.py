@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import builtins  # `ProfileStore.list` shadows `list` inside the class
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from datetime import datetime
 from itertools import islice
 from pathlib import Path
@@ -17,14 +17,15 @@ from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from perfmodel.core.errors import PerfmodelError
-from perfmodel.jobs.spec import Mode, Precision
+from perfmodel.core.ir import Graph
+from perfmodel.jobs.spec import JobSpec, Mode, Precision
 from perfmodel.profilers.external import SHAPE_FIELDS, OpMeasurement
 from perfmodel.records import Outcome, Profile, utc_now
 from perfmodel.settings import Settings
 from perfmodel.store import parquet
 from perfmodel.store.rows import measurement_values, onnx_values, op_values, profile_values, to_profile
 from perfmodel.store.schema import ensure_schema, open_engine, safe_url, write_transaction
-from perfmodel.store.tables import OnnxNodeRow, OpMeasurementRow, OpRecordRow, ProfileRow
+from perfmodel.store.tables import GraphRow, OnnxNodeRow, OpMeasurementRow, OpRecordRow, ProfileRow
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -39,6 +40,10 @@ _PROFILES: Table = ProfileRow.__table__  # type: ignore[assignment]
 _OPS: Table = OpRecordRow.__table__  # type: ignore[assignment]
 _NODES: Table = OnnxNodeRow.__table__  # type: ignore[assignment]
 _MEASUREMENTS: Table = OpMeasurementRow.__table__  # type: ignore[assignment]
+_GRAPHS: Table = GraphRow.__table__  # type: ignore[assignment]
+
+# a job key (`JobSpec.key()`) is at most this long: the width of profiles.job_key and graphs.job_key
+JOB_KEY_CHARS = 64
 
 # a filter on a text column: one value, or any of several
 Match = str | Sequence[str] | None
@@ -84,18 +89,25 @@ def _filtered(query: Select[Any], **matches: Match) -> Select[Any]:
     return query
 
 
-def _insert_new(connection: Connection, table: Table) -> Insert:
-    """An INSERT that skips rows whose unique `uid` is taken (one a concurrent import just added), where the
-    database has INSERT ... ON CONFLICT DO NOTHING; a plain INSERT elsewhere."""
+def _insert_new(connection: Connection, table: Table, unique: str = "uid") -> Insert:
+    """An INSERT that skips rows whose `unique` column value is taken (one a concurrent writer just added), where
+    the database has INSERT ... ON CONFLICT DO NOTHING; a plain INSERT elsewhere."""
     if connection.dialect.name == "sqlite":
         from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
-        return sqlite_insert(table).on_conflict_do_nothing(index_elements=["uid"])
+        return sqlite_insert(table).on_conflict_do_nothing(index_elements=[unique])
     if connection.dialect.name == "postgresql":
         from sqlalchemy.dialects.postgresql import insert as postgresql_insert
 
-        return postgresql_insert(table).on_conflict_do_nothing(index_elements=["uid"])
+        return postgresql_insert(table).on_conflict_do_nothing(index_elements=[unique])
     return insert(table)
+
+
+def _check_graph_json(job_key: str, text: str) -> None:
+    if not isinstance(job_key, str) or not 0 < len(job_key) <= JOB_KEY_CHARS:
+        raise PerfmodelError(f"a graph's job key must be 1 to {JOB_KEY_CHARS} characters, got {job_key!r}")
+    if not isinstance(text, str) or not text:
+        raise PerfmodelError(f"the graph of job {job_key} is empty")
 
 
 def _chunks(rows: Iterable[dict[str, Any]], size: int) -> Iterator[list[dict[str, Any]]]:
@@ -270,18 +282,109 @@ class ProfileStore:
         with self.engine.connect() as connection:
             return [tuple(row) for row in connection.execute(query)]
 
+    # --- graphs of profiled jobs (schema v5) ---
+
+    def add_graph(self, job_key: str, graph: Graph) -> bool:
+        """Store the graph IR of the job `job_key` (`JobSpec.key()`) unless the store has one: whether it was added.
+        One transaction; when two writers race, the first graph stays and the other adds nothing."""
+        if graph.job_id is not None and graph.job_id != job_key:
+            raise PerfmodelError(f"the graph of job {graph.job_id} cannot be stored as the graph of job {job_key}")
+        return self.add_graphs({job_key: graph.to_json()}) == 1
+
+    def add_graphs(self, graphs_json: Mapping[str, str]) -> int:
+        """Store graphs given as IR JSON by job key, those the store lacks, in one transaction; how many were added.
+        The JSON is stored as given: callers check it (`Graph.from_json`) first."""
+        for job_key, text in graphs_json.items():
+            _check_graph_json(job_key, text)
+        created_at = utc_now()
+        added = 0
+        try:
+            with write_transaction(self.engine) as connection:
+                statement = _insert_new(connection, _GRAPHS, unique="job_key")
+                returning = connection.dialect.name in ("sqlite", "postgresql")  # a row only when inserted
+                if returning:
+                    statement = statement.returning(_GRAPHS.c.id)
+                stored = set(self._graph_keys(connection, builtins.list(graphs_json)))
+                for job_key, text in graphs_json.items():
+                    if job_key in stored:
+                        continue
+                    result = connection.execute(statement, {"job_key": job_key, "graph_json": text,
+                                                            "created_at": created_at})
+                    added += len(result.all()) if returning else 1
+        except IntegrityError:  # a database without ON CONFLICT, and a concurrent writer got there first
+            known = self.graph_keys()
+            return self.add_graphs({k: v for k, v in graphs_json.items() if k not in known})
+        return added
+
+    def graph(self, job_key: str) -> Graph | None:
+        """The stored graph IR of the job `job_key`, or None when the store has none."""
+        with self.engine.connect() as connection:
+            text = connection.scalar(select(_GRAPHS.c.graph_json).where(_GRAPHS.c.job_key == job_key))
+        if text is None:
+            return None
+        try:
+            return Graph.from_json(text)
+        except (ValueError, PerfmodelError) as exc:  # pydantic's ValidationError is a ValueError
+            raise PerfmodelError(f"the stored graph of job {job_key} is not valid: {exc}") from None
+
+    def graph_keys(self) -> builtins.set[str]:
+        """The job keys the store has a graph for."""
+        with self.engine.connect() as connection:
+            return set(connection.scalars(select(_GRAPHS.c.job_key)))
+
+    def graphs_json(self, job_keys: Iterable[str] | None = None) -> dict[str, str]:
+        """The stored graphs as IR JSON by job key (those of `job_keys` when given), not parsed."""
+        query = select(_GRAPHS.c.job_key, _GRAPHS.c.graph_json).order_by(_GRAPHS.c.job_key)
+        if job_keys is not None:
+            query = query.where(_GRAPHS.c.job_key.in_(builtins.list(job_keys)))
+        with self.engine.connect() as connection:
+            return {key: text for key, text in connection.execute(query)}
+
+    def profiled_jobs(self, *, without_graph: bool = False) -> builtins.list[tuple[str, JobSpec]]:
+        """(job key as stored, job spec) of each job the stored runs name, once each, in the order first profiled
+        (only those the store has no graph for with `without_graph`)."""
+        first = (select(_PROFILES.c.job_key, func.min(_PROFILES.c.id).label("first_id"))
+                 .group_by(_PROFILES.c.job_key).subquery())
+        query = (select(_PROFILES.c.job_key, _PROFILES.c.job_json)
+                 .join(first, _PROFILES.c.id == first.c.first_id).order_by(_PROFILES.c.id))
+        if without_graph:
+            query = query.where(_PROFILES.c.job_key.not_in(select(_GRAPHS.c.job_key)))
+        with self.engine.connect() as connection:
+            rows = connection.execute(query).all()
+        jobs = []
+        for job_key, job_json in rows:
+            try:
+                jobs.append((job_key, JobSpec.model_validate(job_json)))
+            except ValueError as exc:
+                raise PerfmodelError(f"the stored job {job_key} is not a valid job spec: {exc}") from None
+        return jobs
+
+    @staticmethod
+    def _graph_keys(connection: Connection, job_keys: builtins.list[str]) -> Iterator[str]:
+        for start in range(0, len(job_keys), MEASUREMENT_CHUNK_ROWS):
+            chunk = job_keys[start:start + MEASUREMENT_CHUNK_ROWS]
+            yield from connection.scalars(select(_GRAPHS.c.job_key).where(_GRAPHS.c.job_key.in_(chunk)))
+
     # --- Parquet ---
 
     def export_parquet(self, directory: str | Path) -> dict[str, int]:
-        """Write every run to `directory` (profiles, op_records, onnx_nodes .parquet, manifest.json); row counts."""
+        """Write every run to `directory` (profiles, op_records, onnx_nodes .parquet, manifest.json) and the graphs of
+        their jobs (graphs.parquet); row counts."""
         return parquet.export_tables(self.engine, Path(directory))
 
     def import_parquet(self, directory: str | Path) -> int:
-        """Add the runs of an export this store lacks (by uid), one transaction each; how many were added."""
+        """Add the runs of an export this store lacks (by uid), one transaction each, after the graphs it lacks (by
+        job key, one transaction); how many runs were added. The export's tables and graphs are read and checked
+        before anything is written."""
         with self.engine.connect() as connection:
             known = set(connection.scalars(select(_PROFILES.c.uid)))
+        profiles = parquet.read_profiles(Path(directory), skip=known)
+        graphs = parquet.read_graphs(Path(directory))
+        if graphs:
+            stored = self.graph_keys()
+            self.add_graphs({key: text for key, text in graphs.items() if key not in stored})
         added = 0
-        for uid, profile in parquet.read_profiles(Path(directory), skip=known):
+        for uid, profile in profiles:
             try:
                 self._insert(profile, uid)
             except IntegrityError:

@@ -1,6 +1,7 @@
 """The store's tables (SQLAlchemy 2.0 typed declarative). One row per profiling run, plus its op and ONNX rows;
 and, apart from the runs, op timings imported from public GPU benchmarks (`op_measurements`, schema v2), and the
-HTTP service's jobs, observed throughputs and model promotions (`jobs`, `observations`, `model_events`, schema v3).
+HTTP service's jobs, observed throughputs and model promotions (`jobs`, `observations`, `model_events`, schema v3),
+custom accelerators (`accelerators`, schema v4) and the graph IR of each profiled job (`graphs`, schema v5).
 
 Units are in the column names. Times are UTC, stored without a zone and returned zone-aware (`UTCDateTime`), so
 SQLite and PostgreSQL behave the same. The full job spec and environment are kept as JSON next to the columns
@@ -259,4 +260,16 @@ class AcceleratorRow(Base):
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     name: Mapped[str] = mapped_column(String(128), unique=True)
     spec_json: Mapped[dict[str, Any]]
+    created_at: Mapped[datetime]
+
+
+class GraphRow(Base):
+    """The graph IR of a profiled job (`Graph.to_json()`), by job key (`JobSpec.key()`, as `profiles.job_key`): the
+    graph its per-op profile was matched against, so training reads it instead of capturing it again (schema v5)."""
+
+    __tablename__ = "graphs"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_key: Mapped[str] = mapped_column(String(64), unique=True)
+    graph_json: Mapped[str] = mapped_column(Text)
     created_at: Mapped[datetime]

@@ -102,6 +102,7 @@ def test_labels_from_the_dataset(neusight):
     assert len(scan_labels(DATASETS)[0]) == len(labels)
 
 
+@pytest.mark.slow  # captures BERT-large and Switch-XL
 def test_evaluate_a_real_label_with_the_roofline(neusight):
     catalog = load_catalog()
     labels = [x for x in scan_labels(neusight, catalog)[0] if x.gpu == "Tesla_V100-PCIE-32GB"

@@ -27,6 +27,7 @@ def test_rows_carry_layout_and_the_one_gpu_compute(rows):
     np.testing.assert_allclose(single.single_ms, single.step_ms, rtol=0.5)  # its own (median) step
 
 
+@pytest.mark.slow  # fits one model per held-out model
 def test_leave_one_model_out_beats_ignoring_communication(rows):
     results, frame = evaluate_adaptdl(rows)
     assert {r.held_out for r in results} == set(ADAPTDL_MODELS)

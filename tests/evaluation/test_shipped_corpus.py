@@ -1,5 +1,6 @@
 """The shipped CPU corpus (profiles/cpu-corpus): a learned model trained on some families beats the analytic
-roofline on a family it never saw (training runs only: 54 of its 162 runs)."""
+roofline on a family it never saw (training runs only: 54 of its 162 runs). The graphs come with the export
+(graphs.parquet), so nothing is captured; and a shipped graph is what capturing its job gives today."""
 
 from __future__ import annotations
 
@@ -37,6 +38,10 @@ def _training_runs_of(families: set[str], directory: Path) -> Path:
         table = table.filter(pc.is_in(table["profile_uid"], uids))
         counts[name] = table.num_rows
         pq.write_table(table, directory / f"{name}.parquet")
+    graphs = pq.read_table(CORPUS / "graphs.parquet")
+    graphs = graphs.filter(pc.is_in(graphs["job_key"], profiles["job_key"]))
+    counts["graphs"] = graphs.num_rows
+    pq.write_table(graphs, directory / "graphs.parquet")
     manifest = json.loads((CORPUS / "manifest.json").read_text())
     (directory / "manifest.json").write_text(json.dumps({**manifest, "row_counts": counts}))
     return directory
@@ -48,12 +53,39 @@ def samples(tmp_path_factory):
         pytest.skip(f"the shipped corpus is missing at {CORPUS}")
     url = f"sqlite:///{tmp_path_factory.mktemp('corpus') / 'store.db'}"
     export = _training_runs_of({*TRAIN_FAMILIES, HELD_OUT}, tmp_path_factory.mktemp("corpus-export"))
+    graph_cache = tmp_path_factory.mktemp("graphs")
     with ProfileStore(url) as store:
         store.import_parquet(export)
-        return samples_from_store(store, families={*TRAIN_FAMILIES, HELD_OUT},
-                                  graph_cache_dir=tmp_path_factory.mktemp("graphs"))
+        samples = samples_from_store(store, families={*TRAIN_FAMILIES, HELD_OUT}, graph_cache_dir=graph_cache)
+    assert list(graph_cache.iterdir()) == []  # every graph came from the export: none was captured
+    return samples
 
 
+def test_a_shipped_graph_is_what_capturing_its_job_gives_today():
+    """Guards the shipped graphs against drifting from the capture code (the ops were matched against them)."""
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    from perfmodel.core.ir import Graph
+    from perfmodel.graph.from_torch import capture_graph
+    from perfmodel.jobs.spec import JobSpec
+
+    if not (CORPUS / "graphs.parquet").exists():
+        pytest.skip(f"the shipped corpus is missing at {CORPUS}")
+    profiles = pq.read_table(CORPUS / "profiles.parquet", columns=["job_name", "mode", "batch_size", "job_key",
+                                                                   "job_json"])
+    resnet18 = profiles.filter(pc.and_(pc.equal(profiles["job_name"], "resnet18"), pc.equal(profiles["mode"], "train")))
+    row = resnet18.sort_by("batch_size").slice(0, 1).to_pylist()[0]
+    graphs = pq.read_table(CORPUS / "graphs.parquet")
+    [shipped_json] = graphs.filter(pc.equal(graphs["job_key"], row["job_key"]))["graph_json"].to_pylist()
+    spec = JobSpec.model_validate_json(row["job_json"])
+    assert spec.key() == row["job_key"]
+    shipped, fresh = Graph.from_json(shipped_json), capture_graph(spec)
+    assert [node.id for node in shipped.nodes] == [node.id for node in fresh.nodes]
+    assert shipped.to_json() == fresh.to_json()
+
+
+@pytest.mark.slow  # imports 54 runs with their op records (~20 s)
 def test_a_learned_model_beats_roofline_on_a_family_it_never_saw(samples):
     train = [s for s in samples if s.family != HELD_OUT]
     held_out = [s for s in samples if s.family == HELD_OUT]

@@ -81,6 +81,7 @@ def test_a_consolidated_placement_takes_whole_nodes_beyond_one(scheduler):
     assert scheduler.placement_of("t4", 6, 4) == {"accelerator": "t4", "devices_per_node": [4, 2]}
 
 
+@pytest.mark.slow  # starts a real server
 def test_the_example_runs_against_a_real_server(scheduler, monkeypatch, capsys, tmp_path):
     monkeypatch.setenv("PERFMODEL_HOME", str(tmp_path))
     monkeypatch.setattr(sys, "argv", ["scheduler.py", "--jobs", "6", "--seed", "1"])

@@ -154,3 +154,26 @@ def test_a_per_op_step_far_from_the_timed_median_is_reported(filled, tmp_path):
         samples = samples_from_store(store, graph_cache_dir=tmp_path / "graphs", progress=messages.append)
     assert len(samples) == 2  # kept, but reported
     assert sum("suspect" in m for m in messages) == 1
+
+
+def test_samples_of_a_store_that_has_the_graphs_capture_nothing(filled, tmp_path):
+    """The graphs come from the store (as `perfmodel profiles add-graphs` or profiling put them there): the
+    capture cache it would write to stays empty, and the samples are those the captured graphs give."""
+    from perfmodel.store.profiling import add_missing_graphs
+
+    url, _ = filled
+    copy = tmp_path / "copy.db"
+    with ProfileStore(url) as source, ProfileStore(f"sqlite:///{copy}") as store:
+        source.export_parquet(tmp_path / "export")
+        store.import_parquet(tmp_path / "export")
+        assert sum(fill.added for fill in add_missing_graphs(store)) == 3  # tiny_cnn, tiny_mlp, too_much
+    cache = tmp_path / "graphs"
+    cache.mkdir()
+    with ProfileStore(read_only_store_url(copy)) as store:
+        stored = samples_from_store(store, graph_cache_dir=cache)
+    assert list(cache.iterdir()) == []
+    with ProfileStore(url) as store:  # the same runs without stored graphs: captured into a cache
+        captured = samples_from_store(store, graph_cache_dir=tmp_path / "captured")
+    assert len(list((tmp_path / "captured").iterdir())) == len(captured) == len(stored) == 2
+    assert [(s.graph, dict(s.node_times_ms), s.iter_time_ms) for s in stored] == \
+        [(s.graph, dict(s.node_times_ms), s.iter_time_ms) for s in captured]

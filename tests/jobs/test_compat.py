@@ -1,7 +1,10 @@
 import subprocess
 import sys
 
+import pytest
 
+
+@pytest.mark.slow  # imports the model libraries in a fresh interpreter
 def test_torchvision_timm_transformers_import_after_ensure_torchvision():
     # A fresh interpreter: the state of this test process must not hide an import failure.
     code = (

@@ -58,6 +58,7 @@ def raises(message: str) -> None:
     raise ValueError(message)
 
 
+@pytest.mark.slow  # a Ray cluster kills and retries a task
 def test_a_task_killed_mid_run_is_retried_and_leaves_one_row(ray, tmp_path):
     """Two tasks at once: one dies before its write, one right after it (and is re-run with --force semantics,
     so the retry profiles again and its write finds the first attempt's row by uid)."""
@@ -89,6 +90,7 @@ def test_a_task_that_keeps_dying_is_reported_after_max_retries(ray, tmp_path):
     assert results[1].error == "ValueError: bad"
 
 
+@pytest.mark.slow  # a sweep on a Ray cluster through the CLI
 def test_profile_sweep_on_ray_through_the_cli_is_resumable(ray, tmp_path):
     from perfmodel.cli.main import app
 

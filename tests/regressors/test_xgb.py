@@ -139,7 +139,7 @@ def test_manifest_records_features_artifact_and_training_data(fitted, samples, t
     """Beyond the contract's save/load round trip (test_contract.py): what the manifest holds."""
     directory = fitted.save(tmp_path / "model")
     manifest = json.loads((directory / MANIFEST_FILE).read_text())
-    assert manifest["artifacts"] == ["model.json"] and (directory / "model.json").is_file()
+    assert manifest["artifacts"] == ["model.ubj"] and (directory / "model.ubj").is_file()
     assert manifest["training_samples"] == len(samples) and manifest["training_data_hash"]
     assert "interval" in manifest["normalisation"]
     expected = NODE_FEATURES if fitted.name == "xgb-ops" else GRAPH_FEATURES
@@ -153,6 +153,21 @@ def test_load_refuses_other_feature_names(fitted, tmp_path):
     (directory / MANIFEST_FILE).write_text(json.dumps(manifest))
     with pytest.raises(PerfmodelError, match="other features"):
         type(fitted).load(directory)
+
+
+def test_a_model_saved_as_text_json_still_loads_and_predicts_the_same(fitted, samples, tmp_path):
+    """Models saved before the binary format (model.json, named in their manifest) load as they are."""
+    import xgboost as xgb
+
+    directory = fitted.save(tmp_path / "model")
+    booster = xgb.Booster()
+    booster.load_model(str(directory / "model.ubj"))
+    booster.save_model(str(directory / "model.json"))
+    (directory / "model.ubj").unlink()
+    manifest = json.loads((directory / MANIFEST_FILE).read_text())
+    (directory / MANIFEST_FILE).write_text(json.dumps({**manifest, "artifacts": ["model.json"]}))
+    loaded = type(fitted).load(directory)
+    np.testing.assert_array_equal(loaded.predict(samples).iter_time_ms, fitted.predict(samples).iter_time_ms)
 
 
 def test_graph_features_are_named_and_ordered(samples):

@@ -232,7 +232,7 @@ def _add_version(models_dir, name: str, version: str, *, break_artifact: bool) -
     target = models_dir / name / version
     shutil.copytree(source, target)
     if break_artifact:
-        (target / "model.json").write_text("{ this is not an xgboost model")
+        (target / "model.ubj").write_text("{ this is not an xgboost model")
 
 
 def test_promotion_is_a_hot_swap_and_a_broken_model_is_refused(client, models_dir):

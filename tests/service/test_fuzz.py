@@ -28,6 +28,7 @@ def fuzzed_app(tmp_path_factory):
         yield app
 
 
+@pytest.mark.slow  # hundreds of generated requests
 def test_no_request_gets_a_server_error(fuzzed_app):
     """Every documented operation, EXAMPLES_PER_OPERATION generated requests each (valid and invalid ones)."""
     schema = schemathesis.openapi.from_asgi("/openapi.json", fuzzed_app)

@@ -29,6 +29,7 @@ def server(tmp_path: Path, models_dir: Path, sqlite_url: str):
         running.stop()
 
 
+@pytest.mark.slow  # starts a real server and captures in it
 def test_a_scheduler_talks_to_a_real_server_with_the_client(server, tmp_path):
     with Client(server, token=TOKEN) as pm, Client(server) as anonymous:
         assert pm.ready() and pm.health()["writes"] == "token"

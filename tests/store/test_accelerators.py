@@ -40,7 +40,7 @@ def test_a_v3_store_is_migrated_to_v4(store_url):
     engine = open_engine(store_url)
     try:
         with write_transaction(engine) as connection:
-            v3 = [t for t in Base.metadata.sorted_tables if t.name != "accelerators"]
+            v3 = [t for t in Base.metadata.sorted_tables if t.name not in ("accelerators", "graphs")]
             Base.metadata.create_all(connection, tables=v3)
             connection.execute(insert(SchemaInfo).values(id=1, version=3))
     finally:
@@ -48,5 +48,5 @@ def test_a_v3_store_is_migrated_to_v4(store_url):
     with ProfileStore(store_url) as store:
         assert "accelerators" in inspect(store.engine).get_table_names()
         with store.engine.connect() as connection:
-            assert connection.scalar(select(SchemaInfo.version)) == STORE_SCHEMA_VERSION == 4
+            assert connection.scalar(select(SchemaInfo.version)) == STORE_SCHEMA_VERSION
         assert add_accelerator(store, SPEC)[1]

@@ -89,6 +89,7 @@ _CHILD = textwrap.dedent(
 )
 
 
+@pytest.mark.slow  # a child process writes a large profile
 def test_sigkill_in_the_middle_of_a_large_add_leaves_no_partial_profile(sqlite_url, factory, tmp_path):
     conftest = Path(__file__).with_name("conftest.py")
     child = subprocess.Popen(

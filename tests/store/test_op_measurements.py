@@ -120,6 +120,6 @@ def test_parquet_exports_leave_measurements_out(store, tmp_path, factory):
     store.add(factory.profile(n_ops=3))
     store.add_op_measurements([_bmm(0)])
     counts = store.export_parquet(tmp_path / "export")
-    assert counts == {"profiles": 1, "op_records": 3, "onnx_nodes": 0}
+    assert counts == {"profiles": 1, "op_records": 3, "onnx_nodes": 0, "graphs": 0}
     with ProfileStore(f"sqlite:///{tmp_path / 'other.db'}") as other:
         assert other.import_parquet(tmp_path / "export") == 1 and other.count_op_measurements() == 0

@@ -6,6 +6,7 @@ import sqlite3
 from contextlib import closing
 
 import pytest
+import torch
 from sqlalchemy import insert, inspect, select, text
 from sqlalchemy.exc import IntegrityError
 
@@ -27,8 +28,8 @@ def _database_path(sqlite_url: str) -> str:
 def test_a_new_store_has_every_table_and_the_current_version(store):
     assert set(inspect(store.engine).get_table_names()) >= {"schema_info", "profiles", "op_records", "onnx_nodes",
                                                              "op_measurements", "jobs", "observations",
-                                                             "model_events", "accelerators"}
-    assert _version(store) == STORE_SCHEMA_VERSION == 4
+                                                             "model_events", "accelerators", "graphs"}
+    assert _version(store) == STORE_SCHEMA_VERSION == 5
     with store.engine.connect() as connection:
         assert connection.execute(select(SchemaInfo.id, SchemaInfo.version)).all() == [(1, STORE_SCHEMA_VERSION)]
     with ProfileStore(store.url) as reopened:  # opening again changes nothing
@@ -178,3 +179,41 @@ def test_a_v1_store_is_migrated_to_the_current_version_with_an_op_measurements_t
         assert store.add_op_measurements([record]) == 1
     with ProfileStore(store_url) as reopened:  # opening again changes nothing
         assert _version(reopened) == STORE_SCHEMA_VERSION and reopened.count_op_measurements() == 1
+
+
+def test_a_v4_store_is_migrated_to_v5_with_a_graphs_table(store_url, factory):
+    """The v4 -> v5 step adds the `graphs` table, as a new store has it; the runs stay and graphs can be stored."""
+    from perfmodel.graph.from_torch import graph_from_module
+    from perfmodel.store.rows import profile_values
+    from perfmodel.store.schema import open_engine, write_transaction
+    from perfmodel.store.tables import Base, ProfileRow
+
+    profile = factory.profile(n_ops=None)
+    engine = open_engine(store_url)
+    try:
+        with write_transaction(engine) as connection:
+            Base.metadata.create_all(connection, tables=[t for t in Base.metadata.sorted_tables if t.name != "graphs"])
+            connection.execute(insert(SchemaInfo).values(id=1, version=4))
+            profile_id = connection.execute(
+                insert(ProfileRow.__table__).values(uid="0" * 32, **profile_values(profile))
+            ).inserted_primary_key[0]
+    finally:
+        engine.dispose()
+    with ProfileStore(store_url) as store:
+        assert _version(store) == STORE_SCHEMA_VERSION == 5
+        inspector = inspect(store.engine)
+        expected = Base.metadata.tables["graphs"]
+        dialect = store.engine.dialect
+        columns = inspector.get_columns("graphs")
+        assert [c["name"] for c in columns] == [c.name for c in expected.columns]
+        for found, want in zip(columns, expected.columns):
+            assert found["nullable"] == want.nullable, want.name
+            assert found["type"].compile(dialect=dialect) == want.type.compile(dialect=dialect), want.name
+        unique = [u["column_names"] for u in inspector.get_unique_constraints("graphs")] + \
+            [i["column_names"] for i in inspector.get_indexes("graphs") if i.get("unique")]
+        assert ["job_key"] in unique
+        assert store.get(profile_id) == profile  # the v4 data survives
+        assert store.profiled_jobs(without_graph=True) == [(profile.job_id, profile.job)]
+        module = torch.nn.Linear(4, 2).to("meta")
+        graph = graph_from_module(module, (torch.empty(1, 4, device="meta"),), name="lin", job_id=profile.job_id)
+        assert store.add_graph(profile.job_id, graph) and store.graph(profile.job_id) == graph

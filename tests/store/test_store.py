@@ -154,3 +154,78 @@ def test_in_memory_sqlite_works(factory):
     with ProfileStore("sqlite://") as store:
         profile = factory.profile()
         assert store.get(store.add(profile)) == profile
+
+
+# --- graphs of profiled jobs (schema v5) ---
+
+
+def _tiny_graph(job_key: str, width: int = 8):
+    """A real graph IR (torch.export of a two-layer MLP on the meta device) standing for the job `job_key`."""
+    import torch
+
+    from perfmodel.graph.from_torch import graph_from_module
+
+    module = torch.nn.Sequential(torch.nn.Linear(width, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4)).to("meta")
+    return graph_from_module(module, (torch.empty(2, width, device="meta"),), name="tiny", job_id=job_key)
+
+
+def test_a_stored_graph_comes_back_equal_and_is_added_once(store, factory):
+    key = factory.profile().job.key()
+    graph = _tiny_graph(key)
+    assert store.graph(key) is None and store.graph_keys() == set()
+    assert store.add_graph(key, graph) is True
+    assert store.graph(key) == graph and store.graph(key).to_json() == graph.to_json()
+    assert store.add_graph(key, _tiny_graph(key, width=12)) is False  # the first graph of a job stays
+    assert store.graph(key) == graph
+    assert store.graph_keys() == {key} and store.graphs_json() == {key: graph.to_json()}
+    assert store.graphs_json(["0" * 64]) == {}
+
+
+def test_a_graph_of_another_job_or_a_bad_key_is_refused(store, factory):
+    graph = _tiny_graph("a" * 64)
+    with pytest.raises(PerfmodelError, match="cannot be stored as the graph of job"):
+        store.add_graph("b" * 64, graph)
+    with pytest.raises(PerfmodelError, match="1 to 64 characters"):
+        store.add_graphs({"c" * 65: graph.to_json()})
+    assert store.graph_keys() == set()
+
+
+def test_two_writers_racing_store_one_graph(store_url, factory):
+    import threading
+
+    key = factory.profile().job.key()
+    graphs = [_tiny_graph(key, width=w) for w in (8, 12)]
+    barrier = threading.Barrier(2)
+    results: dict[int, bool] = {}
+    ProfileStore(store_url).close()  # created before the race
+
+    def write(i: int) -> None:
+        with ProfileStore(store_url) as writer:
+            barrier.wait()
+            results[i] = writer.add_graph(key, graphs[i])
+
+    threads = [threading.Thread(target=write, args=(i,)) for i in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(results.values()) == [False, True]
+    with ProfileStore(store_url) as reader:
+        winner = next(i for i, added in results.items() if added)
+        assert reader.graph(key) == graphs[winner] and reader.graph_keys() == {key}
+
+
+def test_profiled_jobs_are_listed_once_and_those_without_a_graph_apart(store, factory):
+    first, other = factory.profile(), factory.profile(name="vit_b_16")
+    for profile in (first, other, factory.profile(created_at=first.created_at + timedelta(hours=1))):
+        store.add(profile)
+    assert store.profiled_jobs() == [(first.job_id, first.job), (other.job_id, other.job)]
+    store.add_graph(first.job_id, _tiny_graph(first.job_id))
+    assert store.profiled_jobs(without_graph=True) == [(other.job_id, other.job)]
+
+
+def test_a_stored_graph_that_no_longer_parses_is_a_user_error(store, factory):
+    key = factory.profile().job.key()
+    store.add_graphs({key: '{"schema_version": 0}'})
+    with pytest.raises(PerfmodelError, match=f"stored graph of job {key} is not valid"):
+        store.graph(key)
