@@ -18,8 +18,8 @@ POSTGRES_SKIP_REASON_ENV = "PERFMODEL_TEST_POSTGRES_SKIP_REASON"  # set by scrip
 
 
 def pytest_configure(config):
-    """Under pytest-xdist (`make test` runs `-n 2`), each worker gets one torch thread: two workers on two cores
-    with torch's default of one thread per core would oversubscribe the machine and slow every test down."""
+    """Under pytest-xdist (`make test` runs one worker per core, plus one), each worker gets one torch thread: with
+    torch's default of one thread per core, the workers would oversubscribe the machine and slow every test down."""
     if os.environ.get("PYTEST_XDIST_WORKER"):
         import torch
 
@@ -50,7 +50,7 @@ def pytest_collection_modifyitems(config, items):
 def _longest_files_first(items: list[pytest.Item]) -> None:
     """Order the files by their expected time, longest first (stable within a file and among equals).
 
-    `make test` hands whole files to two xdist workers in this order (`--dist loadfile --no-loadscope-reorder`);
+    `make test` hands whole files to the xdist workers in this order (`--dist loadfile --no-loadscope-reorder`);
     xdist's own order is by test count, which left a one-test file of minutes (a slow fixture) to the end while
     the other worker idled. Longest first is the classic greedy bound: the run ends at most one file after the
     ideal."""

@@ -1,5 +1,6 @@
 """The registry and the predictor with a real (roofline) model: versions, promotion, predict from a graph alone."""
 
+import functools
 import json
 import textwrap
 
@@ -25,12 +26,18 @@ def registry(tmp_path, monkeypatch):
     return ModelRegistry()
 
 
+@functools.cache
+def _graph(name):
+    """One capture per zoo model for the whole module (graphs are frozen: sharing them is safe)."""
+    return capture_graph(JobSpec.from_options(zoo=name, batch_size=2, seq_len=16))
+
+
 def _samples(*names):
     hw = get_accelerator("cpu")
     out = []
     for name in names:
         spec = JobSpec.from_options(zoo=name, batch_size=2, seq_len=16)
-        out.append(sample_for_prediction(spec, hw, graph=capture_graph(spec)))
+        out.append(sample_for_prediction(spec, hw, graph=_graph(name)))
     return out
 
 
