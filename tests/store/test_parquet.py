@@ -196,6 +196,22 @@ def test_an_invalid_profile_in_an_export_is_a_user_error(store, source, tmp_path
         store.import_parquet(tmp_path / "export")
 
 
+@pytest.mark.parametrize("cell", ["[[1, 2]], [[3]]", "[[1, 2]", ""])
+def test_an_op_cell_that_is_not_one_json_value_is_refused(store, source, tmp_path, cell):
+    """A run's JSON cells are parsed together: a cell holding two values, half of one or none is still an error
+    naming the run, and the run (here the first) is not imported."""
+    source.export_parquet(tmp_path / "export")
+    path = tmp_path / "export" / "op_records.parquet"
+    table = pq.read_table(path)
+    shapes = table.column("input_shapes").to_pylist()
+    shapes[0] = cell
+    table = table.set_column(table.column_names.index("input_shapes"), "input_shapes", [shapes])
+    pq.write_table(table, path)
+    with pytest.raises(PerfmodelError, match="is not valid"):
+        store.import_parquet(tmp_path / "export")
+    assert store.count() == 0
+
+
 def _edit_manifest(directory, **changes) -> None:
     path = directory / "manifest.json"
     path.write_text(json.dumps({**json.loads(path.read_text()), **changes}))
