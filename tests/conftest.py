@@ -8,7 +8,6 @@ is the latter alone. PostgreSQL comes from PERFMODEL_TEST_POSTGRES_URL, which `s
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -111,8 +110,9 @@ def _postgres_server_url() -> str | None:
 
 
 @pytest.fixture
-def postgres_url(_postgres_server_url: str | None) -> Iterator[str]:
-    """The URL of an emptied PostgreSQL database (emptied again afterwards); skips, saying why, without one."""
+def postgres_url(_postgres_server_url: str | None) -> str:
+    """The URL of an emptied PostgreSQL database; skips, saying why, without one. (Emptied before each test, not
+    after: the next test's emptying clears what this one left, and the server is thrown away at the end.)"""
     url = _postgres_server_url
     if not url:
         reason = os.environ.get(POSTGRES_SKIP_REASON_ENV) or (
@@ -120,8 +120,7 @@ def postgres_url(_postgres_server_url: str | None) -> Iterator[str]:
         )
         pytest.skip(f"{POSTGRES_ENV} not set: {reason}")
     _empty_postgres(url)
-    yield url
-    _empty_postgres(url)
+    return url
 
 
 @pytest.fixture

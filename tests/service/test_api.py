@@ -22,6 +22,24 @@ def _register(client, spec=SMALL_JOB) -> str:
     return response.json()["job_id"]
 
 
+def test_the_app_starts_the_capture_fork_server_when_asked(sqlite_url, models_dir):
+    """`capture_prestart` (on by default; the other tests turn it off) starts the fork server with the app, so the
+    first registration does not wait for it."""
+    import time
+
+    from perfmodel.graph import capture
+    from service.settings import ServiceSettings
+
+    settings = ServiceSettings(store_url=sqlite_url, models_dir=models_dir, sync_interval_s=0)
+    assert settings.capture_prestart
+    with make_client(settings) as opened:
+        deadline = time.monotonic() + 120
+        while capture._context is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert capture._context is not None
+        assert opened.get("/healthz").json()["status"] == "ok"
+
+
 def test_a_job_is_registered_once_and_can_be_read_and_deleted(client):
     first = client.post("/v1/jobs", json=SMALL_JOB)
     assert first.status_code == 201 and first.json()["created"] is True
