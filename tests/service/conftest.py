@@ -29,9 +29,7 @@ def models_dir(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def settings(store_url: str, models_dir: Path) -> ServiceSettings:
-    # capture_prestart off: a test process starts its capture fork server (10-20 CPU-seconds) at its first capture,
-    # not at the first app it builds (tests/service/test_settings.py covers the setting)
-    return ServiceSettings(store_url=store_url, models_dir=models_dir, sync_interval_s=0, capture_prestart=False)
+    return ServiceSettings(store_url=store_url, models_dir=models_dir, sync_interval_s=0)
 
 
 def make_client(settings: ServiceSettings, token: str | None = None) -> TestClient:

@@ -23,8 +23,8 @@ def _register(client, spec=SMALL_JOB) -> str:
 
 
 def test_the_app_starts_the_capture_fork_server_when_asked(sqlite_url, models_dir):
-    """`capture_prestart` (on by default; the other tests turn it off) starts the fork server with the app, so the
-    first registration does not wait for it."""
+    """`capture_prestart` (on by default) starts the fork server with the app, so the first registration does not
+    wait for it. (Where another test of this process started it first, this only checks that it is up.)"""
     import time
 
     from perfmodel.graph import capture
