@@ -381,8 +381,7 @@ class ProfileStore:
         profiles = parquet.read_profiles(Path(directory), skip=known)
         graphs = parquet.read_graphs(Path(directory))
         if graphs:
-            stored = self.graph_keys()
-            self.add_graphs({key: text for key, text in graphs.items() if key not in stored})
+            self.add_graphs(graphs)  # skips the job keys the store has
         added = 0
         for uid, profile in profiles:
             try:

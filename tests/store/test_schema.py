@@ -150,9 +150,21 @@ def _make_v1_store(url: str, profile) -> int:
         engine.dispose()
 
 
+def _assert_columns_as_declared(store: ProfileStore, inspector, table: str) -> None:
+    """The migration's frozen table has the columns (names, order, nullability, types) a new store gets."""
+    from perfmodel.store.tables import Base
+
+    expected = Base.metadata.tables[table]
+    dialect = store.engine.dialect
+    columns = inspector.get_columns(table)
+    assert [c["name"] for c in columns] == [c.name for c in expected.columns]
+    for found, want in zip(columns, expected.columns):
+        assert found["nullable"] == want.nullable, want.name
+        assert found["type"].compile(dialect=dialect) == want.type.compile(dialect=dialect), want.name
+
+
 def test_a_v1_store_is_migrated_to_the_current_version_with_an_op_measurements_table(store_url, factory):
     from perfmodel.profilers.external import OpMeasurement
-    from perfmodel.store.tables import Base
 
     profile = factory.profile(n_ops=15)
     profile_id = _make_v1_store(store_url, profile)
@@ -160,14 +172,7 @@ def test_a_v1_store_is_migrated_to_the_current_version_with_an_op_measurements_t
         assert _version(store) == STORE_SCHEMA_VERSION
         inspector = inspect(store.engine)
         assert "op_measurements" in inspector.get_table_names()
-        # the migration's frozen table is the table a new store gets
-        expected = Base.metadata.tables["op_measurements"]
-        dialect = store.engine.dialect
-        columns = inspector.get_columns("op_measurements")
-        assert [c["name"] for c in columns] == [c.name for c in expected.columns]
-        for found, want in zip(columns, expected.columns):
-            assert found["nullable"] == want.nullable, want.name
-            assert found["type"].compile(dialect=dialect) == want.type.compile(dialect=dialect), want.name
+        _assert_columns_as_declared(store, inspector, "op_measurements")
         indexes = {i["name"]: i["column_names"] for i in inspector.get_indexes("op_measurements")}
         assert indexes.get("ix_op_measurements_device_op_class") == ["device", "op_class"]
         unique = [u["column_names"] for u in inspector.get_unique_constraints("op_measurements")] + \
@@ -202,13 +207,7 @@ def test_a_v4_store_is_migrated_to_v5_with_a_graphs_table(store_url, factory):
     with ProfileStore(store_url) as store:
         assert _version(store) == STORE_SCHEMA_VERSION == 5
         inspector = inspect(store.engine)
-        expected = Base.metadata.tables["graphs"]
-        dialect = store.engine.dialect
-        columns = inspector.get_columns("graphs")
-        assert [c["name"] for c in columns] == [c.name for c in expected.columns]
-        for found, want in zip(columns, expected.columns):
-            assert found["nullable"] == want.nullable, want.name
-            assert found["type"].compile(dialect=dialect) == want.type.compile(dialect=dialect), want.name
+        _assert_columns_as_declared(store, inspector, "graphs")
         unique = [u["column_names"] for u in inspector.get_unique_constraints("graphs")] + \
             [i["column_names"] for i in inspector.get_indexes("graphs") if i.get("unique")]
         assert ["job_key"] in unique
