@@ -8,6 +8,7 @@ is the latter alone. PostgreSQL comes from PERFMODEL_TEST_POSTGRES_URL, which `s
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -58,6 +59,27 @@ def _longest_files_first(items: list[pytest.Item]) -> None:
         path = item.nodeid.split("::", 1)[0]
         weight[path] = weight.get(path, 0) + (SLOW_TEST_WEIGHT if "slow" in item.keywords else 1)
     items.sort(key=lambda item: -weight[item.nodeid.split("::", 1)[0]])
+
+
+def copy_shipped_models(target: Path) -> Path:
+    """A private copy of the shipped registry (`models/`) at `target`, for a test that promotes, retrains or adds
+    versions. Its JSON files (promoted.json, manifests, domains) are copied; its boosters (*.ubj, 17 of its 18 MB)
+    are hard links where the file system allows. A saved booster is never written again (a new version is a new
+    folder; promoted.json is replaced by a rename), so the links are never written through, and a copy costs a
+    few small files instead of 18 MB (about 150 service tests make one)."""
+    from perfmodel.registry.registry import default_models_dir
+
+    def link_or_copy(source: str, destination: str) -> str:
+        if source.endswith(".ubj"):
+            try:
+                os.link(source, destination)
+                return destination
+            except OSError:  # another file system, or no hard links on this one
+                pass
+        return shutil.copy2(source, destination)
+
+    shutil.copytree(default_models_dir(), target, copy_function=link_or_copy)
+    return target
 
 
 @pytest.fixture(autouse=True)

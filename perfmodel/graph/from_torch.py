@@ -19,6 +19,7 @@ records them in `Graph.moe`. A dense model is captured as before.
 
 from __future__ import annotations
 
+import gc
 import operator
 import warnings
 from collections.abc import Callable, Iterator, Mapping
@@ -48,7 +49,7 @@ def graph_from_module(module: nn.Module, args: tuple, kwargs: Mapping[str, Any] 
     if graph_mode is None:
         raise PerfmodelError(f"graph mode must be 'train' or 'inference', got {mode!r}")
     try:
-        with warnings.catch_warnings(), _no_stack_traces(), balanced_routing(module) as moe_layers:
+        with warnings.catch_warnings(), _no_stack_traces(), _gc_paused(), balanced_routing(module) as moe_layers:
             warnings.simplefilter("ignore")
             exported = torch.export.export(module, tuple(args), dict(kwargs or {}), strict=False)
     except PerfmodelError:
@@ -70,6 +71,21 @@ def _no_stack_traces() -> Iterator[None]:
         yield
     finally:
         torch.fx.config.do_not_emit_stack_traces = before
+
+
+@contextmanager
+def _gc_paused() -> Iterator[None]:
+    """No cyclic garbage collection while exporting. An export allocates millions of short-lived objects, and the
+    collections they trigger walk everything the process holds (torch, transformers, the model): 9 % of a capture
+    of eight zoo models, 12-18 % of a 175B GPT's (8.3 -> 7.3 s), for 19 MB more peak memory. What the export leaves
+    is collected as usual afterwards."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 def _all_ones_attention_mask(kwargs: dict[str, Any]) -> dict[str, Any]:

@@ -11,15 +11,15 @@ from pathlib import Path
 import pytest
 
 from perfmodel.engine import EngineConfig, PredictionEngine, Refused
-from perfmodel.registry.registry import default_models_dir
 from perfmodel.store.jobs import JobStore
+from tests.conftest import copy_shipped_models
 
 
 @pytest.fixture
 def models_dir(tmp_path: Path) -> Path:
     """The shipped registry plus xgb-ops/v2 (a copy of v1: a second model of the `cpu-step` role)."""
     target = tmp_path / "models"
-    shutil.copytree(default_models_dir(), target)
+    copy_shipped_models(target)
     shutil.copytree(target / "xgb-ops" / "v1", target / "xgb-ops" / "v2")
     return target
 

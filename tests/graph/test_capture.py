@@ -52,6 +52,35 @@ def test_gpt_175b_captures_on_meta():
     assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 < max(rss_before_mb, 0) + 4096
 
 
+
+def test_garbage_collection_is_back_on_after_a_capture_and_after_a_failed_one():
+    """The export runs with the cyclic collector paused (`_gc_paused`); it is on again afterwards, whatever
+    happened, and stays off for a caller that had turned it off."""
+    import gc
+
+    import torch
+    from torch import nn
+
+    from perfmodel.core.errors import PerfmodelError
+    from perfmodel.graph import graph_from_module
+
+    class Broken(nn.Module):
+        def forward(self, x):
+            raise ValueError("this model cannot run")
+
+    assert gc.isenabled()
+    graph_from_module(nn.Linear(4, 2), (torch.randn(3, 4),), name="linear")
+    assert gc.isenabled()
+    with pytest.raises(PerfmodelError, match="torch.export could not capture"):
+        graph_from_module(Broken(), (torch.randn(3, 4),), name="broken")
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        graph_from_module(nn.Linear(4, 2), (torch.randn(3, 4),), name="linear")
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+
 # --- perfmodel.graph.capture: the bounded capture (child process, time limit, job limits) ---------------------------
 
 GPT2_SMALL = {"model_type": "gpt2", "n_embd": 256, "n_layer": 4, "n_head": 4, "n_positions": 256, "vocab_size": 1000}

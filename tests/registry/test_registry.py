@@ -96,3 +96,29 @@ def test_predict_cli_json(registry):
                                          "overhead"}
     bad = runner.invoke(app, ["predict", "resnet18", "--accelerator", "h1000"])
     assert bad.exit_code == 2 and "error:" in bad.stderr
+
+
+def test_a_private_copy_of_the_shipped_models_never_writes_through_to_them(tmp_path):
+    """`tests.conftest.copy_shipped_models` hard-links the boosters: promoting and saving new versions in the copy
+    (what service tests do) leaves every shipped file as it was."""
+    import hashlib
+
+    from perfmodel.registry.registry import default_models_dir
+    from tests.conftest import copy_shipped_models
+
+    def digests(root):
+        return {p.relative_to(root): hashlib.sha256(p.read_bytes()).hexdigest() for p in root.rglob("*") if p.is_file()}
+
+    shipped_root = default_models_dir()
+    shipped = digests(shipped_root)
+    copy = ModelRegistry(copy_shipped_models(tmp_path / "models"))
+    assert digests(copy.root) == shipped
+    boosters = [path for path in shipped if path.suffix == ".ubj"]
+    assert boosters and all((copy.root / p).stat().st_ino == (shipped_root / p).stat().st_ino for p in boosters)
+    assert (copy.root / "promoted.json").stat().st_ino != (shipped_root / "promoted.json").stat().st_ino
+    samples = _samples("resnet18", "bert-small")
+    saved = copy.save(regressor_class("roofline")().fit(samples), "xgb-ops", training_domain(samples))
+    copy.promote(saved.ref, "cpu-step")
+    copy.promote("xgb-device-ops/v2", "device-ops")
+    assert copy.promoted_ref("cpu-step") == saved.ref != ModelRegistry(shipped_root).promoted_ref("cpu-step")
+    assert digests(shipped_root) == shipped

@@ -4,16 +4,15 @@ serving a private copy of the shipped models (promotions write the registry's pr
 from __future__ import annotations
 
 import json
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
 
-from perfmodel.registry.registry import default_models_dir
 from service.app import create_app
 from service.settings import ServiceSettings, hash_token
+from tests.conftest import copy_shipped_models
 
 WRITE_TOKEN = "write-token-for-tests"
 READ_TOKEN = "read-token-for-tests"
@@ -22,9 +21,7 @@ SMALL_JOB = {"source": {"kind": "zoo", "name": "mlp-recommender"}, "batch_size":
 
 @pytest.fixture
 def models_dir(tmp_path: Path) -> Path:
-    target = tmp_path / "models"
-    shutil.copytree(default_models_dir(), target)
-    return target
+    return copy_shipped_models(tmp_path / "models")
 
 
 @pytest.fixture

@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import shutil
 
 import httpx
 
-from perfmodel.registry.registry import default_models_dir
 from service.app import create_app
 from service.settings import ServiceSettings
+from tests.conftest import copy_shipped_models
 
 SLOW_CALLBACK_S = 0.05
 
@@ -64,7 +63,7 @@ async def _scenario(app, slow: _Slow) -> dict[str, int]:
 
 
 def test_captures_registrations_promotions_and_recalibration_never_stall_the_loop(tmp_path):
-    shutil.copytree(default_models_dir(), tmp_path / "models")
+    copy_shipped_models(tmp_path / "models")
     app = create_app(ServiceSettings(store_url=f"sqlite:///{tmp_path / 'store.db'}", models_dir=tmp_path / "models",
                                      sync_interval_s=0))
     slow = _Slow()

@@ -9,18 +9,15 @@ from hypothesis import HealthCheck, given, settings
 
 from service.app import create_app
 from service.settings import ServiceSettings
+from tests.conftest import copy_shipped_models
 
 EXAMPLES_PER_OPERATION = 30
 
 
 @pytest.fixture(scope="module")
 def fuzzed_app(tmp_path_factory):
-    import shutil
-
-    from perfmodel.registry.registry import default_models_dir
-
     root = tmp_path_factory.mktemp("fuzz")
-    shutil.copytree(default_models_dir(), root / "models")
+    copy_shipped_models(root / "models")
     app = create_app(ServiceSettings(store_url=f"sqlite:///{root / 'store.db'}", models_dir=root / "models",
                                      sync_interval_s=0, max_request_bytes=256 * 1024))
     with TestClient(app) as client:  # runs the lifespan: store and models loaded for every call below
