@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from uuid import uuid4
 
 from pydantic import BaseModel, ConfigDict
-from sqlalchemy import Connection, Insert, Select, Table, delete, exists, func, insert, or_, select
+from sqlalchemy import JSON, Connection, Insert, Select, Table, Text, cast, delete, exists, func, insert, or_, select
 from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -23,7 +23,16 @@ from perfmodel.profilers.external import SHAPE_FIELDS, OpMeasurement
 from perfmodel.records import Outcome, Profile, utc_now
 from perfmodel.settings import Settings
 from perfmodel.store import parquet
-from perfmodel.store.rows import measurement_values, onnx_values, op_values, profile_values, to_profile
+from perfmodel.store.rows import (
+    ONNX_FIELDS,
+    OP_FIELDS,
+    json_column,
+    measurement_values,
+    onnx_values,
+    op_values,
+    profile_values,
+    to_profile,
+)
 from perfmodel.store.schema import ensure_schema, open_engine, safe_url, write_transaction
 from perfmodel.store.tables import GraphRow, OnnxNodeRow, OpMeasurementRow, OpRecordRow, ProfileRow
 
@@ -114,6 +123,22 @@ def _chunks(rows: Iterable[dict[str, Any]], size: int) -> Iterator[list[dict[str
     it = iter(rows)
     while chunk := list(islice(it, size)):
         yield chunk
+
+
+def _records(connection: Connection, table: Table, fields: Sequence[str], profile_id: int) -> list[dict[str, Any]]:
+    """A run's rows of an op or ONNX table, in position order, as dicts of `fields`. JSON columns are read as text
+    and decoded in one parse per column (`json_column`): reading the 205,551 op rows of 54 corpus runs took 5.1 s
+    through SQLAlchemy's per-row JSON processing and row mappings, and takes 2.4 s this way (most of it validating
+    the records)."""
+    json_fields = [name for name in fields if isinstance(table.c[name].type, JSON)]
+    columns = [cast(table.c[name], Text) if name in json_fields else table.c[name] for name in fields]
+    query = select(*columns).where(table.c.profile_id == profile_id).order_by(table.c.position)
+    records = [dict(zip(fields, row)) for row in connection.execute(query)]
+    for name in json_fields:
+        values = json_column([record[name] for record in records], f"{table.name}.{name} of profile {profile_id}")
+        for record, value in zip(records, values):
+            record[name] = value
+    return records
 
 
 class ProfileStore:
@@ -207,13 +232,9 @@ class ProfileStore:
             row = connection.execute(select(_PROFILES).where(_PROFILES.c.id == profile_id)).mappings().first()
             if row is None:
                 raise PerfmodelError(f"no profile with id {profile_id} in the store")
-            ops = connection.execute(
-                select(_OPS).where(_OPS.c.profile_id == profile_id).order_by(_OPS.c.position)
-            ).mappings()
-            nodes = connection.execute(
-                select(_NODES).where(_NODES.c.profile_id == profile_id).order_by(_NODES.c.position)
-            ).mappings()
-            return to_profile(row, ops.all(), nodes.all())
+            ops = _records(connection, _OPS, OP_FIELDS, profile_id)
+            nodes = _records(connection, _NODES, ONNX_FIELDS, profile_id)
+            return to_profile(row, ops, nodes)
 
     def count(self) -> int:
         with self.engine.connect() as connection:
