@@ -66,11 +66,14 @@ def test_node_times_add_up_to_the_attributed_forward_and_backward_op_time(filled
     _, profiles = filled
     for sample in samples:
         ops = profiles[sample.profile_id].ops.ops
-        attributed = sum(r.self_time_ms for r in ops if r.phase in ("forward", "backward") and r.ir_node)
-        phase_total = sum(r.self_time_ms for r in ops if r.phase in ("forward", "backward"))
+        in_phase = [r for r in ops if r.phase in ("forward", "backward")]
+        attributed = sum(r.self_time_ms for r in in_phase if r.ir_node)
         node_sum = sum(sample.node_times_ms.values())
         assert node_sum == pytest.approx(attributed, rel=1e-9)
-        assert node_sum > 0.5 * phase_total  # most forward + backward op time is attributed to IR nodes
+        # most forward + backward op calls are attributed to IR nodes; counted, not timed: in one profiled step of a
+        # sub-millisecond model, one call preempted on this shared machine can outweigh all the others
+        unattributed = [r.name for r in in_phase if not r.ir_node]
+        assert len(unattributed) < 0.5 * len(in_phase), unattributed
         assert sample.unattributed_ms == pytest.approx(sample.iter_time_ms - node_sum)
         node_ids = {n.id for n in sample.graph.nodes}
         assert all(node in node_ids for node, _ in sample.node_times_ms)
