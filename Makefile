@@ -23,12 +23,11 @@ run: setup
 # pytest-xdist workers: one more than the cores (one torch thread each; TEST_WORKERS=0 runs in one process). Tests
 # often wait on a process of their own (a real server starting, a capture in a child, a CLI run), and the extra
 # worker runs while one waits: on this 2-core machine 3 workers took 4 min 14 s where 2 took 4 min 43 s. Each
-# worker takes whole groups, longest first (tests/conftest.py): a group is a file, so that module-scoped fixtures are
-# built once, except that the files starting a capture fork server share one group (one worker starts it); each
-# worker has its own PostgreSQL database (tests/conftest.py). PYTEST_ARGS adds pytest options (make test PYTEST_ARGS="-k api").
+# worker takes whole files, longest first (tests/conftest.py), so that module-scoped fixtures are built once; each
+# has its own PostgreSQL database (tests/conftest.py). PYTEST_ARGS adds pytest options (make test PYTEST_ARGS="-k api").
 TEST_WORKERS ?= $(shell echo $$(( $$(nproc 2>/dev/null || echo 1) + 1 )))
 test: setup
-	bash scripts/with-postgres.sh $(VENV)/bin/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder --durations=25 $(PYTEST_ARGS)
+	bash scripts/with-postgres.sh $(VENV)/bin/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=25 $(PYTEST_ARGS)
 
 bench: setup
 	$(VENV)/bin/python bench/service.py

@@ -33,21 +33,10 @@ def pytest_configure(config):
 # A test file's expected run time in "ordinary tests": each test counts 1, each `slow`-marked test this much.
 SLOW_TEST_WEIGHT = 10
 
-# The test files that start this process's graph-capture fork server (`perfmodel.graph.capture`): a service app
-# pre-starts it (`capture_prestart`), a bounded capture needs it. Starting one costs about 8 CPU-seconds (it imports
-# torch, torchvision and transformers, then runs a warm-up capture). They form one xdist group, so that one worker
-# starts it once instead of every worker once.
-FORK_SERVER_FILES = ("tests/service/", "tests/graph/test_capture.py")
-FORK_SERVER_GROUP = "capture-fork-server"
 
-
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the groups
 def pytest_collection_modifyitems(config, items):
-    """Skip `gpu` tests where torch sees no GPU; put each test in its xdist group (its file, or the fork-server
-    group); run the groups expected to take longest first."""
-    for item in items:
-        item.add_marker(pytest.mark.xdist_group(_group_of(item)))
-    _longest_groups_first(items)
+    """Skip `gpu` tests where torch sees no GPU; run the files expected to take longest first."""
+    _longest_files_first(items)
     import torch
 
     if torch.cuda.is_available():
@@ -58,24 +47,20 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
-def _group_of(item: pytest.Item) -> str:
-    """The unit `make test` hands to one xdist worker (`--dist loadgroup`): the test's file, so that module-scoped
-    fixtures are built once, or FORK_SERVER_GROUP for the files in FORK_SERVER_FILES."""
-    path = item.nodeid.split("::", 1)[0]
-    return FORK_SERVER_GROUP if path.startswith(FORK_SERVER_FILES) else path
+def _longest_files_first(items: list[pytest.Item]) -> None:
+    """Order the files by their expected time, longest first (stable within a file and among equals).
 
-
-def _longest_groups_first(items: list[pytest.Item]) -> None:
-    """Order the groups by their expected time, longest first (stable within a group and among equals).
-
-    `make test` hands whole groups to the xdist workers in this order (`--no-loadscope-reorder`); xdist's own order
-    is by test count, which left a one-test file of minutes (a slow fixture) to the end while the other worker
-    idled. Longest first is the classic greedy bound: the run ends at most one group after the ideal."""
+    `make test` hands whole files to the xdist workers in this order (`--dist loadfile --no-loadscope-reorder`), so
+    that module-scoped fixtures are built once; xdist's own order is by test count, which left a one-test file of
+    minutes (a slow fixture) to the end while the other worker idled. Longest first is the classic greedy bound: the
+    run ends at most one file after the ideal. (Putting the files that start a graph-capture fork server on one
+    worker saved two fork-server starts, ~16 CPU-seconds, but made that worker's share, ~250 s, the longest of the
+    run: the run waited on it.)"""
     weight: dict[str, int] = {}
     for item in items:
-        group = _group_of(item)
-        weight[group] = weight.get(group, 0) + (SLOW_TEST_WEIGHT if "slow" in item.keywords else 1)
-    items.sort(key=lambda item: -weight[_group_of(item)])
+        path = item.nodeid.split("::", 1)[0]
+        weight[path] = weight.get(path, 0) + (SLOW_TEST_WEIGHT if "slow" in item.keywords else 1)
+    items.sort(key=lambda item: -weight[item.nodeid.split("::", 1)[0]])
 
 
 def copy_shipped_models(target: Path) -> Path:
