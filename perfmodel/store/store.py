@@ -26,7 +26,7 @@ from perfmodel.store import parquet
 from perfmodel.store.rows import (
     ONNX_FIELDS,
     OP_FIELDS,
-    json_column,
+    decode_json_columns,
     measurement_values,
     onnx_values,
     op_values,
@@ -127,17 +127,14 @@ def _chunks(rows: Iterable[dict[str, Any]], size: int) -> Iterator[list[dict[str
 
 def _records(connection: Connection, table: Table, fields: Sequence[str], profile_id: int) -> list[dict[str, Any]]:
     """A run's rows of an op or ONNX table, in position order, as dicts of `fields`. JSON columns are read as text
-    and decoded in one parse per column (`json_column`): reading the 205,551 op rows of 54 corpus runs took 5.1 s
-    through SQLAlchemy's per-row JSON processing and row mappings, and takes 2.4 s this way (most of it validating
-    the records)."""
+    and decoded in one parse per column (`decode_json_columns`): reading the 205,551 op rows of 54 corpus runs took
+    5.1 s through SQLAlchemy's per-row JSON processing and row mappings, and takes 2.4 s this way (most of it
+    validating the records)."""
     json_fields = [name for name in fields if isinstance(table.c[name].type, JSON)]
     columns = [cast(table.c[name], Text) if name in json_fields else table.c[name] for name in fields]
     query = select(*columns).where(table.c.profile_id == profile_id).order_by(table.c.position)
     records = [dict(zip(fields, row)) for row in connection.execute(query)]
-    for name in json_fields:
-        values = json_column([record[name] for record in records], f"{table.name}.{name} of profile {profile_id}")
-        for record, value in zip(records, values):
-            record[name] = value
+    decode_json_columns(records, json_fields, f"{table.name} of profile {profile_id}")
     return records
 
 
