@@ -189,6 +189,8 @@ class _Builder:
         if module is not None:
             frozen = {n for n, p in module.named_parameters(remove_duplicate=False) if not p.requires_grad}
         user_inputs = set(signature.user_inputs)
+        # (read once: the signature builds these mappings anew on each access, which made this loop quadratic)
+        to_parameters, to_buffers = signature.inputs_to_parameters, signature.inputs_to_buffers
         counted: set[int] = set()  # tied parameters (GPT-2's lm_head and wte) are one tensor: count it once
         for node in exported.graph.nodes:
             if node.op != "placeholder":
@@ -196,8 +198,8 @@ class _Builder:
             metas = list(_flat_metas(node.meta.get("val")))
             self.metas[node] = metas
             self.producer[node] = None
-            if node.name in signature.inputs_to_parameters:
-                param = signature.inputs_to_parameters[node.name]
+            if node.name in to_parameters:
+                param = to_parameters[node.name]
                 self.requires_grad[node] = training and param not in frozen
                 self.weight_elements[node] = sum(m.numel for m in metas)
                 tensor = exported.state_dict.get(param)
@@ -205,7 +207,7 @@ class _Builder:
                     counted.add(id(tensor))
                     self.param_elements += sum(m.numel for m in metas)
                     self.param_bytes += sum(tensor_bytes(m) for m in metas)
-            elif node.name in signature.inputs_to_buffers:
+            elif node.name in to_buffers:
                 self.weight_elements[node] = sum(m.numel for m in metas)
             elif node.name in user_inputs:
                 self.user_inputs.extend(metas)
