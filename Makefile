@@ -20,12 +20,14 @@ run: setup
 
 # The suite runs next to a throwaway PostgreSQL server (scripts/with-postgres.sh installs Debian's postgresql when
 # root and it is missing); where none can be started, the PostgreSQL tests skip and say why.
-# pytest-xdist workers: one more than the cores (one torch thread each; TEST_WORKERS=0 runs in one process). Tests
-# often wait on a process of their own (a real server starting, a capture in a child, a CLI run), and the extra
-# worker runs while one waits: on this 2-core machine 3 workers took 4 min 14 s where 2 took 4 min 43 s. Each
-# worker takes whole files, longest first (tests/conftest.py), so that module-scoped fixtures are built once; each
-# has its own PostgreSQL database (tests/conftest.py). PYTEST_ARGS adds pytest options (make test PYTEST_ARGS="-k api").
-TEST_WORKERS ?= $(shell echo $$(( $$(nproc 2>/dev/null || echo 1) + 1 )))
+# pytest-xdist workers: one per core (one torch thread each; TEST_WORKERS=0 runs in one process). Each worker takes
+# whole files, longest first (tests/conftest.py), so that module-scoped fixtures are built once; each has its own
+# PostgreSQL database (tests/conftest.py). A third worker on this 2-core machine used to run while tests waited on
+# their servers and child processes; they now wait ~13 s of a 6-minute single-process run, and a third worker costs
+# more (a third interpreter compiling, collecting and starting a capture fork server; three processes on two cores
+# take ~12 % more CPU each): 8 alternated fresh clones (bench/fresh_clone_test.sh) took 4:04 on average with two
+# workers and 4:28 with three. PYTEST_ARGS adds pytest options (make test PYTEST_ARGS="-k api").
+TEST_WORKERS ?= $(shell nproc 2>/dev/null || echo 1)
 test: setup
 	bash scripts/with-postgres.sh $(VENV)/bin/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=25 $(PYTEST_ARGS)
 

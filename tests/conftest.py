@@ -18,7 +18,7 @@ POSTGRES_SKIP_REASON_ENV = "PERFMODEL_TEST_POSTGRES_SKIP_REASON"  # set by scrip
 
 
 def pytest_configure(config):
-    """Under pytest-xdist (`make test` runs one worker per core, plus one), each worker gets one torch thread: with
+    """Under pytest-xdist (`make test` runs one worker per core), each worker gets one torch thread: with
     torch's default of one thread per core, the workers would oversubscribe the machine and slow every test down."""
     if os.environ.get("PYTEST_XDIST_WORKER"):
         import torch
