@@ -10,6 +10,7 @@ one line on stderr and exit code 2 (`perfmodel.cli.common.user_errors`).
     models.py     models list|promote
     predict.py    predict, predict-ops
     export.py     export gavel
+    report.py     report gpu-accuracy
     serve.py      serve (runs `python -m service`, service/cli.py)
 """
 
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 import typer
 
-from perfmodel.cli import export, hw, importing, models, predict, profile, profiles, serve, train, zoo
+from perfmodel.cli import export, hw, importing, models, predict, profile, profiles, report, serve, train, zoo
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
                   help="perfmodel: what throughput will job X reach on placement Y?")
@@ -26,6 +27,7 @@ app.add_typer(profiles.profiles_app, name="profiles")
 app.add_typer(hw.hw_app, name="hw")
 app.add_typer(models.models_app, name="models")
 app.add_typer(export.export_app, name="export")
+app.add_typer(report.report_app, name="report")
 
 app.command()(zoo.graph)
 app.command()(profile.profile)

@@ -1,5 +1,5 @@
 """`perfmodel import SOURCE PATH`: a public dataset of GPU op measurements (read in place) into the store, per op and
-device (perfmodel/importers/)."""
+device, or one of whole training jobs (`lambda`: runs with their throughput, and failed runs) (perfmodel/importers/)."""
 
 from __future__ import annotations
 
@@ -14,17 +14,25 @@ from perfmodel.cli.common import JsonOpt, StoreOpt, out, print_json, say, user_e
 
 @user_errors
 def import_dataset(
-        source: Annotated[str, typer.Argument(help="the dataset: neusight, vidur, deepbench, llmservingsim "
-                                                   "or phantora")],
+        source: Annotated[str, typer.Argument(help="the dataset: neusight, vidur, deepbench, llmservingsim, "
+                                                   "phantora (op measurements) or lambda (whole training jobs)")],
         path: Annotated[Path, typer.Argument(help="its folder, e.g. ../shared/datasets/neusight (read in place)")],
         replace: Annotated[bool, typer.Option(help="first drop what the store holds from the files read "
-                                                   "(after a change in how they are mapped)")] = False,
+                                                   "(lambda: every stored run of it) (after a change in how "
+                                                   "they are mapped)")] = False,
         store: StoreOpt = None, as_json: JsonOpt = False) -> None:
-    """Import a public dataset of GPU op measurements into the store, per op and device.
+    """Import a public dataset of GPU op measurements into the store, per op and device, or of whole training jobs.
 
-    Devices are matched to the hardware catalog (`perfmodel hw list`); rows of devices it lacks are skipped and
-    counted. Importing a dataset again adds only what the store does not have."""
+    Devices are matched to the hardware catalog (`perfmodel hw list`); op rows of devices it lacks are skipped and
+    counted, whole-job runs are kept without an accelerator and the GPU names are listed. Importing a dataset again
+    adds only what the store does not have."""
     import time
+
+    from perfmodel.importers import WHOLE_JOB_READERS
+
+    if source.strip().lower() in WHOLE_JOB_READERS:
+        _import_whole_jobs(source.strip().lower(), path, replace, store, as_json)
+        return
 
     from perfmodel.cli.render import import_as_json, render_import
     from perfmodel.importers import ImportStats, get_importer
@@ -43,6 +51,48 @@ def import_dataset(
         print_json(summary)
     else:
         render_import(out, summary)
+
+
+def _import_whole_jobs(source: str, path: Path, replace: bool, store: str | None, as_json: bool) -> None:
+    """Read a dataset of whole training jobs (checked before the store is opened) and store its runs."""
+    import time
+    from collections import Counter
+
+    from perfmodel.importers import WHOLE_JOB_READERS, unresolved_gpus
+    from perfmodel.store import ProfileStore
+
+    started = time.perf_counter()
+    runs = WHOLE_JOB_READERS[source](path)
+    failed = {(run.source, run.source_id) for run in runs if not run.ok}
+    with ProfileStore(store) as profile_store:
+        written = profile_store.add_whole_job_measurements(runs, replace=replace)
+
+    def split(keys: Iterable[tuple[str, str]]) -> dict[str, int]:
+        counts = Counter("failed_runs" if key in failed else "runs" for key in keys)
+        return {"runs": counts["runs"], "failed_runs": counts["failed_runs"]}
+
+    unresolved = unresolved_gpus(runs)
+    summary: dict[str, Any] = {
+        "source": source, "path": str(path), "read": split((run.source, run.source_id) for run in runs),
+        "added": split(written.added), "already_present": split(written.present),
+        "accelerators_filled": written.accelerators_filled,
+        "unresolved_gpus": dict(sorted(unresolved.items())), "seconds": round(time.perf_counter() - started, 2)}
+    if as_json:
+        print_json(summary)
+        return
+    read, added, present = summary["read"], summary["added"], summary["already_present"]
+    out.print(f"{source}: {read['runs']} runs and {read['failed_runs']} failed runs read from {path}")
+    out.print(f"imported {added['runs']} runs and {added['failed_runs']} failed runs; skipped as already present: "
+              f"{present['runs']} runs and {present['failed_runs']} failed runs")
+    if written.accelerators_filled:
+        out.print(f"{written.accelerators_filled} stored runs without an accelerator now have one")
+    if unresolved:
+        names = ", ".join(f"{name} ({n} runs)" for name, n in sorted(unresolved.items()))
+        out.print(f"{len(unresolved)} GPU names not in the hardware catalog (their runs are stored without an "
+                  f"accelerator; add them, then import again): {names}")
+    else:
+        out.print("every GPU name resolved to a hardware-catalog accelerator")
+    out.print(f"{summary['seconds']:.1f} s")
 
 
 def _announce_files(records: Iterable[Any], stats: Any) -> Iterator[Any]:

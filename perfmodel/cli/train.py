@@ -103,7 +103,9 @@ def retrain(
         models_dir: Annotated[Optional[Path], Opt("--models-dir", help="model registry [env PERFMODEL_MODELS_DIR, "
                                                                        "the shipped models/]")] = None,
         report: Annotated[Optional[Path], Opt("--report", help="write the JSON report here (atomically)")] = None,
-        roles: Annotated[str, Opt(help="roles to retrain, comma-separated")] = "cpu-step,device-ops",
+        roles: Annotated[str, Opt(help="roles to retrain, comma-separated: cpu-step, device-ops, whole-step "
+                                       "(the stage learned from whole-job runs: perfmodel import lambda)")
+                         ] = "cpu-step,device-ops",
         min_improvement_pct: Annotated[float, Opt(help="promote only a challenger whose held-out MAPE is this % "
                                                        "(relative) below the champion's")] = 2.0,
         holdout_fraction: Annotated[float, Opt(help="fraction of the groups (families, chips) held out")] = 0.25,
@@ -115,6 +117,9 @@ def retrain(
             "--set", help="ROLE=PARAM:VALUE overriding the champion's estimator settings, e.g. "
                           "device-ops=n_estimators:60; repeatable")] = None,
         force: Annotated[bool, Opt(help="evaluate even when the data did not change")] = False,
+        gpu_report: Annotated[Optional[Path], Opt("--gpu-report", help="with the whole-step role: write the GPU "
+                                                  "accuracy report (perfmodel report gpu-accuracy) of the store's "
+                                                  "whole-job runs in this folder")] = None,
         as_json: Annotated[bool, Opt("--json", help="print the report on stdout")] = False,
 ) -> None:
     """Retrain every role's model on everything in the store and promote a challenger only if it beats the
@@ -135,7 +140,8 @@ def retrain(
             min_improvement_pct=min_improvement_pct, holdout_fraction=holdout_fraction, seed=seed,
             roles=tuple(RENAMED_ROLES.get(r.strip(), r.strip()) for r in roles.split(",") if r.strip()),
             regressors=_role_values(regressor or [], "--regressor", lambda value, _: value),
-            estimator_settings=_role_values(setting or [], "--set", _setting), force=force)
+            estimator_settings=_role_values(setting or [], "--set", _setting), force=force,
+            gpu_report_dir=gpu_report)
         if report is not None:
             writable_folder(report)
         return chosen

@@ -4,6 +4,7 @@ captured graph, summarised or as IR JSON)."""
 from __future__ import annotations
 
 import sys
+from typing import Annotated, Optional
 
 import typer
 
@@ -35,14 +36,47 @@ def zoo_list(as_json: JsonOpt = False) -> None:
 
     from perfmodel.jobs.zoo import ZOO
 
-    rows = [{"name": e.name, "family": e.family, "library": e.library, "inputs": e.inputs.value}
+    rows = [{"name": e.name, "family": e.family, "library": e.library, "inputs": e.inputs.value, "unit": e.unit}
             for e in ZOO.values()]
     if as_json:
         print_json(rows)
         return
-    table = Table("name", "family", "library", "inputs", title=f"{len(rows)} zoo models")
+    table = Table("name", "family", "library", "inputs", "unit", title=f"{len(rows)} zoo models")
     for r in rows:
         table.add_row(*r.values())
+    out.print(table)
+
+
+@zoo_app.command("show")
+@user_errors
+def zoo_show(name: Annotated[str, typer.Argument(help="zoo model name (see `perfmodel zoo list`)")],
+             seq_len: Annotated[Optional[int], typer.Option(
+                 "--seq-len", help="sequence length items_per_sample is given at [the model's reference, else 128]")]
+             = None,
+             as_json: JsonOpt = False) -> None:
+    """One zoo model: family, library, inputs, the benchmark unit and items per sample, reference sequence length,
+    default head and description."""
+    from perfmodel.core.errors import PerfmodelError
+    from perfmodel.jobs.spec import DEFAULT_SEQ_LEN
+    from perfmodel.jobs.zoo import get_entry
+
+    entry = get_entry(name)
+    if seq_len is not None and seq_len <= 0:
+        raise PerfmodelError(f"seq_len must be positive, got {seq_len}")
+    at = seq_len or entry.reference_seq_len or DEFAULT_SEQ_LEN
+    info = {"name": entry.name, "family": entry.family, "library": entry.library, "inputs": entry.inputs.value,
+            "unit": entry.unit, "seq_len": at, "items_per_sample": float(entry.items_per_sample(at)),
+            "reference_seq_len": entry.reference_seq_len, "default_task": entry.default_task,
+            "description": entry.description}
+    if as_json:
+        print_json(info)
+        return
+    from rich.table import Table
+
+    table = Table("field", "value", title=entry.name, show_header=False)
+    for key, value in info.items():
+        table.add_row(key, "–" if value is None or value == "" else f"{value:g}" if isinstance(value, float)
+                      else str(value))
     out.print(table)
 
 

@@ -69,10 +69,17 @@ class GraphTotals(_Frozen):
     activation_bytes: int  # bytes of the outputs of compute nodes (what training keeps for backward, upper bound)
     ops_by_kind: dict[str, int]
     flops_fwd_by_kind: dict[str, int]
+    # What autograd really saves for backward in one training forward, plus the forward's outputs and inputs
+    # (distinct storages, parameters and buffers excluded), measured at capture (`perfmodel.graph.saved`): with the
+    # module as captured, and under CUDA float16 autocast (emulated). None when not measured (inference, ONNX and
+    # hand-built graphs, IR written before these fields); left out of the JSON then, so older IR loads unchanged.
+    saved_activation_bytes: int | None = Field(default=None, ge=0, exclude_if=lambda value: value is None)
+    saved_activation_bytes_amp: int | None = Field(default=None, ge=0, exclude_if=lambda value: value is None)
 
     @classmethod
     def from_nodes(cls, nodes: list[Node] | tuple[Node, ...], params: int, param_bytes: int,
-                   activation_bytes: int) -> GraphTotals:
+                   activation_bytes: int, saved_activation_bytes: int | None = None,
+                   saved_activation_bytes_amp: int | None = None) -> GraphTotals:
         kinds: Counter[str] = Counter()
         flops_by_kind: Counter[str] = Counter()
         for n in nodes:
@@ -91,6 +98,8 @@ class GraphTotals(_Frozen):
             activation_bytes=activation_bytes,
             ops_by_kind=dict(sorted(kinds.items())),
             flops_fwd_by_kind=dict(sorted(flops_by_kind.items())),
+            saved_activation_bytes=saved_activation_bytes,
+            saved_activation_bytes_amp=saved_activation_bytes_amp,
         )
 
 

@@ -411,6 +411,7 @@ class PredictionEngine:
             data["iter_time_ms"] /= factor
             data["interval_ms"] = [bound / factor for bound in data["interval_ms"]]
             data["breakdown_ms"] = {k: v / factor for k, v in data["breakdown_ms"].items()}
+            data["throughput_items_per_s"] = data["throughput_samples_per_s"] * data["items_per_sample"]
         return data
 
     # --- calibration --------------------------------------------------------------------------------------------

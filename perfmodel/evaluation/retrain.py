@@ -47,10 +47,11 @@ from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
+import pandas as pd
 
 from perfmodel.core.atomic import write_json_atomically
 from perfmodel.core.errors import PerfmodelError
-from perfmodel.registry.registry import DOMAIN_FILE, ROLES, ModelRegistry
+from perfmodel.registry.registry import DOMAIN_FILE, ModelRegistry
 from perfmodel.regressors.manifest import Manifest, data_hash
 
 LOCK_FILE = ".retrain.lock"
@@ -77,10 +78,13 @@ class RetrainSettings:
     min_improvement_pct: float = 2.0  # the challenger's held-out MAPE must be this % (relative) below the champion's
     holdout_fraction: float = 0.25  # of the groups (families / chips), at least one, never all
     seed: int = 0
-    roles: tuple[str, ...] = ROLES
+    roles: tuple[str, ...] = ("cpu-step", "device-ops")  # the whole-step stage is fitted by bench/real_runs.py
     regressors: Mapping[str, str] = field(default_factory=dict)
     estimator_settings: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     force: bool = False  # evaluate even when the data hash is unchanged
+    # with the whole-step role: write the GPU accuracy report (`perfmodel report gpu-accuracy`) of the store's
+    # whole-job runs here after the role ran
+    gpu_report_dir: Path | None = None
 
     def __post_init__(self) -> None:
         if not 0 < self.holdout_fraction < 1:
@@ -248,7 +252,62 @@ class IterationRecipe(RoleRecipe):
         return None if families is None else set(families)
 
 
-RECIPES: dict[str, Callable[[], RoleRecipe]] = {"cpu-step": IterationRecipe, "device-ops": DeviceOpsRecipe}
+class WholeStepRecipe(RoleRecipe):
+    """`whole-step`: the learned whole-step stage on every stored whole-job run (`perfmodel import lambda`), held
+    out by model family. Each run is composed once through the serving path with the promoted device model and no
+    stage (`perfmodel.evaluation.real_runs.composed_frame`); the stage learns log(measured / composed) of one-GPU
+    runs. Multi-GPU runs are left to the placement model (and judged in the GPU accuracy report)."""
+
+    role = "whole-step"
+    default_regressor = "xgb-whole-step"
+    group_by = "family"
+
+    def __init__(self, models_dir: Path | None = None):
+        self.models_dir = models_dir
+
+    def load(self, store: Any, catalog: Mapping[str, Any], progress: Progress) -> RoleData:
+        from perfmodel.evaluation.real_runs import composed_frame, stored_runs
+        from perfmodel.predictor.placed import PlacementPredictor
+
+        runs = [r for r in stored_runs(store) if r.devices == 1]
+        if not runs:
+            return RoleData(rows=pd.DataFrame(), groups=np.array([], dtype=object), measured_ms=np.array([]),
+                            keys=[])
+        predictor = PlacementPredictor.load(self.models_dir)
+        frame = composed_frame(runs, predictor, progress=progress)
+        return RoleData(rows=frame, groups=frame["family"].to_numpy(dtype=object),
+                        measured_ms=frame["measured_ms"].to_numpy(dtype=np.float64), keys=list(frame["key"]),
+                        notes={"one_gpu_configurations": int(len(frame)),
+                               "accelerators": int(frame["accelerator"].nunique())})
+
+    def subset(self, data: RoleData, mask: np.ndarray) -> Any:
+        return data.rows[mask].reset_index(drop=True)
+
+    def fit(self, regressor: str, settings: Mapping[str, Any], rows: Any, catalog: Mapping[str, Any]) -> Any:
+        from perfmodel.evaluation.real_runs import fit_stage
+        from perfmodel.predictor.composition import COMPOSITION_FEATURES
+
+        if regressor != self.default_regressor:
+            raise PerfmodelError(f"role whole-step learns with {self.default_regressor!r}, not {regressor!r}")
+        settings = {k: v for k, v in settings.items() if k != "feature_names"}
+        return fit_stage(rows, COMPOSITION_FEATURES, **settings)
+
+    def predict_ms(self, model: Any, rows: Any, catalog: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray]:
+        out = model.predict(rows)
+        factor = np.maximum(np.exp(out.log_factor), rows["roofline_over_composed"].to_numpy())
+        return rows["single_ms"].to_numpy() * factor, np.ones(len(rows), dtype=bool)
+
+    def domain(self, rows: Any) -> dict[str, Any]:
+        return {"families": sorted(set(rows["family"])), "devices": sorted(set(rows["accelerator"])),
+                "precisions": sorted(set(rows["precision"]))}
+
+    def seen_groups(self, domain: Mapping[str, Any]) -> set[str] | None:
+        families = domain.get("families")
+        return None if families is None else set(families)
+
+
+RECIPES: dict[str, Callable[[], RoleRecipe]] = {"cpu-step": IterationRecipe, "device-ops": DeviceOpsRecipe,
+                                                "whole-step": WholeStepRecipe}
 
 
 # --- the run ---------------------------------------------------------------------------------------------------------
@@ -381,6 +440,21 @@ def _clean_stale_tmp(models_dir: Path) -> None:
         shutil.rmtree(path, ignore_errors=True)
 
 
+def _write_gpu_report(store: Any, root: Path, folder: Path, result: RetrainResult, say: Progress) -> None:
+    """The GPU accuracy report of the store's whole-job runs, with the models now promoted (its path goes into
+    the result's settings as `gpu_report`)."""
+    from perfmodel.evaluation.gpu_report import gpu_accuracy, write_gpu_report
+    from perfmodel.evaluation.real_runs import stored_runs
+
+    runs = stored_runs(store)
+    if not runs:
+        say("gpu report: the store holds no whole-job runs (perfmodel import lambda DIR)")
+        return
+    say(f"gpu report: composing {len(runs)} configurations")
+    paths = write_gpu_report(gpu_accuracy(models_dir=root, runs=runs, progress=say), folder)
+    result.settings["gpu_report"] = str(paths["report"])
+
+
 def observation_summary(store: Any) -> dict[str, Any]:
     """Per accelerator: observations posted to the service and the MAPE of the throughput predicted for them."""
     observations = store.observations()
@@ -509,7 +583,9 @@ def retrain(store_url: str | None = None, models_dir: Path | None = None, settin
     url = store_url or Settings().resolved_store_url()
     started = datetime.now(timezone.utc).isoformat()
     result = RetrainResult(started_at=started, finished_at=started, store=safe_url(url), models_dir=str(root),
-                           settings={**asdict(settings), "roles": list(settings.roles)}, roles=[], observations={})
+                           settings={**asdict(settings), "roles": list(settings.roles),
+                                     "gpu_report_dir": None if settings.gpu_report_dir is None
+                                     else str(settings.gpu_report_dir)}, roles=[], observations={})
     try:
         with run_lock(root):
             _clean_stale_tmp(root)
@@ -540,7 +616,8 @@ def _run(result: RetrainResult, url: str, root: Path, settings: RetrainSettings,
         except SQLAlchemyError as exc:
             raise PerfmodelError(f"cannot read the store: {exc}") from None
         for role in settings.roles:
-            recipe = RECIPES[role]() if role != "cpu-step" else IterationRecipe(graph_cache_dir)
+            recipe = (IterationRecipe(graph_cache_dir) if role == "cpu-step" else
+                      WholeStepRecipe(root) if role == "whole-step" else RECIPES[role]())
             started = time.perf_counter()
             try:
                 outcome = _evaluate_role(recipe, store, registry, settings, catalog, state, say)
@@ -554,3 +631,5 @@ def _run(result: RetrainResult, url: str, root: Path, settings: RetrainSettings,
                                "reason": outcome.reason, "champion": registry.promoted_ref(role),
                                "finished_at": datetime.now(timezone.utc).isoformat()}
         write_json_atomically(root / STATE_FILE, state)
+        if settings.gpu_report_dir is not None and "whole-step" in settings.roles:
+            _write_gpu_report(store, root, settings.gpu_report_dir, result, say)

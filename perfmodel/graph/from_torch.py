@@ -35,6 +35,7 @@ from perfmodel.core.ir import Graph, GraphTotals, MoEInfo, Node, TensorMeta
 from perfmodel.core.opkinds import OpKind, kind_of
 from perfmodel.graph.flops import OpCall, is_float, op_cost, tensor_bytes
 from perfmodel.graph.moe import balanced_routing
+from perfmodel.graph.saved import measure_saved_bytes
 from perfmodel.jobs.spec import JobSpec
 
 GraphMode = Literal["train", "inference"]
@@ -57,8 +58,13 @@ def graph_from_module(module: nn.Module, args: tuple, kwargs: Mapping[str, Any] 
     except Exception as exc:  # a model torch.export cannot trace: report it in one line
         first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         raise PerfmodelError(f"torch.export could not capture {name}: {type(exc).__name__}: {first_line}") from exc
+    saved = (None, None)
+    if graph_mode == "train":  # what autograd saves, on meta/fake tensors (perfmodel.graph.saved): ~0.1-0.3 s
+        with warnings.catch_warnings(), _gc_paused():
+            warnings.simplefilter("ignore")
+            saved = measure_saved_bytes(module, tuple(args), kwargs, context=lambda: balanced_routing(module))
     return graph_from_exported(exported, module, name=name, mode=graph_mode, job_id=job_id,
-                               moe=moe_layers.info())
+                               moe=moe_layers.info(), saved=saved)
 
 
 @contextmanager
@@ -117,15 +123,18 @@ def capture_graph(spec: JobSpec) -> Graph:
 
 
 def graph_from_exported(exported: torch.export.ExportedProgram, module: nn.Module | None = None, *, name: str,
-                        mode: GraphMode = "train", job_id: str | None = None, moe: MoEInfo | None = None) -> Graph:
+                        mode: GraphMode = "train", job_id: str | None = None, moe: MoEInfo | None = None,
+                        saved: tuple[int | None, int | None] = (None, None)) -> Graph:
     """Build the graph of an already exported program (`module`, when given, says which parameters are frozen;
-    `moe` describes its MoE layers, when it has some)."""
+    `moe` describes its MoE layers, when it has some; `saved` is what autograd saves in a training forward, as
+    captured and under autocast: `GraphTotals.saved_activation_bytes[_amp]`)."""
     builder = _Builder(exported, module, training=mode == "train")
     builder.visit(exported.graph_module, prefix="", grad_enabled=True)
     nodes = builder.nodes
     activation_bytes = sum(sum(tensor_bytes(t) for t in n.output_tensors) for n in nodes if n.kind != OpKind.view)
     totals = GraphTotals.from_nodes(nodes, params=builder.param_elements, param_bytes=builder.param_bytes,
-                                    activation_bytes=activation_bytes)
+                                    activation_bytes=activation_bytes, saved_activation_bytes=saved[0],
+                                    saved_activation_bytes_amp=saved[1])
     return Graph(name=name, source="torch.export", mode=mode, job_id=job_id, nodes=tuple(nodes), totals=totals,
                  inputs=tuple(builder.user_inputs), moe=moe)
 

@@ -12,13 +12,27 @@ Look-ups (`get_accelerator`) match a name or an alias case-insensitively, with r
 alike ("NVIDIA A100-SXM4-40GB", "nvidia a100 sxm4 40gb"). Every `torch.cuda.get_device_name()` string of a
 catalogued part is an alias of it. Files are read when asked, never at import.
 
+A name that matches no name or alias that way, and that carries a qualifier - a memory size or a form-factor /
+memory-type word (`sxm`, `sxm2` .. `sxm6`, `pcie`, `oam`, `nvl`, `hbm*`), the words people write in either order -
+gets a second, looser look-up (`loose_key`): any punctuation separates words, the brand words `nvidia`, `tesla`,
+`geforce` and `amd` are dropped, a memory size is one word ("80 GB", "80G" -> `80gb`), and the qualifiers may come
+in any order, while the other words keep theirs. So "H100 80GB SXM5" finds the alias "H100 SXM5 80GB",
+"V100 32GB SXM2" finds "Tesla V100-SXM2-32GB" and "A100-SXM-80GB" (older drivers' name) finds
+"NVIDIA A100-SXM-80GB". A bare model name without qualifiers ("NVIDIA H100", "Tesla P100") gets no second look-up:
+bare names are where the defaults and the ambiguous table below decide, name by name, so such a name is unknown
+and lists its close matches ("NVIDIA H100 PCIe", ...). The loose key applies to the `ambiguous` table first
+("40GB A100" is as ambiguous as "A100 40GB"; an ambiguous name that an entry claims exactly is not), then to the
+names and aliases: it answers when those it matches all lead to one entry, and raises `AmbiguousNameError` naming
+them when they lead to several.
+
 Short names that could mean several parts resolve one of two ways:
 
 - a documented default, for names that the public data and most users use for one part (its `source` says
   "Default for the bare name ..."): `A100`, `A100 80GB` -> a100-sxm4-80gb (vidur's a100, DGX A100);
-  `V100` -> v100-sxm2-32gb (DGX-1); `H100`, `H100 80GB`, `H100 SXM` -> h100-sxm5; `H200` -> h200 (SXM);
-  `H800` -> h800-sxm; `RTXPRO6000` (llmservingsim's folder) -> rtx-pro-6000-blackwell-server (the card that
-  dataset measured). The SXM board is the default where one exists: it is what "H100" means in papers and clouds;
+  `V100` -> v100-sxm2-32gb (DGX-1); `H100`, `H100 80GB`, `H100 SXM` -> h100-sxm5; `H200`, `H200 141GB` -> h200
+  (SXM; the H200 NVL has 141 GB too); `H800` -> h800-sxm; `RTXPRO6000` (llmservingsim's folder) ->
+  rtx-pro-6000-blackwell-server (the card that dataset measured). The SXM board is the default where one exists:
+  it is what "H100" means in papers and clouds;
 - ambiguous, for names shared by parts of different generations or with no common choice (`RTX 6000` is a
   Turing Quadro, an Ada and a Blackwell card; `A100 40GB` is sold as SXM4 and PCIe, both common): the file's
   `ambiguous` table lists them, and `get_accelerator` raises `AmbiguousNameError` naming the candidates.
@@ -51,6 +65,30 @@ LOCAL_FILE = "hardware.json"
 def normalize_name(name: str) -> str:
     """The look-up key of a name or alias: lower case, runs of spaces / `_` / `-` as one `-`."""
     return re.sub(r"[\s_\-]+", "-", name.strip().lower())
+
+
+# words a device name may carry or drop without naming another part ("Tesla V100-SXM2-16GB", "V100 SXM2 16GB")
+BRAND_WORDS = frozenset({"nvidia", "tesla", "geforce", "amd"})
+# words that qualify a part (memory size, board form, memory type) and that people write in any order
+_QUALIFIER = re.compile(r"\d+gb|sxm\d?|pcie|oam|nvl|hbm\d?e?")
+
+
+def loose_key(name: str) -> str:
+    """The second-chance look-up key of a name (module docstring): its words (runs of letters and digits), lower
+    case, without `BRAND_WORDS`, a memory size as one word (`80 GB`, `80G` -> `80gb`); the other words in their
+    order, then `|`, then the qualifiers (memory sizes, `sxm*`, `pcie`, `oam`, `nvl`, `hbm*`) sorted. "" (no
+    second look-up) for a name without qualifiers, or with nothing but qualifiers and brand words."""
+    words: list[str] = []
+    for word in re.findall(r"[a-z0-9]+", name.lower()):
+        if word in BRAND_WORDS:
+            continue
+        if word in ("gb", "g") and words and words[-1].isdigit():
+            words[-1] += "gb"
+            continue
+        words.append(re.sub(r"^(\d+)g$", r"\1gb", word))
+    model = [w for w in words if not _QUALIFIER.fullmatch(w)]
+    qualifiers = sorted(w for w in words if _QUALIFIER.fullmatch(w))
+    return f"{' '.join(model)}|{' '.join(qualifiers)}" if model and qualifiers else ""
 
 
 class AmbiguousNameError(UnknownNameError):
@@ -166,9 +204,10 @@ def load_catalog(local_path: Path | None = None) -> dict[str, HardwareSpec]:
 
 
 def get_accelerator(name: str, catalog: Mapping[str, HardwareSpec] | None = None) -> HardwareSpec:
-    """The entry whose name or alias is `name` (case-insensitive). A name the catalog declares ambiguous
-    (`RTX 6000`): `AmbiguousNameError` listing the candidates in `catalog`. Unknown: `UnknownNameError` with close
-    matches. `catalog` defaults to `load_catalog()`; pass one to avoid re-reading the files in a loop."""
+    """The entry whose name or alias is `name` (case-insensitive), else the one its `loose_key` leads to (module
+    docstring). A name the catalog declares ambiguous (`RTX 6000`), or a loose key several entries share:
+    `AmbiguousNameError` listing the candidates in `catalog`. Unknown: `UnknownNameError` with close matches.
+    `catalog` defaults to `load_catalog()`; pass one to avoid re-reading the files in a loop."""
     catalog = load_catalog() if catalog is None else catalog
     index = _index(catalog.values())
     key = normalize_name(name)
@@ -176,9 +215,25 @@ def get_accelerator(name: str, catalog: Mapping[str, HardwareSpec] | None = None
         return index[key]
     except KeyError:
         pass
-    candidates = [entry for entry in ambiguous_names().get(key, ()) if entry in catalog]
+    table = ambiguous_names()
+    candidates = [entry for entry in table.get(key, ()) if entry in catalog]
     if candidates:
         raise AmbiguousNameError("accelerator", name.strip(), candidates)
+    loose = loose_key(name)
+    if loose:  # the second chance, for names with a qualifier: brand words, punctuation, the qualifiers' order
+        loose_table: dict[str, list[str]] = {}
+        for ambiguous_key, ids in table.items():
+            if ambiguous_key not in index:  # a name an entry claims is not ambiguous, however it is spelled
+                merged = loose_table.setdefault(loose_key(ambiguous_key), [])
+                merged.extend(i for i in ids if i not in merged)
+        candidates = [entry for entry in loose_table.get(loose, ()) if entry in catalog]
+        if candidates:  # "40GB A100" is as ambiguous as "A100 40GB"
+            raise AmbiguousNameError("accelerator", name.strip(), candidates)
+        owners = _loose_index(catalog.values(), index).get(loose, {})
+        if len(owners) == 1:
+            return next(iter(owners.values()))
+        if owners:
+            raise AmbiguousNameError("accelerator", name.strip(), list(owners))
     known = {*catalog, *(alias for spec in catalog.values() for alias in spec.aliases)}
     error = UnknownNameError("accelerator", name, known)
     close = close_names(name, catalog.values())
@@ -224,6 +279,21 @@ def _index(specs: Iterable[HardwareSpec]) -> dict[str, HardwareSpec]:
     index = {normalize_name(alias): spec for spec in specs for alias in spec.aliases}
     index.update({normalize_name(spec.name): spec for spec in specs})
     return index
+
+
+def _loose_index(specs: Iterable[HardwareSpec],
+                 index: Mapping[str, HardwareSpec]) -> dict[str, dict[str, HardwareSpec]]:
+    """Loose key -> the entries (by name) that the names and aliases with that key lead to, each through the exact
+    look-up (`index`: names over aliases, the local file's over the shipped), so a local entry that takes over an
+    alias takes over its loose spellings too."""
+    loose: dict[str, dict[str, HardwareSpec]] = {}
+    for spec in specs:
+        for written in (spec.name, *spec.aliases):
+            key = loose_key(written)
+            if key:
+                owner = index[normalize_name(written)]
+                loose.setdefault(key, {})[owner.name] = owner
+    return loose
 
 
 def _check_unique(specs: list[HardwareSpec], where: str) -> None:

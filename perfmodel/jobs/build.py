@@ -18,7 +18,7 @@ from perfmodel.core.errors import JobLoadError, PerfmodelError
 from perfmodel.jobs import custom
 from perfmodel.jobs.hf import build_hf_model
 from perfmodel.jobs.spec import GraphSource, HFConfigSource, JobSpec, ModuleSource, OnnxSource, Precision, ZooSource
-from perfmodel.jobs.zoo import InputKind, get_entry
+from perfmodel.jobs.zoo import InputKind, build_model, get_entry
 from perfmodel.torch_device import resolve_device
 
 _DTYPES = {Precision.fp16: torch.float16, Precision.bf16: torch.bfloat16}
@@ -106,8 +106,11 @@ def build_job(spec: JobSpec, device: str | torch.device = "cpu", seed: int = 0) 
     with torch.device(build_device):
         if isinstance(source, ZooSource):
             entry = get_entry(source.name)
-            module = entry.build()
-            args, kwargs = _zoo_inputs(entry.inputs, module, spec, entry.image_size)
+            module = build_model(entry, source.task)
+            if entry.make_inputs is not None:
+                args, kwargs = entry.make_inputs(module, spec.batch_size, spec.seq_len)
+            else:
+                args, kwargs = _zoo_inputs(entry.inputs, module, spec, entry.image_size)
             family = entry.family
         elif isinstance(source, HFConfigSource):
             module = build_hf_model(source.config, source.task)

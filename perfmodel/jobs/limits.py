@@ -49,9 +49,12 @@ class JobLimits(BaseModel):
     max_tensor_elements: int = Field(default=2**44, ge=1, description="elements of any one tensor of the graph")
     max_config_depth: int = Field(default=32, ge=1, description="nesting depth of an HF config")
     max_config_items: int = Field(default=100_000, ge=1, description="keys and list items of an HF config")
-    max_batch_size: int = Field(default=1_048_576, ge=1, description="a job's batch size")
+    # batch sizes are bounded loosely: the work a batch implies is bounded by `max_tensor_elements` (checked on the
+    # captured graph, and before capture as batch x sequence length), and real recommender jobs run 1-16 million
+    # samples per GPU (NCF on MovieLens-20m)
+    max_batch_size: int = Field(default=2**31 - 1, ge=1, description="a job's batch size")
     max_seq_len: int = Field(default=4_194_304, ge=1, description="a job's sequence length")
-    max_global_batch: int = Field(default=16_777_216, ge=1, description="a placement's global batch size")
+    max_global_batch: int = Field(default=2**40, ge=1, description="a placement's global batch size")
     max_devices: int = Field(default=1_048_576, ge=1, description="devices of a placement (and any parallel "
                                                                   "degree)")
     max_capture_rss_mb: int = Field(default=8192, ge=256, description="memory a graph capture's child process may "
@@ -94,6 +97,9 @@ def check_spec(spec: Any, limits: JobLimits) -> None:
         raise _refuse("batch_size", "batch size", spec.batch_size, "max_batch_size", limits.max_batch_size)
     if spec.seq_len > limits.max_seq_len:
         raise _refuse("seq_len", "sequence length", spec.seq_len, "max_seq_len", limits.max_seq_len)
+    if spec.batch_size * spec.seq_len > limits.max_tensor_elements:
+        raise _refuse("batch_size", "batch size x sequence length", spec.batch_size * spec.seq_len,
+                      "max_tensor_elements", limits.max_tensor_elements)
     if isinstance(spec.source, HFConfigSource):
         check_hf_config(spec.source.config, limits)
 

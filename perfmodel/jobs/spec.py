@@ -9,7 +9,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationInfo, field_validator, model_validator
 
 from perfmodel.core.errors import PerfmodelError
 
@@ -67,6 +67,28 @@ class _Source(BaseModel):
 class ZooSource(_Source):
     kind: Literal["zoo"] = "zoo"
     name: str = Field(description="a name from `perfmodel zoo list`")
+    # left out of the serialised spec when None, so that the keys of specs without a task never change
+    task: str | None = Field(
+        default=None, exclude_if=lambda task: task is None,
+        description="head of a transformers zoo model (the values of hf_config's `task`); default: the model's "
+                    "own (`perfmodel zoo show NAME`)",
+    )
+
+    @field_validator("task")
+    @classmethod
+    def _task_fits(cls, task: str | None, info: ValidationInfo) -> str | None:
+        if task is None:
+            return task
+        from perfmodel.jobs.hf import TASK_CLASSES
+        from perfmodel.jobs.zoo import ZOO
+
+        if task not in TASK_CLASSES:
+            raise ValueError(f"unknown task {task!r}; one of {', '.join(TASK_CLASSES)}")
+        entry = ZOO.get(info.data.get("name", ""))
+        if entry is not None and entry.library != "transformers":
+            raise ValueError(f"zoo model {entry.name!r} is a {entry.library} model with one head; a task applies "
+                             "to transformers zoo models and hf_config")
+        return task
 
 
 class HFConfigSource(_Source):
@@ -217,7 +239,7 @@ class JobSpec(BaseModel):
         if len(given) != 1:
             raise PerfmodelError("give exactly one model source: a zoo name, --hf-config, --module or --onnx")
         if zoo is not None:
-            source: Any = ZooSource(name=zoo)
+            source: Any = ZooSource(name=zoo, task=task)
         elif hf_config is not None:
             source = HFConfigSource(config=load_hf_config(hf_config), task=task)
         elif module is not None:

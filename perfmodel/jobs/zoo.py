@@ -13,10 +13,11 @@ from enum import Enum
 from typing import Any
 
 from perfmodel.compat import ensure_torchvision
-from perfmodel.core.errors import UnknownNameError
+from perfmodel.core.errors import PerfmodelError, UnknownNameError
 
 
 class InputKind(str, Enum):
+    custom = "custom"  # the entry's own `make_inputs(module, batch_size, seq_len)`
     image = "image"  # float (B, 3, S, S)
     tokens = "tokens"  # input_ids (B, seq_len)
     seq2seq = "seq2seq"  # input_ids and decoder_input_ids (B, seq_len)
@@ -34,6 +35,17 @@ class ZooEntry:
     image_size: int = 224
     # False where the constructor computes with tensors (regnet's width schedule): build on the CPU, then move.
     builds_on_meta: bool = True
+    # InputKind.custom: (module, batch_size, seq_len) -> (args, kwargs), built under the caller's device context
+    make_inputs: Callable[[Any, int, int], tuple[tuple, dict]] | None = field(default=None, repr=False)
+    # what the model's benchmarks count: `unit` is the item (image, token, mel frame, audio sample, ...) and
+    # `items_per_sample(seq_len)` how many one sample of the job's batch holds (1 for image classifiers)
+    unit: str = "samples"
+    items_per_sample: Callable[[int], float] = field(default=lambda seq_len: 1.0, repr=False)
+    # the sequence length the reference implementation trains at (None: the job's seq_len is the only one)
+    reference_seq_len: int | None = None
+    # the head built when the job names no task (transformers models: `task` of the job spec overrides it)
+    default_task: str | None = None
+    description: str = ""
 
 
 # --- builders ---------------------------------------------------------------------------------------------------
@@ -59,13 +71,46 @@ def _timm(name: str) -> Callable[[], Any]:
     return build
 
 
-def _hf(model_type: str, head: str, **config: Any) -> Callable[[], Any]:
-    def build() -> Any:
+@dataclass(frozen=True)
+class _HF:
+    """Builder of a transformers zoo model: its config, with the entry's head or the one a job's `task` names."""
+
+    model_type: str
+    head: str
+    config: dict[str, Any]
+
+    def __call__(self, task: str | None = None) -> Any:
         from perfmodel.jobs.hf import build_hf_model
 
-        return build_hf_model({"model_type": model_type, **config}, task=head)
+        return build_hf_model({"model_type": self.model_type, **self.config}, task=task or self.head)
+
+
+def _hf(model_type: str, head: str, **config: Any) -> _HF:
+    return _HF(model_type, head, config)
+
+
+def build_model(entry: ZooEntry, task: str | None = None) -> Any:
+    """Build a zoo entry's module; `task` picks the head of a transformers model and is refused for any other."""
+    if task is None:
+        return entry.build()
+    if not isinstance(entry.build, _HF):
+        raise PerfmodelError(f"task: zoo model {entry.name!r} is a {entry.library} model with one head; a task "
+                             "applies to transformers zoo models and --hf-config")
+    return entry.build(task)
+
+
+def _dle(factory: str) -> Callable[[], Any]:
+    def build() -> Any:
+        from perfmodel.jobs import dle
+
+        return getattr(dle, factory)()
 
     return build
+
+
+def _own_inputs(module: Any, batch_size: int, seq_len: int) -> tuple[tuple, dict]:
+    """Inputs of a module that builds its own (`example_inputs`, perfmodel.jobs.dle)."""
+    return module.example_inputs(batch_size, seq_len)
 
 
 def _rnn_lm(cell: str) -> Callable[[], Any]:
@@ -137,11 +182,49 @@ def _entries() -> list[ZooEntry]:
                                        encoder_attention_heads=12, decoder_attention_heads=12,
                                        encoder_ffn_dim=3072, decoder_ffn_dim=3072)),
     ]
-    entries += [ZooEntry(n, f, "transformers", k, b) for n, f, k, b in hf]
+    entries += [ZooEntry(n, f, "transformers", k, b, default_task=b.head) for n, f, k, b in hf]
     entries += [
         ZooEntry("lstm-lm", "rnn", "perfmodel", InputKind.rnn_tokens, _rnn_lm("lstm")),
         ZooEntry("gru-lm", "rnn", "perfmodel", InputKind.rnn_tokens, _rnn_lm("gru")),
         ZooEntry("mlp-recommender", "recommender", "perfmodel", InputKind.recsys, _recommender),
+    ]
+    # NVIDIA DeepLearningExamples models of Lambda's GPU benchmark (perfmodel.jobs.dle): seq_len is what the
+    # benchmark's unit counts per sample (tokens, mel frames, audio samples)
+    own, per_item = InputKind.custom, lambda seq_len: float(seq_len)
+    entries += [
+        ZooEntry("ssd300", "ssd", "perfmodel", own, _dle("SSD300"), make_inputs=_own_inputs, unit="images",
+                 description="DLE SSD300 v1.1: ResNet-50 to layer3 (stride 1), 5 extra blocks, 8732 default boxes, "
+                             "81 COCO classes, 300x300; smooth-L1 + hard-negative-mined cross-entropy loss"),
+        # DLE counts source tokens + target tokens - 1 (the decoder reads target[:-1]) per sentence pair. 28: WMT16
+        # en-de BPE-32k pairs kept at <= 50 tokens (with BOS/EOS) average ~26 tokens a side; the bucketing sampler
+        # (5 buckets of width 10 over max(src, tgt) length) pads each batch to its longest pair, ~30.
+        ZooEntry("gnmt", "gnmt", "perfmodel", own, _dle("GNMT"), make_inputs=_own_inputs, unit="tokens",
+                 items_per_sample=lambda seq_len: 2.0 * seq_len - 1, reference_seq_len=28,
+                 description="DLE GNMT v2: vocab 32320, 4+4 LSTM layers of 1024 (first encoder layer bidirectional), "
+                             "normalized Bahdanau attention fed to all decoder layers, label-smoothed loss"),
+        ZooEntry("ncf", "ncf", "perfmodel", own, _dle("NeuMF"), make_inputs=_own_inputs, unit="samples",
+                 description="DLE NCF NeuMF on MovieLens-20m: 138493 users, 26744 items, GMF 64 + MLP "
+                             "[256, 256, 128, 64], BCE-with-logits; a sample is one user-item pair"),
+        ZooEntry("tacotron2", "tacotron2", "perfmodel", own, _dle("Tacotron2"), make_inputs=_own_inputs,
+                 unit="mel frames", items_per_sample=per_item, reference_seq_len=550,
+                 description="DLE Tacotron 2: 512-d conv+BiLSTM encoder, location-sensitive attention, 2 x 1024 "
+                             "LSTM decoder looped per mel frame, 5-conv postnet; seq_len = mel frames"),
+        ZooEntry("waveglow", "waveglow", "perfmodel", own, _dle("WaveGlow"), make_inputs=_own_inputs,
+                 unit="audio samples", items_per_sample=per_item, reference_seq_len=8000,
+                 description="DLE WaveGlow: 12 flows, groups of 8, WN 8 layers x 256, 80 mels upsampled x256; "
+                             "NLL loss (sigma 1); seq_len = audio samples per segment"),
+        ZooEntry("transformer-xl-base", "transformer-xl", "perfmodel", own, _dle("transformer_xl_base"),
+                 make_inputs=_own_inputs, unit="tokens", items_per_sample=per_item, reference_seq_len=192,
+                 description="DLE Transformer-XL on WikiText-103 as Lambda ran it: 16 layers, d 512, 8 x 64 heads, "
+                             "full tied softmax over 267735 words; tgt_len = mem_len = seq_len"),
+        ZooEntry("transformer-xl-large", "transformer-xl", "perfmodel", own, _dle("transformer_xl_large"),
+                 make_inputs=_own_inputs, unit="tokens", items_per_sample=per_item, reference_seq_len=256,
+                 description="DLE Transformer-XL on WikiText-103 as Lambda ran it: 18 layers, d 1024, 16 x 64 heads, "
+                             "full tied softmax over 267735 words; tgt_len = mem_len = seq_len"),
+        ZooEntry("maskrcnn", "maskrcnn", "perfmodel", own, _dle("MaskRCNN"), make_inputs=_own_inputs,
+                 unit="images",
+                 description="Mask R-CNN R-50-FPN 1x (DLE maskrcnn_benchmark), 81 classes, 800x1344; proposal "
+                             "selection, NMS and RoI sampling as static equivalents with fixed counts"),
     ]
     return entries
 
@@ -155,3 +238,15 @@ def get_entry(name: str) -> ZooEntry:
         return ZOO[name]
     except KeyError:
         raise UnknownNameError("zoo model", name, ZOO) from None
+
+
+def items_of(spec: Any) -> tuple[str, float]:
+    """(unit, items per sample) of a job: its zoo entry's benchmark unit at the job's sequence length, else one
+    sample per sample."""
+    from perfmodel.jobs.spec import ZooSource
+
+    source = getattr(spec, "source", None)
+    if isinstance(source, ZooSource) and source.name in ZOO:
+        entry = ZOO[source.name]
+        return entry.unit, float(entry.items_per_sample(spec.seq_len))
+    return "samples", 1.0

@@ -181,27 +181,40 @@ class DevicePredictor:
         return rows, out
 
     def predict(self, spec: JobSpec, accelerator: str, *, graph: Any = None) -> Prediction:
+        return self.predict_composed(spec, accelerator, graph=graph)[0]
+
+    def predict_composed(self, spec: JobSpec, accelerator: str, *, graph: Any = None,
+                         phases: tuple[str, ...] = (FORWARD, BACKWARD, OPTIMIZER)
+                         ) -> tuple[Prediction, dict[str, float]]:
+        """The composed step (Σ kernel rows + exposed host time) and what it is made of
+        (`perfmodel.predictor.composition.COMPOSITION_FEATURES`), for the learned whole-step stage. `phases`: the
+        phases the step counts (forward and backward alone for measurements without the optimizer)."""
         from perfmodel.graph import graph_for_job
         from perfmodel.hardware.catalog import get_accelerator
+        from perfmodel.predictor.composition import composition_features
 
         hardware = get_accelerator(accelerator, self.catalog)
         if hardware.name not in self.catalog:
             raise PerfmodelError(f"accelerator {hardware.name!r} is not in this predictor's catalog")
         graph = graph if graph is not None else graph_for_job(spec)
         rows, out = self.predict_rows(spec, hardware, graph)
-        breakdown = self.breakdown(rows, out.latency_ms)
+        breakdown = self.breakdown(rows, out.latency_ms, phases)
+        keep = rows["phase"].isin(phases).to_numpy()
+        features = composition_features(spec, graph, hardware, rows[keep], out.latency_ms[keep], breakdown,
+                                        self.host_ms_per_kernel)
         iter_time_ms = sum(breakdown.values())
         reasons = self._reasons(rows, out, hardware, graph)
         return Prediction(
             job_name=spec.name, job_id=spec.key(), accelerator=hardware.name, model_version=self.model_version,
             iter_time_ms=iter_time_ms, throughput_samples_per_s=samples_per_s(spec.batch_size, iter_time_ms),
-            interval_ms=(self.step_ms(rows, out.p10_ms), self.step_ms(rows, out.p90_ms)), breakdown_ms=breakdown,
+            interval_ms=(self.step_ms(rows, out.p10_ms, phases), self.step_ms(rows, out.p90_ms, phases)),
+            breakdown_ms=breakdown,
             peak_memory_bytes=estimate_memory(spec, graph).peak_bytes,
             extrapolated=bool(reasons), extrapolation_reasons=reasons,
             math_by_op_group=maths_by_group(spec.precision, hardware),
             host_issue_ms={name: float((rows["phase"] == name).sum()) * self.host_ms_per_kernel
                            for name in (FORWARD, BACKWARD, OPTIMIZER)},
-        )
+        ), features
 
     def breakdown(self, rows: pd.DataFrame, latency_ms: np.ndarray,
                   phases: tuple[str, ...] = (FORWARD, BACKWARD, OPTIMIZER)) -> dict[str, float]:
@@ -216,9 +229,10 @@ class DevicePredictor:
         out["overhead"] = host_bound_ms(ms[keep], self.host_ms_per_kernel) - float(ms[keep].sum())
         return out
 
-    def step_ms(self, rows: pd.DataFrame, latency_ms: np.ndarray) -> float:
+    def step_ms(self, rows: pd.DataFrame, latency_ms: np.ndarray,
+                phases: tuple[str, ...] = (FORWARD, BACKWARD, OPTIMIZER)) -> float:
         """The iteration of these row latencies: their sum plus the host time they cannot hide."""
-        return sum(self.breakdown(rows, latency_ms).values())
+        return sum(self.breakdown(rows, latency_ms, phases).values())
 
     def _reasons(self, rows: pd.DataFrame, out: Any, hardware: HardwareSpec, graph: Graph) -> tuple[str, ...]:
         from perfmodel.hardware.custom import custom_reasons

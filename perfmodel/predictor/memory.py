@@ -1,5 +1,5 @@
 """Peak memory of one device from the graph alone: weights + gradients + optimizer state + activations +
-workspace (explicit sum, `MemoryEstimate.peak_bytes`), for one shard of a placement.
+optimizer-step temporaries + workspace (explicit sum, `MemoryEstimate.peak_bytes`), for one shard of a placement.
 
 Conventions
 -----------
@@ -24,15 +24,41 @@ Inference keeps only weights: 4 bytes/param for fp32 and amp (autocast leaves we
 
 Activations
 -----------
-Training keeps every compute node's output for backward (`Graph.totals.activation_bytes`, an upper bound: views
-excluded; in-place ops and outputs no backward reads are counted too). Backward then frees them in reverse order
-while it produces the gradients, so activations and gradients are not all alive at once: the step's peak of the
-two is max over the backward position i of (activations of nodes <= i + gradients of the parameters of nodes >= i)
-(`backward_overlap_bytes`), and `activations_bytes` is that peak minus `gradients_bytes` (the activations' share
-at the peak; `peak_bytes` stays an explicit sum). It is between 0 and the stored activations. Float32 outputs count
-2 bytes per element under amp (autocast runs compute in half precision; graphs
-are captured on the meta device without autocast, so their dtypes say float32). Inference frees each activation
-after its consumers ran: the two largest outputs bound the live set.
+Training keeps for backward what autograd saves. A graph captured from PyTorch carries it, measured
+(`GraphTotals.saved_activation_bytes`, and `saved_activation_bytes_amp` under amp; `perfmodel.graph.saved`): the
+bytes of the distinct storages one forward saves, plus its outputs and inputs, parameters excluded, from a forward
+on the meta device. That is the physics, where the graph's outputs are an upper bound: an in-place ReLU adds no
+storage, ResNet's BatchNorm output modified by `relu_` and read by the next conv is one tensor, an add's output no
+backward reads is not kept, and SDPA keeps no seq x seq probabilities (CUDA's memory-efficient kernel). Checked on
+the CPU (`bench/memory_fit.py --cpu-check`, fp32): with the CPU's kernels the measurement equals what real steps of
+resnet18, resnet50, vit_small, bert-small, bert-base and gpt2 save, and the steps' allocator high-water is 1-5 %
+above the estimate's gradients + activations (lstm-lm: 31 %, oneDNN's LSTM workspace is not the decomposed meta
+LSTM's saved gates), where the outputs rule was 41-64 % above for the ResNets and ViT, 30 % below for bert-base.
+Under amp the measurement emulates CUDA autocast: the half copies autocast saves (inputs of matmuls and
+convolutions, the parameters' cached casts, 2 bytes/param) next to the float32 tensors of the ops it keeps in
+float32 (softmax, layer_norm, losses). Graphs without the measurement (ONNX, hand-built, IR written before it)
+fall back on every compute node's output (`Graph.totals.activation_bytes`, views excluded), float32 outputs
+counting 2 bytes per element under amp (autocast runs compute in half precision; graphs are captured on the meta
+device without autocast, so their dtypes say float32).
+
+Backward frees the activations in reverse order while it produces the gradients, so activations and gradients
+are not all alive at once: the step's peak of the two is max over the backward position i of (activations of
+nodes <= i + gradients of the parameters of nodes >= i) (`backward_overlap_bytes`; a node's share of the measured
+activations is its share of the graph's outputs), and `activations_bytes` is that peak minus `gradients_bytes`
+(the activations' share at the peak; `peak_bytes` stays an explicit sum). It is between 0 and the stored
+activations. Inference frees each activation after its consumers ran: the two largest outputs bound the live set.
+
+Optimizer step: the activations are freed, every gradient is alive, and torch's default multi-tensor (foreach)
+Adam/AdamW allocates one state-sized temporary per parameter (sqrt(v) + eps for all of them at once;
+`OPTIMIZER_TEMPORARIES`; SGD with momentum updates in place). When those temporaries exceed the activations' share
+the step is the peak: `temporaries_bytes` holds them and `activations_bytes` is 0 (a large model at a small batch:
+Transformer-XL large with its 520M parameters at batch 1). The per-parameter Adam of torch < 2.0, fused Adam and
+the CPU's default (no foreach) allocate less.
+
+Not counted: the activation gradients backward holds while it runs an op (an op-dependent transient: cat's
+backward is views, linear's allocates its input's gradient), the CUDA context (in `USABLE_MEMORY_FRACTION`), data
+a training script keeps on the device besides the batch (DLE's NCF and Transformer-XL load their whole dataset
+onto the GPU). The estimate is therefore slightly optimistic where a job runs close to the device's limit.
 
 Activations scale linearly with the batch: a micro-batch of `micro_batch_size` samples holds
 `activations x micro_batch_size / spec.batch_size`. Without pipeline parallelism one micro-batch is live at a time
@@ -64,6 +90,10 @@ Placement shard
 
 Workspace: `WORKSPACE_FRACTION` of the rest (allocator fragmentation, library workspaces).
 
+Checked against Lambda's benchmark runs (`bench/memory_fit.py`): all 1,986 runs that ran are called fitting, and
+the 34 Transformer-XL large out-of-memory runs unfit; the 8 other out-of-memory runs contradict runs that ran
+(a larger batch of the same model on a device of the same size, or the same job).
+
 `fits(estimate, hardware)` compares `peak_bytes` with `USABLE_MEMORY_FRACTION` of `HardwareSpec.memory_gb`.
 """
 
@@ -81,6 +111,9 @@ from perfmodel.jobs.spec import JobSpec, Mode, OptimizerName, Precision
 
 # optimizer state tensors per parameter: SGD momentum buffer; Adam/AdamW first and second moments
 OPTIMIZER_STATES = {OptimizerName.sgd: 1, OptimizerName.adam: 2, OptimizerName.adamw: 2}
+# state-sized buffers the optimizer step allocates per parameter: torch's default multi-tensor (foreach) Adam/AdamW
+# builds sqrt(v) + eps for every parameter at once (`_multi_tensor_adam`); SGD with momentum updates in place
+OPTIMIZER_TEMPORARIES = {OptimizerName.sgd: 0, OptimizerName.adam: 1, OptimizerName.adamw: 1}
 WORKSPACE_FRACTION = 0.05  # allocator fragmentation and library workspaces, of the rest
 # of HardwareSpec.memory_gb a job may use: the CUDA/ROCm context, the caching allocator's reserve and library
 # handles take the rest (about 0.5-1.5 GB of a 16-80 GB device)
@@ -112,6 +145,11 @@ def bytes_per_param(precision: Precision, optimizer: OptimizerName, mode: Mode =
     return BytesPerParam(FP32_BYTES, FP32_BYTES, states * FP32_BYTES)  # fp32, fp32-strict, tf32
 
 
+def optimizer_temporary_bytes(precision: Precision, optimizer: OptimizerName) -> int:
+    """Bytes per parameter the optimizer step allocates and frees (`OPTIMIZER_TEMPORARIES` state-sized buffers)."""
+    return OPTIMIZER_TEMPORARIES[optimizer] * (HALF_BYTES if precision.half_weights else FP32_BYTES)
+
+
 @dataclass(frozen=True)
 class MemoryEstimate:
     weights_bytes: int
@@ -119,11 +157,13 @@ class MemoryEstimate:
     optimizer_bytes: int
     activations_bytes: int
     workspace_bytes: int
+    # the optimizer step's temporaries, when the step is the peak (its activations are all freed then)
+    temporaries_bytes: int = 0
 
     @property
     def peak_bytes(self) -> int:
         return (self.weights_bytes + self.gradients_bytes + self.optimizer_bytes + self.activations_bytes
-                + self.workspace_bytes)
+                + self.temporaries_bytes + self.workspace_bytes)
 
 
 def _tensor_bytes(t: TensorMeta, precision: Precision) -> int:
@@ -175,12 +215,26 @@ class ActivationProfile:
         return min(self.full_bytes, self.boundary_bytes + self.largest_layer_bytes)
 
 
+def saved_bytes(graph: Graph, precision: Precision) -> int | None:
+    """What autograd saves in one training forward of the graph's batch, as measured at capture
+    (`GraphTotals.saved_activation_bytes`, its autocast twin under amp); None if the graph has no measurement."""
+    totals = graph.totals
+    measured = totals.saved_activation_bytes_amp if precision.autocast else totals.saved_activation_bytes
+    return None if measured is None else int(measured)
+
+
 def activation_profile(graph: Graph, precision: Precision) -> ActivationProfile:
+    """The graph's activations: every kept output (the rule), or what autograd saves when the graph measured it;
+    the largest layer then scales by the same ratio (the layer outputs checkpointing keeps are real tensors)."""
     runs = [run for run in (_kept_nodes(r) for r in layers(graph)) if run]
+    outputs = sum(_output_bytes(n, precision) for n in _kept_nodes(list(graph.nodes)))
+    largest = max((sum(_output_bytes(n, precision) for n in run) for run in runs), default=0)
+    measured = saved_bytes(graph, precision)
+    ratio = measured / outputs if measured is not None and outputs else 1.0
     return ActivationProfile(
-        full_bytes=sum(_output_bytes(n, precision) for n in _kept_nodes(list(graph.nodes))),
+        full_bytes=measured if measured is not None else outputs,
         boundary_bytes=sum(_output_bytes(run[-1], precision) for run in runs),
-        largest_layer_bytes=max((sum(_output_bytes(n, precision) for n in run) for run in runs), default=0),
+        largest_layer_bytes=math.ceil(largest * ratio),
     )
 
 
@@ -193,10 +247,10 @@ def inference_activation_bytes(graph: Graph, precision: Precision) -> int:
 def backward_overlap_bytes(graph: Graph, precision: Precision, activation_scale: float, gradients: int) -> int:
     """The activations' share of the step's peak of activations + gradients (see the module docstring).
 
-    Backward walks the nodes in reverse: when it reaches node i, the saved outputs of nodes <= i are alive and the
-    gradients of the parameters of nodes >= i exist. Per-node activations are scaled by `activation_scale` (the
-    shard's stored activations / the graph's), per-node gradients so they sum to `gradients`; the result is
-    max_i(activations <= i + gradients >= i) - gradients, in [0, scaled activations]."""
+    Backward walks the nodes in reverse: when it reaches node i, the saved activations of nodes <= i are alive and
+    the gradients of the parameters of nodes >= i exist. Per-node activations are the nodes' outputs scaled by
+    `activation_scale` (the shard's stored activations / the graph's outputs), per-node gradients so they sum to
+    `gradients`; the result is max_i(activations <= i + gradients >= i) - gradients, in [0, scaled activations]."""
     nodes = list(graph.nodes)
     total_params = sum(n.params for n in nodes)
     grad_per_param = gradients / total_params if total_params else 0.0
@@ -271,12 +325,19 @@ def estimate_memory(spec: JobSpec, graph: Graph, *, tensor_parallel: int = 1, pi
         stored = acts.full_bytes * scale * in_flight / pp
         if activation_checkpointing:  # layer outputs of every micro-batch in flight + one layer recomputed
             stored = min(stored, (acts.boundary_bytes * in_flight / pp + acts.largest_layer_bytes) * scale)
-        activations = backward_overlap_bytes(graph, spec.precision, stored / tp / acts.full_bytes
-                                             if acts.full_bytes else 0.0, gradients)
+        outputs = sum(_output_bytes(n, spec.precision) for n in _kept_nodes(list(graph.nodes)))
+        activations = backward_overlap_bytes(graph, spec.precision, stored / tp / outputs if outputs else 0.0,
+                                             gradients)
+        # the optimizer step: activations freed, every gradient alive, its temporaries sharded like its state
+        temporaries = shard(optimizer_temporary_bytes(spec.precision, spec.optimizer), zero=zero_stage >= 1)
+        if temporaries > activations:
+            activations = 0
+        else:
+            temporaries = 0
     else:
-        activations = math.ceil(inference_activation_bytes(graph, spec.precision) * scale / tp)
-    rest = weights + gradients + optimizer + activations
-    return MemoryEstimate(weights, gradients, optimizer, activations, int(rest * WORKSPACE_FRACTION))
+        activations, temporaries = math.ceil(inference_activation_bytes(graph, spec.precision) * scale / tp), 0
+    rest = weights + gradients + optimizer + activations + temporaries
+    return MemoryEstimate(weights, gradients, optimizer, activations, int(rest * WORKSPACE_FRACTION), temporaries)
 
 
 def _expert_params(graph: Graph, expert_parallel: int) -> int:

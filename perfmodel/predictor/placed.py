@@ -36,6 +36,7 @@ from perfmodel.core.lru import LRU
 from perfmodel.core.units import GIGA
 from perfmodel.hardware.spec import HardwareSpec
 from perfmodel.jobs.spec import JobSpec, Precision
+from perfmodel.jobs.zoo import items_of
 from perfmodel.placement.comm import (
     DEFAULT_NODE_NETWORK_GBIT_S,
     LinkModel,
@@ -58,6 +59,7 @@ from perfmodel.placement.iteration import (
 from perfmodel.placement.spec import PlacementSpec
 from perfmodel.predictor.memory import USABLE_MEMORY_FRACTION, bytes_per_param, estimate_memory, layer_key, layers
 from perfmodel.predictor.predict import Prediction
+from perfmodel.predictor.whole_step import WholeStepStage
 
 # datasheet GPU-to-GPU bandwidth of the links a placement may name instead of the catalog's, GB/s bidirectional
 INTRA_LINK_BIDIR_GB_S = {"nvlink1": 160.0, "nvlink2": 300.0, "nvlink3": 600.0, "nvlink4": 900.0, "nvlink5": 1800.0,
@@ -134,7 +136,8 @@ class PlacementPredictor:
     """Single-device predictors (CPU iteration model, per-op device model) + the placement model."""
 
     def __init__(self, cpu: Any | None, device: Any | None, params: IterationParams | None = None, *,
-                 cache_size: int = DEFAULT_CACHE_SIZE, graphs: Callable[[JobSpec], Graph] | None = None):
+                 cache_size: int = DEFAULT_CACHE_SIZE, graphs: Callable[[JobSpec], Graph] | None = None,
+                 whole_step: WholeStepStage | None = None):
         self.cpu = cpu
         self.device = device
         self.params = params or IterationParams()
@@ -146,6 +149,9 @@ class PlacementPredictor:
         self._hardware: dict[str, HardwareSpec] = {}  # bounded by the catalog
         self._links: LRU[tuple[Any, ...], _Links] = LRU(cache_size)
         self._catalog: dict[str, HardwareSpec] | None = None
+        # composed (uncorrected) steps and their composition features, per (job, accelerator, micro-batch)
+        self._compositions: LRU[tuple[str, str, int], tuple[Prediction, dict[str, float]]] = LRU(cache_size)
+        self.whole_step = whole_step
 
     @classmethod
     def load(cls, models_dir: Any = None, model_version: str | None = None, *,
@@ -169,7 +175,8 @@ class PlacementPredictor:
                   if _has_role(registry, chosen["device-ops"], "device-ops") else None)
         if cpu is None and device is None:
             raise PerfmodelError(f"no promoted model in {registry.root}: train one (`perfmodel train`) and promote it")
-        return cls(cpu, device, load_params(), cache_size=cache_size, graphs=graphs)
+        whole_step = WholeStepStage.load(chosen.get("whole-step"), models_dir) if device is not None else None
+        return cls(cpu, device, load_params(), cache_size=cache_size, graphs=graphs, whole_step=whole_step)
 
     def cache_sizes(self) -> dict[str, int]:
         """Entries held by each cache (each at most `cache_size`)."""
@@ -193,6 +200,8 @@ class PlacementPredictor:
             out["cpu-step"] = self.cpu.model_version
         if self.device is not None:
             out["device-ops"] = self.device.model_version
+        if self.whole_step is not None:
+            out["whole-step"] = self.whole_step.model_version
         return out
 
     # --- compute of one device --------------------------------------------------------------------------------------
@@ -221,7 +230,7 @@ class PlacementPredictor:
             micro_graph = graph
         else:
             micro_graph = self._graph(micro_spec)
-        single = self._single(hardware).predict(micro_spec, hardware.name, graph=micro_graph)
+        single = self._single_step(spec, micro_spec, hardware, micro_graph)
         b = single.breakdown_ms
         blocks, block_bytes = layer_stats(block_outputs(micro_graph, spec.precision))
         per_param = bytes_per_param(spec.precision, spec.optimizer, spec.mode)
@@ -236,6 +245,35 @@ class PlacementPredictor:
         self._computes.put(key, (compute, single))
         self._graphs.setdefault(micro_spec.key(), micro_graph)
         return compute, single
+
+    def _single_step(self, spec: JobSpec, micro_spec: JobSpec, hardware: HardwareSpec, graph: Graph) -> Prediction:
+        """One device's step of `micro_spec`: the single-device predictor's, corrected by the learned whole-step
+        stage where one is loaded and the device model composed it (`composition` keeps what it was made of)."""
+        predictor = self._single(hardware)
+        compose = getattr(predictor, "predict_composed", None)
+        if compose is None:
+            return predictor.predict(micro_spec, hardware.name, graph=graph)
+        key = (spec.key(), hardware.name, micro_spec.batch_size)
+        composed = self._compositions.get(key)
+        if composed is None:
+            composed = self._compositions.put(key, compose(micro_spec, hardware.name, graph=graph))
+        single, features = composed
+        if self.whole_step is None:
+            return single
+        return self.whole_step.correct(single, features)
+
+    def set_whole_step(self, stage: WholeStepStage | None) -> None:
+        """Use another whole-step stage (None: none): the composed steps are kept, the corrected ones redone."""
+        self.whole_step = stage
+        self._computes = LRU(self.cache_size)
+
+    def composition(self, spec: JobSpec, placement: PlacementSpec) -> dict[str, float] | None:
+        """The composition features of `spec`'s micro-batch on the placement's accelerator (None: not composed
+        from kernels, e.g. the CPU iteration model)."""
+        hardware = self.hardware(placement.accelerator)
+        self.compute(spec, hardware, placement.micro_batch_size)
+        composed = self._compositions.get((spec.key(), hardware.name, placement.micro_batch_size))
+        return None if composed is None else composed[1]
 
     def _graph(self, spec: JobSpec) -> Graph:
         """`spec`'s graph: cached, else from the graph source (the engine's capture), else `graph_for_job`."""
@@ -355,6 +393,7 @@ class PlacementPredictor:
         iter_time_ms = out["iter_time_ms"]
         breakdown = {k: out[k] for k in BREAKDOWN_KEYS}
         ratio = iter_time_ms / single.iter_time_ms if single.iter_time_ms > 0 else 1.0
+        unit, items_per_sample = items_of(spec)
         return Prediction(
             job_name=spec.name, job_id=spec.key(), accelerator=hardware.name, model_version=single.model_version,
             iter_time_ms=iter_time_ms, throughput_samples_per_s=out["throughput_samples_per_s"],
@@ -362,7 +401,10 @@ class PlacementPredictor:
             peak_memory_bytes=out["peak_memory_bytes"], extrapolated=single.extrapolated,
             extrapolation_reasons=single.extrapolation_reasons,
             math_by_op_group=single.math_by_op_group, devices=placement.devices, nodes=placement.nodes,
-            fits=out["fits"], memory_capacity_bytes=out["memory_capacity_bytes"], placement=placement)
+            fits=out["fits"], memory_capacity_bytes=out["memory_capacity_bytes"], placement=placement,
+            composed_iter_time_ms=(None if single.composed_iter_time_ms is None else
+                                   single.composed_iter_time_ms * ratio),
+            unit=unit, items_per_sample=items_per_sample)
 
     def memory(self, spec: JobSpec, placement: PlacementSpec) -> int:
         """Peak bytes on the fullest device of the placement (cached per job and parallel layout)."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, computed_field
 
 from perfmodel.core.units import samples_per_s
 from perfmodel.jobs.spec import JobSpec
@@ -37,6 +37,17 @@ class Prediction(BaseModel):
     # host time eager PyTorch spends issuing the kernels of each phase (forward, backward, optimizer) of one
     # iteration on one device; the part the device could not hide is `breakdown_ms["overhead"]`
     host_issue_ms: dict[str, float] | None = None
+    # the kernel sum before the learned whole-step stage corrected it (None: no stage applied)
+    composed_iter_time_ms: float | None = None
+    # what the model's benchmarks count (`perfmodel zoo show NAME`): images, tokens, mel frames, ...; samples else
+    unit: str = "samples"
+    items_per_sample: float = 1.0
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def throughput_items_per_s(self) -> float:
+        """Throughput in the model's benchmark unit (`unit`): samples/s x items per sample."""
+        return self.throughput_samples_per_s * self.items_per_sample
 
 
 class Predictor:

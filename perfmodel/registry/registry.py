@@ -1,7 +1,8 @@
 """The model registry: `models/<name>/<version>/` folders, each an artifact plus `manifest.json` (and
 `domain.json`: the range of the training data, for `extrapolated`), and `models/promoted.json` naming the promoted
-model of each role: `cpu-step` (iteration time on the host the corpus was profiled on) and `device-ops` (per-op
-latency on any catalog accelerator).
+model of each role: `cpu-step` (iteration time on the host the corpus was profiled on), `device-ops` (per-op
+latency on any catalog accelerator) and `whole-step` (the learned correction of a composed GPU step, learned from
+real end-to-end training runs).
 
 The shipped `models/` folder of a checkout is the default root; `PERFMODEL_MODELS_DIR` points elsewhere.
 """
@@ -22,7 +23,7 @@ from perfmodel.core.renamed import upgrade_roles
 from perfmodel.regressors.manifest import Manifest
 
 PROMOTED_FILE = "promoted.json"
-ROLES = ("cpu-step", "device-ops")
+ROLES = ("cpu-step", "device-ops", "whole-step")
 DOMAIN_FILE = "domain.json"
 _VERSION = re.compile(r"^v(\d+)$")
 
@@ -125,8 +126,9 @@ class ModelRegistry:
 
 
 def role_of(regressor: str) -> str:
-    """The role a regressor kind is promoted for: per-op device models answer `device-ops`, the rest `cpu-step`."""
-    return "device-ops" if regressor == "xgb-device-ops" else "cpu-step"
+    """The role a regressor kind is promoted for: per-op device models answer `device-ops`, the learned whole-step
+    stage `whole-step`, the rest `cpu-step`."""
+    return {"xgb-device-ops": "device-ops", "xgb-whole-step": "whole-step"}.get(regressor, "cpu-step")
 
 
 def read_domain(directory: Path) -> dict[str, Any]:

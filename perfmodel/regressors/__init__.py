@@ -27,6 +27,9 @@ REGRESSORS: dict[str, str] = {
     "xgb-graph": "perfmodel.regressors.xgb_graph:XGBGraphRegressor",
     "gnn": "perfmodel.regressors.gnn:GNNRegressor",
     "xgb-device-ops": "perfmodel.regressors.device_ops:DeviceOpRegressor",  # per op, any accelerator (DataFrame in)
+    # the learned whole-step stage over a composed prediction's features (DataFrame in)
+    "xgb-whole-step": "perfmodel.regressors.whole_step:WholeStepRegressor",
+    "gnn-whole-step": "perfmodel.regressors.whole_step_gnn:WholeStepGNN",  # the same stage over the job graph too
 }
 
 

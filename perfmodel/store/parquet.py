@@ -5,8 +5,8 @@ manifest is complete). Op and ONNX rows point at their profile by its `uid`, nev
 can be imported into any store; JSON columns are stored as JSON text. Since schema v5 an export also holds
 `graphs.parquet` (job_key, graph_json): the stored graph IR of each job the exported runs name, so a store that
 imports it trains without capturing graphs again; exports of v1-v4 have no graphs file and still import. Only the
-runs and their graphs are exported: the `op_measurements` table (public benchmark data, see `perfmodel import`)
-and the service's tables are not.
+runs and their graphs are exported: the `op_measurements` and `whole_job_measurements` tables (public benchmark
+data, see `perfmodel import`) and the service's tables are not.
 """
 
 from __future__ import annotations
@@ -38,8 +38,8 @@ FORMAT = "perfmodel-profiles"
 # `op_measurements`, which exports leave out (imported public benchmark data is re-imported from its source with
 # `perfmodel import`, not shipped), v3 the service's tables (jobs, observations, model_events), left out too, and
 # v4 custom accelerators (`accelerators`), left out too; v5 added `graphs`, exported as graphs.parquet (the graphs of
-# the exported runs' jobs), which older exports lack
-READABLE_SCHEMA_VERSIONS = frozenset({1, 2, 3, 4, 5})
+# the exported runs' jobs), which older exports lack; v6 added `whole_job_measurements`, left out like op_measurements
+READABLE_SCHEMA_VERSIONS = frozenset({1, 2, 3, 4, 5, 6})
 GRAPHS = "graphs"
 # IR JSON repeats itself a lot: zstd makes the corpus's graphs file 0.9 MB where the default (snappy) makes 2.7 MB
 GRAPHS_COMPRESSION = "zstd"

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, Protocol
 
+from perfmodel.jobs.spec import Precision
 from perfmodel.profilers.external import OpMeasurement
 from perfmodel.records import OnnxProfile, OpProfile, Profile
 
@@ -195,3 +197,91 @@ def measurement_values(measurement: OpMeasurement, imported_at: datetime) -> dic
     values["uid"] = measurement_uid(measurement)
     values["imported_at"] = imported_at
     return values
+
+
+# --- whole training jobs measured by public benchmarks ---
+
+WHOLE_JOB_OK = "ok"  # the status of a run that has a throughput
+
+
+class WholeJobRecord(Protocol):
+    """What the `whole_job_measurements` table stores of a run (importers' records have these fields, e.g.
+    `perfmodel.importers.lambda_runs.WholeJobRun`); `extra` is everything else, JSON-ready."""
+
+    @property
+    def source(self) -> str: ...
+    @property
+    def source_id(self) -> str: ...
+    @property
+    def model(self) -> str: ...
+    @property
+    def gpu_name(self) -> str: ...
+    @property
+    def accelerator(self) -> str | None: ...
+    @property
+    def devices(self) -> int: ...
+    @property
+    def nodes(self) -> int: ...
+    @property
+    def precision(self) -> str: ...
+    @property
+    def source_precision(self) -> str: ...
+    @property
+    def batch_size(self) -> float: ...
+    @property
+    def global_batch_size(self) -> int: ...
+    @property
+    def throughput(self) -> float | None: ...
+    @property
+    def unit(self) -> str | None: ...
+    @property
+    def status(self) -> str: ...
+    @property
+    def extra(self) -> Mapping[str, Any]: ...
+
+
+# a source's name is at most this long (the width of whole_job_measurements.source)
+WHOLE_JOB_SOURCE_CHARS = 16
+
+
+def whole_job_values(record: WholeJobRecord, imported_at: datetime) -> dict[str, Any]:
+    """The `whole_job_measurements` columns of a run (all but `id`), checked: a run with status "ok" has a finite
+    positive throughput and a unit, a failed one neither; counts and batches are positive; `precision` is a
+    `Precision`. A record that is not is a ValueError (NaN would be stored as NULL by SQLite)."""
+    def refuse(why: str) -> ValueError:
+        return ValueError(f"cannot store whole-job run {record.source}:{record.source_id}: {why}")
+
+    if not record.source or len(record.source) > WHOLE_JOB_SOURCE_CHARS or not record.source_id:
+        raise refuse(f"source must be 1 to {WHOLE_JOB_SOURCE_CHARS} characters and source_id not empty")
+    try:
+        precision = Precision(record.precision).value
+    except ValueError:
+        raise refuse(f"unknown precision {record.precision!r}") from None
+    throughput = record.throughput
+    if record.status == WHOLE_JOB_OK:
+        if throughput is None or not math.isfinite(throughput) or throughput <= 0 or not record.unit:
+            raise refuse(f"a run with status ok needs a finite positive throughput and a unit, got {throughput!r} "
+                         f"{record.unit!r}")
+    elif not record.status or throughput is not None:
+        raise refuse("a failed run needs a status (why it failed) and no throughput")
+    if min(record.devices, record.nodes, record.global_batch_size) < 1 or not (
+            math.isfinite(record.batch_size) and record.batch_size > 0):
+        raise refuse("devices, nodes and batch sizes must be positive")
+    return {
+        "source": record.source,
+        "source_id": record.source_id,
+        "model": record.model,
+        "gpu_name": record.gpu_name,
+        "accelerator": record.accelerator,
+        "devices": record.devices,
+        "nodes": record.nodes,
+        "precision": precision,
+        "source_precision": record.source_precision,
+        "batch_size": float(record.batch_size),
+        "global_batch_size": record.global_batch_size,
+        "throughput_items_per_s": throughput,
+        "unit": record.unit,
+        "status": record.status,
+        "extra": dict(record.extra),
+        "imported_at": imported_at,
+    }

@@ -26,6 +26,7 @@ from sqlalchemy import (
     String,
     Table,
     Text,
+    UniqueConstraint,
     create_engine,
     event,
     insert,
@@ -43,7 +44,8 @@ from perfmodel.store.tables import Base, SchemaInfo, UTCDateTime
 # v3: + jobs, observations, model_events (the HTTP service's registered jobs and what they measured).
 # v4: + accelerators (custom accelerators: users' spec sheets).
 # v5: + graphs (the graph IR of each profiled job, by job key: training reads it instead of capturing again).
-STORE_SCHEMA_VERSION = 5
+# v6: + whole_job_measurements (whole training jobs run by public benchmarks: throughput, or why they failed).
+STORE_SCHEMA_VERSION = 6
 
 Migration = Callable[[Connection], None]
 
@@ -144,8 +146,36 @@ def _v4_to_v5(connection: Connection) -> None:
     ).create(connection)
 
 
+def _v5_to_v6(connection: Connection) -> None:
+    """Add the `whole_job_measurements` table (whole training jobs run by public benchmarks), spelled out as it was
+    at v6."""
+    Table(
+        "whole_job_measurements",
+        MetaData(),
+        Column("id", Integer, primary_key=True, autoincrement=True),
+        Column("source", String(16), nullable=False),
+        Column("source_id", Text, nullable=False),
+        Column("model", String(64), nullable=False),
+        Column("gpu_name", Text, nullable=False),
+        Column("accelerator", String(64)),
+        Column("devices", Integer, nullable=False),
+        Column("nodes", Integer, nullable=False),
+        Column("precision", String(16), nullable=False),
+        Column("source_precision", String(16), nullable=False),
+        Column("batch_size", Double, nullable=False),
+        Column("global_batch_size", BigInteger, nullable=False),
+        Column("throughput_items_per_s", Double),
+        Column("unit", String(32)),
+        Column("status", Text, nullable=False),
+        Column("extra", JSON(none_as_null=True), nullable=False),
+        Column("imported_at", UTCDateTime, nullable=False),
+        UniqueConstraint("source", "source_id", name="uq_whole_job_measurements_source_source_id"),
+        Index("ix_whole_job_measurements_model_accelerator", "model", "accelerator"),
+    ).create(connection)
+
+
 # MIGRATIONS[v] upgrades a store from version v to v + 1. Add one step per schema change, never edit old ones.
-MIGRATIONS: Mapping[int, Migration] = {1: _v1_to_v2, 2: _v2_to_v3, 3: _v3_to_v4, 4: _v4_to_v5}
+MIGRATIONS: Mapping[int, Migration] = {1: _v1_to_v2, 2: _v2_to_v3, 3: _v3_to_v4, 4: _v4_to_v5, 5: _v5_to_v6}
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 

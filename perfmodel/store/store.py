@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import builtins  # `ProfileStore.list` shadows `list` inside the class
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from itertools import islice
 from pathlib import Path
@@ -12,7 +13,23 @@ from typing import TYPE_CHECKING, Any
 from uuid import uuid4
 
 from pydantic import BaseModel, ConfigDict
-from sqlalchemy import JSON, Connection, Insert, Select, Table, Text, cast, delete, exists, func, insert, or_, select
+from sqlalchemy import (
+    JSON,
+    Connection,
+    Insert,
+    Select,
+    Table,
+    Text,
+    bindparam,
+    cast,
+    delete,
+    exists,
+    func,
+    insert,
+    or_,
+    select,
+    update,
+)
 from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -26,15 +43,24 @@ from perfmodel.store import parquet
 from perfmodel.store.rows import (
     ONNX_FIELDS,
     OP_FIELDS,
+    WholeJobRecord,
     decode_json_columns,
     measurement_values,
     onnx_values,
     op_values,
     profile_values,
     to_profile,
+    whole_job_values,
 )
 from perfmodel.store.schema import ensure_schema, open_engine, safe_url, write_transaction
-from perfmodel.store.tables import GraphRow, OnnxNodeRow, OpMeasurementRow, OpRecordRow, ProfileRow
+from perfmodel.store.tables import (
+    GraphRow,
+    OnnxNodeRow,
+    OpMeasurementRow,
+    OpRecordRow,
+    ProfileRow,
+    WholeJobMeasurementRow,
+)
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -50,6 +76,7 @@ _OPS: Table = OpRecordRow.__table__  # type: ignore[assignment]
 _NODES: Table = OnnxNodeRow.__table__  # type: ignore[assignment]
 _MEASUREMENTS: Table = OpMeasurementRow.__table__  # type: ignore[assignment]
 _GRAPHS: Table = GraphRow.__table__  # type: ignore[assignment]
+_WHOLE_JOBS: Table = WholeJobMeasurementRow.__table__  # type: ignore[assignment]
 
 # a job key (`JobSpec.key()`) is at most this long: the width of profiles.job_key and graphs.job_key
 JOB_KEY_CHARS = 64
@@ -98,18 +125,29 @@ def _filtered(query: Select[Any], **matches: Match) -> Select[Any]:
     return query
 
 
-def _insert_new(connection: Connection, table: Table, unique: str = "uid") -> Insert:
-    """An INSERT that skips rows whose `unique` column value is taken (one a concurrent writer just added), where
-    the database has INSERT ... ON CONFLICT DO NOTHING; a plain INSERT elsewhere."""
+def _insert_new(connection: Connection, table: Table, unique: str | tuple[str, ...] = "uid") -> Insert:
+    """An INSERT that skips rows whose `unique` column value (or values: a tuple of columns) is taken (one a
+    concurrent writer just added), where the database has INSERT ... ON CONFLICT DO NOTHING; a plain INSERT
+    elsewhere."""
+    columns = [unique] if isinstance(unique, str) else list(unique)
     if connection.dialect.name == "sqlite":
         from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
-        return sqlite_insert(table).on_conflict_do_nothing(index_elements=[unique])
+        return sqlite_insert(table).on_conflict_do_nothing(index_elements=columns)
     if connection.dialect.name == "postgresql":
         from sqlalchemy.dialects.postgresql import insert as postgresql_insert
 
-        return postgresql_insert(table).on_conflict_do_nothing(index_elements=[unique])
+        return postgresql_insert(table).on_conflict_do_nothing(index_elements=columns)
     return insert(table)
+
+
+@dataclass(frozen=True)
+class WholeJobImport:
+    """What `ProfileStore.add_whole_job_measurements` did, by (source, source_id) of the runs given."""
+
+    added: tuple[tuple[str, str], ...]  # new in the store
+    present: tuple[tuple[str, str], ...]  # already stored (or given twice): the stored row is kept
+    accelerators_filled: int  # of those, stored without an accelerator and given one now
 
 
 def _check_graph_json(job_key: str, text: str) -> None:
@@ -299,6 +337,75 @@ class ProfileStore:
         query = _filtered(select(*keys, func.count()).group_by(*keys).order_by(*keys), source=source)
         with self.engine.connect() as connection:
             return [tuple(row) for row in connection.execute(query)]
+
+    # --- whole training jobs measured by public benchmarks (perfmodel.importers, schema v6) ---
+
+    def add_whole_job_measurements(self, records: Iterable[WholeJobRecord], *,
+                                   replace: bool = False) -> WholeJobImport:
+        """Store whole-job runs in one transaction: every record is checked before anything is written, and an
+        error leaves the store as it was. A run the store already has (same source and source_id) is not added
+        again; its stored row is kept, except that one stored without an accelerator takes the record's (the
+        hardware catalog has learned the GPU since). `replace`: first delete every stored run of the sources met
+        (after a change in how they are mapped)."""
+        imported_at = utc_now()
+        rows = [whole_job_values(record, imported_at) for record in records]
+        table = _WHOLE_JOBS
+        added: builtins.list[tuple[str, str]] = []
+        present: builtins.list[tuple[str, str]] = []
+        filled = 0
+        fill = (update(table)
+                .where(table.c.source == bindparam("key_source"), table.c.source_id == bindparam("key_id"),
+                       table.c.accelerator.is_(None))
+                .values(accelerator=bindparam("new_accelerator")))
+        with write_transaction(self.engine) as connection:
+            if replace:
+                for source in sorted({row["source"] for row in rows}):
+                    connection.execute(delete(table).where(table.c.source == source))
+            statement = _insert_new(connection, table, unique=("source", "source_id"))
+            seen: set[tuple[str, str]] = set()
+            for chunk in _chunks(rows, MEASUREMENT_CHUNK_ROWS):
+                query = select(table.c.source, table.c.source_id, table.c.accelerator).where(
+                    table.c.source_id.in_([row["source_id"] for row in chunk]))
+                stored = {(source, source_id): accelerator
+                          for source, source_id, accelerator in connection.execute(query)}
+                new, fills = [], []
+                for row in chunk:
+                    key = (row["source"], row["source_id"])
+                    if key not in stored and key not in seen:
+                        seen.add(key)
+                        new.append(row)
+                        added.append(key)
+                        continue
+                    present.append(key)
+                    if key in stored and stored[key] is None and row["accelerator"] is not None:
+                        stored[key] = row["accelerator"]
+                        fills.append({"key_source": key[0], "key_id": key[1],
+                                      "new_accelerator": row["accelerator"]})
+                if new:
+                    connection.execute(statement, new)
+                if fills:
+                    connection.execute(fill, fills)
+                    filled += len(fills)
+        return WholeJobImport(added=tuple(added), present=tuple(present), accelerators_filled=filled)
+
+    def whole_job_measurements(self, source: Match = None, status: Match = None) -> pd.DataFrame:
+        """The stored whole-job runs matching every filter given (a value or a list of values; status "ok" for the
+        runs with a throughput), in import order: one row each, one column per table column but `id`
+        (`throughput_items_per_s` NaN and `unit` missing for a failed run, `accelerator` missing where the catalog
+        lacked the GPU, `extra` a dict)."""
+        import pandas as pd
+
+        table = _WHOLE_JOBS
+        query = select(*(c for c in table.c if c.name != "id")).order_by(table.c.id)
+        for name, match in (("source", source), ("status", status)):
+            if match is not None:
+                column = table.c[name]
+                query = query.where(column == match if isinstance(match, str) else column.in_(builtins.list(match)))
+        with self.engine.connect() as connection:
+            result = connection.execute(query)
+            frame = pd.DataFrame([tuple(row) for row in result], columns=builtins.list(result.keys()))
+        return frame.astype({"devices": "int64", "nodes": "int64", "global_batch_size": "int64",
+                             "batch_size": "float64", "throughput_items_per_s": "float64"})
 
     # --- graphs of profiled jobs (schema v5) ---
 

@@ -1,7 +1,8 @@
 """The store's tables (SQLAlchemy 2.0 typed declarative). One row per profiling run, plus its op and ONNX rows;
 and, apart from the runs, op timings imported from public GPU benchmarks (`op_measurements`, schema v2), and the
 HTTP service's jobs, observed throughputs and model promotions (`jobs`, `observations`, `model_events`, schema v3),
-custom accelerators (`accelerators`, schema v4) and the graph IR of each profiled job (`graphs`, schema v5).
+custom accelerators (`accelerators`, schema v4), the graph IR of each profiled job (`graphs`, schema v5) and whole
+training jobs measured by public benchmarks (`whole_job_measurements`, schema v6).
 
 Units are in the column names. Times are UTC, stored without a zone and returned zone-aware (`UTCDateTime`), so
 SQLite and PostgreSQL behave the same. The full job spec and environment are kept as JSON next to the columns
@@ -25,6 +26,7 @@ from sqlalchemy import (
     String,
     Text,
     TypeDecorator,
+    UniqueConstraint,
 )
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
@@ -273,3 +275,35 @@ class GraphRow(Base):
     job_key: Mapped[str] = mapped_column(String(64), unique=True)
     graph_json: Mapped[str] = mapped_column(Text)
     created_at: Mapped[datetime]
+
+
+class WholeJobMeasurementRow(Base):
+    """One whole training job run by a public benchmark (perfmodel.importers, e.g. `WholeJobRun` of Lambda's runs):
+    what ran, on how many of which GPU, and its throughput as the source logged it (per second, in `unit`: the
+    model's own item, not converted to samples), or why it failed (`status`). `accelerator` is the hardware-catalog
+    id, NULL where the catalog lacked the GPU at import (`gpu_name` is as the source writes it). (source, source_id)
+    identifies the run, so importing again adds nothing (schema v6)."""
+
+    __tablename__ = "whole_job_measurements"
+    __table_args__ = (
+        UniqueConstraint("source", "source_id", name="uq_whole_job_measurements_source_source_id"),
+        Index("ix_whole_job_measurements_model_accelerator", "model", "accelerator"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    source: Mapped[str] = mapped_column(String(16))
+    source_id: Mapped[str] = mapped_column(Text)  # the run's identity in its source (Lambda: the run log's path)
+    model: Mapped[str] = mapped_column(String(64))  # zoo name
+    gpu_name: Mapped[str] = mapped_column(Text)
+    accelerator: Mapped[str | None] = mapped_column(String(64))
+    devices: Mapped[int] = mapped_column(Integer)
+    nodes: Mapped[int] = mapped_column(Integer)
+    precision: Mapped[str] = mapped_column(String(16))  # perfmodel's Precision: what ran
+    source_precision: Mapped[str] = mapped_column(String(16))  # the source's label
+    batch_size: Mapped[float] = mapped_column(Double)  # per device: global / devices (fractional when uneven)
+    global_batch_size: Mapped[int] = mapped_column(BigInteger)  # samples per optimizer step, all devices
+    throughput_items_per_s: Mapped[float | None] = mapped_column(Double)  # whole job; NULL for a failed run
+    unit: Mapped[str | None] = mapped_column(String(32))  # the item, as logged: tokens/s, images/s, ...
+    status: Mapped[str] = mapped_column(Text)  # "ok", or why there is no throughput ("out of memory", ...)
+    extra: Mapped[dict[str, Any]]
+    imported_at: Mapped[datetime]

@@ -10,6 +10,7 @@ from perfmodel.hardware.catalog import (
     get_accelerator,
     load_catalog,
     local_catalog_path,
+    loose_key,
     parse_ambiguous,
     parse_catalog,
     save_local,
@@ -131,3 +132,61 @@ def test_a_local_entry_can_claim_an_ambiguous_name_and_a_local_table_adds_names(
     assert ambiguous_names()["my-fleet"] == ("my-rtx-6000", "h100-sxm5")
     save_local(gpu("my-a100", "My A100"))  # saving another entry keeps the local table
     assert "my-fleet" in ambiguous_names() and get_accelerator("my a100").name == "my-a100"
+
+
+def test_the_loose_key_ignores_brands_punctuation_and_the_order_of_memory_and_form_factor():
+    same = ["Tesla V100-SXM2-16GB", "V100 16GB SXM2", "v100 16 GB sxm2", "NVIDIA V100 (SXM2, 16GB)", "16G V100 SXM2"]
+    assert {loose_key(name) for name in same} == {"v100|16gb sxm2"}
+    assert loose_key("GH200 144G HBM3e") == loose_key("NVIDIA GH200 HBM3e 144GB") == "gh200|144gb hbm3e"
+    assert loose_key("NVIDIA GeForce RTX 3080 10GB") == loose_key("RTX 3080 10 GB") == "rtx 3080|10gb"
+    assert loose_key("H100 NVL 94GB") != loose_key("H100 94GB") and loose_key("A10G 24GB") != loose_key("A10 G 24GB")
+    assert loose_key("RTX A6000 48GB") != loose_key("A6000 RTX 48GB")  # the model's own words keep their order
+    for vague in ("NVIDIA H100", "Tesla P100", "RTX 3080", "NVIDIA", "80GB PCIe"):  # no qualifier, or no model
+        assert loose_key(vague) == "", vague
+
+
+def test_loose_spellings_resolve_and_stay_ambiguous_where_the_catalog_is():
+    catalog = {"a100-sxm4-40gb": gpu("a100-sxm4-40gb", "NVIDIA A100-SXM4-40GB", "A100 SXM4 40GB"),
+               "a100-pcie-40gb": gpu("a100-pcie-40gb", "NVIDIA A100-PCIE-40GB"),
+               "h100-sxm5": gpu("h100-sxm5", "NVIDIA H100 80GB HBM3", "H100 SXM5 80GB", "H100"),
+               "h100-nvl": gpu("h100-nvl", "NVIDIA H100 NVL")}
+    for name, entry in {"A100 40GB SXM4": "a100-sxm4-40gb", "40GB A100-SXM4": "a100-sxm4-40gb",
+                        "NVIDIA A100 40GB PCIe": "a100-pcie-40gb", "a100_pcie_40gb": "a100-pcie-40gb",
+                        "H100 80GB SXM5": "h100-sxm5", "H100 HBM3 80GB": "h100-sxm5", "H100 NVL": "h100-nvl",
+                        "Tesla H100 NVL": "h100-nvl", "NVL H100": "h100-nvl"}.items():
+        assert get_accelerator(name, catalog).name == entry, name
+    for name in ("A100 40GB", "40GB A100", "NVIDIA A100 40GB", "A100 PCIe", "PCIe A100"):  # the shipped table
+        with pytest.raises(AmbiguousNameError) as error:
+            get_accelerator(name, catalog)
+        assert error.value.candidates and set(error.value.candidates) <= set(catalog), name
+    with pytest.raises(UnknownNameError) as unknown:  # a loose miss is still unknown, with close matches
+        get_accelerator("A100 SXM4 48GB", catalog)
+    assert not isinstance(unknown.value, AmbiguousNameError) and "a100-sxm4-40gb" in unknown.value.close_matches
+    with pytest.raises(UnknownNameError) as unknown:  # a bare name gets no loose look-up, whatever its default
+        get_accelerator("NVIDIA H100", catalog)
+    assert not isinstance(unknown.value, AmbiguousNameError) and "NVIDIA H100 NVL" in unknown.value.close_matches
+
+
+def test_a_loose_key_two_entries_share_is_ambiguous():
+    catalog = {"x-sxm": gpu("x-sxm", "X 80GB SXM"), "x-oam": gpu("x-oam", "SXM X 80GB")}
+    assert get_accelerator("x 80gb sxm", catalog).name == "x-sxm"  # exact look-ups are untouched
+    with pytest.raises(AmbiguousNameError) as error:
+        get_accelerator("X SXM 80GB", catalog)
+    assert set(error.value.candidates) == {"x-sxm", "x-oam"}
+
+
+def test_loose_spellings_follow_a_local_entry_that_claims_a_name():
+    shipped = load_catalog()
+    mine = shipped["rtx-6000-ada"].model_copy(update={"name": "my-rtx-6000", "aliases": ("RTX 6000",)})
+    local_catalog_path().parent.mkdir(parents=True, exist_ok=True)
+    local_catalog_path().write_text(dump_catalog([mine]))
+    local_catalog_path().write_text(dump_catalog([mine], {"My Fleet 80GB": ["my-rtx-6000", "h100-sxm5"]}))
+    with pytest.raises(AmbiguousNameError) as error:  # a local ambiguous name, spelled loosely
+        get_accelerator("NVIDIA 80GB My-Fleet")
+    assert error.value.candidates == ["my-rtx-6000", "h100-sxm5"]
+    mine = mine.model_copy(update={"aliases": ("RTX 6000", "A100 40GB")})  # claims a shipped ambiguous name
+    local_catalog_path().write_text(dump_catalog([mine]))
+    assert get_accelerator("NVIDIA 40GB A100").name == "my-rtx-6000"  # ... however it is spelled
+    theirs = shipped["h100-sxm5"].model_copy(update={"aliases": ("H100 SXM5 80GB", "My H100")})
+    local_catalog_path().write_text(dump_catalog([theirs]))  # same name: it replaces the shipped entry
+    assert get_accelerator("H100 80GB SXM5") == theirs

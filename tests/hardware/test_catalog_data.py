@@ -16,6 +16,7 @@ from perfmodel.hardware import catalog as catalog_module
 from perfmodel.hardware.catalog import (
     AmbiguousNameError,
     get_accelerator,
+    loose_key,
     normalize_name,
     shipped_ambiguous,
     shipped_specs,
@@ -104,6 +105,22 @@ DEVICE_NAMES = {
     "AMD Instinct MI325X": "mi325x",
     "AMD Instinct MI350X": "mi350x",
     "AMD Instinct MI355X": "mi355x",
+    "Tesla K80": "k80",
+    "NVIDIA GeForce RTX 2080 Ti": "rtx-2080-ti",
+    "GeForce RTX 2080 Ti": "rtx-2080-ti",
+    "NVIDIA GeForce RTX 3070": "rtx-3070",
+    "GeForce RTX 3070": "rtx-3070",
+    "NVIDIA GeForce RTX 3080": "rtx-3080",
+    "GeForce RTX 3080": "rtx-3080",
+    "GeForce RTX 2070 with Max-Q Design": "rtx-2070-max-q",
+    "NVIDIA GeForce RTX 2070 with Max-Q Design": "rtx-2070-max-q",
+    "GeForce RTX 2080 with Max-Q Design": "rtx-2080-max-q",
+    "NVIDIA GeForce RTX 2080 with Max-Q Design": "rtx-2080-max-q",
+    "GeForce RTX 2080 Super with Max-Q Design": "rtx-2080-super-max-q",
+    "NVIDIA GeForce RTX 2080 Super with Max-Q Design": "rtx-2080-super-max-q",
+    "GeForce RTX 3080 Laptop GPU": "rtx-3080-max-q",
+    "NVIDIA GeForce RTX 3080 Laptop GPU": "rtx-3080-max-q",
+    "A100-SXM-80GB": "a100-sxm4-80gb",  # older drivers, no "NVIDIA " (Lambda's systems.csv)
     # names people type, and their documented defaults (catalog module docstring)
     "h100": "h100-sxm5",
     "H100 SXM": "h100-sxm5",
@@ -136,6 +153,44 @@ DEVICE_NAMES = {
     "RTX3090": "rtx-3090",
     "A6000": "rtx-a6000",
     "RTXPRO6000": "rtx-pro-6000-blackwell-server",
+    "k80": "k80",  # Gavel's worker type (one GK210 die)
+}
+
+# Lambda's deeplearning-benchmark: every `gpu` of runs.csv / failed_runs.csv (the held-out Hopper, Blackwell and
+# RTX 6000 Ada names too) -> catalog id. Checked without the dataset; test_every_lambda_gpu_name_resolves checks the
+# CSVs hold no other name.
+LAMBDA_GPUS = {
+    "GTX 1080 Ti": "gtx-1080-ti", "V100 16GB SXM2": "v100-sxm2-16gb", "V100 32GB SXM2": "v100-sxm2-32gb",
+    "Quadro RTX 5000": "quadro-rtx-5000", "Quadro RTX 6000": "quadro-rtx-6000", "Quadro RTX 8000": "quadro-rtx-8000",
+    "RTX 2070 Max-Q": "rtx-2070-max-q", "RTX 2080 Max-Q": "rtx-2080-max-q",
+    "RTX 2080 Super Max-Q": "rtx-2080-super-max-q", "RTX 2080 Ti": "rtx-2080-ti", "Titan RTX": "titan-rtx",
+    "A10": "a10", "A100 40GB PCIe": "a100-pcie-40gb", "A100 40GB SXM4": "a100-sxm4-40gb",
+    "A100 80GB PCIe": "a100-pcie-80gb", "A100 80GB SXM4": "a100-sxm4-80gb", "A40": "a40", "RTX 3070": "rtx-3070",
+    "RTX 3080": "rtx-3080", "RTX 3080 Max-Q (Laptop)": "rtx-3080-max-q", "RTX 3090": "rtx-3090",
+    "RTX A4000": "rtx-a4000", "RTX A4500": "rtx-a4500", "RTX A5000": "rtx-a5000", "RTX A5500": "rtx-a5500",
+    "RTX A6000": "rtx-a6000", "RTX 4090": "rtx-4090",
+    # held out of the given part (PROVENANCE.md), named in Lambda's summary tables
+    "H100 80GB PCIe": "h100-pcie", "H100 80GB SXM5": "h100-sxm5", "H200 141GB": "h200", "GH200 96GB": "gh200-96gb",
+    "B200 192GB": "b200", "RTX 6000 Ada": "rtx-6000-ada",
+}
+# label forms people write (memory and form factor in either order, brand words or not) -> catalog id
+LABEL_FORMS = {
+    "H100 80GB SXM5": "h100-sxm5", "H100 SXM5 80GB": "h100-sxm5", "NVIDIA H100 80GB SXM5": "h100-sxm5",
+    "H100 80GB PCIe": "h100-pcie", "H100 PCIe": "h100-pcie", "H100 PCIe 80GB": "h100-pcie",
+    "A100 40GB SXM4": "a100-sxm4-40gb", "A100 80GB SXM4": "a100-sxm4-80gb", "A100 40GB PCIe": "a100-pcie-40gb",
+    "A100 80GB PCIe": "a100-pcie-80gb", "A100 SXM4 40GB": "a100-sxm4-40gb", "NVIDIA A100 80GB SXM4": "a100-sxm4-80gb",
+    "A100 80 GB PCIe": "a100-pcie-80gb", "A100-PCIE-80GB": "a100-pcie-80gb", "A100 SXM 80GB": "a100-sxm4-80gb",
+    "B200 192GB": "b200", "B200 180GB": "b200", "H200 141GB": "h200", "H200 140GB": "h200", "H200 SXM 141GB": "h200",
+    "H200 141GB SXM": "h200", "H200 NVL 141GB": "h200-nvl", "GH200 96GB": "gh200-96gb", "GH200 144GB": "gh200-144gb",
+    "GH200 144G HBM3e": "gh200-144gb", "RTX 6000 Ada": "rtx-6000-ada", "RTX A6000": "rtx-a6000",
+    "Quadro RTX 8000": "quadro-rtx-8000", "V100 16GB SXM2": "v100-sxm2-16gb", "V100 32GB SXM2": "v100-sxm2-32gb",
+    "V100 SXM2 16GB": "v100-sxm2-16gb", "Tesla V100 SXM2 32GB": "v100-sxm2-32gb", "V100 32GB PCIe": "v100-pcie-32gb",
+    "GTX 1080 Ti": "gtx-1080-ti", "RTX 4090": "rtx-4090", "Tesla V100-SXM2-16GB": "v100-sxm2-16gb",
+    "RTX 2080 Ti": "rtx-2080-ti", "GeForce RTX 2080 Ti": "rtx-2080-ti", "NVIDIA GeForce RTX 2080 Ti": "rtx-2080-ti",
+    "RTX 3070": "rtx-3070", "RTX 3080": "rtx-3080", "RTX 3080 10GB": "rtx-3080",
+    "NVIDIA GeForce RTX 3080": "rtx-3080", "RTX 3080 Laptop GPU": "rtx-3080-max-q", "RTX 3080 Max-Q": "rtx-3080-max-q",
+    "RTX 3080 Max-Q 16GB": "rtx-3080-max-q", "RTX 2080 Super Max-Q": "rtx-2080-super-max-q",
+    "Tesla K80": "k80", "K80": "k80", "NVIDIA Tesla K80": "k80",
 }
 
 # every GPU the brief names must be in the catalog (ids other code and tests use stay as they are)
@@ -147,6 +202,9 @@ REQUIRED_IDS = {
     "a800-sxm4-80gb", "h800-pcie", "h800-sxm", "h20", "h100-nvl", "gh200-96gb", "gh200-144gb", "h200", "h200-nvl",
     "b200", "gb200", "rtx-pro-6000-blackwell-workstation", "rtx-pro-6000-blackwell-server", "rtx-3090-ti",
     "rtx-5090", "mi100", "mi210", "mi250", "mi250x", "mi300x", "mi300a", "mi325x", "mi350x", "mi355x",
+    # Lambda's deeplearning-benchmark GPUs, and Gavel's K80 (one GK210 die)
+    "rtx-2080-ti", "rtx-3070", "rtx-3080", "rtx-2070-max-q", "rtx-2080-max-q", "rtx-2080-super-max-q",
+    "rtx-3080-max-q", "k80",
 }
 # architectures and the math modes they accelerate
 TF32_ARCHS = {"ampere", "ada", "hopper", "blackwell", "cdna3"}  # CDNA4 dropped TF32 matrix instructions (ROCm docs)
@@ -154,6 +212,9 @@ BF16_ARCHS = {"ampere", "ada", "hopper", "blackwell", "cdna", "cdna2", "cdna3", 
 FP8_ARCHS = {"ada", "hopper", "blackwell", "cdna3", "cdna4"}
 FP16_ARCHS = {"volta", "turing", *BF16_ARCHS}
 BOARD_FORMS = {"sxm", "oam", "superchip"}  # devices joined by NVLink / Infinity Fabric on the board
+# GeForce RTX cards (not TITAN) run fp16 / bf16 / TF32 tensor math with fp32 accumulate at half the rate of the
+# professional parts: the fp16 peak over the fp32 (CUDA-core) peak, by architecture
+GEFORCE_FP16_OVER_FP32 = {"turing": 4.0, "ampere": 2.0, "ada": 2.0, "blackwell": 2.0}
 
 
 @pytest.fixture(scope="module")
@@ -175,6 +236,11 @@ def test_every_required_gpu_and_the_probed_cpu_are_catalogued(catalog, gpus):
 @pytest.mark.parametrize("device_name,entry", sorted(DEVICE_NAMES.items()))
 def test_torch_and_folder_device_names_resolve(catalog, device_name, entry):
     assert get_accelerator(device_name, catalog).name == entry
+
+
+@pytest.mark.parametrize("label,entry", sorted({**LAMBDA_GPUS, **LABEL_FORMS}.items()))
+def test_lambda_gpu_names_and_the_label_forms_people_write_resolve(catalog, label, entry):
+    assert get_accelerator(label, catalog).name == entry
 
 
 def test_ids_are_lower_case_dashed_and_every_gpu_entry_is_complete(gpus):
@@ -199,7 +265,7 @@ def test_peaks_are_ordered(gpus):
         if g.peak_fp32_matrix_gflops is not None:
             assert g.peak_fp32_matrix_gflops >= fp32, g.name
         assert g.peak_fp64_gflops <= fp32, g.name
-        if g.architecture in ("maxwell", "pascal", "volta", "turing", "gcn5", "cdna", "cdna2"):
+        if g.architecture in ("kepler", "maxwell", "pascal", "volta", "turing", "gcn5", "cdna", "cdna2"):
             assert g.peak_tf32_gflops is None and g.peak_fp8_gflops is None, g.name
 
 
@@ -232,15 +298,54 @@ def test_every_gpu_says_how_its_devices_talk_and_what_node_it_sits_in(gpus):
             assert g.node_devices == 8 and g.node_network_gbit_s >= 400, g.name
         if g.node_devices == 4 and g.peer_to_peer != "nvlink":  # workstations: Ethernet
             assert 10 <= g.node_network_gbit_s <= 25, g.name
-        assert 10 <= g.node_network_gbit_s <= 3200, g.name
+        if g.form_factor == "laptop":  # one GPU, no peer, Gigabit Ethernet / Wi-Fi
+            assert g.node_devices == 1 and g.peer_to_peer == "none" and g.interconnect == "pcie", g.name
+            assert 1 <= g.node_network_gbit_s <= 10, g.name
+        else:
+            assert 10 <= g.node_network_gbit_s <= 3200, g.name
     by_name = {g.name: g for g in gpus}
-    for geforce in ("rtx-3090", "rtx-3090-ti", "rtx-4090", "rtx-5090"):  # NVIDIA's driver: no P2P over PCIe
+    for geforce in ("rtx-2080-ti", "rtx-3070", "rtx-3080", "rtx-3090", "rtx-3090-ti", "rtx-4090",
+                    "rtx-5090"):  # NVIDIA's driver: no P2P over PCIe on GeForce RTX cards
         assert by_name[geforce].peer_to_peer == "none", geforce
-    for pcie_card in ("a100-pcie-80gb", "h100-pcie", "l40s", "a10", "t4", "rtx-a6000", "mi210"):
+    for geforce in ("gtx-1080-ti", "titan-xp"):  # before Turing it allowed it
+        assert by_name[geforce].peer_to_peer == "pcie", geforce
+    for pcie_card in ("a100-pcie-80gb", "h100-pcie", "l40s", "a10", "t4", "rtx-a6000", "mi210", "k80"):
         assert by_name[pcie_card].peer_to_peer == "pcie", pcie_card
     network = {name: spec.node_network_gbit_s for name, spec in by_name.items()}
     assert network["v100-sxm2-32gb"] == 400 and network["a100-sxm4-80gb"] == 1600
     assert network["h100-sxm5"] == network["h200"] == network["b200"] == 3200
+
+
+def test_geforce_tensor_peaks_are_half_rate_with_fp32_accumulate(gpus):
+    """GeForce RTX cards: fp16 (and bf16 / TF32) tensor peaks with fp32 accumulate, half the professional rate:
+    fp16 = 4 x fp32 on Turing (8 on a TITAN RTX / Quadro), 2 x fp32 from Ampere on (4 on an RTX A6000); TF32 = fp32."""
+    checked = 0
+    for g in gpus:
+        if not any("geforce rtx" in alias.lower() for alias in g.aliases):
+            continue
+        ratio = g.peak_fp16_gflops / g.peak_fp32_gflops
+        assert math.isclose(ratio, GEFORCE_FP16_OVER_FP32[g.architecture], rel_tol=0.01), f"{g.name}: {ratio:.3f}"
+        if g.peak_bf16_gflops is not None:
+            assert g.peak_bf16_gflops == g.peak_fp16_gflops, g.name
+        if g.peak_tf32_gflops is not None:
+            assert math.isclose(g.peak_tf32_gflops, g.peak_fp32_gflops, rel_tol=0.01), g.name
+        checked += 1
+    assert checked >= 11
+
+
+def test_laptop_parts_say_which_configuration_their_figures_are(gpus):
+    laptops = [g for g in gpus if g.form_factor == "laptop"]
+    assert {g.name for g in laptops} >= {"rtx-2070-max-q", "rtx-2080-max-q", "rtx-2080-super-max-q", "rtx-3080-max-q"}
+    for g in laptops:
+        assert g.tdp_w and g.tdp_w <= 150 and g.boost_clock_mhz and g.base_clock_mhz, g.name
+        assert "Max-Q" in g.source and "Derived" in g.source and "TGP" in g.source, g.name
+
+
+def test_k80_is_one_gk210_die(catalog):
+    k80 = catalog["k80"]
+    assert (k80.architecture, k80.compute_units * k80.fp32_cores_per_cu, k80.memory_gb) == ("kepler", 2496, 12.0)
+    assert k80.memory_bandwidth_gb_s == 240.0 and math.isclose(k80.peak_fp32_gflops, 4370, rel_tol=0.01)
+    assert k80.peak_fp16_gflops is None and "GK210 die" in k80.source
 
 
 def test_fp32_peak_is_lanes_times_two_times_clock(gpus):
@@ -279,7 +384,7 @@ def test_link_bandwidth_only_for_gpu_to_gpu_links(gpus):
 def test_bare_short_names_pick_one_documented_default(catalog):
     defaults = {"A100": "a100-sxm4-80gb", "A100 80GB": "a100-sxm4-80gb", "V100": "v100-sxm2-32gb",
                 "H100": "h100-sxm5", "H100 80GB": "h100-sxm5", "H100 SXM": "h100-sxm5", "H200": "h200",
-                "H800": "h800-sxm", "RTXPRO6000": "rtx-pro-6000-blackwell-server"}
+                "H800": "h800-sxm", "RTXPRO6000": "rtx-pro-6000-blackwell-server", "H200 141GB": "h200"}
     doc = catalog_module.__doc__
     for short, entry in defaults.items():
         assert get_accelerator(short, catalog).name == entry, short
@@ -295,7 +400,11 @@ def test_ambiguous_names_raise_and_list_their_candidates(catalog):
     for name, candidates in table.items():
         assert len(candidates) >= 2 and set(candidates) <= set(catalog), name
         assert normalize_name(name) not in aliases, f"{name} is ambiguous and an alias at once"
-        for spelling in (name, name.lower().replace(" ", "_"), f"  {name.upper()} "):
+        words = name.split()  # loose spellings of names with a qualifier: a brand word, the qualifiers first
+        qualifiers = [w for w in words if re.fullmatch(r"(?i)\d+gb|pcie|sxm\d?", w)]
+        loose = (f"NVIDIA {name}", " ".join(qualifiers + [w for w in words if w not in qualifiers])) if qualifiers \
+            else ()
+        for spelling in (name, name.lower().replace(" ", "_"), f"  {name.upper()} ", *loose):
             with pytest.raises(AmbiguousNameError) as error:
                 get_accelerator(spelling, catalog)
             assert error.value.candidates == list(candidates)
@@ -309,7 +418,7 @@ def test_ambiguous_names_raise_and_list_their_candidates(catalog):
 
 def test_unknown_names_list_close_matches_ignoring_case_and_separators(catalog):
     with pytest.raises(UnknownNameError) as error:
-        get_accelerator("nvidia h100", catalog)
+        get_accelerator("nvidia h100", catalog)  # no qualifier: no loose look-up, whatever the default
     assert not isinstance(error.value, AmbiguousNameError)
     assert {"NVIDIA H100 PCIe", "NVIDIA H100 80GB HBM3"} <= set(error.value.close_matches)
     assert "did you mean" in str(error.value)
@@ -439,3 +548,38 @@ def test_aliases_do_not_collide_across_entries(catalog):
     for spec in catalog.values():
         for key in {normalize_name(spec.name), *map(normalize_name, spec.aliases)}:
             assert owner.setdefault(key, spec.name) == spec.name, key
+
+
+def test_loose_keys_do_not_collide_across_entries_or_hide_an_ambiguous_name(catalog):
+    """Every loose key (catalog module docstring) of a name or alias leads to one entry, and no ambiguous name's
+    loose key is an alias's."""
+    owner: dict[str, str] = {}
+    for spec in catalog.values():
+        for written in (spec.name, *spec.aliases):
+            key = loose_key(written)
+            if key:
+                assert owner.setdefault(key, spec.name) == spec.name, f"{written!r}: {key!r} is also {owner[key]!r}'s"
+    assert len(owner) >= 50
+    assert not {name for name in shipped_ambiguous() if loose_key(name) in owner}
+
+
+# --- Lambda's deeplearning-benchmark ---------------------------------------------------------------------------------
+def test_every_lambda_gpu_name_resolves(catalog):
+    """Every GPU name of ../shared/datasets/lambda: the `gpu` column of runs.csv and failed_runs.csv (LAMBDA_GPUS
+    says which entry each is) and the device names sys_pytorch.txt recorded (systems.csv `gpu_reported`, `_` for
+    spaces, ' | ' between the GPUs of a mixed machine)."""
+    root = needs("lambda")
+    names = csv_column(root / "runs.csv", "gpu") | csv_column(root / "failed_runs.csv", "gpu")
+    assert {"RTX 2080 Ti", "RTX 3080 Max-Q (Laptop)", "V100 16GB SXM2"} <= names
+    assert names <= set(LAMBDA_GPUS), sorted(names - set(LAMBDA_GPUS))
+    for name in names:
+        assert get_accelerator(name, catalog).name == LAMBDA_GPUS[name], name
+    reported = {one.strip() for value in csv_column(root / "systems.csv", "gpu_reported") for one in value.split("|")}
+    assert "GeForce_RTX_3080_Laptop_GPU" in reported
+    unknown = set()
+    for name in reported:
+        try:
+            get_accelerator(name, catalog)
+        except UnknownNameError:
+            unknown.add(name)
+    assert not unknown, sorted(unknown)

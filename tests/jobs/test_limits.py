@@ -75,7 +75,11 @@ def test_nested_configs_are_bounded_in_depth_size_and_numbers():
 
 def test_batch_and_sequence_are_bounded():
     with pytest.raises(JobLimitError, match="^batch_size: .*max_batch_size"):
-        check_spec(JobSpec(source=ZooSource(name="resnet18"), batch_size=10**7), LIMITS)
+        check_spec(JobSpec(source=ZooSource(name="resnet18"), batch_size=10**10), LIMITS)
+    # real recommender batches (NCF: 16 million samples per GPU) are admitted; the work is what is bounded
+    check_spec(JobSpec(source=ZooSource(name="mlp-recommender"), batch_size=16_000_000), LIMITS)
+    with pytest.raises(JobLimitError, match="^batch_size: .*max_tensor_elements"):
+        check_spec(JobSpec(source=ZooSource(name="bert-base"), batch_size=2**30, seq_len=2**20), LIMITS)
     with pytest.raises(JobLimitError, match="^seq_len: .*max_seq_len"):
         check_spec(JobSpec(source=ZooSource(name="bert-base"), batch_size=1, seq_len=10**8), LIMITS)
     check_spec(JobSpec(source=ZooSource(name="resnet18"), batch_size=10**7), JobLimits(max_batch_size=10**8))

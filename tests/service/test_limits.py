@@ -102,7 +102,7 @@ def test_an_infinite_latency_in_a_grid_and_an_observation_is_a_422(client):
     assert response.status_code == 422 and "body.placement.inter_node_latency_us" in _locs(response)
 
 
-@pytest.mark.parametrize(("batch", "message"), [("1e30", "integer"), ("1000000000000", "max_global_batch")])
+@pytest.mark.parametrize(("batch", "message"), [("1e30", "integer"), ("10000000000000", "max_global_batch")])
 def test_a_global_batch_of_1e30_is_a_422(client, batch, message):
     response = _predict_raw(client, '{"accelerator": "a100", "global_batch_size": ' + batch + "}")
     assert response.status_code == 422

@@ -28,8 +28,9 @@ def _database_path(sqlite_url: str) -> str:
 def test_a_new_store_has_every_table_and_the_current_version(store):
     assert set(inspect(store.engine).get_table_names()) >= {"schema_info", "profiles", "op_records", "onnx_nodes",
                                                              "op_measurements", "jobs", "observations",
-                                                             "model_events", "accelerators", "graphs"}
-    assert _version(store) == STORE_SCHEMA_VERSION == 5
+                                                             "model_events", "accelerators", "graphs",
+                                                             "whole_job_measurements"}
+    assert _version(store) == STORE_SCHEMA_VERSION == 6
     with store.engine.connect() as connection:
         assert connection.execute(select(SchemaInfo.id, SchemaInfo.version)).all() == [(1, STORE_SCHEMA_VERSION)]
     with ProfileStore(store.url) as reopened:  # opening again changes nothing
@@ -197,7 +198,8 @@ def test_a_v4_store_is_migrated_to_v5_with_a_graphs_table(store_url, factory):
     engine = open_engine(store_url)
     try:
         with write_transaction(engine) as connection:
-            Base.metadata.create_all(connection, tables=[t for t in Base.metadata.sorted_tables if t.name != "graphs"])
+            later = ("graphs", "whole_job_measurements")  # v5 and v6 tables
+            Base.metadata.create_all(connection, tables=[t for t in Base.metadata.sorted_tables if t.name not in later])
             connection.execute(insert(SchemaInfo).values(id=1, version=4))
             profile_id = connection.execute(
                 insert(ProfileRow.__table__).values(uid="0" * 32, **profile_values(profile))
@@ -205,7 +207,7 @@ def test_a_v4_store_is_migrated_to_v5_with_a_graphs_table(store_url, factory):
     finally:
         engine.dispose()
     with ProfileStore(store_url) as store:
-        assert _version(store) == STORE_SCHEMA_VERSION == 5
+        assert _version(store) == STORE_SCHEMA_VERSION
         inspector = inspect(store.engine)
         _assert_columns_as_declared(store, inspector, "graphs")
         unique = [u["column_names"] for u in inspector.get_unique_constraints("graphs")] + \
@@ -216,3 +218,52 @@ def test_a_v4_store_is_migrated_to_v5_with_a_graphs_table(store_url, factory):
         module = torch.nn.Linear(4, 2).to("meta")
         graph = graph_from_module(module, (torch.empty(1, 4, device="meta"),), name="lin", job_id=profile.job_id)
         assert store.add_graph(profile.job_id, graph) and store.graph(profile.job_id) == graph
+
+
+def test_a_v5_store_is_migrated_to_v6_with_a_whole_job_measurements_table(store_url, factory):
+    """The v5 -> v6 step adds `whole_job_measurements` as a new store has it (columns, unique key, index); the runs
+    and graphs stay, and whole-job runs can be stored."""
+    from datetime import datetime
+
+    from perfmodel.importers.lambda_runs import WholeJobRun
+    from perfmodel.jobs.spec import Precision
+    from perfmodel.store.rows import profile_values
+    from perfmodel.store.schema import open_engine, write_transaction
+    from perfmodel.store.tables import Base, GraphRow, ProfileRow
+
+    profile = factory.profile(n_ops=None)
+    engine = open_engine(store_url)
+    try:
+        with write_transaction(engine) as connection:
+            v5 = [t for t in Base.metadata.sorted_tables if t.name != "whole_job_measurements"]
+            Base.metadata.create_all(connection, tables=v5)
+            connection.execute(insert(SchemaInfo).values(id=1, version=5))
+            profile_id = connection.execute(
+                insert(ProfileRow.__table__).values(uid="0" * 32, **profile_values(profile))
+            ).inserted_primary_key[0]
+            connection.execute(insert(GraphRow.__table__).values(job_key=profile.job_id, graph_json="{}",
+                                                                 created_at=profile.created_at))
+    finally:
+        engine.dispose()
+    with ProfileStore(store_url) as store:
+        assert _version(store) == STORE_SCHEMA_VERSION == 6
+        inspector = inspect(store.engine)
+        _assert_columns_as_declared(store, inspector, "whole_job_measurements")
+        unique = [u["column_names"] for u in inspector.get_unique_constraints("whole_job_measurements")] + \
+            [i["column_names"] for i in inspector.get_indexes("whole_job_measurements") if i.get("unique")]
+        assert ["source", "source_id"] in unique
+        indexes = {i["name"]: i["column_names"] for i in inspector.get_indexes("whole_job_measurements")}
+        assert indexes.get("ix_whole_job_measurements_model_accelerator") == ["model", "accelerator"]
+        assert store.get(profile_id) == profile and store.graphs_json() == {profile.job_id: "{}"}  # v5 data stays
+        run = WholeJobRun(
+            source="lambda", source_id="pytorch/results/A40/PyTorch_gnmt_FP16/x.txt", suite="v0", config="A40",
+            host=None, variant=None, gpu_name="A40", arch="Ampere", accelerator="a40", devices=1, nodes=1,
+            source_model="gnmt", model="gnmt", source_precision="FP16", amp_in_log=True, precision=Precision.amp,
+            batch_size=256.0, global_batch_size=256, batch_source="log", throughput=97000.5, unit="tokens/s",
+            metric="gnmt_epoch_train_tok_s", status="ok", date=datetime(2021, 6, 1, 12, 0), pytorch_version=None,
+            cuda_version=None)
+        assert store.add_whole_job_measurements([run]).added == (("lambda", run.source_id),)
+    with ProfileStore(store_url) as reopened:  # opening again changes nothing
+        assert _version(reopened) == STORE_SCHEMA_VERSION
+        stored = reopened.whole_job_measurements()
+        assert stored[["model", "accelerator", "throughput_items_per_s"]].values.tolist() == [["gnmt", "a40", 97000.5]]

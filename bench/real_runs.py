@@ -1,0 +1,81 @@
+"""Real training runs held out: the learned whole-step stage judged on Lambda's public PyTorch runs (TF32 / AMP,
+27 GPUs, 1-16 GPUs in a node), leave one model family out and leave one chip out.
+
+    .venv/bin/python bench/real_runs.py [--datasets DIR] [--cache FILE.parquet] [--write] [--promote]
+
+Steps: every successful run of a zoo model on a catalog GPU (repeats merged) is composed once through the serving
+path without the stage (kernel sum per device + placement model), then for each hold-out group a stage is fitted
+on the other groups' one-GPU runs and the group's runs are predicted through the serving path with it
+(`PlacementPredictor.predict`: the stage corrects one device's compute, the placement model adds communication).
+Prints MAPE per math mode and GPU count (one GPU; 2-16), the worst GPU, the 80 % interval's coverage and the
+n-GPU / 1-GPU scaling ratio's error, for the composed prediction ("before") and each hold-out. `--write` fits the
+stage on every run and saves it as the next `xgb-whole-step` version in the registry; `--promote` promotes it.
+Data: Lambda, lambdal/deeplearning-benchmark (read in place, never copied).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+
+from perfmodel.evaluation.gpu_report import gpu_accuracy, group_table, headline_line, mode_table, write_gpu_report
+from perfmodel.evaluation.real_runs import fit_stage
+from perfmodel.predictor.composition import COMPOSITION_FEATURES
+from perfmodel.settings import get_settings
+
+
+def show(frame: pd.DataFrame, title: str) -> None:
+    print(f"\n## {title}\n\n{headline_line(frame)}\n\n{mode_table(frame)}\n\n{group_table(frame, 'family')}\n\n"
+          f"{group_table(frame, 'chip')}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--datasets", type=Path, default=get_settings().datasets_dir)
+    parser.add_argument("--cache", type=Path, help="keep the composed runs in this Parquet file (re-runs skip "
+                        "composing; delete it after changing the kernel model or the zoo)")
+    parser.add_argument("--graph-cache", type=Path, help="keep captured graphs (IR JSON) in this folder")
+    parser.add_argument("--out", type=Path, help="write every held-out prediction to this CSV")
+    parser.add_argument("--report", type=Path, help="also write the Markdown report and plots in this folder")
+    parser.add_argument("--write", action="store_true", help="fit on every run and save the next xgb-whole-step")
+    parser.add_argument("--promote", action="store_true", help="with --write: promote it (role whole-step)")
+    parser.add_argument("--models-dir", type=Path, help="registry root (default: the shipped models/)")
+    args = parser.parse_args(argv)
+
+    if not (args.datasets / "lambda").is_dir():
+        print(f"no Lambda runs at {args.datasets / 'lambda'}: nothing to judge", file=sys.stderr)
+        return 2
+    started = time.perf_counter()
+    result = gpu_accuracy(args.datasets, args.models_dir, args.cache, progress=lambda m: print("  " + m, flush=True),
+                          graph_cache=args.graph_cache)
+    print("\n".join(result.notes))
+    show(result.composed, "Composed kernel sum + placement model, no whole-step stage (before)")
+    titles = {"family": "Leave one model family out (all GPUs)",
+              "chip": "Leave one chip out (every SKU of the die; the kernel model saw some chips' kernels)"}
+    for by, held in result.held.items():
+        show(held, titles[by])
+        if args.out is not None:
+            held.to_csv(args.out.with_name(f"{args.out.stem}-{by}{args.out.suffix}"), index=False)
+    if args.report is not None:
+        print(f"\nreport: {write_gpu_report(result, args.report)['report']}")
+    if args.write:
+        from perfmodel.registry.registry import ModelRegistry
+
+        registry = ModelRegistry(args.models_dir)
+        stage = fit_stage(result.composed, list(COMPOSITION_FEATURES))
+        directory = registry.next_version_dir("xgb-whole-step")
+        stage.save(directory)
+        print(f"saved {directory} ({stage.n_samples_} one-GPU configurations)")
+        if args.promote:
+            registry.promote(f"xgb-whole-step/{directory.name}")
+            print(f"promoted xgb-whole-step/{directory.name} (role whole-step)")
+    print(f"done in {time.perf_counter() - started:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

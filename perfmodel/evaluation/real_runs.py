@@ -1,0 +1,330 @@
+"""Real end-to-end training runs against the composed prediction: the data the learned whole-step stage is fitted
+on and judged by.
+
+A run is one measured configuration (model, GPU, GPUs in the node, math mode, per-GPU batch): Lambda's 1,986 public
+PyTorch training runs (`perfmodel.importers.lambda_runs`; repeats of one configuration are merged into their
+median). For each, `composed_frame` builds the job (the zoo model at the reference sequence length, the
+reference implementation's optimizer) and its placement (one node, data parallel), and records
+
+- the measured step: global batch / measured samples per second (items per second over the zoo entry's items
+  per sample);
+- the composed step: the per-op device model's kernel sum on one device (`single_ms`) and the placement model's
+  iteration on the run's GPUs (`placement_ms`), without the learned stage;
+- the composition features of one device's step (`COMPOSITION_FEATURES`) and the placement's communication share.
+
+Hold-outs (`leave_one_out`): by model family (every GPU) and by chip (every SKU of one die, `CHIP_OF`), each fold
+fitting the stage on the rest. The per-op device model under the composition is the shipped one, which was fitted
+on kernel measurements of some of these chips (A100, V100, A40, RTX 3090/A6000, RTX 4090/L40S's AD102, T4's TU104):
+the chip hold-out holds out their whole runs, not their kernels, and says so.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from perfmodel.core.errors import PerfmodelError
+from perfmodel.jobs.spec import JobSpec
+from perfmodel.placement.spec import Parallelism, PlacementSpec
+
+# the optimizer each reference implementation trains with (NVIDIA DeepLearningExamples defaults)
+OPTIMIZER_OF = {"ssd300": "sgd", "maskrcnn": "sgd", "gnmt": "adam", "ncf": "adam", "tacotron2": "adam",
+                "waveglow": "adam", "transformer-xl-base": "adam", "transformer-xl-large": "adam"}
+
+# the die of every catalog part the public whole-run data covers: a chip hold-out holds out every SKU of one die
+CHIP_OF = {
+    **dict.fromkeys(("a100-pcie-40gb", "a100-pcie-80gb", "a100-sxm4-40gb", "a100-sxm4-80gb", "a800-pcie-40gb",
+                     "a800-pcie-80gb", "a800-sxm4-80gb", "a30"), "GA100"),
+    **dict.fromkeys(("rtx-3090", "rtx-3090-ti", "rtx-3080", "rtx-a6000", "rtx-a5000", "rtx-a5500", "rtx-a4500",
+                     "a40", "a10", "a10g"), "GA102"),
+    **dict.fromkeys(("rtx-3070", "rtx-a4000", "rtx-3080-max-q", "rtx-3080-laptop"), "GA104"),
+    **dict.fromkeys(("rtx-4090", "rtx-6000-ada", "l40", "l40s"), "AD102"),
+    **dict.fromkeys(("v100-sxm2-16gb", "v100-sxm2-32gb", "v100-pcie-16gb", "v100-pcie-32gb", "v100s-pcie-32gb",
+                     "titan-v", "quadro-gv100"), "GV100"),
+    **dict.fromkeys(("rtx-2080-ti", "titan-rtx", "quadro-rtx-6000", "quadro-rtx-8000"), "TU102"),
+    **dict.fromkeys(("quadro-rtx-5000", "rtx-2080-max-q", "rtx-2080-super-max-q", "t4", "quadro-rtx-4000"),
+                    "TU104"),
+    **dict.fromkeys(("rtx-2070-max-q",), "TU106"),
+    **dict.fromkeys(("gtx-1080-ti", "titan-xp", "titan-x-pascal", "p4"), "GP102"),
+    **dict.fromkeys(("p100-pcie-12gb", "p100-pcie-16gb", "p100-sxm2-16gb"), "GP100"),
+    **dict.fromkeys(("h100-pcie", "h100-sxm5", "h100-nvl", "h800-pcie", "h800-sxm", "h200", "h200-nvl", "h20",
+                     "gh200-96gb", "gh200-144gb"), "GH100"),
+}
+
+
+def chip_of(accelerator: str) -> str:
+    """The die of a catalog part (its own name where the table has none)."""
+    return CHIP_OF.get(accelerator, accelerator)
+
+
+@dataclass(frozen=True)
+class RealRun:
+    """One measured configuration (repeats merged into their median)."""
+
+    source: str
+    model: str  # zoo name
+    family: str
+    accelerator: str
+    devices: int
+    precision: str
+    batch_size: int  # per GPU
+    global_batch_size: int
+    measured_samples_per_s: float
+    unit: str
+    items_per_sample: float
+    repeats: int
+    suite: str = ""
+
+    @property
+    def measured_ms(self) -> float:
+        """The measured step: one optimizer step of the whole job, ms."""
+        return self.global_batch_size / self.measured_samples_per_s * 1e3
+
+    def spec(self, seq_len: int) -> JobSpec:
+        return JobSpec.from_options(zoo=self.model, batch_size=self.batch_size, seq_len=seq_len,
+                                    precision=self.precision, optimizer=OPTIMIZER_OF.get(self.model, "adam"))
+
+    def placement(self) -> PlacementSpec:
+        return PlacementSpec(accelerator=self.accelerator, devices_per_node=(self.devices,),
+                             global_batch_size=self.batch_size * self.devices,
+                             parallelism=Parallelism(data=self.devices))
+
+
+def lambda_runs(folder: str | Path) -> list[RealRun]:
+    """Lambda's successful runs of zoo models on catalog GPUs, read from the dataset folder (see `real_runs`)."""
+    from perfmodel.importers.lambda_runs import read_lambda
+
+    records = [r for r in read_lambda(folder) if r.ok]
+    frame = pd.DataFrame([{"source": r.source, "model": r.model, "accelerator": r.accelerator,
+                           "devices": int(r.devices), "precision": str(getattr(r.precision, "value", r.precision)),
+                           "batch_size": r.batch_size, "global_batch_size": int(r.global_batch_size),
+                           "throughput_items_per_s": r.throughput, "unit": r.unit, "suite": r.suite}
+                          for r in records])
+    runs = real_runs(frame)
+    if not runs:
+        raise PerfmodelError(f"no successful Lambda run of a zoo model on a catalog GPU in {folder}")
+    return runs
+
+
+def stored_runs(store: Any) -> list[RealRun]:
+    """The successful whole-job runs a store holds (`perfmodel import lambda`), as `real_runs` merges them."""
+    frame = store.whole_job_measurements(status="ok")
+    if frame.empty:
+        return []
+    suites = [extra.get("suite", "") if isinstance(extra, dict) else "" for extra in frame["extra"]]
+    return real_runs(frame.assign(suite=suites))
+
+
+def real_runs(frame: pd.DataFrame) -> list[RealRun]:
+    """Runs of zoo models on catalog GPUs (columns source, model, accelerator, devices, precision, batch_size,
+    global_batch_size, throughput_items_per_s, unit, suite), repeats of one configuration merged into their median
+    throughput, converted to samples/s with the zoo entry's items per sample."""
+    from perfmodel.jobs.zoo import ZOO
+
+    frame = frame[frame["accelerator"].notna() & frame["model"].isin(list(ZOO))
+                  & (frame["throughput_items_per_s"] > 0)]
+    frame = frame.assign(batch_size=frame["batch_size"].round().astype(int))
+    keys = ["source", "model", "accelerator", "devices", "precision", "batch_size", "global_batch_size", "unit",
+            "suite"]
+    out = []
+    for key, group in frame.groupby(keys, sort=True):
+        values: dict[str, Any] = dict(zip(keys, key))
+        entry = ZOO[values["model"]]
+        per_sample = float(entry.items_per_sample(entry.reference_seq_len or 128))
+        out.append(RealRun(source=values["source"], model=values["model"], family=entry.family,
+                           accelerator=values["accelerator"], devices=int(values["devices"]),
+                           precision=values["precision"], batch_size=int(values["batch_size"]),
+                           global_batch_size=int(values["global_batch_size"]),
+                           measured_samples_per_s=float(group["throughput_items_per_s"].median()) / per_sample,
+                           unit=values["unit"], items_per_sample=per_sample, repeats=len(group),
+                           suite=values["suite"]))
+    return out
+
+
+def composed_frame(runs: Iterable[RealRun], predictor: Any,
+                   progress: Callable[[str], None] = lambda _: None) -> pd.DataFrame:
+    """One row per run: identity, measured and composed steps, and the composition features. `predictor`: a
+    `PlacementPredictor` without the learned stage (its `whole_step` is set aside while composing)."""
+    from perfmodel.jobs.zoo import ZOO
+
+    saved, predictor.whole_step = predictor.whole_step, None
+    records = []
+    try:
+        for i, run in enumerate(runs):
+            entry = ZOO[run.model]
+            spec = run.spec(entry.reference_seq_len or 128)
+            placement = run.placement()
+            if i % 50 == 0:
+                progress(f"{i}: {run.model} on {run.devices} x {run.accelerator} ({run.precision})")
+            try:
+                placed = predictor.predict(spec, placement)
+                single_placement = placement.model_copy(update={"devices_per_node": (1,),
+                                                                "global_batch_size": run.batch_size,
+                                                                "parallelism": Parallelism()})
+                single = predictor.predict(spec, single_placement)
+                features = predictor.composition(spec, single_placement)
+            except PerfmodelError as exc:
+                progress(f"skipped {run.model} on {run.accelerator}: {exc}")
+                continue
+            records.append({
+                **{k: getattr(run, k) for k in ("source", "model", "family", "accelerator", "devices", "precision",
+                                                "batch_size", "global_batch_size", "repeats", "suite")},
+                "key": run_key(run), "chip": chip_of(run.accelerator), "measured_ms": run.measured_ms,
+                "measured_samples_per_s": run.measured_samples_per_s,
+                "single_ms": single.iter_time_ms, "placement_ms": placed.iter_time_ms,
+                "communication_ms": placed.breakdown_ms.get("communication", 0.0),
+                "fits": bool(placed.fits), **(features or {})})
+    finally:
+        predictor.whole_step = saved
+    return pd.DataFrame.from_records(records)
+
+
+def disk_graphs(folder: Path) -> Callable[[JobSpec], Any]:
+    """A graph source for `PlacementPredictor(graphs=...)` that keeps every captured graph as IR JSON in `folder`
+    (`<job key>.json`), so that processes composing the same jobs capture each once (a Tacotron 2 graph of 550
+    mel frames takes about 50 CPU-seconds to capture)."""
+    from perfmodel.core.atomic import write_text_atomically
+    from perfmodel.core.ir import Graph
+    from perfmodel.graph import graph_for_job
+
+    folder.mkdir(parents=True, exist_ok=True)
+
+    def graph(spec: JobSpec) -> Any:
+        path = folder / f"{spec.key()}.json"
+        if path.is_file():
+            try:
+                return Graph.from_json(path.read_text())
+            except ValueError:
+                pass  # written by another version of the IR: capture again
+        captured = graph_for_job(spec)
+        write_text_atomically(path, captured.to_json())
+        return captured
+
+    return graph
+
+
+def ape(predicted: Any, measured: Any) -> np.ndarray:
+    return np.abs(np.asarray(predicted) / np.asarray(measured) - 1.0)
+
+
+def scaling_ratio_errors(frame: pd.DataFrame, column: str) -> pd.DataFrame:
+    """Per multi-GPU run: the measured and predicted n-GPU / 1-GPU throughput ratio at the same per-GPU batch and
+    math (runs whose one-GPU configuration was measured too), and the ratio's APE."""
+    keys = ["model", "accelerator", "precision", "batch_size", "suite"]
+    ones = frame[frame.devices == 1].set_index(keys)
+    rows = []
+    for row in frame[frame.devices > 1].itertuples(index=False):
+        key = tuple(getattr(row, k) for k in keys)
+        if key not in ones.index:
+            continue
+        one = ones.loc[[key]].iloc[0]
+        measured = (row.global_batch_size / row.measured_ms) / (one.global_batch_size / one.measured_ms)
+        predicted = (row.global_batch_size / getattr(row, column)) / (one.global_batch_size / one[column])
+        rows.append({**{k: getattr(row, k) for k in (*keys, "devices", "family", "chip")},
+                     "measured_ratio": measured, "predicted_ratio": predicted,
+                     "ape": abs(predicted / measured - 1.0)})
+    return pd.DataFrame.from_records(rows)
+
+
+def fit_stage(train: pd.DataFrame, feature_names: Sequence[str], **settings: Any) -> Any:
+    """The whole-step stage fitted on one-device rows of `train` (target: log(measured / composed))."""
+    from perfmodel.regressors.whole_step import TARGET, WholeStepRegressor
+
+    ones = train[train.devices == 1]
+    frame = ones.assign(**{TARGET: np.log(ones.measured_ms / ones.single_ms)})
+    keys = [f"{r.source}:{r.model}:{r.accelerator}:{r.precision}:{r.batch_size}:{r.suite}"
+            for r in ones.itertuples(index=False)]
+    return WholeStepRegressor(feature_names=feature_names, **settings).fit(frame, groups=list(ones.family),
+                                                                          keys=keys)
+
+
+def predict_runs(runs: Sequence[RealRun], predictor: Any) -> pd.DataFrame:
+    """Every run predicted through the serving path (`PlacementPredictor.predict`, with whatever whole-step stage
+    it holds): `predicted_ms` and the 80 % band (`low_ms`, `high_ms`) of the run's placement, and
+    `predicted_single_ms` of one GPU at the same per-GPU batch."""
+    from perfmodel.jobs.zoo import ZOO
+
+    records = []
+    for run in runs:
+        spec = run.spec(ZOO[run.model].reference_seq_len or 128)
+        placement = run.placement()
+        try:
+            placed = predictor.predict(spec, placement)
+        except PerfmodelError:
+            continue
+        records.append({"key": run_key(run), "predicted_ms": placed.iter_time_ms, "low_ms": placed.interval_ms[0],
+                        "high_ms": placed.interval_ms[1]})
+    return pd.DataFrame.from_records(records)
+
+
+def run_key(run: RealRun | Any) -> str:
+    return (f"{run.source}:{run.model}:{run.accelerator}:{run.devices}:{run.precision}:{run.batch_size}:"
+            f"{run.global_batch_size}:{run.suite}")
+
+
+def predict_from_frame(frame: pd.DataFrame, stage: Any) -> pd.DataFrame:
+    """The stage applied to composed rows without the serving path: one device's compute (the placement's step
+    less its exposed communication) times the factor, plus that communication. Exact on one GPU; on several it
+    leaves the exposed communication as composed (the serving path re-derives its overlap with the corrected
+    backward). For quick experiments on a cached frame; the bench's figures come from the serving path."""
+    out = stage.predict(frame)
+    floor = frame["roofline_over_composed"].to_numpy()
+    factor = np.maximum(np.exp(out.log_factor), floor)
+    low = np.maximum(np.minimum(np.exp(out.log_low), factor), floor)
+    high = np.maximum(np.exp(out.log_high), factor)
+    communication = frame["communication_ms"].to_numpy()
+    predicted = (frame["placement_ms"].to_numpy() - communication) * factor + communication
+    return pd.DataFrame({"key": frame["key"].to_numpy(), "predicted_ms": predicted,
+                         "low_ms": predicted * low / factor, "high_ms": predicted * high / factor})
+
+
+def leave_one_out(runs: Sequence[RealRun], frame: pd.DataFrame, predictor: Any, by: str,
+                  feature_names: Sequence[str], progress: Callable[[str], None] = lambda _: None,
+                  serving_path: bool = True, **settings: Any) -> pd.DataFrame:
+    """Every run predicted by a stage fitted without its `by` group (family or chip) of `frame` (the composed
+    frame of the same runs), through the serving path (or `predict_from_frame` with `serving_path=False`).
+    Returns `frame` joined with `predicted_ms`, `low_ms`, `high_ms`."""
+    from perfmodel.predictor.whole_step import WholeStepStage
+
+    frame = frame.assign(key=[run_key(r) for r in frame.itertuples(index=False)])
+    group_of = dict(zip(frame.key, frame[by]))
+    saved = predictor.whole_step if predictor is not None else None
+    parts = []
+    try:
+        for group in sorted(frame[by].unique()):
+            train = frame[frame[by] != group]
+            if (train.devices == 1).sum() < 5:
+                continue
+            stage = fit_stage(train, feature_names, **settings)
+            if not serving_path:
+                parts.append(predict_from_frame(frame[frame[by] == group], stage))
+                continue
+            test = [r for r in runs if group_of.get(run_key(r)) == group]
+            progress(f"holding out {by} {group}: {len(test)} runs")
+            predictor.set_whole_step(WholeStepStage(stage, f"without-{group}"))
+            parts.append(predict_runs(test, predictor))
+    finally:
+        if predictor is not None:
+            predictor.set_whole_step(saved)
+    predicted = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=["key"])
+    return frame.merge(predicted, on="key", how="inner")
+
+
+def summary(frame: pd.DataFrame, column: str) -> dict[str, float]:
+    """MAPE of `column` against the measured step on one GPU and on 2-16, worst GPU, and interval coverage."""
+    err = ape(frame[column], frame.measured_ms)
+    one = frame.devices.to_numpy() == 1
+    by_gpu = pd.Series(err).groupby(frame.accelerator.to_numpy()).mean()
+    out = {"runs": float(len(frame)), "mape_1gpu": float(err[one].mean()) if one.any() else math.nan,
+           "mape_multi": float(err[~one].mean()) if (~one).any() else math.nan,
+           "worst_gpu_mape": float(by_gpu.max()) if len(by_gpu) else math.nan}
+    if {"low_ms", "high_ms"} <= set(frame.columns):
+        inside = (frame.measured_ms >= frame.low_ms) & (frame.measured_ms <= frame.high_ms)
+        out["coverage"] = float(inside.mean())
+    return out

@@ -1,0 +1,109 @@
+"""What a composed prediction is made of: named, device-independent features of the kernel sum, for the learned
+whole-step stage (`perfmodel.regressors.whole_step`).
+
+A composed step is Σ kernel rows (each priced by the per-op device model) + the host time the device cannot hide.
+Kernel microbenchmarks run one op at a time under ideal conditions; a real training step differs from their sum in
+ways that depend on what the step is made of (how much of it is tensor-core GEMMs, memory-bound passes, tiny
+kernels the host issues faster than they run, ...). These features describe that mix, the job's graph and the
+device's spec sheet, never the device's name, so the stage learned from some GPUs answers for others:
+
+- `log_composed_ms`: log2 of the composed step (device time + exposed host time), ms;
+- `share_<group>`: the share of device time in each math group (matmul, conv, autocast_fp32, vector) and in the
+  optimizer step, and `share_tensor_math` (GEMM/conv rows on tensor cores);
+- `share_memory_bound`: the share of device time in rows whose memory time exceeds their compute time;
+- `roofline_over_composed`: Σ row roofline / composed step (how close to the device's peaks the kernel model puts
+  the step), `host_over_device`: the host's issue time over the device time, `share_overhead`: exposed host time;
+- `log_kernels`, `log_mean_kernel_us`: kernel count and mean kernel time;
+- graph: `log_flops`, `log_bytes` (per sample and per step), `log_params`, `log_intensity`;
+- device: `log_peak_tensor_tflops` (the peak of the job's GEMM math), `log_bandwidth_gb_s`, `log_ridge`,
+  `log_peak_per_watt`, `log_memory_gb`, `amp` (half-precision GEMMs) — ratios and magnitudes, no identity.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+import numpy as np
+import pandas as pd
+
+from perfmodel.core import cost
+from perfmodel.core.ir import Graph
+from perfmodel.hardware.math import on_tensor_cores, peak_gflops
+from perfmodel.hardware.spec import HardwareSpec
+from perfmodel.jobs.spec import JobSpec
+from perfmodel.lowering.ops import GEMM_CLASSES, op_work
+from perfmodel.predictor.math_modes import GROUPS, group_of, resolved_table
+
+COMPOSITION_FEATURES: tuple[str, ...] = (
+    "log_composed_ms",
+    *(f"share_{g}" for g in GROUPS), "share_optimizer", "share_tensor_math", "share_memory_bound",
+    "roofline_over_composed", "host_over_device", "share_overhead",
+    "log_kernels", "log_mean_kernel_us",
+    "log_flops_per_sample", "log_bytes_per_sample", "log_flops", "log_params", "log_intensity",
+    "log_peak_tensor_tflops", "log_bandwidth_gb_s", "log_ridge", "log_peak_per_watt", "log_memory_gb", "amp",
+)
+
+
+def _log2(x: float) -> float:
+    return math.log2(max(float(x), 1e-12))
+
+
+def row_roofline(rows: pd.DataFrame, hardware: HardwareSpec) -> tuple[np.ndarray, np.ndarray]:
+    """(compute ms, memory ms) of every kernel row at the peak of its math and the device's bandwidth."""
+    work = op_work(rows)
+    gemm = rows["op_class"].isin(GEMM_CLASSES).to_numpy()
+    maths = rows["math"].to_numpy() if "math" in rows else np.full(len(rows), "fp32")
+    peaks = {(m, g): peak_gflops(hardware, m, bool(g)) for m, g in set(zip(maths, gemm))}
+    peak = np.array([peaks[(m, g)] for m, g in zip(maths, gemm)], dtype=np.float64)
+    return cost.compute_ms(work.flops, peak), cost.memory_ms(work.bytes_read + work.bytes_written,
+                                                             hardware.memory_bandwidth_gb_s)
+
+
+def composition_features(spec: JobSpec, graph: Graph, hardware: HardwareSpec, rows: pd.DataFrame,
+                         latency_ms: np.ndarray, breakdown_ms: Mapping[str, float],
+                         host_ms_per_kernel: float) -> dict[str, float]:
+    """The `COMPOSITION_FEATURES` of one composed step (`rows` and their predicted `latency_ms`, and the step's
+    `breakdown_ms`: forward, backward, optimizer, communication, overhead)."""
+    ms = np.asarray(latency_ms, dtype=np.float64)
+    device_ms = max(float(ms.sum()), 1e-9)
+    composed_ms = max(float(sum(breakdown_ms.values())), 1e-9)
+    groups = rows["kind"].map(group_of).to_numpy() if "kind" in rows else np.full(len(rows), "vector")
+    optimizer = (rows["phase"] == "optimizer").to_numpy() if "phase" in rows else np.zeros(len(rows), bool)
+    compute, memory = row_roofline(rows, hardware)
+    gemm = rows["op_class"].isin(GEMM_CLASSES).to_numpy()
+    maths = rows["math"].to_numpy() if "math" in rows else np.full(len(rows), "fp32")
+    tensor = np.array([on_tensor_cores(hardware, m, bool(g)) for m, g in zip(maths, gemm)], dtype=bool)
+    table = resolved_table(spec.precision, hardware)
+    gemm_math = table["matmul"].math
+    peak_tensor = peak_gflops(hardware, gemm_math, True)
+    totals = graph.totals
+    batch = max(spec.batch_size, 1)
+    flops = float(totals.flops_fwd + totals.flops_bwd)
+    bytes_ = float(totals.bytes_read_fwd + totals.bytes_written_fwd + totals.bytes_read_bwd
+                   + totals.bytes_written_bwd)
+    watts = hardware.tdp_w or float("nan")
+    out = {
+        "log_composed_ms": _log2(composed_ms),
+        **{f"share_{g}": float(ms[(groups == g) & ~optimizer].sum()) / device_ms for g in GROUPS},
+        "share_optimizer": float(ms[optimizer].sum()) / device_ms,
+        "share_tensor_math": float(ms[tensor].sum()) / device_ms,
+        "share_memory_bound": float(ms[memory > compute].sum()) / device_ms,
+        "roofline_over_composed": float(np.maximum(compute, memory).sum()) / composed_ms,
+        "host_over_device": len(rows) * host_ms_per_kernel / device_ms,
+        "share_overhead": float(breakdown_ms.get("overhead", 0.0)) / composed_ms,
+        "log_kernels": _log2(len(rows) + 1),
+        "log_mean_kernel_us": _log2(device_ms * 1e3 / max(len(rows), 1)),
+        "log_flops_per_sample": _log2(flops / batch + 1),
+        "log_bytes_per_sample": _log2(bytes_ / batch + 1),
+        "log_flops": _log2(flops + 1),
+        "log_params": _log2(totals.params + 1),
+        "log_intensity": _log2(flops / max(bytes_, 1.0)),
+        "log_peak_tensor_tflops": _log2(peak_tensor / 1e3),
+        "log_bandwidth_gb_s": _log2(hardware.memory_bandwidth_gb_s),
+        "log_ridge": _log2(cost.ridge_point(peak_tensor, hardware.memory_bandwidth_gb_s)),
+        "log_peak_per_watt": _log2(peak_tensor / watts) if watts == watts else float("nan"),
+        "log_memory_gb": _log2(hardware.memory_gb),
+        "amp": float(gemm_math in ("fp16", "bf16")),
+    }
+    return {name: out[name] for name in COMPOSITION_FEATURES}

@@ -1,0 +1,124 @@
+"""Whole-job runs into the learned whole-step stage: merging repeats into samples/s, the scaling ratio, `perfmodel
+retrain --roles whole-step` on a real SQLite store of synthetic whole-job runs (composed through the real serving
+path), the served prediction it changes, and the GPU accuracy report with its plots."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from perfmodel.evaluation.gpu_report import GpuAccuracy, headline, write_gpu_report
+from perfmodel.evaluation.real_runs import RealRun, composed_frame, real_runs, scaling_ratio_errors
+from perfmodel.evaluation.retrain import RetrainSettings, retrain
+from perfmodel.importers.lambda_runs import WholeJobRun
+from perfmodel.jobs.spec import Precision
+from perfmodel.jobs.zoo import ZOO
+from perfmodel.predictor.placed import PlacementPredictor
+from perfmodel.store.jobs import JobStore
+from tests.conftest import copy_shipped_models
+
+GPUS = ("a100-sxm4-80gb", "v100-sxm2-16gb", "rtx-3090", "rtx-a6000", "quadro-rtx-8000")
+TRUE_FACTOR = 1.4  # the synthetic runs are this much slower than the composed prediction
+
+
+def frame_of(rows: list[dict]) -> pd.DataFrame:
+    base = {"source": "lambda", "devices": 1, "precision": "tf32", "unit": "tokens/s", "suite": "v0"}
+    return pd.DataFrame([{**base, **row} for row in rows])
+
+
+def test_repeats_merge_into_their_median_in_samples_per_second():
+    per_sample = ZOO["gnmt"].items_per_sample(ZOO["gnmt"].reference_seq_len or 128)
+    runs = real_runs(frame_of([
+        {"model": "gnmt", "accelerator": "a10", "batch_size": 128.0, "global_batch_size": 128,
+         "throughput_items_per_s": t} for t in (90_000.0, 100_000.0, 200_000.0)]
+        + [{"model": "gnmt", "accelerator": None, "batch_size": 128.0, "global_batch_size": 128,
+            "throughput_items_per_s": 1.0},  # a GPU the catalog lacks: left out
+           {"model": "resnet-unknown", "accelerator": "a10", "batch_size": 8.0, "global_batch_size": 8,
+            "throughput_items_per_s": 1.0}]))  # not a zoo model: left out
+    assert len(runs) == 1
+    run = runs[0]
+    assert run.repeats == 3 and run.family == "gnmt"
+    assert run.measured_samples_per_s == pytest.approx(100_000.0 / per_sample)
+    assert run.measured_ms == pytest.approx(128 / run.measured_samples_per_s * 1e3)
+
+
+def test_the_scaling_ratio_pairs_each_multi_gpu_run_with_its_one_gpu_twin():
+    rows = [dict(model="m", accelerator="g", precision="tf32", batch_size=8, suite="v0", family="f", chip="c",
+                 devices=n, global_batch_size=8 * n, measured_ms=ms, pred=pred)
+            for n, ms, pred in ((1, 10.0, 10.0), (4, 12.5, 10.0), (8, 20.0, 10.0))]
+    ratios = scaling_ratio_errors(pd.DataFrame(rows), "pred").set_index("devices")
+    assert ratios.loc[4, "measured_ratio"] == pytest.approx(3.2) and ratios.loc[4, "predicted_ratio"] == 4.0
+    assert ratios.loc[8, "ape"] == pytest.approx(abs(8 / 4 - 1))
+
+
+def _run(model: str, accelerator: str, precision: str, batch: int, items_per_s: float, i: int) -> WholeJobRun:
+    return WholeJobRun(
+        source="lambda", source_id=f"synthetic/{model}/{accelerator}/{precision}/{i}", suite="v0", config="c",
+        host=None, variant=None, gpu_name=accelerator, arch="Ampere", accelerator=accelerator, devices=1, nodes=1,
+        source_model=model, model=model, source_precision="FP32", amp_in_log=None, precision=Precision(precision),
+        batch_size=float(batch), global_batch_size=batch, batch_source="log", throughput=items_per_s,
+        unit=ZOO[model].unit, metric="synthetic", status="ok", date=None, pytorch_version=None, cuda_version=None)
+
+
+@pytest.mark.slow
+def test_retrain_learns_the_stage_from_stored_runs_and_the_service_path_applies_it(tmp_path):
+    """Synthetic runs TRUE_FACTOR slower than composed, of two cheap zoo families on five GPUs: the whole-step role
+    is promoted, the served prediction moves toward the runs, and the GPU report is written with its plots."""
+    models = copy_shipped_models(tmp_path / "models")
+    composer = PlacementPredictor.load(models)
+    jobs = [("ncf", 4096), ("transformer-xl-base", 1)]  # the two cheapest to compose (one capture each)
+    candidates = [RealRun("lambda", m, ZOO[m].family, gpu, 1, "tf32", b, b, 1.0, ZOO[m].unit, 1.0, 1, "v0")
+                  for m, b in jobs for gpu in GPUS]
+    composed = composed_frame(candidates, composer).set_index("key")
+    records = []
+    for i, run in enumerate(candidates):
+        row = composed.loc[f"lambda:{run.model}:{run.accelerator}:1:{run.precision}:{run.batch_size}:"
+                           f"{run.batch_size}:v0"]
+        entry = ZOO[run.model]
+        samples_per_s = run.batch_size / (row.single_ms * TRUE_FACTOR) * 1e3
+        records.append(_run(run.model, run.accelerator, run.precision, run.batch_size,
+                            samples_per_s * entry.items_per_sample(entry.reference_seq_len or 128), i))
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    with JobStore(url) as store:
+        store.add_whole_job_measurements(records)
+    few_trees = {"whole-step": {"n_estimators": 60, "nthread": 1, "inner_folds": 2}}
+    result = retrain(url, models, RetrainSettings(roles=("whole-step",), holdout_fraction=0.5,
+                                                  estimator_settings=few_trees))
+    assert result.error is None, result.error
+    [outcome] = result.roles
+    assert outcome.decision == "promoted", outcome.reason
+    served = PlacementPredictor.load(models)
+    assert served.whole_step is not None and served.model_versions["whole-step"] == outcome.promoted
+    run = candidates[0]
+    spec, placement = run.spec(ZOO[run.model].reference_seq_len or 128), run.placement()
+    corrected = served.predict(spec, placement)
+    assert corrected.composed_iter_time_ms is not None
+    assert corrected.iter_time_ms / corrected.composed_iter_time_ms == pytest.approx(TRUE_FACTOR, rel=0.15)
+
+
+def test_retrain_with_a_gpu_report_and_no_stored_runs_says_so(tmp_path):
+    models = copy_shipped_models(tmp_path / "models")
+    said: list[str] = []
+    result = retrain(f"sqlite:///{tmp_path / 'store.db'}", models,
+                     RetrainSettings(roles=("whole-step",), gpu_report_dir=tmp_path / "report"), progress=said.append)
+    assert result.error is None and result.roles[0].reason == "no training data in the store"
+    assert any("no whole-job runs" in line for line in said) and not (tmp_path / "report").exists()
+
+
+def test_the_report_of_perfect_predictions_says_so(tmp_path):
+    rng = np.random.default_rng(0)
+    rows = [dict(source="lambda", model=f"m{i % 3}", family=f"f{i % 3}", accelerator=GPUS[i % 5], chip=f"c{i % 5}",
+                 devices=n, precision=("tf32", "amp")[i % 2], batch_size=8, global_batch_size=8 * n, suite="v0",
+                 measured_ms=ms * (1 if n == 1 else 1.2), placement_ms=ms, predicted_ms=ms * (1 if n == 1 else 1.2),
+                 low_ms=ms * 0.9, high_ms=ms * 1.3)
+            for i, ms in enumerate(rng.uniform(5, 50, 30)) for n in (1, 2)]
+    frame = pd.DataFrame(rows)
+    result = GpuAccuracy(frame, {"family": frame, "chip": frame}, ["synthetic"])
+    figures = headline(frame)
+    assert figures["mape_1gpu"] == 0.0 and figures["mape_multi"] == pytest.approx(0.0)
+    assert figures["coverage"] == 1.0 and figures["scaling_ratio_mape"] == pytest.approx(0.0)
+    paths = write_gpu_report(result, tmp_path / "r")
+    text = paths["report"].read_text()
+    assert "one GPU 0.0% MAPE" in text and "![gpu-accuracy-chip-by-gpu.png]" in text
+    assert all(path.stat().st_size > 1000 for name, path in paths.items() if name.endswith(".png"))
