@@ -25,7 +25,16 @@ The accelerator is `perfmodel.hardware.catalog.get_accelerator(gpu)`, its capaci
 
 Graphs are captured once per (model, batch) (the graph does not depend on precision or optimizer: the capture
 measures the saved activations both as captured and under autocast) and kept in `--graph-cache` (default: a
-temporary directory; pass one to make re-runs fast; `--remeasure` measures their saved activations again).
+temporary directory; pass one to make re-runs fast; `--remeasure` measures their saved activations again). A
+first run captures ~170 graphs, ~40 minutes on two cores (most of it Tacotron 2's 24 batches, ~1-2 min each: its
+decoder loops over 550 mel frames); from the cache it takes ~5 minutes (loading the JSON IR).
+
+Result (Nov 2026 zoo and catalog): ran & fits 1986, ran & unfit 0, OOM & unfit 34, OOM & fits 8. The 8 contradict
+runs that ran, so no estimate monotone in the batch can call them unfit without calling those unfit: NCF at 12,000
+to 240,000 pairs on the 8 GB RTX 2070 Max-Q / 2080 Super Max-Q laptops, where NCF ran at 60,000-480,000 on the
+8 GB RTX 3070 (DLE's NCF keeps its dataset on the GPU; a laptop GPU also drives the display); Transformer-XL base
+amp at batch 1 on the 8 GB 2080 Super Max-Q (batch 2 ran on the 8 GB RTX 3070); Transformer-XL base tf32 at
+batch 8 on a V100 16GB, a configuration that ran 7 other times.
 
 Prints the confusion table (ran & fits, ran & unfit, OOM & unfit, OOM & fits) overall and per model, then every
 misclassified run with its estimate, the device's capacity and their ratio.
@@ -266,7 +275,8 @@ def write_rows(verdicts: list[Verdict], path: Path) -> None:
             writer.writerow([v.row.source, v.row.config, v.row.gpu, v.row.num_gpus, v.spec.name,
                              v.row.precision_label, v.spec.precision.value, v.spec.batch_size, v.accelerator,
                              e.weights_bytes, e.gradients_bytes, e.optimizer_bytes, e.activations_bytes,
-                             e.temporaries_bytes, e.workspace_bytes, e.peak_bytes, v.capacity, v.outcome, v.row.log_path])
+                             e.temporaries_bytes, e.workspace_bytes, e.peak_bytes, v.capacity, v.outcome,
+                             v.row.log_path])
 
 
 CPU_CHECK = (("resnet18", 16, 128), ("resnet50", 8, 128), ("vit_small_patch16_224", 8, 128), ("bert-small", 8, 128),

@@ -198,7 +198,7 @@ def saved_activation_bytes(module: nn.Module, args: tuple[Any, ...], kwargs: Map
     if all(t.device.type == "meta" for t in tensors if isinstance(t, torch.Tensor)):
         try:
             return _forward_bytes(module, args, kwargs, autocast, kernels, context, fake=False)
-        except Exception:  # noqa: S110 - retried on fake tensors just below
+        except Exception:  # retried on fake tensors just below
             pass
     return _forward_bytes(module, args, kwargs, autocast, kernels, context, fake=True)
 
@@ -211,8 +211,8 @@ def _forward_bytes(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, A
             from torch._subclasses.fake_tensor import FakeTensorMode
 
             mode = FakeTensorMode(allow_non_fake_inputs=True)
-            state = {name: mode.from_tensor(t) for name, t in [*module.named_parameters(remove_duplicate=False),
-                                                              *module.named_buffers(remove_duplicate=False)]}
+            named = [*module.named_parameters(remove_duplicate=False), *module.named_buffers(remove_duplicate=False)]
+            state: dict[str, torch.Tensor] = {name: mode.from_tensor(t) for name, t in named}
             args, kwargs = tree_map(lambda x: mode.from_tensor(x) if isinstance(x, torch.Tensor) else x,
                                     (args, kwargs))
             excluded = _storage_keys(list(state.values()))

@@ -29,7 +29,6 @@ REGRESSORS: dict[str, str] = {
     "xgb-device-ops": "perfmodel.regressors.device_ops:DeviceOpRegressor",  # per op, any accelerator (DataFrame in)
     # the learned whole-step stage over a composed prediction's features (DataFrame in)
     "xgb-whole-step": "perfmodel.regressors.whole_step:WholeStepRegressor",
-    "gnn-whole-step": "perfmodel.regressors.whole_step_gnn:WholeStepGNN",  # the same stage over the job graph too
 }
 
 

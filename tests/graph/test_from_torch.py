@@ -20,6 +20,8 @@ def test_zoo_model_captures(zoo_name):
     assert graph.source == "torch.export" and graph.mode == "train" and graph.job_id == spec.key()
     assert totals.nodes == len(graph.nodes) > 0
     assert totals.params > 0 and totals.flops_fwd > 0 and totals.activation_bytes > 0
+    # what autograd saves (perfmodel.graph.saved) is measured for every zoo model, as captured and under autocast
+    assert totals.saved_activation_bytes and totals.saved_activation_bytes_amp
     # Backward: about twice the forward (GEMM/conv), never more than three times.
     assert 1.0 <= totals.flops_bwd / totals.flops_fwd <= 3.0
     ids = [n.id for n in graph.nodes]

@@ -46,7 +46,7 @@ GRAPH = _graph()
 def test_peak_is_the_explicit_sum():
     est = estimate_memory(_spec(optimizer=OptimizerName.adam), GRAPH)
     assert est.peak_bytes == (est.weights_bytes + est.gradients_bytes + est.optimizer_bytes + est.activations_bytes
-                              + est.workspace_bytes)
+                              + est.temporaries_bytes + est.workspace_bytes)
     params = GRAPH.totals.params
     assert (est.weights_bytes, est.gradients_bytes, est.optimizer_bytes) == (4 * params, 4 * params, 8 * params)
     assert 0 < est.activations_bytes <= GRAPH.totals.activation_bytes

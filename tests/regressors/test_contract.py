@@ -116,14 +116,19 @@ class Case:
     learned: bool = True
 
     def fit(self, model: Any, data: Any) -> Any:
+        if self.data == "frame":  # the whole-step stage: a frame of composition features, grouped by family
+            frame, groups = data
+            return model.fit(frame, groups=groups)
         return model.fit(*data) if self.data == "ops" else model.fit(data)
 
     def predict(self, model: Any, data: Any) -> dict[str, np.ndarray]:
         """Every array the prediction holds, by field name."""
-        out = model.predict(*data) if self.data == "ops" else model.predict(data)
+        out = model.predict(*data) if self.data == "ops" else model.predict(data[0] if self.data == "frame" else data)
         return {f.name: np.asarray(getattr(out, f.name)) for f in fields(out)}
 
     def interval(self, arrays: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        if self.data == "frame":
+            return arrays["log_low"], arrays["log_factor"], arrays["log_high"]
         median = arrays["latency_ms"] if self.data == "ops" else arrays["iter_time_ms"]
         return arrays["p10_ms"], median, arrays["p90_ms"]
 
@@ -136,6 +141,8 @@ CASES: dict[str, Case] = {
     "gnn": Case(settings={"hidden": 8, "layers": 1, "epochs": 8, "batch_graphs": 6, "threads": 1, "seed": 0},
                 data="samples"),
     "xgb-device-ops": Case(settings={"n_estimators": 15, "max_depth": 3, "nthread": 1, "seed": 0}, data="ops"),
+    "xgb-whole-step": Case(settings={**XGB_SMALL, "min_child_weight": 1.0, "feature_names": ["a", "b"]},
+                           data="frame"),
 }
 
 
@@ -167,6 +174,18 @@ def ops(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, dict[str, Hardwa
         rows = training_rows(store.op_measurements(extra=False))
     rows = rows.groupby(["device", "op_class"], group_keys=False).head(ROWS_PER_DEVICE_AND_CLASS)
     return rows.reset_index(drop=True), load_catalog()
+
+
+@pytest.fixture(scope="module")
+def frame() -> tuple[Any, list[str]]:
+    """(composition-feature frame with its `log_ratio` target, the family of each row): the whole-step stage's
+    input, synthetic (the real one is composed from public whole-job runs: tests/evaluation/test_real_runs.py)."""
+    import pandas as pd
+
+    rng = np.random.default_rng(0)
+    rows = pd.DataFrame({"a": rng.uniform(0, 1, 60), "b": rng.uniform(0, 1, 60)})
+    rows["log_ratio"] = 0.5 * rows["a"] - 0.2 * rows["b"] + rng.normal(0, 0.02, 60)
+    return rows, [f"family{i % 5}" for i in range(60)]
 
 
 @pytest.fixture(scope="module", params=sorted(REGRESSORS))
@@ -250,7 +269,7 @@ def test_predict_has_no_side_effects(fitted, case, data):
     before = _state(fitted)
     first, second = case.predict(fitted, data), case.predict(fitted, data)
     assert first.keys() == second.keys()
-    n_rows = len(data[0]) if case.data == "ops" else len(data)
+    n_rows = len(data[0]) if case.data in ("ops", "frame") else len(data)
     for key, values in first.items():
         assert values.shape == (n_rows,), key
         np.testing.assert_array_equal(second[key], values, err_msg=key)
