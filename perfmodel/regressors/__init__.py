@@ -29,6 +29,8 @@ REGRESSORS: dict[str, str] = {
     "xgb-device-ops": "perfmodel.regressors.device_ops:DeviceOpRegressor",  # per op, any accelerator (DataFrame in)
     # the learned whole-step stage over a composed prediction's features (DataFrame in)
     "xgb-whole-step": "perfmodel.regressors.whole_step:WholeStepRegressor",
+    # the same stage over the job's graph too (a GNN, DNNPerf-style; graphs and feature frame in)
+    "gnn-whole-step": "perfmodel.regressors.whole_step_gnn:WholeStepGNN",
 }
 
 

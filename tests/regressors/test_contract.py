@@ -119,15 +119,23 @@ class Case:
         if self.data == "frame":  # the whole-step stage: a frame of composition features, grouped by family
             frame, groups = data
             return model.fit(frame, groups=groups)
+        if self.data == "graph_frame":  # the GNN whole-step stage: the same frame and each row's job graph
+            frame, graphs, groups = data
+            return model.fit(frame, graphs, groups=groups)
         return model.fit(*data) if self.data == "ops" else model.fit(data)
 
     def predict(self, model: Any, data: Any) -> dict[str, np.ndarray]:
         """Every array the prediction holds, by field name."""
-        out = model.predict(*data) if self.data == "ops" else model.predict(data[0] if self.data == "frame" else data)
+        if self.data == "graph_frame":
+            out = model.predict(data[0], data[1])
+        elif self.data == "frame":
+            out = model.predict(data[0])
+        else:
+            out = model.predict(*data) if self.data == "ops" else model.predict(data)
         return {f.name: np.asarray(getattr(out, f.name)) for f in fields(out)}
 
     def interval(self, arrays: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        if self.data == "frame":
+        if self.data in ("frame", "graph_frame"):
             return arrays["log_low"], arrays["log_factor"], arrays["log_high"]
         median = arrays["latency_ms"] if self.data == "ops" else arrays["iter_time_ms"]
         return arrays["p10_ms"], median, arrays["p90_ms"]
@@ -143,6 +151,8 @@ CASES: dict[str, Case] = {
     "xgb-device-ops": Case(settings={"n_estimators": 15, "max_depth": 3, "nthread": 1, "seed": 0}, data="ops"),
     "xgb-whole-step": Case(settings={**XGB_SMALL, "min_child_weight": 1.0, "feature_names": ["a", "b"]},
                            data="frame"),
+    "gnn-whole-step": Case(settings={"hidden": 8, "layers": 1, "epochs": 5, "inner_folds": 2, "threads": 1, "seed": 0,
+                                     "feature_names": ["a", "b"]}, data="graph_frame"),
 }
 
 
@@ -186,6 +196,15 @@ def frame() -> tuple[Any, list[str]]:
     rows = pd.DataFrame({"a": rng.uniform(0, 1, 60), "b": rng.uniform(0, 1, 60)})
     rows["log_ratio"] = 0.5 * rows["a"] - 0.2 * rows["b"] + rng.normal(0, 0.02, 60)
     return rows, [f"family{i % 5}" for i in range(60)]
+
+
+@pytest.fixture(scope="module")
+def graph_frame(frame: tuple[Any, list[str]], samples: list[Sample]) -> tuple[Any, list[Any], list[str]]:
+    """`frame` with a job graph per row: the contract modules' graphs, one per family."""
+    rows, groups = frame
+    graph_of = {family: s.graph for s in samples for family in [s.family]}
+    families = sorted(graph_of)
+    return rows, [graph_of[families[int(g[-1]) % len(families)]] for g in groups], groups
 
 
 @pytest.fixture(scope="module", params=sorted(REGRESSORS))
@@ -269,7 +288,7 @@ def test_predict_has_no_side_effects(fitted, case, data):
     before = _state(fitted)
     first, second = case.predict(fitted, data), case.predict(fitted, data)
     assert first.keys() == second.keys()
-    n_rows = len(data[0]) if case.data in ("ops", "frame") else len(data)
+    n_rows = len(data[0]) if case.data in ("ops", "frame", "graph_frame") else len(data)
     for key, values in first.items():
         assert values.shape == (n_rows,), key
         np.testing.assert_array_equal(second[key], values, err_msg=key)
