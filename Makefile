@@ -8,10 +8,22 @@ export PERFMODEL_VENV := $(VENV)
 # every process compile whatever it imports, every time.
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: setup run test bench
+.PHONY: setup setup-ray run test bench
 
 setup:
 	@bash scripts/setup.sh
+
+# setup plus the optional `ray` extra (`perfmodel profile --ray`). CI installs it (.ci/run), so that the Ray tests
+# (tests/profilers/test_ray_fanout.py) run there instead of skipping. pip installs it with setup's CPU pins
+# (constraints-cpu.txt) where no GPU is seen, as scripts/setup.sh does: ~15 s on a fresh setup here, nothing once done
+# (the stamp in the venv is newer than pyproject.toml and the constraints).
+setup-ray: setup $(VENV)/.perfmodel-ray
+
+$(VENV)/.perfmodel-ray: pyproject.toml constraints-cpu.txt
+	@pins="-c constraints-cpu.txt"; \
+	if command -v nvidia-smi >/dev/null 2>&1 || command -v rocm-smi >/dev/null 2>&1; then pins=; fi; \
+	$(VENV)/bin/python -m pip install --quiet --disable-pip-version-check $$pins -e ".[ray]"
+	@touch $@
 
 # the service on its embedded default: the SQLite store under PERFMODEL_HOME (~/.perfmodel) and the shipped models,
 # on 127.0.0.1:8000 (PERFMODEL_HOST / PERFMODEL_PORT and the other PERFMODEL_* settings change that)

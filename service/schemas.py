@@ -236,10 +236,29 @@ class PredictRequest(_In):
     placement: PlacementIn
 
 
+class EvidenceOut(BaseModel):
+    observations: int
+    jobs: int
+
+
+class CalibrationApplied(BaseModel):
+    level: Literal["job", "accelerator", "chip", "none"] = Field(
+        description="the most specific evidence that applied: `job` (this job's observations, on this accelerator "
+                    "or, through the fleet, on others), `accelerator` (other jobs observed on it), `chip` (jobs on "
+                    "other SKUs of its die), `none`")
+    factor: float = Field(description="the factor on throughput (1: none)")
+    observations: int = Field(description="observations behind the factor")
+    jobs: int = Field(description="distinct jobs behind the factor")
+    interval_scale: float = Field(description="the interval's width (log) over the uncalibrated one: below 1 with "
+                                              "evidence, above when the observed jobs disagree")
+    sources: dict[str, EvidenceOut] = Field(description="the evidence at each level (job, accelerator, chip)")
+
+
 class PredictResponse(Prediction):
-    calibrated: bool = Field(description="true: scaled by what this job observed on this accelerator")
-    calibration_factor: float = Field(description="observed / predicted throughput (geometric mean); 1 if none")
-    observations: int = Field(description="observations of this job on this accelerator behind the factor")
+    calibrated: bool = Field(description="true: scaled by observations (this job's, or the fleet's: `calibration`)")
+    calibration_factor: float = Field(description="calibrated / uncalibrated throughput; 1 if none")
+    observations: int = Field(description="observations behind the factor")
+    calibration: CalibrationApplied
     uncalibrated_iter_time_ms: float
     uncalibrated_throughput_samples_per_s: float
 

@@ -123,16 +123,56 @@ def hw_bench(
     adapt: Annotated[bool, typer.Option(help="fit the device's adaptation from its rows afterwards")] = True,
     max_op_ms: Annotated[Optional[float], typer.Option(
         help="leave out shapes whose roofline x 3 exceeds this [50 on a CPU and a GPU]")] = None,
+    steps: Annotated[bool, typer.Option(help="also time whole training steps of reference zoo jobs, and keep what "
+                                             "beats not keeping it on held-out steps")] = True,
+    steps_budget_s: Annotated[Optional[float], typer.Option(
+        "--steps-budget-s", help="seconds for the whole steps [150 on a CPU, 300 on a GPU]")] = None,
 ) -> None:
-    """Time the op classes the device model learns on this machine's device, store them, adapt the model."""
-    from perfmodel.evaluation.bench import bench_device
-    from perfmodel.evaluation.training import fit_adaptation
+    """Time the op classes the device model learns on this machine's device, store them, adapt the model; then
+    time whole training steps of reference jobs and keep, of the adaptation and the steps' calibration, what
+    answers held-out steps better than the model as shipped."""
+    import shutil
 
+    from perfmodel.evaluation.bench import bench_device
+    from perfmodel.evaluation.device_steps import (
+        DEFAULT_STEPS_BUDGET_S,
+        judge,
+        predictors_for,
+        time_steps,
+    )
+    from perfmodel.evaluation.training import fit_adaptation
+    from perfmodel.regressors.adaptation import adaptations_dir
+    from perfmodel.store.device_steps import delete_device_steps, save_device_steps
+    from perfmodel.torch_device import resolve_device
+
+    if steps_budget_s is not None and steps_budget_s <= 0:
+        raise PerfmodelError("--steps-budget-s must be positive")
     run = bench_device(device, store, classes.split(","), budget_s=budget_s, run_id=run_id, max_op_ms=max_op_ms,
                        progress=typer.echo)
     typer.echo(run.summary())
-    if adapt:
-        fit_adaptation(run.device, store, run.catalog, typer.echo)
+    adaptation = fit_adaptation(run.device, store, run.catalog, typer.echo) if adapt else None
+    if not steps:
+        return
+    hardware = run.catalog[run.device]
+    timed = time_steps(resolve_device(device), run.device, hardware.kind,
+                       steps_budget_s or DEFAULT_STEPS_BUDGET_S[hardware.kind], typer.echo)
+    if len(timed) < 2:
+        typer.echo(f"{len(timed)} whole step(s) timed: too few to judge anything on held-out steps, nothing kept "
+                   f"(raise --steps-budget-s)")
+        return
+    verdict = judge(timed, hardware, predictors_for(run.device, adaptation, run.catalog))
+    typer.echo(f"{len(timed)} whole steps on {run.device}, each predicted without its own measurement:")
+    for line in verdict.lines():
+        typer.echo(line)
+    if adaptation is not None and not verdict.adapt:
+        shutil.rmtree(adaptations_dir() / run.device, ignore_errors=True)
+        typer.echo(f"the op-sweep adaptation is not applied (it does not beat the model as shipped on whole steps); "
+                   f"its rows stay in the store (`perfmodel adapt --device {run.device}` fits it again)")
+    if verdict.calibrate:
+        path = save_device_steps(run.device, timed)
+        typer.echo(f"kept the steps in {path}: every prediction for {run.device} is calibrated by them")
+    elif delete_device_steps(run.device):
+        typer.echo(f"dropped the steps kept before for {run.device}: they do not help on held-out steps")
 
 
 @user_errors

@@ -76,21 +76,26 @@ def predict(model: ModelArg = None, hf_config: HFConfigOpt = None, task: TaskOpt
         checkpointing=checkpointing, intra_link=intra_link, ep=ep, inter_node_gbit_s=inter_node_gbit_s,
         inter_node_latency_us=inter_node_latency_us)
     engine = PredictionEngine.open(EngineConfig(model_version=model_version, isolate_captures=False))
-    result = engine.prediction(spec, placement)
+    result = engine.predict(spec, placement)  # calibrated by what `perfmodel hw bench` kept of this device
     if as_json:
-        print_json(result.model_dump(mode="json"))
+        print_json(result)
         return
-    lo, hi = result.interval_ms
+    lo, hi = result["interval_ms"]
     layout = "+".join(str(n) for n in placement.devices_per_node)
-    out.print(f"[bold]{result.job_name}[/] b={placement.global_batch_size} {spec.mode.value} on {layout} x "
-              f"{result.accelerator}: {result.iter_time_ms:.2f} ms/iteration (80 % interval {lo:.2f}-{hi:.2f}), "
-              f"{result.throughput_samples_per_s:.1f} samples/s  [dim]{result.model_version}[/]")
-    out.print("  " + ", ".join(f"{k} {v:.2f} ms" for k, v in result.breakdown_ms.items()))
-    fits = "fits" if result.fits else "[red]does not fit[/]"
-    out.print(f"  peak memory per device ~{result.peak_memory_bytes / 2**30:.2f} GiB of "
-              f"{(result.memory_capacity_bytes or 0) / 2**30:.1f} GiB usable: {fits}")
-    if result.extrapolated:
-        out.print("  [yellow]extrapolated:[/] " + "; ".join(result.extrapolation_reasons))
+    out.print(f"[bold]{result['job_name']}[/] b={placement.global_batch_size} {spec.mode.value} on {layout} x "
+              f"{result['accelerator']}: {result['iter_time_ms']:.2f} ms/iteration (80 % interval {lo:.2f}-{hi:.2f}), "
+              f"{result['throughput_samples_per_s']:.1f} samples/s  [dim]{result['model_version']}[/]")
+    out.print("  " + ", ".join(f"{k} {v:.2f} ms" for k, v in result["breakdown_ms"].items()))
+    calibration = result["calibration"]
+    if calibration["level"] != "none":
+        out.print(f"  calibrated x{calibration['factor']:.3f} ({calibration['level']}: {calibration['observations']} "
+                  f"observation(s) of {calibration['jobs']} job(s); uncalibrated "
+                  f"{result['uncalibrated_iter_time_ms']:.2f} ms)")
+    fits = "fits" if result["fits"] else "[red]does not fit[/]"
+    out.print(f"  peak memory per device ~{result['peak_memory_bytes'] / 2**30:.2f} GiB of "
+              f"{(result['memory_capacity_bytes'] or 0) / 2**30:.1f} GiB usable: {fits}")
+    if result["extrapolated"]:
+        out.print("  [yellow]extrapolated:[/] " + "; ".join(result["extrapolation_reasons"]))
 
 
 @user_errors

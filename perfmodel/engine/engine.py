@@ -3,8 +3,10 @@
 - jobs and graphs: registered jobs come from the store (their graph IR is stored with them: no capture after a
   restart); graphs are captured once per spec, one capture at a time, concurrent requests for one spec waiting on
   one capture (`GraphCache`); jobs, graphs and the placement predictor's per-device computes are bounded LRUs;
-- calibration (`perfmodel.calibration`): a job's observations against the serving model, recomputed off the
-  caller's thread whenever the model or the observations change; observations are checked against physics first;
+- calibration (`perfmodel.calibration`): a job's observations against the serving model, and the fleet's (every
+  observed job's, `perfmodel.calibration.fleet`) for jobs that did not observe the accelerator they are asked about;
+  recomputed off the caller's thread whenever the model or any observation changes; observations are checked against
+  physics first;
 - the model lifecycle (`ModelLifecycle`): pin, promote, sync, with promotion state in the store.
 
 Two paths. `predict_cached` is dictionary look-ups plus the placement model's arithmetic and returns None when
@@ -19,11 +21,13 @@ raises what it raises.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
+import math
 import re
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Protocol
@@ -38,7 +42,9 @@ from perfmodel.calibration import (
     ceiling_samples_per_s,
     check_observation,
     leave_one_out,
+    recency_weights,
 )
+from perfmodel.calibration.fleet import Applied, FleetCalibration, FleetPoint, FleetQuery, fit_fleet
 from perfmodel.core.errors import PerfmodelError
 from perfmodel.core.ir import Graph
 from perfmodel.core.lru import LRU
@@ -55,6 +61,7 @@ log = logging.getLogger("perfmodel.engine")
 RECENT_OBSERVATIONS = 20
 PLACEMENT_CACHE_SIZE = 4096
 NO_CALIBRATION = Calibration()
+NO_FLEET = FleetCalibration()
 SYNC_KEYS_PER_QUERY = 500
 _FIELD_PREFIX = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z0-9_]+)*): ")  # "batch_size: 3 is over ..."
 
@@ -106,6 +113,13 @@ class JobEntry:
     revision: int = 0  # bumped whenever `observations` changes
     calibration: Calibration = NO_CALIBRATION
     calibrated_at: tuple[int, int] = (-1, -1)  # (model generation, revision) `calibration` was computed for
+    fleet_points: tuple[FleetPoint, ...] = ()  # its observations as the fleet sees them (with `calibration`)
+
+    @functools.cached_property
+    def model_key(self) -> str:
+        """The job whatever its batch: what the fleet's job effect is keyed by (a model's error barely depends on
+        the batch it runs, and schedulers ask for batches never observed)."""
+        return self.spec.model_copy(update={"batch_size": 1}).key()
 
 
 def ir_batch(graph: Graph) -> int | None:
@@ -143,6 +157,10 @@ class PredictionEngine:
         self._promote_lock = threading.Lock()
         self._last_observation_id = 0
         self._listeners: list[Callable[[dict[str, str]], None]] = []
+        self.fleet_revision = 0  # bumped whenever any job's observations change
+        self._fleet = NO_FLEET
+        self._fleet_at: tuple[int, int] = (-1, -1)  # (model generation, fleet revision) `_fleet` was fitted for
+        self._steps_seen: tuple[Any, ...] | None = None  # `device_steps.signature()` the fleet last read
 
     # --- opening ------------------------------------------------------------------------------------------------
 
@@ -163,6 +181,7 @@ class PredictionEngine:
         engine.catalog  # noqa: B018 - read now, not on the first request (which may run on an event loop)
         if store is not None:
             engine._last_observation_id = store.last_observation_id()
+        engine.fleet()  # fitted now, and again after every change, so that requests find it current
         return engine
 
     def _load_predictor(self, refs: dict[str, str | None]) -> Any:
@@ -288,6 +307,8 @@ class PredictionEngine:
         if not self.store.delete_job(key):
             raise NotFound(f"no job {key!r}")
         self._jobs.pop(key)
+        self._fleet_changed()
+        self.fleet()
 
     def jobs(self) -> list[JobEntry]:
         """Every registered job (loaded from the store where not in memory). Blocking."""
@@ -344,25 +365,25 @@ class PredictionEngine:
         if entry is None:
             return None
         predictor = self.predictor
-        calibration = self._current_calibration(entry)
-        if calibration is None:
+        calibration, fleet = self._current_calibration(entry), self._current_fleet()
+        if calibration is None or fleet is None:
             return None
         placement = self.placement(given, entry.spec.batch_size, where)
         self.check_ir_batch(entry, placement, where)
         if not predictor.is_warm(entry.spec, placement):
             return None
-        return self.respond(entry, self._raw(predictor, entry, placement, where), calibration)
+        return self.respond(entry, self._raw(predictor, entry, placement, where), calibration, fleet)
 
     def response_token(self, ref: str | JobSpec) -> tuple[str, int, int] | None:
         """What a cached prediction of a registered job depends on besides its placement: (job id, model
-        generation, observation revision), or None when the job or its calibration is not in memory. A response
-        stored under this token stays right until the token changes. Cheap."""
+        generation, the fleet's observation revision), or None when the job or its calibration is not in memory.
+        A response stored under this token stays right until the token changes. Cheap."""
         if not isinstance(ref, str):
             return None
         entry = self.job_cached(ref)
-        if entry is None or self._current_calibration(entry) is None:
+        if entry is None or self._current_calibration(entry) is None or self._current_fleet() is None:
             return None
-        return entry.key, self.generation, entry.revision
+        return entry.key, self.generation, self.fleet_revision
 
     def predict(self, ref: str | JobSpec, given: PlacementTemplate | PlacementSpec, *, job_where: Loc = ("job",),
                 where: Loc = ("placement",)) -> dict[str, Any]:
@@ -371,7 +392,7 @@ class PredictionEngine:
         placement = self.placement(given, entry.spec.batch_size, where)
         self.check_ir_batch(entry, placement, where)
         prediction = self._raw(self.predictor, entry, placement, where)
-        return self.respond(entry, prediction, self.calibration(entry))
+        return self.respond(entry, prediction, self.calibration(entry), self.fleet())
 
     def prediction(self, spec: JobSpec, placement: PlacementSpec) -> Prediction:
         """The uncalibrated `Prediction` of a spec on a full placement (what `perfmodel predict` prints)."""
@@ -396,23 +417,63 @@ class PredictionEngine:
             return self.predictor.predict_matrix([e.spec for e in entries], placements,
                                                  graphs=[e.graph for e in entries])
 
-    def respond(self, entry: JobEntry, prediction: Prediction,
-                calibration: Calibration | None = None) -> dict[str, Any]:
+    def respond(self, entry: JobEntry, prediction: Prediction, calibration: Calibration | None = None,
+                fleet: FleetCalibration | None = None) -> dict[str, Any]:
         """The predict response: the prediction, calibrated by what the job observed on the accelerator (and on
-        that device count, where it differs)."""
-        calibration = calibration if calibration is not None else entry.calibration
-        factor, count = calibration.factor(prediction.accelerator, prediction.devices)
+        that device count, where it differs), else by what the fleet observed (`applied`); `calibration` says
+        which level applied, what is behind it and the factor."""
+        applied = self.applied(entry, prediction.accelerator, prediction.devices, _communication_share(prediction),
+                               calibration, fleet)
+        if prediction.placement is not None:
+            applied = self.within_physics(entry, prediction.placement, prediction.throughput_samples_per_s, applied)
+        factor = applied.throughput_factor
         data = prediction.model_dump(mode="json")
-        data.update(job_id=entry.key, calibrated=count > 0, calibration_factor=factor, observations=count,
+        data.update(job_id=entry.key, calibrated=applied.level != "none", calibration_factor=factor,
+                    observations=applied.observations, calibration=applied.as_dict(),
                     uncalibrated_iter_time_ms=prediction.iter_time_ms,
                     uncalibrated_throughput_samples_per_s=prediction.throughput_samples_per_s)
-        if count:
+        if applied.level != "none":
+            iter_time_ms = prediction.iter_time_ms / factor
             data["throughput_samples_per_s"] *= factor
-            data["iter_time_ms"] /= factor
-            data["interval_ms"] = [bound / factor for bound in data["interval_ms"]]
+            data["iter_time_ms"] = iter_time_ms
+            data["interval_ms"] = [iter_time_ms * (bound / prediction.iter_time_ms) ** applied.interval_scale
+                                   for bound in prediction.interval_ms]
             data["breakdown_ms"] = {k: v / factor for k, v in data["breakdown_ms"].items()}
             data["throughput_items_per_s"] = data["throughput_samples_per_s"] * data["items_per_sample"]
         return data
+
+    def applied(self, entry: JobEntry, accelerator: str, devices: int, communication_share: float,
+                calibration: Calibration | None = None, fleet: FleetCalibration | None = None) -> Applied:
+        """What calibrates `entry` on `devices` × `accelerator`: its own observations there (level `job`), else the
+        fleet's evidence (`FleetCalibration.apply`: the job elsewhere, other jobs on the accelerator or its
+        chip), else nothing."""
+        calibration = calibration if calibration is not None else entry.calibration
+        factor, count = calibration.factor(accelerator, devices)
+        if count:
+            return Applied(level="job", throughput_factor=factor, observations=count, jobs=1,
+                           sources={"job": {"observations": count, "jobs": 1}})
+        fleet = fleet if fleet is not None else self._fleet
+        if not len(fleet):
+            return Applied()
+        return fleet.apply(self._query(entry, accelerator, communication_share))
+
+    def within_physics(self, entry: JobEntry, placement: PlacementSpec, raw_throughput_samples_per_s: float,
+                       applied: Applied) -> Applied:
+        """`applied` with its factor lowered where it would lift the answer above the placement's peak FLOP/s
+        (`ceiling_samples_per_s`)."""
+        if applied.throughput_factor <= 1 or raw_throughput_samples_per_s <= 0:
+            return applied
+        ceiling = ceiling_samples_per_s(entry.spec, entry.graph, placement, self.catalog)
+        return replace(applied, throughput_factor=min(applied.throughput_factor,
+                                                      ceiling / raw_throughput_samples_per_s))
+
+    def _query(self, entry: JobEntry, accelerator: str, communication_share: float) -> FleetQuery:
+        from perfmodel.hardware.chips import die_of
+
+        hardware = self.hardware(accelerator)
+        return FleetQuery(job=entry.model_key, accelerator=hardware.name, chip=die_of(hardware.name),
+                          architecture=hardware.architecture or hardware.name, precision=entry.spec.precision.value,
+                          communication_share=communication_share)
 
     # --- calibration --------------------------------------------------------------------------------------------
 
@@ -443,10 +504,50 @@ class PredictionEngine:
                                 predicted[p].throughput_samples_per_s, o.created_at)
                   for o, p in zip(observations, placements) if p in predicted]
         calibration = calibrate(points, now=utc_now())
+        weights = dict(zip((p.id for p in points), recency_weights(points, calibration.now)))
+        fleet_points = tuple(
+            FleetPoint(o.id, entry.model_key, q.accelerator, q.chip, q.architecture, q.precision,
+                       log_ratio=math.log(predicted[p].throughput_samples_per_s / o.throughput_samples_per_s),
+                       communication_share=q.communication_share, weight=weights[o.id])
+            for o, p in zip(observations, placements) if p in predicted
+            for q in [self._query(entry, predicted[p].accelerator, _communication_share(predicted[p]))])
         with self._lock:
             if entry.revision == revision:
                 entry.calibration, entry.calibrated_at = calibration, (generation, revision)
+                entry.fleet_points = fleet_points
         return calibration
+
+    # --- the fleet ----------------------------------------------------------------------------------------------
+
+    def _fleet_changed(self) -> None:
+        with self._lock:
+            self.fleet_revision += 1
+
+    def _current_fleet(self) -> FleetCalibration | None:
+        if self._fleet_at == (self.generation, self.fleet_revision):
+            return self._fleet
+        return None
+
+    def fleet(self) -> FleetCalibration:
+        """The fleet calibration over every observed job's observations (each job's own outliers left out),
+        refitted when the model or any observation changed. Blocking: it loads and calibrates observed jobs."""
+        current = self._current_fleet()
+        if current is not None:
+            return current
+        generation, revision = self.generation, self.fleet_revision
+        points: list[FleetPoint] = []
+        for key in self.store.observed_job_ids() if self.store is not None else ():
+            try:
+                entry = self.job(key)
+            except NotFound:  # deleted meanwhile
+                continue
+            excluded = {e.id for e in self.calibration(entry).excluded}
+            points.extend(p for p in entry.fleet_points if p.id not in excluded)
+        fleet = fit_fleet([*points, *self._device_points()])
+        with self._lock:
+            if (self.generation, self.fleet_revision) == (generation, revision):
+                self._fleet, self._fleet_at = fleet, (generation, revision)
+        return fleet
 
     def calibration_report(self, entry: JobEntry) -> dict[str, Any]:
         """Counts, factors per accelerator and device count, excluded points and why, the error before and after
@@ -465,6 +566,28 @@ class PredictionEngine:
              "excluded": excluded.get(p.id)}
             for p, value in zip(recent, calibrated)]
         return report
+
+    def _device_points(self) -> list[FleetPoint]:
+        """The whole steps `perfmodel hw bench` kept for devices of this catalog, against the serving model."""
+        from perfmodel.calibration.fleet import reference_points
+        from perfmodel.store.device_steps import load_device_steps, signature
+
+        self._steps_seen = signature()
+        by_device: dict[str, list[tuple[str, str, float, float]]] = {}
+        for step in load_device_steps():
+            try:
+                hardware = self.hardware(step.accelerator)
+                graph = self.graphs.put(step.spec, Graph.from_json(step.graph_json))
+                placement = PlacementSpec(accelerator=hardware.name, global_batch_size=step.spec.batch_size)
+                predicted = self.predictor.predict(step.spec, placement, graph=graph)
+            except PerfmodelError as exc:  # a device that left the catalog, a model that cannot price it
+                log.warning("kept step of %s on %s left out: %s", step.spec.name, step.accelerator, exc)
+                continue
+            model_key = step.spec.model_copy(update={"batch_size": 1}).key()
+            by_device.setdefault(hardware.name, []).append(
+                (model_key, step.spec.precision.value, step.measured_ms, predicted.iter_time_ms))
+        points = [p for name, steps in by_device.items() for p in reference_points(steps, self.hardware(name))]
+        return [replace(p, id=-(i + 1)) for i, p in enumerate(points)]  # ids unique across devices
 
     # --- observations -------------------------------------------------------------------------------------------
 
@@ -489,6 +612,7 @@ class PredictionEngine:
             model_version=predicted.model_version)
         self._add_observations(entry, [record])
         calibration = self.calibration(entry)
+        self.fleet()
         factor, count = calibration.factor(predicted.accelerator, placement.devices)
         excluded = {e.id: e.reason for e in calibration.excluded}
         error_pct = 100.0 * (predicted.throughput_samples_per_s - throughput_samples_per_s) / throughput_samples_per_s
@@ -512,6 +636,7 @@ class PredictionEngine:
             if new:
                 entry.observations = sorted([*entry.observations, *new], key=lambda o: o.id)
                 entry.revision += 1
+                self.fleet_revision += 1
 
     def _drop_observations(self, entry: JobEntry, ids: set[int]) -> None:
         with self._lock:
@@ -519,6 +644,7 @@ class PredictionEngine:
             if len(kept) != len(entry.observations):
                 entry.observations = kept
                 entry.revision += 1
+                self.fleet_revision += 1
 
     def observation(self, observation_id: int) -> dict[str, Any]:
         """One stored observation. Blocking."""
@@ -538,6 +664,9 @@ class PredictionEngine:
         cached = self._jobs.peek(record.job_id)
         if cached is not None:
             self._drop_observations(cached, {observation_id})
+        else:
+            self._fleet_changed()
+        self.fleet()
         try:
             entry = self.job(record.job_id)
         except NotFound:  # the job went with it meanwhile
@@ -615,6 +744,8 @@ class PredictionEngine:
         for record in self.store.observations(after_id=self._last_observation_id):
             self._last_observation_id = max(self._last_observation_id, record.id)
             new.setdefault(record.job_id, []).append(record)
+        if new:
+            self._fleet_changed()  # observations of jobs not in memory count for the fleet too
         for key, records in new.items():
             entry = self._jobs.peek(key)
             if entry is not None and entry.registered:
@@ -624,6 +755,7 @@ class PredictionEngine:
         for key, _ in registered:
             if key not in keys:
                 self._jobs.pop(key)
+                self._fleet_changed()
         observed = [(k, e) for k, e in registered if k in keys and e.observations]
         for start in range(0, len(observed), SYNC_KEYS_PER_QUERY):
             chunk = dict(observed[start:start + SYNC_KEYS_PER_QUERY])
@@ -637,6 +769,11 @@ class PredictionEngine:
 
             self.catalog.refresh(custom_accelerators(self.store))
         self.sync_models()
+        from perfmodel.store.device_steps import signature
+
+        if signature() != self._steps_seen:  # `perfmodel hw bench` kept new steps
+            self._fleet_changed()
+        self.fleet()
 
     def sync_models(self) -> None:
         """Serve what the store promotes (the pin kept) if it differs from what is served. Blocking."""
@@ -654,3 +791,9 @@ class PredictionEngine:
                 return
             self._serve(loaded)
             log.info("now serving %s (promoted elsewhere)", loaded.model_versions)
+
+
+def _communication_share(prediction: Prediction) -> float:
+    """Communication's share of a predicted step (0 on one device)."""
+    communication = prediction.breakdown_ms.get("communication", 0.0)
+    return communication / prediction.iter_time_ms if prediction.iter_time_ms > 0 else 0.0

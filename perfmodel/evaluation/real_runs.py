@@ -12,10 +12,11 @@ reference implementation's optimizer) and its placement (one node, data parallel
   iteration on the run's GPUs (`placement_ms`), without the learned stage;
 - the composition features of one device's step (`COMPOSITION_FEATURES`) and the placement's communication share.
 
-Hold-outs (`leave_one_out`): by model family (every GPU) and by chip (every SKU of one die, `CHIP_OF`), each fold
-fitting the stage on the rest. The per-op device model under the composition is the shipped one, which was fitted
-on kernel measurements of some of these chips (A100, V100, A40, RTX 3090/A6000, RTX 4090/L40S's AD102, T4's TU104):
-the chip hold-out holds out their whole runs, not their kernels, and says so.
+Hold-outs (`leave_one_out`): by model family (every GPU) and by chip (every SKU of one die,
+`hardware.chips.DIE_OF`), each fold fitting the stage on the rest. The per-op device model under the composition
+is the shipped one, which was fitted on kernel measurements of some of these chips (A100, V100, A40, RTX
+3090/A6000, RTX 4090/L40S's AD102, T4's TU104): the chip hold-out holds out their whole runs, not their kernels,
+and says so.
 """
 
 from __future__ import annotations
@@ -30,38 +31,13 @@ import numpy as np
 import pandas as pd
 
 from perfmodel.core.errors import PerfmodelError
+from perfmodel.hardware.chips import die_of as chip_of
 from perfmodel.jobs.spec import JobSpec
 from perfmodel.placement.spec import Parallelism, PlacementSpec
 
 # the optimizer each reference implementation trains with (NVIDIA DeepLearningExamples defaults)
 OPTIMIZER_OF = {"ssd300": "sgd", "maskrcnn": "sgd", "gnmt": "adam", "ncf": "adam", "tacotron2": "adam",
                 "waveglow": "adam", "transformer-xl-base": "adam", "transformer-xl-large": "adam"}
-
-# the die of every catalog part the public whole-run data covers: a chip hold-out holds out every SKU of one die
-CHIP_OF = {
-    **dict.fromkeys(("a100-pcie-40gb", "a100-pcie-80gb", "a100-sxm4-40gb", "a100-sxm4-80gb", "a800-pcie-40gb",
-                     "a800-pcie-80gb", "a800-sxm4-80gb", "a30"), "GA100"),
-    **dict.fromkeys(("rtx-3090", "rtx-3090-ti", "rtx-3080", "rtx-a6000", "rtx-a5000", "rtx-a5500", "rtx-a4500",
-                     "a40", "a10", "a10g"), "GA102"),
-    **dict.fromkeys(("rtx-3070", "rtx-a4000", "rtx-3080-max-q", "rtx-3080-laptop"), "GA104"),
-    **dict.fromkeys(("rtx-4090", "rtx-6000-ada", "l40", "l40s"), "AD102"),
-    **dict.fromkeys(("v100-sxm2-16gb", "v100-sxm2-32gb", "v100-pcie-16gb", "v100-pcie-32gb", "v100s-pcie-32gb",
-                     "titan-v", "quadro-gv100"), "GV100"),
-    **dict.fromkeys(("rtx-2080-ti", "titan-rtx", "quadro-rtx-6000", "quadro-rtx-8000"), "TU102"),
-    **dict.fromkeys(("quadro-rtx-5000", "rtx-2080-max-q", "rtx-2080-super-max-q", "t4", "quadro-rtx-4000"),
-                    "TU104"),
-    **dict.fromkeys(("rtx-2070-max-q",), "TU106"),
-    **dict.fromkeys(("gtx-1080-ti", "titan-xp", "titan-x-pascal", "p4"), "GP102"),
-    **dict.fromkeys(("p100-pcie-12gb", "p100-pcie-16gb", "p100-sxm2-16gb"), "GP100"),
-    **dict.fromkeys(("h100-pcie", "h100-sxm5", "h100-nvl", "h800-pcie", "h800-sxm", "h200", "h200-nvl", "h20",
-                     "gh200-96gb", "gh200-144gb"), "GH100"),
-}
-
-
-def chip_of(accelerator: str) -> str:
-    """The die of a catalog part (its own name where the table has none)."""
-    return CHIP_OF.get(accelerator, accelerator)
-
 
 @dataclass(frozen=True)
 class RealRun:

@@ -203,6 +203,13 @@ class JobStore(ProfileStore):
                 out[key].add(observation_id)
         return out
 
+    def observed_job_ids(self) -> builtins.list[str]:
+        """Keys of the jobs with at least one observation, in the order they were registered."""
+        query = (select(_JOBS.c.key).join_from(_JOBS, _OBSERVATIONS).group_by(_JOBS.c.id, _JOBS.c.key)
+                 .order_by(_JOBS.c.id))
+        with self.engine.connect() as connection:
+            return builtins.list(connection.scalars(query))
+
     def last_observation_id(self) -> int:
         with self.engine.connect() as connection:
             return connection.scalar(select(func.max(_OBSERVATIONS.c.id))) or 0

@@ -100,7 +100,7 @@ def matrix(engine: PredictionEngine, entries: Sequence[JobEntry],
         where = ("placements",)
     accelerators: list[str] = []
     shape = (len(entries), len(given))
-    raw_throughput, raw_iteration = np.empty(shape), np.empty(shape)
+    raw_throughput, raw_iteration, communication = np.empty(shape), np.empty(shape), np.empty(shape)
     fits = np.empty(shape, dtype=bool)
     rows: list[list[Prediction]] = [[] for _ in entries]
     by_batch: dict[int, list[int]] = defaultdict(list)  # jobs of one batch size share their placements
@@ -117,24 +117,27 @@ def matrix(engine: PredictionEngine, entries: Sequence[JobEntry],
                                         for j, p in enumerate(placements)]
         raw_throughput[members] = arrays["throughput_samples_per_s"]
         raw_iteration[members] = arrays["iter_time_ms"]
+        communication[members] = arrays["communication"]
         fits[members] = arrays["fits"]
         if body.detail:
             for i, row in zip(members, engine.raw_predictions(group, placements, where)):
                 rows[i] = row
-    # calibration: each job's factor on each column's accelerator and device count (1 where it observed nothing)
+    # calibration: each cell's factor, by the job's own observations there, else the fleet's (1 where none)
     factor = np.ones(shape)
     calibrated = np.zeros(shape, dtype=bool)
-    columns: dict[tuple[str, int], list[int]] = defaultdict(list)
-    for j, (accelerator, placement) in enumerate(zip(accelerators, given)):
-        columns[(accelerator, placement.devices)].append(j)
+    fleet = engine.fleet()
+    share = np.divide(communication, raw_iteration, out=np.zeros(shape), where=raw_iteration > 0)
     for i, entry in enumerate(entries):
         calibration = engine.calibration(entry)
-        if not calibration.points:
+        if not calibration.points and not len(fleet):
             continue
-        for (accelerator, devices), js in columns.items():
-            value, count = calibration.factor(accelerator, devices)
-            factor[i, js] = value
-            calibrated[i, js] = count > 0
+        for j, (accelerator, placement) in enumerate(zip(accelerators, given)):
+            applied = engine.applied(entry, accelerator, placement.devices, float(share[i, j]), calibration, fleet)
+            if applied.throughput_factor > 1:
+                full = engine.placement(placement, entry.spec.batch_size, (*where, j))
+                applied = engine.within_physics(entry, full, float(raw_throughput[i, j]), applied)
+            factor[i, j] = applied.throughput_factor
+            calibrated[i, j] = applied.level != "none"
     throughput = raw_throughput * factor
     counts = (throughput.size, int(calibrated.sum()))
     versions = engine.model_versions
@@ -149,7 +152,7 @@ def matrix(engine: PredictionEngine, entries: Sequence[JobEntry],
         "fits": fits.tolist(), "calibrated": calibrated.tolist(), "model_versions": versions,
     }
     if body.detail:
-        out["predictions"] = [[engine.respond(entry, p, engine.calibration(entry)) for p in row]
+        out["predictions"] = [[engine.respond(entry, p, engine.calibration(entry), fleet) for p in row]
                               for entry, row in zip(entries, rows)]
     return out, *counts
 

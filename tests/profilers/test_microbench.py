@@ -126,7 +126,7 @@ def test_cli_bench_stores_resumes_and_adapts(sqlite_url, _isolated_home):
 
     runner = CliRunner()
     args = ["hw", "bench", "--device", "cpu", "--budget-s", "6", "--store", sqlite_url, "--run-id", "t",
-            "--classes", "linear,softmax", "--max-op-ms", "2"]
+            "--classes", "linear,softmax", "--max-op-ms", "2", "--no-steps"]
     first = runner.invoke(app, args)
     assert first.exit_code == 0, first.output
     assert "rows stored" in first.output and "adapted" in first.output

@@ -272,9 +272,8 @@ def test_init_stores_settings_only_and_get_params_round_trips(name, case, monkey
     assert cls(**params).get_params() == params
 
 
+@pytest.mark.parametrize("name", [n for n in sorted(REGRESSORS) if CASES[n].learned], indirect=True)
 def test_a_learned_regressor_refuses_to_predict_before_fit(name, case, data):
-    if not case.learned:
-        pytest.skip(f"{name} learns nothing: it predicts without fit")
     with pytest.raises(PerfmodelError, match="fit"):
         case.predict(regressor_class(name)(**case.settings), data)
 

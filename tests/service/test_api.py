@@ -222,7 +222,12 @@ def test_observations_calibrate_later_predictions_and_show_the_error_before_and_
     assert after["throughput_samples_per_s"] == pytest.approx(raw * factor)
     assert after["uncalibrated_throughput_samples_per_s"] == pytest.approx(raw)
     other = client.post("/v1/predict", json={"job": job_id, "placement": {"accelerator": "v100-sxm2-32gb"}}).json()
-    assert other["calibrated"] is False  # observations on a T4 say nothing about a V100
+    # the job's own observations on a T4 carry to a V100 through the fleet's job effect, shrunk toward the model
+    assert other["calibrated"] is True and other["calibration"]["level"] == "job"
+    assert other["calibration"]["sources"] == {"job": {"observations": 3, "jobs": 1}}
+    assert factor < other["calibration_factor"] < 1
+    assert other["throughput_samples_per_s"] == pytest.approx(
+        other["uncalibrated_throughput_samples_per_s"] * other["calibration_factor"])
     report = client.get(f"/v1/jobs/{job_id}").json()["calibration"]
     assert report["observations"] == 3 and report["by_accelerator"][0]["accelerator"] == "t4"
     assert report["mape_uncalibrated_pct"] == pytest.approx(100 * sum(abs(raw - v) / v for v in observed) / 3)

@@ -119,7 +119,8 @@ def check_observation(throughput_samples_per_s: float, *, ceiling_samples_per_s:
 
 # --- robust statistics ---------------------------------------------------------------------------------------------
 
-def _weights(points: Sequence[ObservedPoint], now: datetime | None) -> list[float]:
+def recency_weights(points: Sequence[ObservedPoint], now: datetime | None) -> list[float]:
+    """Each point's weight: halved every `HALF_LIFE_DAYS` of its age (1 for all when `now` is None)."""
     if now is None:
         return [1.0] * len(points)
     out = []
@@ -212,10 +213,10 @@ def calibrate(points: Iterable[ObservedPoint], *, now: datetime | None = None) -
     factors: dict[str, tuple[float, int]] = {}
     groups: dict[tuple[str, int], tuple[float, int]] = {}
     for accelerator, group in by_accelerator.items():
-        dropped = outliers(group, _weights(group, now))
+        dropped = outliers(group, recency_weights(group, now))
         excluded.extend(dropped)
         kept = [p for p in group if p.id not in {e.id for e in dropped}]
-        pooled = weighted_median([p.log_ratio for p in kept], _weights(kept, now))
+        pooled = weighted_median([p.log_ratio for p in kept], recency_weights(kept, now))
         factors[accelerator] = (math.exp(pooled), len(kept))
         by_count: dict[int, list[ObservedPoint]] = defaultdict(list)
         for point in kept:
@@ -223,7 +224,7 @@ def calibrate(points: Iterable[ObservedPoint], *, now: datetime | None = None) -
         for devices, same in by_count.items():
             if len(same) < MIN_GROUP_POINTS or len(by_count) == 1:
                 continue
-            own = weighted_median([p.log_ratio for p in same], _weights(same, now))
+            own = weighted_median([p.log_ratio for p in same], recency_weights(same, now))
             if abs(own - pooled) > GROUP_DIFFERS_LOG:
                 groups[(accelerator, devices)] = (math.exp(own), len(same))
     return Calibration(points=points, by_accelerator=factors, by_devices=groups, excluded=tuple(excluded), now=now)

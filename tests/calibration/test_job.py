@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from perfmodel.calibration import (
+from perfmodel.calibration.job import (
     HALF_LIFE_DAYS,
     ObservationRefused,
     ObservedPoint,

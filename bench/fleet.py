@@ -1,0 +1,80 @@
+"""The fleet calibration on real runs: how much observing some jobs helps the answers for others (Lambda's public
+PyTorch runs: 8 DeepLearningExamples models, 27 GPUs, TF32 and AMP, 1-16 GPUs in a node).
+
+    .venv/bin/python bench/fleet.py [--datasets DIR] [--cache FILE.parquet] [--graph-cache DIR] [--draws N]
+
+Two protocols (`perfmodel.evaluation.fleet`), every prediction of a run whose own measurements were not used:
+- same GPU: on each GPU and math mode, k models observed (k = 0, 1, 2, 4; up to `--draws` random choices of k), the
+  other models' runs on that GPU predicted at 1 and at 2-16 GPUs;
+- the job elsewhere: every other model observed on every GPU, the asked model on k other GPUs (random), its runs
+  on a GPU it was not observed on predicted.
+Prints MAPE against k (one GPU, 2-16 GPUs), the fleet's 80 % interval coverage, and the same-GPU table per GPU and
+math mode. The composed frame (`--cache`) is shared with bench/real_runs.py: composing every run takes ~40 min.
+The fleet's priors were set by looking at these runs: the figures are not a hold-out of that choice.
+Data: Lambda, lambdal/deeplearning-benchmark (read in place, never copied).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+
+from perfmodel.evaluation.fleet import fleet_frame, job_elsewhere, same_gpu, summary
+from perfmodel.hardware.catalog import load_catalog
+from perfmodel.settings import get_settings
+
+
+def composed(datasets: Path, cache: Path | None, graph_cache: Path | None) -> pd.DataFrame:
+    if cache is not None and cache.is_file():
+        return pd.read_parquet(cache)
+    from perfmodel.evaluation.real_runs import composed_frame, disk_graphs, lambda_runs
+    from perfmodel.predictor.placed import PlacementPredictor
+
+    predictor = PlacementPredictor.load(graphs=disk_graphs(graph_cache) if graph_cache else None)
+    predictor.set_whole_step(None)
+    frame = composed_frame(lambda_runs(datasets / "lambda"), predictor, progress=lambda m: print("  " + m, flush=True))
+    if cache is not None:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        frame.to_parquet(cache)
+    return frame
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--datasets", type=Path, default=get_settings().datasets_dir)
+    parser.add_argument("--cache", type=Path, help="the composed runs' Parquet file (bench/real_runs.py --cache)")
+    parser.add_argument("--graph-cache", type=Path, help="keep captured graphs (IR JSON) in this folder")
+    parser.add_argument("--draws", type=int, default=20, help="random choices of k observed models per GPU")
+    args = parser.parse_args(argv)
+    if not (args.datasets / "lambda").is_dir() and not (args.cache and args.cache.is_file()):
+        print(f"no Lambda runs at {args.datasets / 'lambda'}: nothing to judge", file=sys.stderr)
+        return 2
+    started = time.perf_counter()
+    frame = composed(args.datasets, args.cache, args.graph_cache)
+    frame = fleet_frame(frame[frame.source == "lambda"], load_catalog())
+    print(f"{len(frame)} configurations of {frame.model.nunique()} models on {frame.accelerator.nunique()} GPUs")
+
+    rows = same_gpu(frame, draws=args.draws)
+    print("\n## Same GPU: k other models observed on it, the rest predicted\n")
+    print(summary(rows).round(1).to_string())
+    print("\nper math mode:\n")
+    print(summary(rows, ("precision", "k")).round(1).to_string())
+    table = summary(rows, ("accelerator", "precision", "k")).mape_1gpu_pct.unstack("k").round(1)
+    print("\none-GPU MAPE per GPU and math mode against k:\n")
+    print(table.to_string())
+
+    rows = job_elsewhere(frame)
+    print("\n## The job elsewhere: every other model observed everywhere, the asked one on k other GPUs\n")
+    print(summary(rows).round(1).to_string())
+    print("\nper math mode:\n")
+    print(summary(rows, ("precision", "k")).round(1).to_string())
+    print(f"\ndone in {time.perf_counter() - started:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

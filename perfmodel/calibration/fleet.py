@@ -1,0 +1,280 @@
+"""Fleet calibration: what is observed of any job on an accelerator corrects the answers of other jobs there, what
+is observed on one SKU of a chip corrects its other SKUs (less), and what is observed of a job on other accelerators
+corrects its answers here.
+
+Each observation is a point: log(observed step / the serving model's step) for its job on its placement. The model,
+in that log space:
+
+    log ratio = log( compute_share · exp(job + job_arch + chip + accelerator) + communication_share · exp(link) )
+
+- `job`: the job's own error, shared by every accelerator (its graph, its input pipeline, kernels the per-op model
+  misprices for it);
+- `job_arch`: the job's error on one GPU generation (TF32 convolutions on Ampere are not FP32 ones on Turing);
+- `chip` (per die and precision) and `accelerator` (per SKU and precision, on top of its chip): the device's error
+  on every job of that math;
+- `link`: a factor on the communication part only, per accelerator (its links and network).
+
+Device counts share the effects through the compute part: an 8-GPU run informs a 1-GPU answer by its compute, and
+only multi-device runs inform the communication factor.
+
+Each effect has a normal prior at 0 (factor 1) with the standard deviation of `FleetPriors`, so evidence that is
+thin or disagrees moves an answer little; the fit is a penalised robust regression (Huber loss beyond `huber_log`)
+solved by backfitting. Every point weighs its recency weight over its job's points on that accelerator, so a job
+counts once per accelerator however often it reports. The job effects have heavy-tailed (Huber) priors: a job far
+off the model is explained by its own effect, so what one job can pull on other jobs' answers stays bounded however
+far off it is (`tests/calibration/test_fleet.py`). Reference points (whole steps `perfmodel hw bench` timed on the
+device, of jobs chosen to stand for typical ones) have no job effect: what they show is the device's.
+
+The priors were measured on the public whole-run data (`bench/fleet.py`, eight NVIDIA DeepLearningExamples models on
+27 GPUs, TF32 and AMP): the composed model's log error splits into a model part (standard deviation 0.6), a GPU
+part (0.2-0.3) and a rest (0.15-0.19). So one other job observed on a GPU says little about the next there, and the
+job observed on another GPU says much. They were chosen by looking at the same runs the fleet bench scores.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Callable, Hashable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from perfmodel.hardware.chips import die_of
+
+LEVELS = ("job", "accelerator", "chip", "none")
+MAX_LOG_EFFECT = math.log(100.0)  # no effect corrects by more than observations may differ from the model
+SWEEPS = 60
+TOLERANCE = 1e-7
+NOISE_PRIOR_WEIGHT = 2.0  # the prior noise counts as this many jobs when the observed ones disagree
+
+
+@dataclass(frozen=True)
+class FleetPriors:
+    """Standard deviations (log) of each effect's prior, and of what no effect explains."""
+
+    job: float = 0.6
+    job_arch: float = 0.3
+    chip: float = 0.25
+    accelerator: float = 0.12
+    link: float = 0.5
+    noise: float = 0.17
+    huber_log: float = 0.35
+
+
+@dataclass(frozen=True)
+class FleetPoint:
+    """One observation next to the serving model's prediction of its placement."""
+
+    id: int
+    job: str
+    accelerator: str
+    chip: str
+    architecture: str
+    precision: str
+    log_ratio: float  # log(observed step / predicted step) = log(predicted / observed throughput)
+    communication_share: float = 0.0  # communication's share of the predicted step
+    weight: float = 1.0  # recency
+    reference: bool = False  # a reference job of the device (`perfmodel hw bench`): no job effect of its own
+
+
+@dataclass(frozen=True)
+class FleetQuery:
+    """A prediction to correct: its job, device and the communication share of its predicted step."""
+
+    job: str
+    accelerator: str
+    chip: str
+    architecture: str
+    precision: str
+    communication_share: float = 0.0
+
+
+@dataclass(frozen=True)
+class Effect:
+    name: str
+    key: Callable[[FleetPoint | FleetQuery], Hashable]
+    sigma: Callable[[FleetPriors], float]
+    compute: bool = True  # on the compute part (else on communication)
+    heavy_tailed: bool = False  # a Huber prior (quadratic within one sigma, linear beyond), else normal
+    of_job: bool = False  # the job's own: reference points have none (their key is `REFERENCE`, held at 0)
+
+
+EFFECTS: tuple[Effect, ...] = (
+    Effect("job", lambda p: p.job, lambda pr: pr.job, heavy_tailed=True, of_job=True),
+    Effect("job_arch", lambda p: (p.job, p.architecture), lambda pr: pr.job_arch, heavy_tailed=True, of_job=True),
+    Effect("chip", lambda p: (p.chip, p.precision), lambda pr: pr.chip),
+    Effect("accelerator", lambda p: (p.accelerator, p.precision), lambda pr: pr.accelerator),
+    Effect("link", lambda p: p.accelerator, lambda pr: pr.link, compute=False),
+)
+_BY_NAME = {effect.name: effect for effect in EFFECTS}
+REFERENCE = ("reference",)  # the job-effect key of reference points
+
+
+def _key(effect: Effect, point: FleetPoint) -> Hashable:
+    return REFERENCE if effect.of_job and point.reference else effect.key(point)
+
+
+@dataclass(frozen=True)
+class Applied:
+    """What calibrated one answer: the level of the most specific evidence (job, accelerator, chip, none), the
+    observations and jobs behind it, the factor on throughput and on the interval's width."""
+
+    level: str = "none"
+    throughput_factor: float = 1.0
+    observations: int = 0
+    jobs: int = 0
+    interval_scale: float = 1.0
+    log_sigma: float | None = None  # the fleet's predictive standard deviation of the log step (None: none)
+    sources: dict[str, dict[str, int]] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"level": self.level, "factor": self.throughput_factor, "observations": self.observations,
+                "jobs": self.jobs, "interval_scale": self.interval_scale, "sources": self.sources}
+
+
+NONE = Applied()
+
+
+@dataclass(frozen=True)
+class FleetCalibration:
+    """The fitted effects (log) and, per effect key, the evidence behind it."""
+
+    priors: FleetPriors = FleetPriors()
+    effects: dict[str, dict[Hashable, float]] = field(default_factory=dict)
+    precision: dict[str, dict[Hashable, float]] = field(default_factory=dict)  # Σ weight·slope² per key
+    # (points, distinct jobs) behind each key of the job, accelerator and chip effects
+    evidence: dict[str, dict[Hashable, tuple[int, int]]] = field(default_factory=dict)
+    overlap: dict[tuple[Hashable, Hashable], int] = field(default_factory=dict)  # points of a job on a chip
+    noise: dict[str, dict[Hashable, float]] = field(default_factory=dict)  # residual variance per job, accelerator
+
+    def __len__(self) -> int:
+        """Points fitted (observations and reference steps)."""
+        return sum(points for points, _ in self.evidence.get("accelerator", {}).values())
+
+    def log_effects(self, query: FleetQuery) -> tuple[float, float]:
+        """(compute, link) log factors on the query's step time."""
+        compute = sum(self.effects.get(e.name, {}).get(e.key(query), 0.0) for e in EFFECTS if e.compute)
+        link = self.effects.get("link", {}).get(_BY_NAME["link"].key(query), 0.0)
+        return _clip(compute), _clip(link)
+
+    def apply(self, query: FleetQuery) -> Applied:
+        """The correction of one prediction (`NONE` without evidence)."""
+        compute, link = self.log_effects(query)
+        share = min(max(query.communication_share, 0.0), 1.0)
+        time_factor = (1.0 - share) * math.exp(compute) + share * math.exp(link)
+        sources: dict[str, dict[str, int]] = {}
+        for name in ("job", "accelerator", "chip"):
+            found = self.evidence.get(name, {}).get(_BY_NAME[name].key(query))
+            if found:
+                sources[name] = {"observations": found[0], "jobs": found[1]}
+        if not sources:
+            return NONE
+        job_key, chip_key = _BY_NAME["job"].key(query), _BY_NAME["chip"].key(query)
+        own = sources.get("job", {}).get("observations", 0)
+        chip_points, chip_jobs = self.evidence.get("chip", {}).get(chip_key, (0, 0))
+        shared = self.overlap.get((job_key, chip_key), 0)  # the job's own points among the chip's
+        observations, jobs = chip_points + own - shared, chip_jobs + (1 if own and not shared else 0)
+        level = next(name for name in LEVELS if name in sources or name == "none")
+        variance, prior = self.variances(query)
+        return Applied(level=level, throughput_factor=1.0 / time_factor, observations=observations, jobs=jobs,
+                       interval_scale=math.sqrt(variance / prior), log_sigma=math.sqrt(variance), sources=sources)
+
+    def variances(self, query: FleetQuery) -> tuple[float, float]:
+        """(posterior, prior) predictive variance of the query's log step: its compute effects' posterior variances
+        plus the noise the observed points show for its job and accelerator (the larger), and the same with no
+        evidence. Their ratio narrows the interval with evidence and widens it when observed jobs disagree."""
+        pr = self.priors
+        prior = sum(e.sigma(pr) ** 2 for e in EFFECTS if e.compute) + pr.noise ** 2
+        posterior = 0.0
+        for e in EFFECTS:
+            if not e.compute:
+                continue
+            weight = self.precision.get(e.name, {}).get(e.key(query), 0.0)
+            posterior += 1.0 / (weight / pr.noise ** 2 + 1.0 / e.sigma(pr) ** 2)
+        posterior += max(self.noise.get(name, {}).get(_BY_NAME[name].key(query), pr.noise ** 2)
+                         for name in ("job", "accelerator"))
+        return posterior, prior
+
+
+def reference_points(steps: Iterable[tuple[str, str, float, float]], hardware: Any) -> list[FleetPoint]:
+    """Whole steps timed on a device (`perfmodel hw bench`) as reference points: (job key, precision, measured ms,
+    predicted ms) each, ids -1, -2, ... (never an observation's)."""
+    return [FleetPoint(-(i + 1), job, hardware.name, die_of(hardware.name), hardware.architecture or hardware.name,
+                       precision, math.log(measured_ms / predicted_ms), reference=True)
+            for i, (job, precision, measured_ms, predicted_ms) in enumerate(steps)]
+
+
+def _clip(log_factor: float) -> float:
+    return min(max(log_factor, -MAX_LOG_EFFECT), MAX_LOG_EFFECT)
+
+
+def _index(keys: Sequence[Hashable]) -> tuple[np.ndarray, list[Hashable]]:
+    order: dict[Hashable, int] = {}
+    index = np.fromiter((order.setdefault(k, len(order)) for k in keys), dtype=np.intp, count=len(keys))
+    return index, list(order)
+
+
+def fit_fleet(points: Iterable[FleetPoint], priors: FleetPriors = FleetPriors()) -> FleetCalibration:
+    """The penalised robust fit of every effect to the points (see the module docstring)."""
+    points = [p for p in points if math.isfinite(p.log_ratio) and p.weight > 0]
+    if not points:
+        return FleetCalibration(priors=priors)
+    r = np.array([p.log_ratio for p in points])
+    comm = np.clip(np.array([p.communication_share for p in points]), 0.0, 1.0)
+    cell, cells = _index([(p.job, p.accelerator) for p in points])
+    per_cell = np.bincount(cell, minlength=len(cells)).astype(float)
+    w = np.array([p.weight for p in points]) / per_cell[cell]
+    indices = {e.name: _index([_key(e, p) for p in points]) for e in EFFECTS}
+    theta = {e.name: np.zeros(len(indices[e.name][1])) for e in EFFECTS}
+    held = {e.name: np.array([k == REFERENCE for k in indices[e.name][1]], dtype=bool) for e in EFFECTS}
+
+    def state() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        x = sum(theta[e.name][indices[e.name][0]] for e in EFFECTS if e.compute)
+        link = theta["link"][indices["link"][0]]
+        compute_part = (1.0 - comm) * np.exp(x)
+        total = compute_part + comm * np.exp(link)
+        return r - np.log(total), compute_part / total, 1.0 - compute_part / total
+
+    for _ in range(SWEEPS):
+        largest = 0.0
+        for e in EFFECTS:
+            z, slope_compute, slope_link = state()
+            slope = slope_compute if e.compute else slope_link
+            huber = w * np.minimum(1.0, priors.huber_log / np.maximum(np.abs(z), 1e-12))
+            idx, keys = indices[e.name]
+            ridge = np.full(len(keys), priors.noise ** 2 / e.sigma(priors) ** 2)
+            if e.heavy_tailed:  # an odd job explains itself by its own effect, not by the device's
+                ridge *= np.minimum(1.0, e.sigma(priors) / np.maximum(np.abs(theta[e.name]), 1e-12))
+            num = np.bincount(idx, huber * slope * z, minlength=len(keys))
+            den = np.bincount(idx, huber * slope ** 2, minlength=len(keys))
+            step = np.where(held[e.name], 0.0, (num - ridge * theta[e.name]) / (den + ridge))
+            theta[e.name] = np.clip(theta[e.name] + step, -MAX_LOG_EFFECT, MAX_LOG_EFFECT)
+            largest = max(largest, float(np.abs(step).max()))
+        if largest < TOLERANCE:
+            break
+    z, slope_compute, slope_link = state()
+    effects, precision, evidence = {}, {}, {}
+    for e in EFFECTS:
+        idx, keys = indices[e.name]
+        slope = slope_compute if e.compute else slope_link
+        weight = np.bincount(idx, w * slope ** 2, minlength=len(keys))
+        effects[e.name] = dict(zip(keys, theta[e.name].tolist()))
+        precision[e.name] = dict(zip(keys, weight.tolist()))
+        if e.name in ("job", "accelerator", "chip"):
+            counts = np.bincount(idx, minlength=len(keys))
+            jobs = Counter(i for i, _ in set(zip(idx.tolist(), (p.job for p in points))))
+            evidence[e.name] = {k: (int(counts[i]), jobs[i]) for i, k in enumerate(keys) if k != REFERENCE}
+    overlap: Counter[tuple[Hashable, Hashable]] = Counter((p.job, _BY_NAME["chip"].key(p)) for p in points
+                                                          if not p.reference)
+    capped = np.minimum(z ** 2, (3 * priors.huber_log) ** 2)
+    noise = {}
+    for name in ("job", "accelerator"):
+        idx, keys = indices[name]
+        total = np.bincount(idx, w, minlength=len(keys))
+        spread = np.bincount(idx, w * capped, minlength=len(keys))
+        noise[name] = {k: float((NOISE_PRIOR_WEIGHT * priors.noise ** 2 + spread[i])
+                                / (NOISE_PRIOR_WEIGHT + total[i])) for i, k in enumerate(keys)}
+    return FleetCalibration(priors=priors, effects=effects, precision=precision, evidence=evidence,
+                            overlap=dict(overlap), noise=noise)

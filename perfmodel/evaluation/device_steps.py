@@ -1,0 +1,177 @@
+"""Whole training steps timed on this machine's device (`perfmodel hw bench`), and the held-out judgement of what to
+learn from them.
+
+`time_steps` runs a few varied zoo jobs (convolutions, depthwise convolutions, a vision transformer, a text encoder,
+recurrent and MLP models: `STEP_JOBS`) on the device within a budget: each built once, warmed up, then timed, with
+the graph the prediction engine prices it from. `judge` decides, on those steps held out one at a time, which of
+four ways of answering for this device is best: the model as shipped, the op-sweep adaptation, and each of those
+calibrated by the other steps (the fleet calibration's reference evidence, `perfmodel.calibration.fleet`). What does
+not beat the simpler way on held-out steps is not applied: an adaptation that over-corrects whole steps is dropped,
+steps that disagree too much to help are not kept.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from perfmodel.calibration.fleet import FleetQuery, fit_fleet, reference_points
+from perfmodel.core.errors import PerfmodelError
+from perfmodel.hardware.spec import HardwareSpec
+from perfmodel.jobs.spec import JobSpec
+from perfmodel.placement.spec import PlacementSpec
+from perfmodel.store.device_steps import DeviceStep
+
+Progress = Callable[[str], None]
+DEFAULT_STEPS_BUDGET_S = {"cpu": 150.0, "gpu": 300.0}
+WARMUP, REPEATS = 2, 5
+
+
+@dataclass(frozen=True)
+class StepJob:
+    """A reference job: a zoo model with its batch on a CPU and on a GPU."""
+
+    model: str
+    cpu_batch: int
+    gpu_batch: int
+    seq_len: int | None = None
+    optimizer: str = "adamw"
+
+    def spec(self, kind: str) -> JobSpec:
+        return JobSpec.from_options(zoo=self.model, batch_size=self.cpu_batch if kind == "cpu" else self.gpu_batch,
+                                    seq_len=self.seq_len, optimizer=self.optimizer)
+
+
+STEP_JOBS: tuple[StepJob, ...] = (  # the cheapest first: a short budget still times a few
+    StepJob("mlp-recommender", 256, 4096),
+    StepJob("lstm-lm", 16, 64, seq_len=35),
+    StepJob("resnet18", 8, 64, optimizer="sgd"),
+    StepJob("bert-small", 8, 32, seq_len=128),
+    StepJob("mobilenet_v2", 8, 64, optimizer="sgd"),
+    StepJob("vit_tiny_patch16_224", 8, 64),
+    StepJob("convnext_atto", 8, 64),
+    StepJob("electra-small", 8, 32, seq_len=128),
+)
+
+
+def time_steps(torch_device: Any, accelerator: str, kind: str, budget_s: float,
+               progress: Progress = lambda _message: None, jobs: Sequence[StepJob] = STEP_JOBS
+               ) -> tuple[DeviceStep, ...]:
+    """Time each of `jobs` on `torch_device` (catalog name `accelerator`) until `budget_s` is spent (a job is not
+    started once it is); each step's median over `REPEATS` timed repeats after `WARMUP` warm-up steps."""
+    import torch
+
+    from perfmodel.graph import graph_for_job
+    from perfmodel.jobs.build import build_job
+    from perfmodel.profilers.iteration import profile_iteration
+    from perfmodel.records import Outcome, utc_now
+
+    deadline = time.perf_counter() + budget_s
+    out: list[DeviceStep] = []
+    for job in jobs:
+        left = deadline - time.perf_counter()
+        if left <= 0:
+            progress(f"steps: budget spent, {len(jobs) - len(out)} job(s) left untimed")
+            break
+        spec = job.spec(kind)
+        graph = graph_for_job(spec)
+        built = build_job(spec, torch_device)
+        stats = profile_iteration(built, warmup=WARMUP, repeats=REPEATS, time_budget_s=min(left, budget_s / 4))
+        del built
+        if stats.outcome != Outcome.ok or stats.iter_time_ms_median is None:
+            progress(f"steps: {spec.name} b={spec.batch_size} left out ({stats.outcome.value}: {stats.error})")
+            continue
+        out.append(DeviceStep(accelerator=accelerator, spec=spec, graph_json=graph.to_json(),
+                              measured_ms=stats.iter_time_ms_median, repeats=stats.repeats, cv=stats.iter_time_cv,
+                              measured_at=utc_now(), torch_version=torch.__version__))
+        progress(f"steps: {spec.name} b={spec.batch_size}: {stats.iter_time_ms_median:.1f} ms "
+                 f"({stats.repeats} repeats, cv {stats.iter_time_cv or 0:.3f})")
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Held-out MAPE of each way of answering (`(adapted, calibrated)` -> %), and the one chosen."""
+
+    mape_pct: Mapping[tuple[bool, bool], float]
+    adapt: bool
+    calibrate: bool
+
+    def lines(self) -> list[str]:
+        names = {(False, False): "as shipped", (True, False): "op-sweep adaptation",
+                 (False, True): "calibrated by the other steps", (True, True): "adaptation + calibrated"}
+        return [f"  {names[key]:<32} {value:6.1f} % MAPE on held-out steps" + ("  <- applied" if key == (
+            self.adapt, self.calibrate) else "") for key, value in self.mape_pct.items()]
+
+
+def held_out_ms(steps: Sequence[DeviceStep], predicted_ms: Sequence[float], hardware: HardwareSpec) -> list[float]:
+    """Each step's prediction calibrated by the other steps only."""
+    points = reference_points([(s.spec.model_copy(update={"batch_size": 1}).key(), s.spec.precision.value,
+                                s.measured_ms, ms) for s, ms in zip(steps, predicted_ms)], hardware)
+    out = []
+    for i, point in enumerate(points):
+        fleet = fit_fleet(points[:i] + points[i + 1:])
+        query = FleetQuery(point.job, point.accelerator, point.chip, point.architecture, point.precision)
+        out.append(predicted_ms[i] / fleet.apply(query).throughput_factor)
+    return out
+
+
+def _mape(predicted: Sequence[float], measured: Sequence[float]) -> float:
+    p, m = np.asarray(predicted, dtype=float), np.asarray(measured, dtype=float)
+    return float(np.mean(np.abs(p / m - 1.0)) * 100)
+
+
+def judge(steps: Sequence[DeviceStep], hardware: HardwareSpec, predictors: Mapping[bool, Any]) -> Verdict:
+    """Score the ways of answering on the steps held out one at a time; `predictors[adapted]` is a
+    `PlacementPredictor` with (True) or without (False) the op-sweep adaptation (one of them may be missing). The
+    chosen way is the best; a way that changes more (adapted, calibrated) must beat a simpler one to be chosen."""
+    if len(steps) < 2:
+        raise PerfmodelError("at least two timed steps are needed to judge anything on held-out steps")
+    measured = [s.measured_ms for s in steps]
+    scores: dict[tuple[bool, bool], float] = {}
+    for adapted, predictor in predictors.items():
+        predicted = [predictor.predict(s.spec, PlacementSpec(accelerator=hardware.name,
+                                                             global_batch_size=s.spec.batch_size),
+                                       graph=_graph(s)).iter_time_ms for s in steps]
+        scores[(adapted, False)] = _mape(predicted, measured)
+        scores[(adapted, True)] = _mape(held_out_ms(steps, predicted, hardware), measured)
+    order = sorted(scores, key=lambda key: (scores[key], key[0] + key[1]))
+    adapt, calibrate = order[0]
+    return Verdict(dict(sorted(scores.items())), adapt, calibrate)
+
+
+def _graph(step: DeviceStep) -> Any:
+    from perfmodel.core.ir import Graph
+
+    return Graph.from_json(step.graph_json)
+
+
+def predictors_for(accelerator: str, adaptation: Any, catalog: Mapping[str, HardwareSpec]) -> dict[bool, Any]:
+    """`PlacementPredictor`s of the promoted models without (False) and, given one, with (True) `adaptation` of
+    `accelerator` (other devices' saved adaptations in both)."""
+    from perfmodel.placement.iteration import load_params
+    from perfmodel.predictor.gpu_iteration import DevicePredictor
+    from perfmodel.predictor.placed import PlacementPredictor
+    from perfmodel.predictor.predict import Predictor
+    from perfmodel.registry.registry import ModelRegistry
+    from perfmodel.regressors import load_regressor
+    from perfmodel.regressors.adaptation import AdaptedRegressor, load_adaptations
+
+    registry = ModelRegistry()
+    entry = registry.get(None, role="device-ops")
+    base = load_regressor(entry.path)
+    others = {d: a for d, a in load_adaptations(catalog=catalog).items() if d != accelerator}
+    cpu = Predictor.load() if registry.promoted_ref("cpu-step") is not None else None
+
+    def make(adaptations: Mapping[str, Any]) -> Any:
+        device = DevicePredictor(AdaptedRegressor(base, adaptations, catalog), entry.ref, dict(catalog))
+        return PlacementPredictor(cpu, device, load_params())
+
+    out = {False: make(others)}
+    if adaptation is not None:
+        out[True] = make({**others, accelerator: adaptation})
+    return out

@@ -1,0 +1,123 @@
+"""The fleet calibration judged on real runs: observe some jobs, predict others, on GPUs with several models.
+
+Each measured configuration of the composed frame (`perfmodel.evaluation.real_runs.composed_frame`: one run of a
+model at a per-GPU batch on n GPUs, measured and predicted through the serving path) becomes a `FleetPoint` of the
+job "model in its precision" (the fleet's job effect is a model's, whatever its batch). Two protocols:
+
+- `same_gpu`: on each GPU and math mode, observe k models (every choice of k, or `draws` random ones), predict the
+  other models' runs on that GPU at 1 and n GPUs from those observations alone;
+- `job_elsewhere`: a scheduler's fleet: every other model observed on every GPU, and the asked model on k other GPUs
+  (random); predict the asked model's runs on a GPU it was not observed on.
+
+Every prediction is of a run none of whose own measurements were used.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import random
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from perfmodel.calibration.fleet import FleetPoint, FleetQuery, fit_fleet
+from perfmodel.hardware.chips import die_of
+from perfmodel.hardware.spec import HardwareSpec
+
+Z80 = 1.2815515655446004  # the 90th percentile of a standard normal: an 80 % central interval
+
+
+def fleet_frame(composed: pd.DataFrame, catalog: Mapping[str, HardwareSpec]) -> pd.DataFrame:
+    """The composed frame with what the fleet needs: job, chip, architecture, log ratio, communication share."""
+    frame = composed.reset_index(drop=True)
+    return frame.assign(
+        job=frame.model + ":" + frame.precision,
+        chip=frame.accelerator.map(die_of),
+        architecture=frame.accelerator.map(lambda a: catalog[a].architecture or a),
+        log_ratio=np.log(frame.measured_ms / frame.placement_ms),
+        communication_share=(frame.communication_ms / frame.placement_ms).fillna(0.0).clip(0.0, 1.0))
+
+
+def points_of(frame: pd.DataFrame) -> list[FleetPoint]:
+    return [FleetPoint(int(i), r["job"], r["accelerator"], r["chip"], r["architecture"], r["precision"],
+                       float(r["log_ratio"]), float(r["communication_share"]))
+            for i, r in zip(frame.index, frame.to_dict("records"))]
+
+
+def _query(r: dict[Any, Any]) -> FleetQuery:
+    return FleetQuery(r["job"], r["accelerator"], r["chip"], r["architecture"], r["precision"],
+                      float(r["communication_share"]))
+
+
+def predict_rows(points: Iterable[FleetPoint], targets: pd.DataFrame) -> pd.DataFrame:
+    """`targets` with the fleet's calibrated prediction (`predicted_ms`), its 80 % interval and level."""
+    fleet = fit_fleet(points)
+    predicted, low, high, level = [], [], [], []
+    for r in targets.to_dict("records"):
+        query = _query(r)
+        applied = fleet.apply(query)
+        ms = float(r["placement_ms"]) / applied.throughput_factor
+        sigma = applied.log_sigma if applied.log_sigma is not None else math.sqrt(fleet.variances(query)[1])
+        predicted.append(ms)
+        low.append(ms * math.exp(-Z80 * sigma))
+        high.append(ms * math.exp(Z80 * sigma))
+        level.append(applied.level)
+    return targets.assign(predicted_ms=predicted, low_ms=low, high_ms=high, level=level)
+
+
+def same_gpu(frame: pd.DataFrame, ks: Sequence[int] = (0, 1, 2, 4), draws: int = 20,
+             seed: int = 0) -> pd.DataFrame:
+    """Protocol `same_gpu`: one row per predicted run and draw, with `k`."""
+    rng = random.Random(seed)
+    out = []
+    for _, gpu in frame.groupby(["accelerator", "precision"]):
+        models = sorted(gpu.model.unique())
+        for k in ks:
+            if len(models) < k + 1:
+                continue
+            choices = list(itertools.combinations(models, k))
+            rng.shuffle(choices)
+            for draw, observed in enumerate(choices[:draws]):
+                seen = gpu.model.isin(observed)
+                rows = predict_rows(points_of(gpu[seen]), gpu[~seen])
+                out.append(rows.assign(k=k, draw=draw))
+    return pd.concat(out, ignore_index=True)
+
+
+def job_elsewhere(frame: pd.DataFrame, ks: Sequence[int] = (0, 1, 2, 4), seed: int = 0,
+                  every: int = 1) -> pd.DataFrame:
+    """Protocol `job_elsewhere`: one row per predicted run, with `k` (GPUs the asked model was observed on).
+    `every`: predict every n-th GPU of each model only (faster)."""
+    rng = random.Random(seed)
+    everything = points_of(frame)
+    out = []
+    for job, runs in frame.groupby("job"):
+        others = [p for p in everything if p.job != job]
+        gpus = sorted(runs.accelerator.unique())
+        for accelerator in gpus[::every]:
+            rest = [g for g in gpus if g != accelerator]
+            rng.shuffle(rest)
+            for k in ks:
+                if len(rest) < k:
+                    continue
+                seen = runs[runs.accelerator.isin(rest[:k])]
+                rows = predict_rows(others + points_of(seen), runs[runs.accelerator == accelerator])
+                out.append(rows.assign(k=k))
+    return pd.concat(out, ignore_index=True)
+
+
+def summary(rows: pd.DataFrame, by: Sequence[str] = ("k",)) -> pd.DataFrame:
+    """MAPE at one GPU and at 2-16, the 80 % interval's coverage, and the count, per `by`."""
+    err = (rows.predicted_ms / rows.measured_ms - 1.0).abs() * 100
+    covered = (rows.low_ms <= rows.measured_ms) & (rows.measured_ms <= rows.high_ms)
+    frame = rows.assign(ape=err, covered=covered, one=rows.devices == 1)
+    grouped = frame.groupby(list(by))
+    return pd.DataFrame({
+        "mape_1gpu_pct": grouped.apply(lambda g: g.ape[g.one].mean(), include_groups=False),
+        "mape_ngpu_pct": grouped.apply(lambda g: g.ape[~g.one].mean(), include_groups=False),
+        "coverage_80_pct": grouped.covered.mean() * 100,
+        "runs": grouped.size(),
+    })

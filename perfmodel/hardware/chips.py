@@ -1,0 +1,34 @@
+"""The die (chip) of catalog parts: SKUs of one die share their compute and memory design, so what is observed on
+one (a whole training step, a calibration) says something about the others, and a chip hold-out holds out all of
+them. Parts not in the table are their own die."""
+
+from __future__ import annotations
+
+# the die of every catalog part the public whole-run data covers, and of their siblings in the catalog
+DIE_OF = {
+    **dict.fromkeys(("a100-pcie-40gb", "a100-pcie-80gb", "a100-sxm4-40gb", "a100-sxm4-80gb", "a800-pcie-40gb",
+                     "a800-pcie-80gb", "a800-sxm4-80gb", "a30"), "GA100"),
+    **dict.fromkeys(("rtx-3090", "rtx-3090-ti", "rtx-3080", "rtx-a6000", "rtx-a5000", "rtx-a5500", "rtx-a4500",
+                     "a40", "a10", "a10g"), "GA102"),
+    **dict.fromkeys(("rtx-3070", "rtx-a4000", "rtx-3080-max-q", "rtx-3080-laptop"), "GA104"),
+    **dict.fromkeys(("rtx-4090", "rtx-6000-ada", "l40", "l40s"), "AD102"),
+    **dict.fromkeys(("v100-sxm2-16gb", "v100-sxm2-32gb", "v100-pcie-16gb", "v100-pcie-32gb", "v100s-pcie-32gb",
+                     "titan-v", "quadro-gv100"), "GV100"),
+    **dict.fromkeys(("rtx-2080-ti", "titan-rtx", "quadro-rtx-6000", "quadro-rtx-8000"), "TU102"),
+    **dict.fromkeys(("quadro-rtx-5000", "rtx-2080-max-q", "rtx-2080-super-max-q", "t4", "quadro-rtx-4000"),
+                    "TU104"),
+    **dict.fromkeys(("rtx-2070-max-q",), "TU106"),
+    **dict.fromkeys(("gtx-1080-ti", "titan-xp", "titan-x-pascal", "p4"), "GP102"),
+    **dict.fromkeys(("p100-pcie-12gb", "p100-pcie-16gb", "p100-sxm2-16gb"), "GP100"),
+    **dict.fromkeys(("h100-pcie", "h100-sxm5", "h100-nvl", "h800-pcie", "h800-sxm", "h200", "h200-nvl", "h20",
+                     "gh200-96gb", "gh200-144gb"), "GH100"),
+    **dict.fromkeys(("b200", "gb200"), "GB100"),
+    **dict.fromkeys(("k80",), "GK210"),
+    **dict.fromkeys(("mi250", "mi250x"), "aldebaran"),
+    **dict.fromkeys(("mi300x", "mi300a", "mi325x"), "aqua-vanjaram"),
+}
+
+
+def die_of(accelerator: str) -> str:
+    """The die of a catalog part (its own name where the table has none)."""
+    return DIE_OF.get(accelerator, accelerator)

@@ -1,0 +1,124 @@
+"""Fleet calibration: evidence shared across jobs, SKUs of a chip and device counts, shrunk toward the model."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from perfmodel.calibration.fleet import NONE, FleetPoint, FleetQuery, fit_fleet
+
+A100 = {"accelerator": "a100-sxm4-80gb", "chip": "GA100", "architecture": "ampere", "precision": "tf32"}
+A100_PCIE = {**A100, "accelerator": "a100-pcie-40gb"}
+V100 = {"accelerator": "v100-sxm2-32gb", "chip": "GV100", "architecture": "volta", "precision": "tf32"}
+
+
+def points(ratio: float, jobs: int, where: dict[str, str] = A100, *, per_job: int = 1, start: int = 0,
+           prefix: str = "job", communication_share: float = 0.0) -> list[FleetPoint]:
+    """`per_job` observations of each of `jobs` jobs, each `ratio` times slower than predicted."""
+    return [FleetPoint(start + i * per_job + k, f"{prefix}{i}", **where, log_ratio=math.log(ratio),
+                       communication_share=communication_share)
+            for i in range(jobs) for k in range(per_job)]
+
+
+def ask(fleet, job: str = "new", where: dict[str, str] = A100, communication_share: float = 0.0):
+    return fleet.apply(FleetQuery(job, **where, communication_share=communication_share))
+
+
+def test_no_evidence_changes_nothing():
+    assert fit_fleet([]).apply(FleetQuery("x", **A100)) == NONE
+    fleet = fit_fleet(points(2.0, 3))
+    assert ask(fleet, where=V100) == NONE  # another chip, no evidence
+
+
+def test_other_jobs_on_an_accelerator_correct_a_new_job_more_with_more_jobs_and_never_past_them():
+    factors = []
+    for jobs in (1, 2, 4, 8, 16):
+        applied = ask(fit_fleet(points(1.5, jobs)))  # every observed job runs 1.5x slower than predicted
+        assert applied.level == "accelerator" and applied.jobs == jobs and applied.observations == jobs
+        assert 1 / 1.5 < applied.throughput_factor < 1
+        factors.append(applied.throughput_factor)
+    assert factors == sorted(factors, reverse=True)  # more agreeing jobs: closer to what they show
+    assert factors[0] > 0.93  # one other job says little about the next (jobs differ far more than GPUs)
+
+
+def test_a_job_observed_elsewhere_carries_to_other_accelerators_more_than_other_jobs_do():
+    own = ask(fit_fleet(points(1.5, 1, V100, prefix="new")), "new0")
+    others = ask(fit_fleet(points(1.5, 1)))
+    assert own.level == "job" and own.sources == {"job": {"observations": 1, "jobs": 1}}
+    assert own.throughput_factor < 0.8 < others.throughput_factor
+
+
+def test_sibling_skus_of_a_chip_share_evidence_weaker_than_the_same_sku():
+    same = ask(fit_fleet(points(1.5, 6)))
+    sibling = ask(fit_fleet(points(1.5, 6, A100_PCIE)))
+    assert sibling.level == "chip" and same.level == "accelerator"
+    assert same.throughput_factor < sibling.throughput_factor < 1
+
+
+def test_intervals_narrow_with_evidence_and_widen_when_jobs_disagree():
+    agree = ask(fit_fleet(points(1.3, 3, prefix="new") + points(1.3, 6, start=100)), "new0")
+    disagree = ask(fit_fleet(points(1.3, 3, prefix="new") + points(2.5, 3, start=100)
+                             + points(0.6, 3, start=200, prefix="other")), "new0")
+    assert agree.interval_scale < 1
+    assert disagree.interval_scale > agree.interval_scale
+
+
+def test_one_outlier_job_moves_other_jobs_by_a_bounded_share():
+    honest = points(1.0, 5)
+    assert ask(fit_fleet(honest)).throughput_factor == pytest.approx(1.0)
+    for direction in (1, -1):
+        shifts = []
+        for ratio in (3.0, 50.0):
+            for per_job in (1, 40):  # however often it reports
+                odd = points(ratio ** direction, 1, per_job=per_job, start=1000, prefix="odd")
+                shifts.append(abs(math.log(ask(fit_fleet(honest + odd)).throughput_factor)))
+        assert max(shifts) < 0.08  # with five other jobs observed there
+        assert max(shifts) == pytest.approx(min(shifts), rel=0.01)  # saturated: 50x off pulls no more than 3x
+
+
+def test_a_job_counts_once_per_accelerator_however_often_it_reports():
+    chatty = points(2.0, 1, per_job=50, prefix="chatty")
+    quiet = points(0.5, 1, start=1000, prefix="quiet")
+    assert ask(fit_fleet(chatty + quiet)).throughput_factor == pytest.approx(1.0, abs=1e-6)
+
+
+def test_multi_device_runs_inform_single_device_answers_through_their_compute_only():
+    # six jobs as predicted on one GPU, and on 8 GPUs where communication is half the predicted step and runs 3x
+    # slower than predicted: a new job's one-device answer stays put, its 8-device answer slows down
+    single = points(1.0, 6)
+    slow_links = points(0.5 + 0.5 * 3.0, 6, start=100, communication_share=0.5)
+    fleet = fit_fleet(single + slow_links)
+    assert ask(fleet).throughput_factor == pytest.approx(1.0, abs=0.03)
+    assert ask(fleet, communication_share=0.5).throughput_factor < 0.75
+    # and the reverse: compute 1.5x slow on one device carries to the compute part of multi-device answers
+    fleet = fit_fleet(points(1.5, 8))
+    assert ask(fleet).throughput_factor < ask(fleet, communication_share=0.5).throughput_factor < 1
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 5), st.sampled_from(["a", "b", "c"]), st.floats(0.02, 50.0),
+                          st.floats(0.0, 0.9)), min_size=1, max_size=30),
+       st.sampled_from(["a", "b", "c", "d"]), st.floats(0.0, 0.9))
+def test_factors_are_finite_bounded_and_intervals_positive(observed, accelerator, share):
+    chip = {"a": "X", "b": "X", "c": "Y", "d": "Y"}
+    fleet = fit_fleet([FleetPoint(i, f"job{j}", acc, chip[acc], "arch", "tf32", math.log(ratio), s)
+                       for i, (j, acc, ratio, s) in enumerate(observed)])
+    for job in ("job0", "unseen"):
+        applied = fleet.apply(FleetQuery(job, accelerator, chip[accelerator], "arch", "tf32", share))
+        assert 0.01 - 1e-9 <= applied.throughput_factor <= 100 + 1e-9
+        assert applied.interval_scale > 0 and math.isfinite(applied.interval_scale)
+        assert (applied.level == "none") == (applied.observations == 0)
+
+
+def test_reference_steps_of_a_device_correct_it_nearly_fully_when_they_agree():
+    steps = [FleetPoint(i, f"bench{i}", **A100, log_ratio=math.log(1.4 * (1 + 0.03 * (-1) ** i)), reference=True)
+             for i in range(8)]
+    applied = ask(fit_fleet(steps))
+    assert applied.level == "accelerator" and applied.jobs == 8
+    assert applied.throughput_factor == pytest.approx(1 / 1.4, rel=0.06)
+    # the same ratios from ordinary jobs say less: each may be the job's own error
+    ordinary = [FleetPoint(p.id, p.job, **A100, log_ratio=p.log_ratio) for p in steps]
+    assert ask(fit_fleet(ordinary)).throughput_factor > applied.throughput_factor + 0.1

@@ -1,0 +1,113 @@
+"""The engine's fleet calibration: what jobs observe on an accelerator reaches other jobs' answers in every replica,
+deleting it undoes that everywhere, and no calibrated answer is physically impossible. Real SQLite stores, cheap
+real parts for the models (`tests.engine.helpers`)."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from perfmodel.calibration import ceiling_samples_per_s
+from perfmodel.engine import EngineConfig, GraphCache, PredictionEngine
+from perfmodel.engine.models import ModelLifecycle
+from perfmodel.jobs.spec import JobSpec, ZooSource
+from perfmodel.placement.spec import Parallelism, PlacementSpec
+from perfmodel.predictor.placed import PlacementPredictor
+from perfmodel.registry.registry import ModelRegistry
+from perfmodel.store.jobs import JobStore
+from tests.engine.helpers import FixedRateDevice, tiny_graph
+
+
+def _engine(url: str) -> PredictionEngine:
+    graphs = GraphCache(1000, capture_fn=lambda spec, deadline_s, limits: tiny_graph(spec.batch_size))
+    predictor = PlacementPredictor(None, FixedRateDevice(), graphs=graphs.graph)
+    lifecycle = ModelLifecycle(ModelRegistry(), None, None, load=lambda refs: predictor)
+    engine = PredictionEngine(EngineConfig(), predictor, lifecycle, JobStore(url), graphs=graphs)
+    engine.fleet()
+    return engine
+
+
+MODELS = ("mlp-recommender", "resnet18", "resnet50", "vgg11", "alexnet")
+
+
+def _job(batch: int, model: str = "mlp-recommender") -> JobSpec:
+    """A zoo job (its graph here: one linear layer at its batch)."""
+    return JobSpec(source=ZooSource(name=model), batch_size=batch)
+
+
+def _placement(accelerator: str, devices: int, batch: int) -> PlacementSpec:
+    return PlacementSpec(accelerator=accelerator, devices_per_node=(devices,), parallelism=Parallelism(data=devices),
+                         global_batch_size=devices * batch)
+
+
+def test_other_jobs_observations_reach_every_replica_and_deleting_them_undoes_it(tmp_path):
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    one, two = _engine(url), _engine(url)
+    batches = (8, 16, 32, 64, 128)
+    jobs = [one.register(_job(batch, model))[0].key for batch, model in zip(batches, MODELS)]
+    ids = []
+    for key, batch in zip(jobs[:4], batches):
+        raw = one.predict(key, _placement("t4", 1, batch))["throughput_samples_per_s"]
+        ids.append(one.observe(key, _placement("t4", 1, batch), raw * 0.6)["observation_id"])
+    t4 = _placement("t4", 1, batches[4])
+    mine = one.predict(jobs[4], t4)
+    two.sync_once()
+    theirs = two.predict(jobs[4], t4)
+    for answer in (mine, theirs):
+        assert answer["calibrated"] is True and answer["calibration"]["level"] == "accelerator"
+        assert answer["calibration"]["jobs"] == 4 and answer["calibration"]["observations"] == 4
+        assert 0.6 < answer["calibration_factor"] < 1
+        assert answer["throughput_samples_per_s"] < answer["uncalibrated_throughput_samples_per_s"]
+    assert theirs["throughput_samples_per_s"] == pytest.approx(mine["throughput_samples_per_s"])
+    other_chip = two.predict(jobs[4], _placement("a100-sxm4-80gb", 1, batches[4]))
+    assert other_chip["calibrated"] is False and other_chip["calibration"]["level"] == "none"
+    # an observed model at a batch never observed: its own evidence (the fleet's job effect is the model's)
+    new_batch = two.register(_job(24, MODELS[0]))[0].key
+    same_model = two.predict(new_batch, _placement("a100-sxm4-80gb", 1, 24))
+    assert same_model["calibration"]["level"] == "job" and same_model["calibration_factor"] < 0.9
+    for observation_id in ids:
+        one.delete_observation(observation_id)
+    two.sync_once()
+    for engine in (one, two):
+        answer = engine.predict(jobs[4], t4)
+        assert answer["calibrated"] is False and answer["calibration_factor"] == 1.0
+        assert answer["throughput_samples_per_s"] == answer["uncalibrated_throughput_samples_per_s"]
+
+
+@pytest.fixture(scope="module")
+def fleet_store(tmp_path_factory):
+    return f"sqlite:///{tmp_path_factory.mktemp('fleet') / 'store.db'}"
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(observed=st.lists(st.tuples(st.sampled_from([8, 16, 32, 48]), st.sampled_from(["t4", "a10", "a100-sxm4-80gb"]),
+                                   st.sampled_from([1, 2, 4]), st.floats(0.05, 8.0)), min_size=1, max_size=8),
+       asked=st.tuples(st.sampled_from([8, 24, 32]), st.sampled_from(["t4", "a10", "a100-sxm4-80gb", "a100-pcie-40gb"]),
+                       st.sampled_from([2, 4, 8])))
+def test_no_calibrated_answer_is_physically_impossible(fleet_store, observed, asked):
+    """Over random observations (jobs, accelerators, device counts, from 20x faster than predicted to 8x slower,
+    what the physics check lets in): every calibrated answer stays under the placement's peak FLOP/s, and n devices
+    never beat n times one device of the same accelerator."""
+    engine = _engine(fleet_store)
+    for key in engine.store.observed_job_ids():
+        engine.delete_job(key)
+    for batch, accelerator, devices, ratio in observed:
+        key = engine.register(_job(batch))[0].key
+        placement = _placement(accelerator, devices, batch)
+        raw = engine.predict(key, placement)["uncalibrated_throughput_samples_per_s"]
+        try:
+            engine.observe(key, placement, raw / ratio)
+        except Exception as exc:  # refused by physics (faster than the peak): the client's error, nothing stored
+            assert "throughput_samples_per_s" in str(exc)
+    batch, accelerator, devices = asked
+    entry = engine.register(_job(batch))[0]
+    single = engine.predict(entry.key, _placement(accelerator, 1, batch))
+    several = _placement(accelerator, devices, batch)
+    many = engine.predict(entry.key, several)
+    assert many["throughput_samples_per_s"] <= devices * single["throughput_samples_per_s"] * (1 + 1e-9)
+    for answer, placement in ((single, _placement(accelerator, 1, batch)), (many, several)):
+        ceiling = ceiling_samples_per_s(entry.spec, entry.graph, placement, engine.catalog)
+        assert answer["throughput_samples_per_s"] <= ceiling * (1 + 1e-9)
+        low, high = answer["interval_ms"]
+        assert 0 < low <= answer["iter_time_ms"] <= high

@@ -1,0 +1,69 @@
+"""Whole steps timed on this CPU for real, judged held out, kept, and read back by a real engine as reference
+evidence of the device."""
+
+from __future__ import annotations
+
+import pytest
+
+from perfmodel.core.ir import Graph
+from perfmodel.engine import EngineConfig, PredictionEngine
+from perfmodel.evaluation.device_steps import StepJob, held_out_ms, judge, predictors_for, time_steps
+from perfmodel.hardware.catalog import load_catalog
+from perfmodel.jobs.spec import JobSpec
+from perfmodel.placement.spec import PlacementSpec
+from perfmodel.store.device_steps import DeviceStep, load_device_steps, save_device_steps
+
+TINY = (StepJob("mlp-recommender", 32, 32), StepJob("lstm-lm", 4, 4, seq_len=8), StepJob("resnet18", 1, 1))
+
+
+@pytest.fixture(scope="module")
+def timed():
+    import torch
+
+    return time_steps(torch.device("cpu"), "cpu", "cpu", budget_s=120, jobs=TINY)
+
+
+def test_steps_are_timed_with_the_graph_they_are_priced_from(timed):
+    assert [s.spec.name for s in timed] == ["mlp-recommender", "lstm-lm", "resnet18"]
+    for step in timed:
+        assert step.measured_ms > 0 and step.repeats >= 3 and step.accelerator == "cpu"
+        assert Graph.from_json(step.graph_json).totals.flops_fwd > 0
+
+
+def test_judge_scores_every_way_held_out_and_applies_the_best(timed):
+    catalog = load_catalog()
+    verdict = judge(timed, catalog["cpu"], predictors_for("cpu", None, catalog))
+    assert set(verdict.mape_pct) == {(False, False), (False, True)}  # no adaptation to judge
+    assert not verdict.adapt
+    chosen = verdict.mape_pct[(verdict.adapt, verdict.calibrate)]
+    assert chosen == min(verdict.mape_pct.values())
+    assert sum("<- applied" in line for line in verdict.lines()) == 1
+
+
+def test_held_out_calibration_never_uses_the_step_itself():
+    hardware = load_catalog()["cpu"]
+    spec = JobSpec.from_options(zoo="resnet18", batch_size=2)
+
+    def step(model: str, ms: float) -> DeviceStep:
+        return DeviceStep(accelerator="cpu", spec=spec.model_copy(update={"source": spec.source.model_copy(
+            update={"name": model})}), graph_json="{}", measured_ms=ms, repeats=3, measured_at="2026-01-01T00:00:00Z")
+
+    steps = [step("resnet18", 20.0), step("resnet34", 20.0), step("vgg11", 200.0)]
+    # predicted 10 ms each: the two agreeing steps pull each other to ~2x, the odd one is predicted from them
+    calibrated = held_out_ms(steps, [10.0, 10.0, 10.0], hardware)
+    assert calibrated[2] < 30 and calibrated[0] > calibrated[2] / 1.5
+
+
+def test_an_engine_calibrates_cpu_answers_by_the_kept_steps(timed, _isolated_home):
+    # the steps as if this CPU ran every one 3x slower than measured: any engine on this home slows its answers
+    slow = tuple(s.model_copy(update={"measured_ms": 3 * s.measured_ms}) for s in timed)
+    save_device_steps("cpu", slow)
+    assert len(load_device_steps()) == 3
+    engine = PredictionEngine.open(EngineConfig(isolate_captures=False))
+    spec = JobSpec.from_options(zoo="mobilenet_v2", batch_size=2)
+    answer = engine.predict(spec, PlacementSpec(accelerator="cpu", global_batch_size=2))
+    assert answer["calibration"]["level"] == "accelerator" and answer["calibration"]["jobs"] == 3
+    assert answer["calibration_factor"] < 1
+    assert answer["iter_time_ms"] > answer["uncalibrated_iter_time_ms"]
+    elsewhere = engine.predict(spec, PlacementSpec(accelerator="t4", global_batch_size=2))
+    assert elsewhere["calibration"]["level"] == "none"
