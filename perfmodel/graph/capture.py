@@ -194,16 +194,11 @@ def _capture(spec: JobSpec, limits: JobLimits) -> Graph:
 
         graph = graph_for_job(spec)
     else:
-        from perfmodel.graph.from_torch import EXPORT_INPUTS, graph_from_module
+        from perfmodel.graph.from_torch import graph_of_job
         from perfmodel.jobs.build import build_job
 
-        job = build_job(spec, "meta")
+        job = build_job(spec, "meta")  # a user module: imported after `ensure_torchvision`, as in the parent
         check_params(sum(p.numel() for p in job.module.parameters()), limits)
-        kwargs = dict(job.kwargs)
-        model_type = getattr(getattr(job.module, "config", None), "model_type", None)
-        if model_type in EXPORT_INPUTS:
-            kwargs = EXPORT_INPUTS[model_type](kwargs)
-        graph = graph_from_module(job.module, job.args, kwargs, name=spec.name, mode=spec.mode.value,
-                                  job_id=spec.key())
+        graph = graph_of_job(job)  # with the job's own loss, when it has one
     check_graph(graph, limits)
     return graph

@@ -29,7 +29,7 @@ import operator
 import warnings
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 import torch.fx.config
@@ -42,6 +42,9 @@ from perfmodel.graph.flops import OpCall, is_float, op_cost, tensor_bytes
 from perfmodel.graph.moe import balanced_routing
 from perfmodel.graph.saved import measure_saved_bytes
 from perfmodel.jobs.spec import JobSpec
+
+if TYPE_CHECKING:
+    from perfmodel.jobs.build import BuiltJob
 
 GraphMode = Literal["train", "inference"]
 _GRAPH_MODES: dict[str, GraphMode] = {"train": "train", "inference": "inference"}
@@ -118,13 +121,47 @@ def capture_graph(spec: JobSpec) -> Graph:
     """The graph of a job, built on the meta device (never allocating weights)."""
     from perfmodel.jobs.build import build_job
 
-    job = build_job(spec, "meta")
+    return graph_of_job(build_job(spec, "meta"))
+
+
+class TrainingStep(nn.Module):
+    """`loss_fn(module(*args, **kwargs))` as one module: the forward of a training step whose loss is the job's
+    own, exported whole so that the loss's ops are graph nodes (with their FLOPs) and backward flows from them."""
+
+    def __init__(self, module: nn.Module, loss_fn: Callable[[Any], torch.Tensor]) -> None:
+        super().__init__()
+        self.module = module
+        self.loss_fn = loss_fn
+
+    def forward(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+        return self.loss_fn(self.module(*args, **kwargs))
+
+
+_STEP_PREFIX = "module"  # the job's module inside a TrainingStep: its nodes' module paths are given without it
+
+
+def graph_of_job(job: BuiltJob) -> Graph:
+    """The graph of a built job (on the meta device) as its step runs it: the module's forward, and for a training
+    job with its own loss (`BuiltJob.own_loss`: a user module's `loss_fn`) that loss too, exactly as
+    `perfmodel.profilers.iteration.make_step` computes it. Nodes keep the module paths of the job's module."""
+    spec = job.spec
     kwargs = dict(job.kwargs)
     model_type = getattr(getattr(job.module, "config", None), "model_type", None)
     if model_type in EXPORT_INPUTS:
         kwargs = EXPORT_INPUTS[model_type](kwargs)
-    return graph_from_module(job.module, job.args, kwargs, name=spec.name, mode=spec.mode.value,
-                             job_id=spec.key())
+    if not (job.own_loss and spec.mode.value == "train"):
+        return graph_from_module(job.module, job.args, kwargs, name=spec.name, mode=spec.mode.value,
+                                 job_id=spec.key())
+    graph = graph_from_module(TrainingStep(job.module, job.loss_fn), job.args, kwargs, name=spec.name,
+                              mode=spec.mode.value, job_id=spec.key())
+    nodes = tuple(node.model_copy(update={"module": _unprefixed(node.module)}) for node in graph.nodes)
+    return graph.model_copy(update={"nodes": nodes})
+
+
+def _unprefixed(path: str | None) -> str | None:
+    if path is None or path == _STEP_PREFIX:  # the step's own ops (the loss), the job's module's root
+        return None
+    return path.removeprefix(_STEP_PREFIX + ".")
 
 
 def graph_from_exported(exported: torch.export.ExportedProgram, module: nn.Module | None = None, *, name: str,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import inspect
 import sys
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -14,10 +15,20 @@ from typing import Any
 import torch
 from torch import nn
 
+from perfmodel.compat import ensure_torchvision
 from perfmodel.core.errors import JobLoadError, PerfmodelError
 from perfmodel.jobs import custom
 from perfmodel.jobs.hf import build_hf_model
-from perfmodel.jobs.spec import GraphSource, HFConfigSource, JobSpec, ModuleSource, OnnxSource, Precision, ZooSource
+from perfmodel.jobs.spec import (
+    DEFAULT_SEQ_LEN,
+    GraphSource,
+    HFConfigSource,
+    JobSpec,
+    ModuleSource,
+    OnnxSource,
+    Precision,
+    ZooSource,
+)
 from perfmodel.jobs.zoo import InputKind, build_model, get_entry
 from perfmodel.torch_device import resolve_device
 
@@ -26,7 +37,9 @@ _DTYPES = {Precision.fp16: torch.float16, Precision.bf16: torch.bfloat16}
 
 @dataclass(frozen=True)
 class BuiltJob:
-    """A job ready to run: `loss_fn(module(*args, **kwargs))` is one training step's loss."""
+    """A job ready to run: `loss_fn(module(*args, **kwargs))` is one training step's loss. `own_loss`: the loss
+    is the job's own (a user module's `loss_fn`), part of the step's graph; otherwise it is `mean_loss`, a
+    stand-in the graph leaves out."""
 
     spec: JobSpec
     module: nn.Module
@@ -35,6 +48,7 @@ class BuiltJob:
     loss_fn: Callable[[Any], torch.Tensor] = field(repr=False)
     family: str
     device: torch.device
+    own_loss: bool = False
 
     def forward(self) -> Any:
         return self.module(*self.args, **self.kwargs)
@@ -100,6 +114,7 @@ def build_job(spec: JobSpec, device: str | torch.device = "cpu", seed: int = 0) 
         raise PerfmodelError("an IR job has no module to build: it holds only its graph (predict it, not profile it)")
     torch.manual_seed(seed)
     loss_fn: Callable[[Any], torch.Tensor] = mean_loss
+    user_loss: Callable[[Any], torch.Tensor] | None = None
     build_device = device
     if isinstance(source, ZooSource) and device.type == "meta" and not get_entry(source.name).builds_on_meta:
         build_device = torch.device("cpu")
@@ -119,7 +134,7 @@ def build_job(spec: JobSpec, device: str | torch.device = "cpu", seed: int = 0) 
             family = f"hf:{source.config.get('model_type')}"
         else:
             assert isinstance(source, ModuleSource)
-            module, args, kwargs, user_loss = load_user_module(source.path, spec.batch_size)
+            module, args, kwargs, user_loss = load_user_module(source.path, spec.batch_size, spec.seq_len)
             loss_fn = user_loss or mean_loss
             family = f"module:{source.path}"
     module = module.to(device)
@@ -131,7 +146,7 @@ def build_job(spec: JobSpec, device: str | torch.device = "cpu", seed: int = 0) 
         args = tuple(_cast_float(a, dtype) for a in args)
         kwargs = {k: _cast_float(v, dtype) for k, v in kwargs.items()}
     module.train(spec.mode.value == "train")
-    return BuiltJob(spec, module, args, kwargs, loss_fn, family, device)
+    return BuiltJob(spec, module, args, kwargs, loss_fn, family, device, own_loss=user_loss is not None)
 
 
 def _zoo_inputs(kind: InputKind, module: nn.Module, spec: JobSpec, image_size: int) -> tuple[tuple, dict]:
@@ -165,13 +180,19 @@ def _cast_float(value: Any, dtype: torch.dtype) -> Any:
     return value
 
 
-def load_user_module(path: str, batch_size: int) -> tuple[nn.Module, tuple, dict, Callable | None]:
-    """Import `file.py:NAME`, call NAME(batch_size) -> (module, inputs[, loss_fn]). Inputs: a tensor, a tuple of
-    positional inputs, or a dict of keyword inputs. Any failure is a JobLoadError naming the file."""
+def load_user_module(path: str, batch_size: int,
+                     seq_len: int | None = None) -> tuple[nn.Module, tuple, dict, Callable | None]:
+    """Import `file.py:NAME` and call NAME(batch_size) -> (module, inputs[, loss_fn]); a builder that takes a
+    sequence length (a parameter named `seq_len`, or a second positional parameter without a default) is called
+    NAME(batch_size, seq_len) with `seq_len` (DEFAULT_SEQ_LEN when None). A `seq_len` other than the default for a
+    builder that cannot take one is refused (it would be silently ignored). Inputs: a tensor, a tuple of positional
+    inputs, or a dict of keyword inputs. torchvision (and timm, transformers: what imports it) is made importable
+    first, as for zoo models (`perfmodel.compat`). Any failure is a JobLoadError naming the file."""
     file, _, name = path.rpartition(":")
     file_path = Path(file)
     if not file_path.is_file():
         raise JobLoadError(f"module file not found: {file_path}")
+    ensure_torchvision()  # a CUDA torchvision wheel next to the CPU torch: importable only after this
     module_name = f"perfmodel_user_{uuid.uuid4().hex[:8]}"
     try:
         import_spec = importlib.util.spec_from_file_location(module_name, file_path)
@@ -181,9 +202,24 @@ def load_user_module(path: str, batch_size: int) -> tuple[nn.Module, tuple, dict
         sys.modules[module_name] = user
         import_spec.loader.exec_module(user)
         factory = getattr(user, name)
-        result = factory(batch_size)
     except Exception as exc:  # user code: anything it raises is bad input, reported in one line
+        sys.modules.pop(module_name, None)
         raise JobLoadError(f"could not load {path}: {type(exc).__name__}: {exc}") from None
+    try:
+        how = _seq_len_call(factory)
+        length = DEFAULT_SEQ_LEN if seq_len is None else seq_len
+        if how is None and length != DEFAULT_SEQ_LEN:
+            raise JobLoadError(f"{path}: seq_len {length} was given, but {name}(batch_size) takes no seq_len; "
+                               f"define {name}(batch_size, seq_len) to build the model at a sequence length")
+        try:
+            if how == "keyword":
+                result = factory(batch_size, seq_len=length)
+            elif how == "positional":
+                result = factory(batch_size, length)
+            else:
+                result = factory(batch_size)
+        except Exception as exc:  # user code: anything it raises is bad input, reported in one line
+            raise JobLoadError(f"could not load {path}: {type(exc).__name__}: {exc}") from None
     finally:
         sys.modules.pop(module_name, None)
     if not isinstance(result, tuple) or len(result) not in (2, 3) or not isinstance(result[0], nn.Module):
@@ -199,3 +235,27 @@ def load_user_module(path: str, batch_size: int) -> tuple[nn.Module, tuple, dict
     if isinstance(inputs, (tuple, list)):
         return module, tuple(inputs), {}, loss_fn
     raise JobLoadError(f"{path}: example_inputs must be a tensor, a tuple of tensors or a dict")
+
+
+def _seq_len_call(factory: Any) -> str | None:
+    """How a builder takes the sequence length: "keyword" (a `seq_len` parameter, or **kwargs), "positional" (a
+    second positional parameter without a default, or *args) or None (it takes only the batch size). A second
+    parameter with a default and another name (`make(batch_size, hidden=256)`) is not taken for a length."""
+    try:
+        signature = inspect.signature(factory)
+    except (TypeError, ValueError):  # no signature to read (a builtin): called with the batch size only
+        return None
+    params = list(signature.parameters.values())
+    named = signature.parameters.get("seq_len")
+    if named is not None and named.kind not in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.VAR_POSITIONAL,
+                                                inspect.Parameter.VAR_KEYWORD):
+        return "keyword"
+    positional = [p for p in params
+                  if p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+    if len(positional) >= 2 and (positional[1].default is inspect.Parameter.empty or positional[1].name == "seq_len"):
+        return "positional"
+    if len(positional) <= 1 and any(p.kind == inspect.Parameter.VAR_POSITIONAL for p in params):
+        return "positional"
+    if any(p.kind == inspect.Parameter.VAR_KEYWORD for p in params):
+        return "keyword"
+    return None

@@ -104,7 +104,9 @@ class HFConfigSource(_Source):
 
 class ModuleSource(_Source):
     kind: Literal["module"] = "module"
-    path: str = Field(description="path/to/file.py:NAME; NAME(batch_size) returns (module, inputs[, loss_fn])")
+    path: str = Field(description="path/to/file.py:NAME; NAME(batch_size), or NAME(batch_size, seq_len) when it "
+                                  "takes a seq_len, returns (module, inputs[, loss_fn]); a training step's loss is "
+                                  "loss_fn(module(*inputs)), captured in the job's graph")
 
     @model_validator(mode="after")
     def _has_callable(self) -> ModuleSource:
