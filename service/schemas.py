@@ -290,6 +290,16 @@ class MatrixRequest(_In):
     layout: Literal["matrix", "gavel"] = Field(default="matrix", description="gavel: Gavel's throughput "
                                                "dictionaries, keyed by job type and worker type")
     detail: bool = Field(default=False, description="also every full prediction (matrix layout)")
+    job_types: list[Annotated[str, Field(min_length=1, max_length=200)]] | None = Field(
+        default=None, description="gavel layout: each job's job type name (Gavel's, e.g. 'ResNet-50 (batch size "
+                                  "64)'); default '<name> (batch size <b>)'")
+    worker_types: dict[Annotated[str, Field(min_length=1, max_length=100)], str] | None = Field(
+        default=None, max_length=64, description="gavel layout: {worker type: catalog accelerator}; a grid "
+                                                 "accelerator may be a worker type named here")
+    colocation: bool = Field(default=False, description="gavel layout: also every pair of jobs sharing each "
+                                                        "placement's GPUs")
+    sharing: Literal["time-slicing", "mps"] = Field(default="time-slicing", description="co-location: "
+                                                    "time-slicing (two processes) or CUDA MPS")
 
     @field_validator("jobs", "placements", mode="before")
     @classmethod
@@ -300,6 +310,14 @@ class MatrixRequest(_In):
             name = "max_matrix_jobs" if info.field_name == "jobs" else "max_matrix_columns"
             raise ValueError(f"{len(value):,} {info.field_name} is over the limit {name} = {limit:,}")
         return value
+
+    @model_validator(mode="after")
+    def _job_types_match(self) -> MatrixRequest:
+        if self.job_types is not None and len(self.job_types) != len(self.jobs):
+            raise ValueError(f"job_types: {len(self.job_types)} names for {len(self.jobs)} jobs")
+        if self.job_types is not None and len(set(self.job_types)) != len(self.job_types):
+            raise ValueError("job_types: two jobs share a job type name")
+        return self
 
     @model_validator(mode="after")
     def _one_placement_source(self) -> MatrixRequest:
@@ -370,9 +388,44 @@ class MatrixResponse(BaseModel):
 
 class GavelResponse(BaseModel):
     layout: Literal["gavel"] = "gavel"
-    consolidated: dict[str, dict[str, float]] = Field(description="{job type key: {worker type: samples/s}}")
-    spread: dict[str, dict[str, float]]
+    throughputs: dict[str, dict[str, dict[str, float | list[float]]]] = Field(
+        description="Gavel's throughputs file: {worker type: {\"(JOB_TYPE, SCALE_FACTOR)\": {\"null\": steps/s "
+                    "alone, \"(OTHER_JOB_TYPE, SCALE_FACTOR)\": [this, other] steps/s sharing the GPUs}}}; "
+                    "`<worker type>_unconsolidated`: one device per server")
+    unit: Literal["steps/s"] = "steps/s"
     job_types: dict[str, str] = Field(description="job type -> job id")
+    worker_types: dict[str, str] = Field(description="worker type -> catalog accelerator")
+    model_versions: dict[str, str]
+
+
+# --- co-location ---
+
+
+class ColocationRequest(_In):
+    jobs: list[JobRef] = Field(min_length=2, max_length=2, description="the two jobs sharing the GPU(s)")
+    placement: PlacementIn = Field(description="the GPU(s) both jobs run on; each job's global batch follows its "
+                                               "own batch unless given")
+    sharing: Literal["time-slicing", "mps"] = Field(default="time-slicing", description="time-slicing: two "
+                                                    "processes (the default); mps: CUDA MPS, kernels concurrent")
+
+
+class ColocationResponse(BaseModel):
+    jobs: list[str]
+    accelerator: str
+    devices: int
+    sharing: Literal["time-slicing", "mps"]
+    throughput_samples_per_s: list[float] = Field(description="each job's throughput while both share the GPU(s)")
+    steps_per_s: list[float]
+    interval_samples_per_s: list[list[float]] = Field(description="each job's 80 % interval")
+    isolated_throughput_samples_per_s: list[float] = Field(description="each job alone (calibrated)")
+    slowdown: list[float] = Field(description="each job's step shared over alone (>= 1)")
+    device_share: list[float] = Field(description="share of the time each job has work on the device")
+    combined_device_share: float = Field(description="the device's load from both (busy time, or used peak with "
+                                                     "MPS), at most 1")
+    peak_memory_bytes: list[int]
+    memory_capacity_bytes: int | None
+    fits: bool
+    isolated: list[PredictResponse]
     model_versions: dict[str, str]
 
 

@@ -18,42 +18,76 @@ export_app = typer.Typer(no_args_is_help=True, help="Export predictions for sche
 @export_app.command("gavel")
 @user_errors
 def export_gavel(
-    output: Annotated[Path, typer.Argument(help="JSON file to write (the consolidated matrix); the spread one "
-                                                "goes to <stem>.spread.json beside it")],
-    job: Annotated[list[str], typer.Option("--job", help="ZOO_NAME:BATCH, repeatable; BATCH is the job's batch "
-                                                         "size: one worker's forward/backward pass (README, \"Batch "
-                                                         "size\")")],
-    accelerators: Annotated[str, typer.Option(help="comma-separated catalog names (Gavel's worker types)")],
+    output: Annotated[Path, typer.Argument(help="JSON file to write: Gavel's throughputs file")],
+    job: Annotated[list[str], typer.Option("--job", help="[JOB_TYPE=]ZOO_NAME:BATCH, repeatable, e.g. "
+                                                         "'ResNet-50 (batch size 64)=gavel-resnet50:64'; BATCH is "
+                                                         "one worker's batch; JOB_TYPE defaults to "
+                                                         "'<name> (batch size BATCH)'")],
+    worker_type: Annotated[Optional[list[str]], typer.Option(
+        "--worker-type", help="WORKER_TYPE=ACCELERATOR, repeatable, e.g. v100=v100-sxm2-16gb")] = None,
+    accelerators: Annotated[Optional[str], typer.Option(
+        help="comma-separated catalog names used as worker types (instead of --worker-type)")] = None,
     scale_factors: Annotated[str, typer.Option(help="comma-separated device counts")] = "1,2,4,8",
+    colocation: Annotated[bool, typer.Option(help="also every pair of jobs sharing each placement's GPUs")] = False,
+    sharing: Annotated[str, typer.Option(help="co-location: time-slicing (two processes) or mps")] = "time-slicing",
     seq_len: SeqOpt = None, precision: PrecisionOpt = "fp32", optimizer: OptimizerOpt = "sgd",
     inter_node_gbit_s: Annotated[Optional[float], typer.Option(
         "--inter-node-gbit-s", "--inter-node-gbps",
         help="network of one node over all its NICs, Gb/s [the catalog's node_network_gbit_s, else 100]")] = None,
 ) -> None:
-    """Throughputs (samples/s) of jobs x accelerator types x scale factors in Gavel's layout
-    {"('<job> (batch size B)', scale_factor)": {worker_type: throughput}}: data parallel with the job's batch on
-    every worker (a global batch of B x scale_factor), consolidated (on one node, or on as few full nodes as the
-    catalog's node_devices allow) and spread one device per node. A job that does not fit in a device's memory gets
-    throughput 0."""
+    """Gavel's throughputs file: {worker_type: {"(JOB_TYPE, SCALE_FACTOR)": {"null": steps/s, "(OTHER, SF)":
+    [this, other]}}} for every job x worker type x scale factor, data parallel with the job's batch on every worker,
+    consolidated (worker type) and one device per server (`<worker type>_unconsolidated`); with --colocation every
+    pair of jobs sharing the GPUs. A job (or pair) that does not fit in a device's memory gets 0."""
     from perfmodel.core.atomic import write_text_atomically
     from perfmodel.engine import EngineConfig, PredictionEngine
-    from perfmodel.engine.gavel import gavel_throughputs
+    from perfmodel.engine.gavel import gavel_throughputs, grid_columns
+    from perfmodel.placement.colocation import SHARING_MODES
+    from perfmodel.placement.gavel import job_type_names
 
+    if sharing not in SHARING_MODES:
+        raise PerfmodelError(f"--sharing: expected one of {', '.join(SHARING_MODES)}, got {sharing!r}")
     factors = _int_list(scale_factors, "--scale-factors")
-    names = [a.strip() for a in accelerators.split(",") if a.strip()]
-    jobs = []
+    workers = _worker_types(worker_type or [], accelerators)
+    names: list[str | None] = []
+    specs = []
     for item in job:
-        name, _, batch = item.partition(":")
-        if not batch.isdigit() or int(batch) < 1:
-            raise PerfmodelError(f"--job: expected ZOO_NAME:BATCH like resnet50:32, got {item!r}")
-        jobs.append(job_spec(name, None, None, None, None, int(batch), seq_len, precision, optimizer, "train"))
-    spread_path = writable_folder(output).with_name(f"{output.stem}.spread.json")
+        name, has_name, rest = item.rpartition("=")
+        model, _, batch = rest.partition(":")
+        if not batch.isdigit() or int(batch) < 1 or not model or (has_name and not name.strip()):
+            raise PerfmodelError(f"--job: expected [JOB_TYPE=]ZOO_NAME:BATCH like resnet50:32, got {item!r}")
+        names.append(name.strip() if has_name else None)
+        specs.append(job_spec(model, None, None, None, None, int(batch), seq_len, precision, optimizer, "train"))
+    writable_folder(output)
     engine = PredictionEngine.open(EngineConfig(isolate_captures=False))
-    matrices = gavel_throughputs(engine, jobs, names, factors, inter_node_gbit_s=inter_node_gbit_s)
-    for path, kind in ((output, "consolidated"), (spread_path, "spread")):
-        write_text_atomically(path, json.dumps(matrices[kind], indent=2, sort_keys=True) + "\n", make_parents=False)
-    out.print(f"wrote {output} and {spread_path}: {len(jobs)} jobs x {len(names)} worker types x scale factors "
-              f"{factors}")
+    entries = [engine.job(spec) for spec in specs]
+    defaults = job_type_names([(s.key(), s.name, s.batch_size) for s in specs])
+    job_types = [given or default for given, default in zip(names, defaults)]
+    if len(set(job_types)) != len(job_types):
+        raise PerfmodelError(f"--job: two jobs share a job type name: {job_types}")
+    columns = grid_columns(engine, workers, factors, inter_node_gbit_s=inter_node_gbit_s)
+    throughputs = gavel_throughputs(engine, entries, job_types, columns, colocation=colocation,
+                                    sharing=sharing)
+    write_text_atomically(output, json.dumps(throughputs, indent=2, sort_keys=True) + "\n", make_parents=False)
+    out.print(f"wrote {output}: {len(specs)} job types x worker types {', '.join(throughputs)} x scale factors "
+              f"{factors}, steps/s" + (f", pairs sharing the GPUs ({sharing})" if colocation else ""))
+
+
+def _worker_types(items: list[str], accelerators: str | None) -> dict[str, str]:
+    """{worker type: accelerator} from WORKER=ACCELERATOR items, or catalog names used as their own worker type."""
+    out: dict[str, str] = {}
+    for item in items:
+        name, _, accelerator = item.partition("=")
+        if not name.strip() or not accelerator.strip():
+            raise PerfmodelError(f"--worker-type: expected WORKER_TYPE=ACCELERATOR like v100=v100-sxm2-16gb, "
+                                 f"got {item!r}")
+        out[name.strip()] = accelerator.strip()
+    for name in (accelerators or "").split(","):
+        if name.strip():
+            out.setdefault(name.strip(), name.strip())
+    if not out:
+        raise PerfmodelError("give the worker types: --worker-type NAME=ACCELERATOR (or --accelerators a,b)")
+    return out
 
 
 def _int_list(text: str, option: str) -> list[int]:

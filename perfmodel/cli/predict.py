@@ -5,7 +5,7 @@ prediction made by the engine (perfmodel/engine/: `PredictionEngine`, op_table.p
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 
@@ -26,6 +26,8 @@ from perfmodel.cli.common import (
     user_errors,
     writable_folder,
 )
+from perfmodel.core.errors import PerfmodelError
+from perfmodel.engine.errors import FieldError
 
 
 @user_errors
@@ -59,6 +61,11 @@ def predict(model: ModelArg = None, hf_config: HFConfigOpt = None, task: TaskOpt
                      "100]")] = None,
             inter_node_latency_us: Annotated[float, typer.Option(help="network latency, us")] = 5.0,
             model_version: Annotated[Optional[str], typer.Option(help="NAME/VERSION [the promoted models]")] = None,
+            with_job: Annotated[Optional[str], typer.Option(
+                "--with", help="ZOO_NAME:BATCH of a second job sharing the same GPU(s): both jobs' throughput "
+                               "while they do (co-location)")] = None,
+            sharing: Annotated[str, typer.Option(help="with --with: time-slicing (two processes) or mps")] =
+                "time-slicing",
             as_json: JsonOpt = False) -> None:
     """Predict a job's iteration time, throughput and per-device memory on a placement from its graph alone
     (nothing is run). Compute per device comes from the per-op device model on a GPU (any catalog GPU, from its
@@ -76,6 +83,9 @@ def predict(model: ModelArg = None, hf_config: HFConfigOpt = None, task: TaskOpt
         checkpointing=checkpointing, intra_link=intra_link, ep=ep, inter_node_gbit_s=inter_node_gbit_s,
         inter_node_latency_us=inter_node_latency_us)
     engine = PredictionEngine.open(EngineConfig(model_version=model_version, isolate_captures=False))
+    if with_job is not None:
+        _colocated(engine, spec, with_job, placement, sharing, seq_len, precision, optimizer, mode, as_json)
+        return
     result = engine.predict(spec, placement)  # calibrated by what `perfmodel hw bench` kept of this device
     if as_json:
         print_json(result)
@@ -96,6 +106,47 @@ def predict(model: ModelArg = None, hf_config: HFConfigOpt = None, task: TaskOpt
               f"{(result['memory_capacity_bytes'] or 0) / 2**30:.1f} GiB usable: {fits}")
     if result["extrapolated"]:
         out.print("  [yellow]extrapolated:[/] " + "; ".join(result["extrapolation_reasons"]))
+
+
+def _colocated(engine: Any, spec: Any, other: str, placement: Any, sharing: str, seq_len: Any, precision: str,
+               optimizer: str, mode: str, as_json: bool) -> None:
+    """`perfmodel predict ... --with ZOO:BATCH`: both jobs sharing the placement's GPU(s)."""
+    from perfmodel.placement.colocation import SHARING_MODES
+
+    if sharing not in SHARING_MODES:
+        raise PerfmodelError(f"--sharing: expected one of {', '.join(SHARING_MODES)}, got {sharing!r}")
+    name, _, batch = other.partition(":")
+    if not name or not batch.isdigit() or int(batch) < 1:
+        raise PerfmodelError(f"--with: expected ZOO_NAME:BATCH like resnet50:32, got {other!r}")
+    second = job_spec(name, None, None, None, None, int(batch), seq_len, precision, optimizer, mode)
+    per_job = _SameDevices(placement)
+    try:
+        result = engine.colocation([spec, second], per_job, sharing)
+    except FieldError as exc:
+        raise PerfmodelError(f"--with: {exc}") from None
+    if as_json:
+        print_json(result)
+        return
+    for i, job in enumerate((spec, second)):
+        out.print(f"[bold]{job.name}[/] b={job.batch_size}: {result['throughput_samples_per_s'][i]:.1f} samples/s "
+                  f"sharing {result['devices']} x {result['accelerator']} ({sharing}), "
+                  f"{result['isolated_throughput_samples_per_s'][i]:.1f} alone (x{1 / result['slowdown'][i]:.2f})")
+    out.print(f"  device busy {100 * result['combined_device_share']:.0f} %; memory per device "
+              f"{sum(result['peak_memory_bytes']) / 2**30:.2f} GiB of "
+              f"{(result['memory_capacity_bytes'] or 0) / 2**30:.1f} GiB usable")
+
+
+class _SameDevices:
+    """The placement's devices for either job: its layout and parallelism, each job's own batch on every replica."""
+
+    def __init__(self, placement: Any):
+        self.placement = placement
+        self.accelerator = placement.accelerator
+
+    def to_spec(self, batch_size: int) -> Any:
+        p = self.placement
+        replicas = p.parallelism.data * p.parallelism.micro_batches
+        return p.model_copy(update={"global_batch_size": batch_size * replicas})
 
 
 @user_errors

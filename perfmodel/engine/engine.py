@@ -52,6 +52,7 @@ from perfmodel.engine.errors import FieldError, Loc, NotFound, Refused
 from perfmodel.engine.graphs import GraphCache
 from perfmodel.engine.models import LOAD_ERRORS, ModelLifecycle
 from perfmodel.jobs.spec import GraphSource, JobSpec
+from perfmodel.placement.colocation import Sharing, SharingJob
 from perfmodel.placement.spec import PlacementSpec
 from perfmodel.predictor.predict import Prediction
 from perfmodel.records import utc_now
@@ -475,6 +476,74 @@ class PredictionEngine:
                           architecture=hardware.architecture or hardware.name, precision=entry.spec.precision.value,
                           communication_share=communication_share)
 
+    # --- co-location --------------------------------------------------------------------------------------------
+
+    def colocation(self, refs: Sequence[str | JobSpec], given: PlacementTemplate | PlacementSpec,
+                   sharing: Sharing = "time-slicing") -> dict[str, Any]:
+        """Two jobs sharing the placement's devices: each one's throughput while they do, next to its isolated
+        (calibrated) answer (`perfmodel.placement.colocation`). A pair whose memory does not fit together is
+        refused (FieldError at `jobs`). Blocking."""
+        from perfmodel.placement.colocation import load_colocation_params, share
+
+        if len(refs) != 2:
+            raise FieldError(("jobs",), f"co-location takes exactly two jobs, got {len(refs)}")
+        params = load_colocation_params()
+        entries = [self.job(ref, ("jobs", i)) for i, ref in enumerate(refs)]
+        answers: list[dict[str, Any]] = []
+        jobs: list[SharingJob] = []
+        placements: list[PlacementSpec] = []
+        for entry in entries:
+            placement = self.placement(given, entry.spec.batch_size)
+            self.check_ir_batch(entry, placement)
+            answer, job = self.sharing_input(entry, placement, params.host_share_of_gap)
+            answers.append(answer)
+            placements.append(placement)
+            jobs.append(job)
+        capacity = answers[0]["memory_capacity_bytes"]
+        memory = [int(a["peak_memory_bytes"]) for a in answers]
+        if capacity is not None and sum(memory) > capacity:
+            raise FieldError(("jobs",), (
+                f"the two jobs do not fit together: {memory[0] / 2**30:.2f} + {memory[1] / 2**30:.2f} GiB per device "
+                f"> {capacity / 2**30:.2f} GiB usable on {answers[0]['accelerator']}"))
+        shared = share(jobs[0], jobs[1], sharing, params)
+        out_throughput, intervals, slowdowns = [], [], []
+        for answer, job, step_ms in zip(answers, jobs, shared.step_ms):
+            slowdown = step_ms / job.step_ms if job.step_ms > 0 else 1.0
+            throughput = answer["throughput_samples_per_s"] / slowdown
+            low_ms, high_ms = answer["interval_ms"]
+            iteration = answer["iter_time_ms"]
+            out_throughput.append(throughput)
+            intervals.append([throughput * iteration / high_ms, throughput * iteration / low_ms])
+            slowdowns.append(slowdown)
+        return {
+            "jobs": [e.key for e in entries], "accelerator": answers[0]["accelerator"],
+            "devices": placements[0].devices, "sharing": sharing,
+            "throughput_samples_per_s": out_throughput,
+            "steps_per_s": [t / p.global_batch_size * p.parallelism.data * p.parallelism.micro_batches
+                            for t, p in zip(out_throughput, placements)],
+            "interval_samples_per_s": intervals,
+            "isolated_throughput_samples_per_s": [a["throughput_samples_per_s"] for a in answers],
+            "slowdown": slowdowns, "device_share": list(shared.device_share),
+            "combined_device_share": shared.combined_device_share,
+            "peak_memory_bytes": memory, "memory_capacity_bytes": capacity, "fits": True,
+            "isolated": answers, "model_versions": self.model_versions,
+        }
+
+    def sharing_input(self, entry: JobEntry, placement: PlacementSpec, host_share_of_gap: float
+                      ) -> tuple[dict[str, Any], SharingJob]:
+        """The job's calibrated answer on the placement, and its step as the co-location model sees it."""
+        raw = self._raw(self.predictor, entry, placement, ("placement",))
+        answer = self.respond(entry, raw, self.calibration(entry), self.fleet())
+        return answer, sharing_job(raw, answer["iter_time_ms"], host_share_of_gap, self._utilization(entry, placement))
+
+    def _utilization(self, entry: JobEntry, placement: PlacementSpec) -> float:
+        """The share of the device's peak the job's kernels use while they run (roofline / composed device time;
+        1 where the step is not composed from kernels)."""
+        composition = self.predictor.composition(entry.spec, placement)
+        if not composition:
+            return 1.0
+        return min(max(float(composition.get("roofline_over_composed", 1.0)), 0.05), 1.0)
+
     # --- calibration --------------------------------------------------------------------------------------------
 
     def _current_calibration(self, entry: JobEntry) -> Calibration | None:
@@ -797,3 +866,17 @@ def _communication_share(prediction: Prediction) -> float:
     """Communication's share of a predicted step (0 on one device)."""
     communication = prediction.breakdown_ms.get("communication", 0.0)
     return communication / prediction.iter_time_ms if prediction.iter_time_ms > 0 else 0.0
+
+
+def sharing_job(raw: Prediction, calibrated_ms: float, host_share_of_gap: float, utilization: float) -> SharingJob:
+    """A job's isolated step for the co-location model: device time (forward, backward, optimizer, communication)
+    and host time (exposed overhead, pipeline bubble), where calibration moved the step, the gap shared between them
+    by `host_share_of_gap` (slower) or both scaled (faster)."""
+    b = raw.breakdown_ms
+    device = sum(b.get(k, 0.0) for k in ("forward", "backward", "optimizer", "communication"))
+    host = sum(b.get(k, 0.0) for k in ("overhead", "pipeline_bubble"))
+    gap = calibrated_ms - (device + host)
+    if gap >= 0:
+        return SharingJob(device + (1 - host_share_of_gap) * gap, host + host_share_of_gap * gap, utilization)
+    scale = calibrated_ms / (device + host) if device + host > 0 else 1.0
+    return SharingJob(device * scale, host * scale, utilization)

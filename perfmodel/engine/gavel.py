@@ -1,39 +1,88 @@
-"""Gavel's throughput matrices for jobs x worker types x scale factors (`perfmodel export gavel`), predicted by the
-engine: data parallel with each job's batch on every worker (a global batch of batch x scale factor), on the
-placements `perfmodel.placement.gavel.grid_layouts` gives (consolidated per the catalog's node_devices, and spread one
-device per node). A job that does not fit a device's memory gets throughput 0. The service builds the same grid on
-its vectorised path (service/routers/predict.py) through the same placement.gavel functions."""
+"""Gavel's throughputs file for jobs x worker types x scale factors (`perfmodel export gavel`, and the service's
+`/v1/predict/matrix` with `layout: gavel`), predicted by the engine: data parallel with each job's batch on every
+worker (a global batch of batch x scale factor), on the placements `perfmodel.placement.gavel.grid_layouts` gives
+(consolidated per the catalog's node_devices, and one device per server), in steps per second; with `colocation`,
+every pair of jobs sharing each placement's GPUs (`PredictionEngine.sharing_input`, `placement.colocation.share`).
+A job that does not fit gets 0, and so does a pair that does not fit together."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from perfmodel.hardware.catalog import get_accelerator
-from perfmodel.placement.gavel import GavelMatrix, gavel_matrices, grid_layouts, job_type_names
+from perfmodel.placement.colocation import Sharing, load_colocation_params, share
+from perfmodel.placement.gavel import Layout, gavel_file, grid_layouts
 from perfmodel.placement.spec import Parallelism, PlacementSpec
 
 
-def gavel_throughputs(engine: Any, specs: Sequence[Any], accelerators: Sequence[str], scale_factors: Sequence[int],
-                      *, inter_node_gbit_s: float | None = None) -> dict[str, GavelMatrix]:
-    """{"consolidated": matrix, "spread": matrix} of every JobSpec in `specs` on every accelerator (catalog name or
-    alias; the matrices use the catalog name) at every scale factor. `inter_node_gbit_s` None: the catalog's network."""
-    columns: list[tuple[str, tuple[int, ...], bool]] = []
-    for name in accelerators:
-        hardware = get_accelerator(name, engine.catalog)
+@dataclass(frozen=True)
+class GavelColumn:
+    """One placement of the grid: the worker type it is filed under, its accelerator and layout."""
+
+    worker_type: str
+    accelerator: str
+    layout: Layout
+    consolidated: bool
+    inter_node_bandwidth_gbit_s: float | None = None
+    inter_node_latency_us: float | None = None
+
+    def placement(self, batch_size: int) -> PlacementSpec:
+        devices = sum(self.layout)
+        network = {name: value for name in ("inter_node_bandwidth_gbit_s", "inter_node_latency_us")
+                   if (value := getattr(self, name)) is not None}
+        return PlacementSpec(accelerator=self.accelerator, devices_per_node=self.layout,
+                             global_batch_size=batch_size * devices, parallelism=Parallelism(data=devices), **network)
+
+
+def grid_columns(engine: Any, worker_types: Mapping[str, str], scale_factors: Sequence[int], *,
+                 per_node: int | None = None, inter_node_gbit_s: float | None = None,
+                 inter_node_latency_us: float | None = None) -> list[GavelColumn]:
+    """Every worker type ({name: catalog accelerator or alias}) at every scale factor, consolidated and one device
+    per server (multi-device placements on GPUs only)."""
+    from perfmodel.hardware.catalog import get_accelerator
+
+    columns = []
+    for worker_type, accelerator in worker_types.items():
+        hardware = get_accelerator(accelerator, engine.catalog)
         for scale_factor in dict.fromkeys(scale_factors):
-            columns += [(hardware.name, layout, consolidated)
-                        for layout, consolidated in grid_layouts(scale_factor, hardware.node_devices)]
-    throughput = []
-    for spec in specs:
-        row = []
-        for worker_type, layout, _ in columns:
-            placement = PlacementSpec(accelerator=worker_type, devices_per_node=layout,
-                                      global_batch_size=spec.batch_size * sum(layout),
-                                      parallelism=Parallelism(data=sum(layout)),
-                                      inter_node_bandwidth_gbit_s=inter_node_gbit_s)
-            result = engine.prediction(spec, placement)
-            row.append(result.throughput_samples_per_s if result.fits else 0.0)
-        throughput.append(row)
-    job_types = job_type_names([(spec.key(), spec.name, spec.batch_size) for spec in specs])
-    return gavel_matrices(job_types, columns, throughput)
+            if scale_factor > 1 and hardware.kind != "gpu":
+                continue
+            columns += [GavelColumn(worker_type, hardware.name, layout, consolidated, inter_node_gbit_s,
+                                    inter_node_latency_us)
+                        for layout, consolidated in grid_layouts(scale_factor, per_node or hardware.node_devices)]
+    return columns
+
+
+def gavel_throughputs(engine: Any, entries: Sequence[Any], job_types: Sequence[str], columns: Sequence[GavelColumn],
+                      *, colocation: bool = False, sharing: Sharing = "time-slicing"
+                      ) -> dict[str, dict[str, dict[str, float | list[float]]]]:
+    """Gavel's file of the engine's jobs (`JobEntry`s, named `job_types`) on `columns`."""
+    params = load_colocation_params()
+    steps = [[0.0] * len(columns) for _ in entries]
+    inputs: dict[tuple[int, int], tuple[dict[str, Any], Any]] = {}
+    for i, entry in enumerate(entries):
+        batch = entry.spec.batch_size
+        for j, column in enumerate(columns):
+            answer, job = engine.sharing_input(entry, column.placement(batch), params.host_share_of_gap)
+            inputs[(i, j)] = (answer, job)
+            if answer["fits"]:
+                steps[i][j] = answer["throughput_samples_per_s"] / batch
+    pairs: dict[tuple[int, int, int], tuple[float, float]] | None = None
+    if colocation:
+        pairs = {}
+        for j in range(len(columns)):
+            for i in range(len(entries)):
+                for k in range(i, len(entries)):
+                    (a, job_a), (b, job_b) = inputs[(i, j)], inputs[(k, j)]
+                    capacity = a["memory_capacity_bytes"]
+                    fits = a["fits"] and b["fits"] and (capacity is None or
+                                                        a["peak_memory_bytes"] + b["peak_memory_bytes"] <= capacity)
+                    if not fits:
+                        pairs[(i, k, j)] = pairs[(k, i, j)] = (0.0, 0.0)
+                        continue
+                    shared = share(job_a, job_b, sharing, params)
+                    this = steps[i][j] * job_a.step_ms / shared.step_ms[0]
+                    other = steps[k][j] * job_b.step_ms / shared.step_ms[1]
+                    pairs[(i, k, j)], pairs[(k, i, j)] = (this, other), (other, this)
+    return gavel_file(job_types, [(c.worker_type, c.layout, c.consolidated) for c in columns], steps, pairs)

@@ -108,6 +108,15 @@ def _dle(factory: str) -> Callable[[], Any]:
     return build
 
 
+def _gavel(factory: str) -> Callable[[], Any]:
+    def build() -> Any:
+        from perfmodel.jobs import gavel_zoo
+
+        return getattr(gavel_zoo, factory)()
+
+    return build
+
+
 def _own_inputs(module: Any, batch_size: int, seq_len: int) -> tuple[tuple, dict]:
     """Inputs of a module that builds its own (`example_inputs`, perfmodel.jobs.dle)."""
     return module.example_inputs(batch_size, seq_len)
@@ -225,6 +234,46 @@ def _entries() -> list[ZooEntry]:
                  unit="images",
                  description="Mask R-CNN R-50-FPN 1x (DLE maskrcnn_benchmark), 81 classes, 800x1344; proposal "
                              "selection, NMS and RoI sampling as static equivalents with fixed counts"),
+    ]
+    # Gavel's seven job types (perfmodel.jobs.gavel_zoo; ../shared/datasets/gavel/PROVENANCE.md), loss in the graph.
+    # Gavel counts steps: a sample is what one step's batch holds one of. The optimizer Gavel trains each with is in
+    # its description (a zoo entry has no default optimizer: the job spec's `optimizer` prices the step).
+    entries += [
+        ZooEntry("gavel-resnet18", "resnet", "perfmodel", own, _gavel("CifarResNet18"), make_inputs=_own_inputs,
+                 unit="images",
+                 description="Gavel ResNet-18: CIFAR-10 ResNet-18 (kuangliu: 3x3 stem at stride 1, no max-pool, "
+                             "stages 64-512, avgpool, linear 10), 32x32, cross-entropy; Gavel: SGD momentum 0.9"),
+        ZooEntry("gavel-resnet50", "resnet", "perfmodel", own, _gavel("ImageNetResNet50"), make_inputs=_own_inputs,
+                 unit="images",
+                 description="Gavel ResNet-50: torchvision ResNet-50, ImageNet 224x224, cross-entropy; Gavel: SGD "
+                             "momentum 0.9"),
+        ZooEntry("gavel-transformer", "transformer-nmt", "perfmodel", own, _gavel("Transformer"),
+                 make_inputs=_own_inputs, unit="sentence pairs", reference_seq_len=27,
+                 description="Gavel Transformer (jadore801120) on Multi30k en-de: 6+6 layers, d 512, inner 2048, 8 "
+                             "heads, vocab 2911/3149, target projection shared with the target embedding, summed "
+                             "cross-entropy (no label smoothing: Gavel omits the flag); seq_len = padded sentence "
+                             "length (BOS/EOS included; 27 is an estimate at batch 64); Gavel: Adam"),
+        ZooEntry("gavel-lm", "rnn", "perfmodel", own, _gavel("WordLanguageModel"), make_inputs=_own_inputs,
+                 unit="tokens", items_per_sample=per_item, reference_seq_len=35,
+                 description="Gavel LM: PyTorch word_language_model on WikiText-2, 2-layer LSTM 200/200, vocab "
+                             "33278, untied (Gavel omits --tied), dropout 0.2, cross-entropy; seq_len = bptt; Gavel: "
+                             "plain SGD with gradient clipping"),
+        ZooEntry("gavel-recommendation", "recoder", "perfmodel", own, _gavel("DynamicAutoencoder"),
+                 make_inputs=_own_inputs, unit="users",
+                 description="Gavel Recommendation: recoder DynamicAutoencoder on MovieLens-20M, 20108 items -> 200 "
+                             "(tanh) -> items, input noise 0.5, BCE-with-logits; input width = all 20108 items (the "
+                             "static bound of the batch's item union); a sample is one user; Gavel: Adam"),
+        ZooEntry("gavel-cyclegan", "cyclegan", "perfmodel", own, _gavel("CycleGAN"), make_inputs=_own_inputs,
+                 unit="image pairs",
+                 description="Gavel CycleGAN (PyTorch-GAN) 256x256: two 9-block ResNet generators, two PatchGAN "
+                             "discriminators; generator (adversarial + cycle + identity) and discriminator losses "
+                             "summed in one graph: 6 generator and 6 discriminator passes; Gavel: batch 1, Adam"),
+        ZooEntry("gavel-a3c", "a3c", "perfmodel", own, _gavel("A3C"), make_inputs=_own_inputs, unit="rollouts",
+                 reference_seq_len=20,
+                 description="Gavel A3C (rl_a3c_pytorch) on Pong: 4 convs + max-pools on 1x80x80, LSTM cell 1024 -> "
+                             "512, actor (6) and critic heads; a seq_len-step rollout (20 in Gavel) + bootstrap "
+                             "value and the A3C loss (GAE) per sample; batch = rollouts stacked (Gavel: 1 per worker, "
+                             "4 workers); Gavel: shared Adam (amsgrad)"),
     ]
     return entries
 

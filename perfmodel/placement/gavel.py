@@ -1,22 +1,25 @@
-"""Throughput matrices in the layout Gavel's scheduler reads (Narayanan et al., OSDI'20, stanford-futuredata/gavel).
+"""Throughputs in the file Gavel's scheduler and simulator read (Narayanan et al., OSDI'20, stanford-futuredata/gavel,
+`scheduler/*throughputs*.json`):
 
-Gavel keys a job type by the string of the tuple (model name, scale factor), e.g. "('resnet50 (batch size 32)', 4)"
-for 4 workers, and holds `{job_type: {worker_type: throughput}}` (samples/s). Gavel has no notion of where the
-workers sit, so perfmodel writes two matrices of that layout: `consolidated` (the scale factor's devices packed on as
-few nodes as possible) and `spread` (one device per node); a placement-aware scheduler reads both, a plain Gavel
-reads `consolidated`.
+    {worker_type: {"(JOB_TYPE, SCALE_FACTOR)": {"null": steps/s alone,
+                                                "(OTHER_JOB_TYPE, SCALE_FACTOR)": [this, other] steps/s sharing}}}
 
-The grid (jobs x worker types x scale factors -> both matrices) is built here once for its two users, `perfmodel
-export gavel` and the service's `/v1/predict/matrix` with `layout: gavel`: `grid_layouts` gives the placements of a
-scale factor, the caller predicts each job on each, and `gavel_matrices` turns that throughput table into the
-matrices (`job_type_names` names the rows).
+Keys are the `str()` of a Python tuple (Gavel reads them back as tuples). Values are training steps per second: for
+a scale factor n, the sum over the n data-parallel workers of each worker's steps/s, each with the job type's batch
+(= the job's global samples/s / the per-worker batch). Placements with one worker per server are worker type
+`<worker_type>_unconsolidated`; a single worker is both. A pair entry is both jobs sharing the same GPU(s) at the same
+scale factor (`perfmodel.placement.colocation`); a job that does not fit gets 0, and so does a pair that does not fit
+together.
+
+The grid (jobs x worker types x scale factors) is built here once for its two users, `perfmodel export gavel` and
+the service's `/v1/predict/matrix` with `layout: gavel`: `grid_layouts` gives the placements of a scale factor, the
+caller predicts each job on each (and each pair, when asked), and `gavel_file` lays them out.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Mapping, Sequence
 
-GavelMatrix = dict[str, dict[str, float]]
 Layout = tuple[int, ...]  # devices on each node
 
 
@@ -25,16 +28,40 @@ def job_type_key(job_type: str, scale_factor: int) -> str:
     return str((job_type, scale_factor))
 
 
-def gavel_layout(entries: Iterable[tuple[str, str, int, bool, float]]) -> dict[str, GavelMatrix]:
-    """(job_type, worker_type, scale_factor, consolidated, throughput) rows → {"consolidated": M, "spread": M}.
-    A 1-device placement is both consolidated and spread: it appears in both matrices."""
-    out: dict[str, GavelMatrix] = {"consolidated": {}, "spread": {}}
-    for job_type, worker_type, scale_factor, consolidated, throughput in entries:
-        if scale_factor < 1:
-            raise ValueError(f"scale_factor must be >= 1, got {scale_factor}")
-        kinds = ("consolidated", "spread") if scale_factor == 1 else ("consolidated" if consolidated else "spread",)
-        for kind in kinds:
-            out[kind].setdefault(job_type_key(job_type, scale_factor), {})[worker_type] = float(throughput)
+UNCONSOLIDATED = "_unconsolidated"
+
+
+def worker_keys(worker_type: str, layout: Layout, consolidated: bool) -> list[str]:
+    """The worker types a placement is filed under: consolidated ones under `worker_type`, one device per server
+    under `<worker_type>_unconsolidated`; one device, or one device on each of n servers packed as far as the node
+    allows, under both."""
+    spread = max(layout) == 1
+    keys = []
+    if consolidated:
+        keys.append(worker_type)
+    if spread:
+        keys.append(worker_type + UNCONSOLIDATED)
+    return keys
+
+
+def gavel_file(job_types: Sequence[str], columns: Sequence[tuple[str, Layout, bool]],
+               steps_per_s: Sequence[Sequence[float]],
+               pairs: Mapping[tuple[int, int, int], tuple[float, float]] | None = None
+               ) -> dict[str, dict[str, dict[str, float | list[float]]]]:
+    """Gavel's throughputs file. `steps_per_s[i][j]`: job i alone on placement j (`columns[j]`: worker type,
+    devices per node, consolidated); `pairs[(i, k, j)]`: (job i, job k) sharing placement j."""
+    out: dict[str, dict[str, dict[str, float | list[float]]]] = {}
+    for j, (worker_type, layout, consolidated) in enumerate(columns):
+        scale_factor = sum(layout)
+        for key in worker_keys(worker_type, layout, consolidated):
+            table = out.setdefault(key, {})
+            for i, job_type in enumerate(job_types):
+                entry = table.setdefault(job_type_key(job_type, scale_factor), {})
+                entry["null"] = float(steps_per_s[i][j])
+                for k, other in enumerate(job_types):
+                    pair = (pairs or {}).get((i, k, j))
+                    if pair is not None:
+                        entry[job_type_key(other, scale_factor)] = [float(pair[0]), float(pair[1])]
     return out
 
 
@@ -53,26 +80,10 @@ def grid_layouts(devices: int, per_node: int | None, *, spread: bool = True) -> 
 
 
 def job_type_names(jobs: Sequence[tuple[str, str, int]]) -> list[str]:
-    """Gavel's job type of each (job id, model name, batch size): "<name> (batch size <b>)", with the job id added
-    where two different jobs would share one."""
+    """The default job type of each (job id, model name, batch size) where the user names none: "<name> (batch size
+    <b>)", Gavel's pattern, with the job id added where two different jobs would share one."""
     names = {key: f"{name} (batch size {batch_size})" for key, name, batch_size in jobs}  # a job listed twice: once
     counts: dict[str, int] = {}
     for name in names.values():
         counts[name] = counts.get(name, 0) + 1
     return [names[key] if counts[names[key]] == 1 else f"{names[key]} [{key}]" for key, _, _ in jobs]
-
-
-def gavel_matrices(job_types: Sequence[str], columns: Sequence[tuple[str, Layout, bool]],
-                   throughput: Sequence[Sequence[float]]) -> dict[str, GavelMatrix]:
-    """A throughput table (`throughput[i][j]`, samples/s: job i on placement j; 0 where the job does not fit) as
-    Gavel's matrices. `columns[j]` is placement j's (worker type, devices per node, consolidated); a placement of one
-    device per node is also the spread one of its scale factor, whatever its flag."""
-    def cells() -> Iterable[tuple[str, str, int, bool, float]]:
-        for i, job_type in enumerate(job_types):
-            for j, (worker_type, layout, consolidated) in enumerate(columns):
-                scale_factor = sum(layout)
-                yield job_type, worker_type, scale_factor, consolidated, throughput[i][j]
-                if consolidated and scale_factor > 1 and max(layout) == 1:
-                    yield job_type, worker_type, scale_factor, False, throughput[i][j]
-
-    return gavel_layout(cells())

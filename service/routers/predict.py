@@ -15,11 +15,13 @@ from starlette.concurrency import run_in_threadpool
 from perfmodel.core.errors import PerfmodelError
 from perfmodel.engine import FieldError, JobEntry, PredictionEngine
 from perfmodel.hardware.catalog import get_accelerator
-from perfmodel.placement.gavel import gavel_matrices, grid_layouts, job_type_names
+from perfmodel.placement.gavel import grid_layouts, job_type_names
 from perfmodel.predictor.predict import Prediction
 from service.deps import MetricsDep, Reader, State
 from service.routers.common import encode_json, json_response, resolve_job
 from service.schemas import (
+    ColocationRequest,
+    ColocationResponse,
     ErrorOut,
     GavelResponse,
     MatrixGrid,
@@ -60,8 +62,23 @@ async def predict_matrix(body: MatrixRequest, engine: Reader, metrics: MetricsDe
     """Every job on every placement. `grid` generates the placements: each accelerator × device count,
     consolidated (and with `spread`, one device per node too). `layout: gavel` answers Gavel's dictionaries."""
     entries = [await resolve_job(engine, ref, ("jobs", i)) for i, ref in enumerate(body.jobs)]
+    if body.layout == "gavel":
+        data, cells = await run_in_threadpool(gavel, engine, entries, body)
+        metrics.count_predictions("matrix", cells, 0)
+        return json_response(data)
     data, cells, calibrated = await run_in_threadpool(matrix, engine, entries, body)
     metrics.count_predictions("matrix", cells, calibrated)
+    return json_response(data)
+
+
+@router.post("/colocation", response_model=ColocationResponse, responses=_ERRORS)
+async def predict_colocation(body: ColocationRequest, engine: Reader, metrics: MetricsDep) -> Response:
+    """Two jobs sharing the placement's GPU(s): each one's throughput while they do, its isolated answer beside it,
+    and the sharing mode assumed. A pair that does not fit in memory together is a 422 at `jobs`."""
+    entries = [await resolve_job(engine, ref, ("jobs", i)) for i, ref in enumerate(body.jobs)]
+    refs = [entry.key if entry.registered else entry.spec for entry in entries]
+    data = await run_in_threadpool(engine.colocation, refs, body.placement, body.sharing)
+    metrics.count_predictions("colocation", 2, sum(bool(a["calibrated"]) for a in data["isolated"]))
     return json_response(data)
 
 
@@ -141,8 +158,6 @@ def matrix(engine: PredictionEngine, entries: Sequence[JobEntry],
     throughput = raw_throughput * factor
     counts = (throughput.size, int(calibrated.sum()))
     versions = engine.model_versions
-    if body.layout == "gavel":
-        return gavel(entries, given, accelerators, np.where(fits, throughput, 0.0), consolidated, versions), *counts
     out: dict[str, Any] = {
         "layout": "matrix", "jobs": [e.key for e in entries],
         "placements": [{"accelerator": accelerator, "devices": p.devices, "nodes": p.nodes, "consolidated": c,
@@ -157,12 +172,39 @@ def matrix(engine: PredictionEngine, entries: Sequence[JobEntry],
     return out, *counts
 
 
-def gavel(entries: Sequence[JobEntry], placements: Sequence[PlacementIn], accelerators: Sequence[str],
-          throughput: np.ndarray, consolidated: Sequence[bool], versions: dict[str, str]) -> dict[str, Any]:
-    """Gavel's throughput dictionaries (a job that does not fit a placement gets 0); a job type is "<name> (batch
-    size <b>)", with the job id added where two jobs of the request would share one."""
-    job_types = job_type_names([(e.key, e.spec.name, e.spec.batch_size) for e in entries])
-    columns = [(accelerators[j], p.devices_per_node, consolidated[j]) for j, p in enumerate(placements)]
-    layout = gavel_matrices(job_types, columns, throughput.tolist())
-    return {"layout": "gavel", **layout, "job_types": {t: e.key for t, e in zip(job_types, entries)},
-            "model_versions": versions}
+def gavel(engine: PredictionEngine, entries: Sequence[JobEntry], body: MatrixRequest) -> tuple[dict[str, Any], int]:
+    """Gavel's throughputs file of the request (`perfmodel.engine.gavel`): worker types named by `worker_types`
+    (else the catalog names), job types by `job_types` (else "<name> (batch size <b>)"), pairs with `colocation`.
+    Blocking. The file and the cells it holds."""
+    from perfmodel.engine.gavel import GavelColumn, gavel_throughputs, grid_columns
+
+    named = body.worker_types or {}
+    if body.grid is not None:
+        grid = body.grid
+        workers = {name: named.get(name, name) for name in grid.accelerators}
+        try:
+            columns = grid_columns(engine, workers, grid.device_counts, per_node=grid.per_node,
+                                   inter_node_gbit_s=grid.inter_node_bandwidth_gbit_s,
+                                   inter_node_latency_us=grid.inter_node_latency_us)
+        except PerfmodelError as exc:
+            raise FieldError(("grid", "accelerators"), str(exc)) from None
+        if not grid.spread:
+            columns = [c for c in columns if c.consolidated]
+    else:
+        assert body.placements is not None
+        by_accelerator = {engine.hardware(a, ("worker_types", w)).name: w for w, a in named.items()}
+        columns = []
+        for j, p in enumerate(body.placements):
+            name = engine.hardware(p.accelerator, ("placements", j, "accelerator")).name
+            columns.append(GavelColumn(by_accelerator.get(name, name), name, p.devices_per_node, p.nodes == 1,
+                                       p.inter_node_bandwidth_gbit_s, p.inter_node_latency_us))
+    if not columns:
+        raise FieldError(("grid",), "the grid holds no placement (multi-device placements need a GPU)")
+    job_types = body.job_types or job_type_names([(e.key, e.spec.name, e.spec.batch_size) for e in entries])
+    throughputs = gavel_throughputs(engine, entries, job_types, columns, colocation=body.colocation,
+                                    sharing=body.sharing)
+    workers_used = {c.worker_type: c.accelerator for c in columns}
+    data = {"layout": "gavel", "throughputs": throughputs, "unit": "steps/s",
+            "job_types": {t: e.key for t, e in zip(job_types, entries)}, "worker_types": workers_used,
+            "model_versions": engine.model_versions}
+    return data, len(entries) * len(columns)

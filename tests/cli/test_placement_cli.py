@@ -35,22 +35,25 @@ def test_bad_placements_exit_2_naming_the_problem():
     assert result.exit_code == 2 and "--devices-per-node" in result.output
 
 
-def test_export_gavel_writes_consolidated_and_spread_matrices(tmp_path):
+def test_export_gavel_writes_gavels_file_with_named_worker_and_job_types_and_pairs(tmp_path):
     out = tmp_path / "throughputs.json"
-    result = run("export", "gavel", out, "--job", "resnet18:16", "--accelerators", "t4,v100", "--scale-factors",
-                 "1,2,4")
+    result = run("export", "gavel", out, "--job", "ResNet-18 (batch size 16)=resnet18:16", "--job", "lstm-lm:8",
+                 "--worker-type", "t4=t4", "--worker-type", "v100=v100-sxm2-32gb", "--scale-factors", "1,2,4",
+                 "--colocation")
     assert result.exit_code == 0, result.output
-    consolidated = json.loads(out.read_text())
-    spread = json.loads((tmp_path / "throughputs.spread.json").read_text())
-    keys = {str(("resnet18 (batch size 16)", sf)) for sf in (1, 2, 4)}
-    assert set(consolidated) == keys and set(spread) == keys
-    for key in keys:
-        assert set(consolidated[key]) == {"t4", "v100-sxm2-32gb"}
-        for worker, throughput in consolidated[key].items():
-            assert 0 < spread[key][worker] <= throughput
-    one = consolidated[str(("resnet18 (batch size 16)", 1))]["t4"]
-    four = consolidated[str(("resnet18 (batch size 16)", 4))]["t4"]
-    assert one < four <= 4 * one
+    raw = json.loads(out.read_text())
+    assert set(raw) == {"t4", "t4_unconsolidated", "v100", "v100_unconsolidated"}
+    resnet, lm = "ResNet-18 (batch size 16)", "lstm-lm (batch size 8)"
+    for worker in raw:
+        assert set(raw[worker]) == {str((job, sf)) for job in (resnet, lm) for sf in (1, 2, 4)}
+    for sf in (1, 2, 4):
+        alone = raw["t4"][str((resnet, sf))]["null"]
+        shared, other = raw["t4"][str((resnet, sf))][str((lm, sf))]
+        assert 0 < shared <= alone and 0 < other <= raw["t4"][str((lm, sf))]["null"]
+        assert raw["t4"][str((lm, sf))][str((resnet, sf))] == [other, shared]
+        assert 0 < raw["t4_unconsolidated"][str((resnet, sf))]["null"] <= alone * (1 + 1e-9)
+    one, four = (raw["t4"][str((resnet, sf))]["null"] for sf in (1, 4))
+    assert one < four <= 4 * one  # steps/s summed over the workers
 
 
 def test_export_gavel_rejects_a_malformed_job(tmp_path):
@@ -83,3 +86,16 @@ def test_expert_parallelism_must_divide_the_data_parallel_degree():
     assert result.exit_code == 2 and "--ep" in result.output
     dense = run("predict", "resnet18", "-b", 8, "--accelerator", "t4", "--per-node", 4, "--ep", 2)
     assert dense.exit_code == 2 and "parallelism.expert" in dense.output and "dense" in dense.output
+
+
+def test_predict_with_a_second_job_answers_both_sharing_the_gpu():
+    result = run("predict", "resnet18", "-b", 8, "--accelerator", "t4", "--with", "lstm-lm:16", "--json")
+    assert result.exit_code == 0, result.output
+    body = json.loads(result.output)
+    assert body["sharing"] == "time-slicing" and len(body["throughput_samples_per_s"]) == 2
+    for shared, alone in zip(body["throughput_samples_per_s"], body["isolated_throughput_samples_per_s"]):
+        assert 0 < shared <= alone
+    bad = run("predict", "resnet18", "-b", 8, "--accelerator", "t4", "--with", "lstm-lm")
+    assert bad.exit_code == 2 and "--with" in bad.output
+    mps = run("predict", "resnet18", "-b", 8, "--accelerator", "t4", "--with", "lstm-lm:16", "--sharing", "mig")
+    assert mps.exit_code == 2 and "--sharing" in mps.output

@@ -1,9 +1,15 @@
-"""The Gavel grid shared by `perfmodel export gavel` and the service: layouts of a scale factor, job-type names and
-the two matrices built from a throughput table."""
+"""The Gavel grid shared by `perfmodel export gavel` and the service: layouts of a scale factor, job-type names, and
+Gavel's throughputs file, read back the way Gavel's scheduler reads it and checked against the structure of Gavel's
+own measured K80/P100 file."""
+
+import ast
+import json
+from pathlib import Path
 
 import pytest
 
-from perfmodel.placement.gavel import gavel_layout, gavel_matrices, grid_layouts, job_type_key, job_type_names
+from perfmodel.placement.gavel import gavel_file, grid_layouts, job_type_names
+from perfmodel.settings import get_settings
 
 
 @pytest.mark.parametrize("devices,per_node,spread,expected", [
@@ -31,20 +37,69 @@ def test_job_types_name_model_and_batch_and_disambiguate_clashes():
     assert job_type_names([("a1", "bert", 8), ("a1", "bert", 8)]) == ["bert (batch size 8)"] * 2  # one job twice
 
 
-def test_matrices_put_each_placement_where_gavel_reads_it():
-    columns = [("t4", (1,), True), ("t4", (2,), True), ("t4", (1, 1), False), ("v100", (1, 1), True)]
-    throughput = [[10.0, 19.0, 15.0, 30.0], [1.0, 0.0, 1.5, 2.0]]
-    matrices = gavel_matrices(["a (batch size 1)", "b (batch size 2)"], columns, throughput)
-    a1, a2 = job_type_key("a (batch size 1)", 1), job_type_key("a (batch size 1)", 2)
-    assert matrices["consolidated"][a1] == {"t4": 10.0} == matrices["spread"][a1]  # one device: both
-    assert matrices["consolidated"][a2] == {"t4": 19.0, "v100": 30.0}
-    # v100's nodes hold one device each: its consolidated placement is also the spread one
-    assert matrices["spread"][a2] == {"t4": 15.0, "v100": 30.0}
-    assert matrices["consolidated"][job_type_key("b (batch size 2)", 2)]["t4"] == 0.0  # does not fit
+def read_like_gavel(raw: dict) -> dict:
+    """Gavel's `read_all_throughputs_json_v2` (scheduler/utils.py): worker type -> job type tuple -> "null" or the
+    other job's tuple -> throughput, the keys evaluated as Python tuples."""
+    parsed: dict = {}
+    for worker_type, table in raw.items():
+        parsed[worker_type] = {}
+        for job_type_str, entries in table.items():
+            key = ast.literal_eval(job_type_str)
+            assert isinstance(key, tuple) and len(key) == 2 and key not in parsed[worker_type]
+            parsed[worker_type][key] = {("null" if other == "null" else ast.literal_eval(other)): value
+                                        for other, value in entries.items()}
+    return parsed
 
 
-def test_matrices_agree_with_the_row_layout():
-    columns = [("t4", (1,), True), ("t4", (4,), True), ("t4", (1, 1, 1, 1), False)]
-    throughput = [[5.0, 18.0, 12.0]]
-    rows = [("j", "t4", 1, True, 5.0), ("j", "t4", 4, True, 18.0), ("j", "t4", 4, False, 12.0)]
-    assert gavel_matrices(["j"], columns, throughput) == gavel_layout(rows)
+COLUMNS = [("t4", (1,), True), ("t4", (2,), True), ("t4", (1, 1), False), ("v100", (1, 1), True)]
+STEPS = [[10.0, 19.0, 15.0, 30.0], [1.0, 0.0, 1.5, 2.0]]
+JOBS = ["A3C", "ResNet-50 (batch size 64)"]
+
+
+def test_the_file_puts_each_placement_where_gavel_reads_it():
+    parsed = read_like_gavel(json.loads(json.dumps(gavel_file(JOBS, COLUMNS, STEPS))))
+    assert set(parsed) == {"t4", "t4_unconsolidated", "v100", "v100_unconsolidated"}
+    assert parsed["t4"][("A3C", 1)] == {"null": 10.0} == parsed["t4_unconsolidated"][("A3C", 1)]  # one device: both
+    assert parsed["t4"][("A3C", 2)] == {"null": 19.0} and parsed["t4_unconsolidated"][("A3C", 2)] == {"null": 15.0}
+    # v100's nodes hold one device each: its consolidated placement is also the unconsolidated one
+    assert parsed["v100"][("A3C", 2)] == parsed["v100_unconsolidated"][("A3C", 2)] == {"null": 30.0}
+    assert parsed["t4"][("ResNet-50 (batch size 64)", 2)]["null"] == 0.0  # does not fit
+
+
+def test_pairs_are_filed_under_both_jobs_at_their_scale_factor():
+    pairs = {(0, 1, 0): (6.0, 0.7), (1, 0, 0): (0.7, 6.0), (0, 0, 0): (5.0, 5.0), (1, 1, 0): (0.5, 0.5)}
+    parsed = read_like_gavel(gavel_file(JOBS, COLUMNS, STEPS, pairs))
+    a3c, resnet = ("A3C", 1), ("ResNet-50 (batch size 64)", 1)
+    assert parsed["t4"][a3c] == {"null": 10.0, a3c: [5.0, 5.0], resnet: [6.0, 0.7]}
+    assert parsed["t4"][resnet][a3c] == [0.7, 6.0]
+    assert set(parsed["t4"][("A3C", 2)]) == {"null"}  # no pair asked there
+
+
+@pytest.fixture(scope="module")
+def measured() -> dict:
+    path = Path(get_settings().datasets_dir) / "gavel" / "physical_cluster_throughputs.k80_p100.json"
+    if not path.is_file():
+        pytest.skip(f"Gavel's measured file is not at {path} (PERFMODEL_DATASETS_DIR)")
+    return json.loads(path.read_text())
+
+
+def test_the_shipped_measured_file_has_the_structure_this_writes(measured):
+    ours = read_like_gavel(gavel_file(JOBS, COLUMNS, STEPS, {(0, 1, 0): (6.0, 0.7), (1, 0, 0): (0.7, 6.0)}))
+    theirs = read_like_gavel(measured)
+    assert set(theirs) == {"k80", "p100", "k80_unconsolidated", "p100_unconsolidated"}
+    for parsed in (ours, theirs):
+        assert {w for w in parsed if w.endswith("_unconsolidated")}
+        for worker_type, table in parsed.items():
+            consolidated = worker_type.removesuffix("_unconsolidated")
+            assert consolidated in parsed  # every unconsolidated worker type has its consolidated one
+            for (job_type, scale_factor), entries in table.items():
+                assert isinstance(job_type, str) and isinstance(scale_factor, int) and scale_factor >= 1
+                assert isinstance(entries["null"], float)
+                for other, value in entries.items():
+                    if other != "null":
+                        assert other[1] == scale_factor  # pairs share the scale factor
+                        assert isinstance(value, list) and len(value) == 2
+    assert all((job_type, 1) in theirs[w] for w in theirs for job_type, _ in theirs[w])
+    # one device is both consolidated and not (Gavel measured each separately; ours is one prediction)
+    assert all(ours[w][key]["null"] == ours[w.removesuffix("_unconsolidated")][key]["null"]
+               for w in ours if w.endswith("_unconsolidated") for key in ours[w] if key[1] == 1)

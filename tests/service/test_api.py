@@ -155,11 +155,20 @@ def test_the_matrix_covers_jobs_by_placements_and_gavel(client):
     single = client.post("/v1/predict", json={"job": bigger, "placement": {"accelerator": "t4",
                                                                             "devices_per_node": [1, 1]}}).json()
     assert body["throughput_samples_per_s"][1][2] == pytest.approx(single["throughput_samples_per_s"])
-    gavel = client.post("/v1/predict/matrix", json={"jobs": [small, bigger], "grid": grid, "layout": "gavel"}).json()
-    key = str(("mlp-recommender (batch size 32)", 2))
-    assert gavel["consolidated"][key]["t4"] == pytest.approx(body["throughput_samples_per_s"][1][1])
-    assert gavel["spread"][key]["t4"] == pytest.approx(body["throughput_samples_per_s"][1][2])
-    assert gavel["job_types"]["mlp-recommender (batch size 8)"] == small
+    gavel = client.post("/v1/predict/matrix", json={
+        "jobs": [small, bigger], "grid": {**grid, "accelerators": ["t4", "a100", "cpu"]}, "layout": "gavel",
+        "job_types": ["Small (batch size 8)", "Big (batch size 32)"], "worker_types": {"a100": "A100-SXM4-80GB"},
+        "colocation": True}).json()
+    assert gavel["unit"] == "steps/s" and gavel["worker_types"]["a100"] == "a100-sxm4-80gb"
+    throughputs = gavel["throughputs"]
+    assert set(throughputs) == {"t4", "t4_unconsolidated", "a100", "a100_unconsolidated", "cpu",
+                                "cpu_unconsolidated"}
+    key = str(("Big (batch size 32)", 2))  # steps/s: samples/s over the per-worker batch
+    assert throughputs["t4"][key]["null"] == pytest.approx(body["throughput_samples_per_s"][1][1] / 32)
+    assert throughputs["t4_unconsolidated"][key]["null"] == pytest.approx(body["throughput_samples_per_s"][1][2] / 32)
+    this, other = throughputs["a100"][key][str(("Small (batch size 8)", 2))]
+    assert 0 < this <= throughputs["a100"][key]["null"] and 0 < other
+    assert gavel["job_types"]["Small (batch size 8)"] == small
     explicit = client.post("/v1/predict/matrix", json={"jobs": [small], "detail": True, "placements": [
         {"accelerator": "t4"}, {"accelerator": "v100-sxm2-32gb", "devices_per_node": [2]}]}).json()
     assert explicit["predictions"][0][1]["devices"] == 2
@@ -199,9 +208,34 @@ def test_the_matrix_agrees_with_single_predictions_and_gavel_zeroes_what_does_no
             assert body["throughput_samples_per_s"][i][j] == pytest.approx(single["throughput_samples_per_s"])
     assert body["fits"][0][0] and not body["fits"][1][0]
     gavel = client.post("/v1/predict/matrix", json={"jobs": [small, huge], "placements": placements,
-                                                    "layout": "gavel"}).json()
-    assert gavel["consolidated"][str(("mlp-recommender (batch size 1048576)", 1))]["t4"] == 0.0
-    assert gavel["consolidated"][str(("mlp-recommender (batch size 8)", 1))]["t4"] > 0
+                                                    "layout": "gavel", "colocation": True}).json()["throughputs"]
+    huge_t4 = gavel["t4"][str(("mlp-recommender (batch size 1048576)", 1))]
+    assert huge_t4["null"] == 0.0 and huge_t4[str(("mlp-recommender (batch size 8)", 1))] == [0.0, 0.0]
+    assert gavel["t4"][str(("mlp-recommender (batch size 8)", 1))]["null"] > 0
+
+
+def test_colocation_answers_each_jobs_share_within_physics_and_refuses_pairs_that_do_not_fit(client):
+    small = _register(client)
+    bigger = _register(client, {**SMALL_JOB, "batch_size": 32})
+    for sharing in ("time-slicing", "mps"):
+        response = client.post("/v1/predict/colocation", json={
+            "jobs": [small, bigger], "placement": {"accelerator": "t4"}, "sharing": sharing})
+        assert response.status_code == 200, response.text
+        body = response.json()
+        assert body["sharing"] == sharing and body["jobs"] == [small, bigger] and body["fits"] is True
+        for shared, alone, (low, high) in zip(body["throughput_samples_per_s"],
+                                              body["isolated_throughput_samples_per_s"],
+                                              body["interval_samples_per_s"]):
+            assert 0 < shared <= alone * (1 + 1e-9) and low <= shared <= high
+        assert body["combined_device_share"] <= 1 + 1e-9
+        assert all(s >= 1 for s in body["slowdown"])
+    huge = _register(client, {**SMALL_JOB, "batch_size": 2**20})  # 18 GiB a device: alone it fits a 40 GB A100
+    pair = client.post("/v1/predict/colocation", json={"jobs": [huge, huge],
+                                                       "placement": {"accelerator": "a100-sxm4-40gb"}})
+    assert pair.status_code == 422 and pair.json()["detail"][0]["loc"][-1] == "jobs"
+    assert "do not fit together" in pair.json()["detail"][0]["msg"]
+    one = client.post("/v1/predict/colocation", json={"jobs": [small], "placement": {"accelerator": "t4"}})
+    assert one.status_code == 422
 
 
 def test_observations_calibrate_later_predictions_and_show_the_error_before_and_after(client):

@@ -47,7 +47,7 @@ def test_a_scheduler_talks_to_a_real_server_with_the_client(server, tmp_path):
         assert len(matrix["throughput_samples_per_s"]) == 2 and len(matrix["placements"]) == 4
         assert matrix["throughput_samples_per_s"][0][0] == pytest.approx(single["throughput_samples_per_s"])
         gavel = pm.matrix([job["job_id"]], grid={"accelerators": ["t4"], "device_counts": [1, 2]}, layout="gavel")
-        assert gavel["consolidated"][str(("mlp-recommender (batch size 8)", 2))]["t4"] > 0
+        assert gavel["throughputs"]["t4"][str(("mlp-recommender (batch size 8)", 2))]["null"] > 0
         observed = pm.observe(job["job_id"], {"accelerator": "t4"},
                               throughput_samples_per_s=single["throughput_samples_per_s"] * 0.8)
         assert observed["calibration_factor"] == pytest.approx(0.8)

@@ -1,0 +1,127 @@
+"""Two jobs sharing the same GPU(s): what each one's step becomes (Gavel's space sharing, Gandiva's packing).
+
+Each job's isolated step is split into the time its kernels keep the device busy (`device_ms`: forward, backward,
+optimizer, communication) and the time the device waits for the host (`host_ms`: exposed launch overhead, the
+pipeline bubble, and input pipelines the graph does not show). While one job waits for its host, the other runs
+alone; while both have work on the device, they share it:
+
+- `time-slicing` (the default: two processes, no MPS): the device runs one context at a time, so two busy jobs
+  each progress at half speed, and every switch costs a little more (`switch_overhead`);
+- `mps` (CUDA MPS): kernels of both run at once on different SMs, so two busy jobs slow each other only as far as
+  their kernels together need more than the device has: by max(1, u_a + u_b), where u is the share of the device's
+  peak (compute or bandwidth, the larger) a job's kernels use while they run.
+
+The steady state is a fixed point (processor sharing): job a's step is host_a + device_a · (1 + g_b · (s - 1)),
+where g_b is the share of time job b has work on the device and s the slowdown of work that overlaps. Physically
+possible by construction: no job is faster than alone, and the pair's device time per second never exceeds the
+device (`combined_device_share` <= 1; the steps are stretched where the approximation would exceed it).
+
+What the graph cannot see (an input pipeline on the host, the Atari environment of A3C) is the gap between a measured
+isolated step and the predicted device time; `host_share_of_gap` says how much of such a gap is host time (fitted
+on Gavel's measured K80 and P100 pairs: `bench/colocation.py`).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Literal
+
+Sharing = Literal["time-slicing", "mps"]
+SHARING_MODES: tuple[Sharing, ...] = ("time-slicing", "mps")
+ITERATIONS = 200
+TOLERANCE = 1e-10
+
+
+@dataclass(frozen=True)
+class ColocationParams:
+    """The fitted constants of the co-location model."""
+
+    switch_overhead: float = 0.0  # time-slicing: extra slowdown of overlapping work per switch (0: ideal halving)
+    host_share_of_gap: float = 0.5  # of (measured step - predicted device time), the share that is host time
+    source: str = "default"
+
+    @classmethod
+    def from_dict(cls, data: dict[str, object]) -> ColocationParams:
+        return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class SharingJob:
+    """One job's isolated step as the co-location model sees it."""
+
+    device_ms: float  # the device has work of this job
+    host_ms: float  # the device waits for this job's host
+    utilization: float = 1.0  # share of the device's peak its kernels use while running (MPS)
+
+    @property
+    def step_ms(self) -> float:
+        return self.device_ms + self.host_ms
+
+
+@dataclass(frozen=True)
+class Shared:
+    """Each job's step while sharing, and what the pair does to the device."""
+
+    step_ms: tuple[float, float]
+    device_share: tuple[float, float]  # share of the time each job has work on the device
+    combined_device_share: float  # the device's busy share, at most 1
+
+
+def overlap_slowdown(a: SharingJob, b: SharingJob, sharing: Sharing, params: ColocationParams) -> float:
+    """How much slower work runs while both jobs have work on the device."""
+    if sharing == "mps":
+        return max(1.0, a.utilization + b.utilization) * (1.0 + params.switch_overhead)
+    return 2.0 * (1.0 + params.switch_overhead)
+
+
+def share(a: SharingJob, b: SharingJob, sharing: Sharing = "time-slicing",
+          params: ColocationParams = ColocationParams()) -> Shared:
+    """The steady state of two jobs on the same device(s) (see the module docstring)."""
+    if sharing not in SHARING_MODES:
+        raise ValueError(f"sharing must be one of {SHARING_MODES}, got {sharing!r}")
+    slow = overlap_slowdown(a, b, sharing, params)
+    busy = [1.0 if a.device_ms > 0 else 0.0, 1.0 if b.device_ms > 0 else 0.0]
+    steps = [a.step_ms, b.step_ms]
+    jobs = (a, b)
+    for _ in range(ITERATIONS):
+        new = [jobs[i].host_ms + jobs[i].device_ms * (1.0 + busy[1 - i] * (slow - 1.0)) for i in (0, 1)]
+        shares = [jobs[i].device_ms * (1.0 + busy[1 - i] * (slow - 1.0)) / new[i] if new[i] > 0 else 0.0
+                  for i in (0, 1)]
+        done = max(abs(new[i] - steps[i]) for i in (0, 1)) <= TOLERANCE * max(max(new), 1.0)
+        steps, busy = new, shares
+        if done:
+            break
+    # what the device does per second cannot exceed the device, whatever the approximation says: its busy time
+    # (time-slicing: one context at a time), or the share of its peak the kernels use (MPS: concurrent kernels)
+    steps = [max(steps[i], jobs[i].step_ms) for i in (0, 1)]  # never faster than alone
+    work = combined_device_share(jobs, steps, sharing)
+    if work > 1.0:
+        steps = [s * work for s in steps]
+    return Shared((steps[0], steps[1]), (busy[0], busy[1]), combined_device_share(jobs, steps, sharing))
+
+
+def combined_device_share(jobs: tuple[SharingJob, SharingJob], steps_ms: list[float], sharing: Sharing) -> float:
+    """The device's load from both jobs at these steps: busy time per second (time-slicing), or used share of its
+    peak per second (MPS)."""
+    weight = [1.0 if sharing == "time-slicing" else min(max(j.utilization, 0.0), 1.0) for j in jobs]
+    return sum(jobs[i].device_ms * weight[i] / steps_ms[i] for i in (0, 1) if steps_ms[i] > 0)
+
+
+# --- fitted constants ------------------------------------------------------------------------------------------------
+
+def params_path() -> Path:
+    return Path(__file__).with_name("colocation_params.json")
+
+
+def load_colocation_params(path: Path | str | None = None) -> ColocationParams:
+    """The fitted constants (`bench/colocation.py --write`), else the defaults."""
+    file = Path(path) if path else params_path()
+    if not file.exists():
+        return ColocationParams()
+    return ColocationParams.from_dict(json.loads(file.read_text())["params"])
+
+
+def dump_colocation_params(params: ColocationParams) -> str:
+    return json.dumps({"schema_version": 1, "params": asdict(params)}, indent=2) + "\n"
