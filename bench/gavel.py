@@ -1,0 +1,114 @@
+"""Gavel's measured K80 and P100 throughputs against perfmodel: isolated steps/s, the P100/K80 speed-up per job, the
+n-GPU scaling, host-bound jobs named, and co-located pairs held out by GPU and by job family.
+
+    .venv/bin/python bench/gavel.py [--datasets DIR] [--write]
+
+Every job type of Gavel's file is predicted through the prediction engine (`perfmodel.evaluation.gavel`). The
+co-location model's constants (the host share of a measured step's unexplained time, the time-slicing switch
+overhead) are fitted on one GPU's pairs and scored on the other's, and on the pairs of job families left out of the
+fit; `--write` fits them on every pair and saves `perfmodel/placement/colocation_params.json`.
+Data: Gavel (Narayanan et al., OSDI'20), stanford-futuredata/gavel, read in place, never copied.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from perfmodel.evaluation.gavel import (
+    GAVEL_FILE,
+    family,
+    fit_params,
+    host_bound,
+    isolated_frame,
+    kept_as_served,
+    pair_mape,
+    pairs_of,
+    partner_ranking,
+    predict_all,
+    read_gavel,
+    scaling,
+    speedups,
+)
+from perfmodel.placement.colocation import ColocationParams, dump_colocation_params, params_path
+from perfmodel.settings import get_settings
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--datasets", type=Path, default=get_settings().datasets_dir)
+    parser.add_argument("--write", action="store_true", help="fit the co-location constants on every pair, save")
+    args = parser.parse_args(argv)
+    path = args.datasets / "gavel" / GAVEL_FILE
+    if not path.is_file():
+        print(f"no Gavel file at {path}", file=sys.stderr)
+        return 2
+    from perfmodel.engine import EngineConfig, PredictionEngine
+
+    started = time.perf_counter()
+    measured = read_gavel(path)
+    engine = PredictionEngine.open(EngineConfig(isolate_captures=False))
+    predicted = predict_all(engine, measured, progress=lambda m: print("  " + m, flush=True))
+    frame = isolated_frame(measured, predicted)
+    hosts = host_bound(frame)
+    print(f"\nhost-bound likely (measured step > 2x the predicted device time on both GPUs): {', '.join(hosts)}")
+    print("\n## Isolated steps/s, MAPE % (all job types | without the host-bound ones)\n")
+    frame = frame.assign(host=frame.job_type.isin(hosts))
+    for (worker, sf), group in frame.groupby(["worker", "scale_factor"]):
+        rest = group[~group.host]
+        print(f"  {worker:<20} x{sf}: {group.ape.mean():6.1f} | {rest.ape.mean():6.1f}   ({len(group)} job types)")
+    one = frame[frame.scale_factor == 1]
+    print("\nper job type, one GPU (measured -> predicted steps/s):")
+    for r in one.sort_values(["worker", "job_type"]).itertuples():
+        flag = "  host-bound likely" if r.host else ""
+        print(f"  {r.worker:<20} {r.job_type:<34} {r.measured:9.2f} -> {r.predicted:9.2f} ({r.ape:5.1f} %){flag}")
+
+    ratio = speedups(frame)
+    rho = ratio.measured.rank().corr(ratio.predicted.rank())
+    mape = float(np.mean(np.abs(ratio.predicted / ratio.measured - 1)) * 100)
+    print(f"\n## P100 / K80 speed-up per job type: Spearman {rho:.2f}, MAPE {mape:.1f} % ({len(ratio)} job types)")
+    for job, r in ratio.iterrows():
+        print(f"  {job:<34} measured {r.measured:5.2f}  predicted {r.predicted:5.2f}")
+    scaled = scaling(frame)
+    scaled = scaled.assign(ape=(scaled.predicted / scaled.measured - 1).abs() * 100)
+    print("\n## n-GPU / 1-GPU scaling ratio, MAPE %\n")
+    print(scaled.groupby(["worker", "scale_factor"]).ape.mean().round(1).to_string())
+
+    pairs = pairs_of(measured, predicted)
+    print(f"\n## Co-location: {len(pairs)} one-GPU pairs (from the measured isolated steps)\n")
+    default = ColocationParams()
+    print(f"  as served (defaults; each job's share of its isolated throughput from the predicted device and host "
+          f"time alone): MAPE {kept_as_served(pairs, default):.1f} % on the share kept")
+    print(f"  defaults (host share 0.5, no switch overhead): MAPE {pair_mape(pairs, default):.1f} %, partner "
+          f"ranking {partner_ranking(pairs, default):.2f}")
+    for train, test in (("k80", "p100"), ("p100", "k80")):
+        fitted = fit_params([p for p in pairs if p.worker == train], f"gavel {train}")
+        held = [p for p in pairs if p.worker == test]
+        print(f"  fit on {train} (host share {fitted.host_share_of_gap:.2f}, switch {fitted.switch_overhead:.2f}), "
+              f"test on {test}: MAPE {pair_mape(held, fitted):.1f} %, partner ranking "
+              f"{partner_ranking(held, fitted):.2f}")
+    families = sorted({family(p.a) for p in pairs} | {family(p.b) for p in pairs})
+    errors, ranks = [], []
+    for held_family in families:
+        inside = [p for p in pairs if held_family in (family(p.a), family(p.b))]
+        fitted = fit_params([p for p in pairs if p not in inside], f"without {held_family}")
+        errors.append(pair_mape(inside, fitted))
+        ranks.append(partner_ranking(inside, fitted))
+        print(f"  without {held_family:<15} (host {fitted.host_share_of_gap:.2f}, switch "
+              f"{fitted.switch_overhead:.2f}): its pairs MAPE {errors[-1]:.1f} %")
+    print(f"  leave one family out: mean MAPE {np.mean(errors):.1f} %")
+    if args.write:
+        fitted = fit_params(pairs, "gavel k80+p100 pairs (bench/gavel.py --write)")
+        params_path().write_text(dump_colocation_params(fitted))
+        print(f"\nwrote {params_path()}: host share {fitted.host_share_of_gap:.2f}, switch "
+              f"{fitted.switch_overhead:.2f} (MAPE on every pair {pair_mape(pairs, fitted):.1f} %)")
+    print(f"\ndone in {time.perf_counter() - started:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,254 @@
+"""Gavel's measured K80 and P100 throughputs (`../shared/datasets/gavel/`, Gavel's own file) against perfmodel:
+isolated steps/s, the P100/K80 speed-up a heterogeneity-aware policy lives on, the n-GPU scaling, and co-located
+pairs (the co-location model's own error, from the measured isolated steps, held out by GPU and by job family).
+
+Job types map to the zoo's Gavel models (`GAVEL_JOBS`); each is predicted through the prediction engine as a
+scheduler would ask (data parallel, each worker at the job type's batch, 10 Gb/s between servers as Gavel's
+unconsolidated LM runs imply). A job whose measured step is more than `HOST_BOUND_RATIO` times the predicted device
+time on both GPUs is named host-bound likely: its input pipeline or environment, which no graph shows, sets its pace.
+"""
+
+from __future__ import annotations
+
+import ast
+import itertools
+import json
+import math
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from perfmodel.jobs.spec import JobSpec
+from perfmodel.placement.colocation import ColocationParams, SharingJob, share
+
+GAVEL_FILE = "physical_cluster_throughputs.k80_p100.json"
+WORKERS = {"k80": "k80", "p100": "p100-pcie-16gb"}
+INTER_NODE_GBIT_S = 10.0
+HOST_BOUND_RATIO = 2.0
+# job type prefix -> (zoo model, seq_len, optimizer), as Gavel's workloads train
+GAVEL_JOBS: dict[str, tuple[str, int | None, str]] = {
+    "ResNet-18": ("gavel-resnet18", None, "sgd"),
+    "ResNet-50": ("gavel-resnet50", None, "sgd"),
+    "Transformer": ("gavel-transformer", 27, "adam"),
+    "LM": ("gavel-lm", 35, "sgd"),
+    "Recommendation": ("gavel-recommendation", None, "adam"),
+    "CycleGAN": ("gavel-cyclegan", None, "adam"),
+    "A3C": ("gavel-a3c", 20, "adam"),
+}
+_BATCH = re.compile(r"^(.*) \(batch size (\d+)\)$")
+
+
+def family(job_type: str) -> str:
+    match = _BATCH.match(job_type)
+    return match.group(1) if match else job_type
+
+
+def spec_of(job_type: str) -> JobSpec:
+    """The zoo job of a Gavel job type ("ResNet-50 (batch size 64)" -> gavel-resnet50 at batch 64)."""
+    match = _BATCH.match(job_type)
+    name, batch = (match.group(1), int(match.group(2))) if match else (job_type, 1)
+    model, seq_len, optimizer = GAVEL_JOBS[name]
+    return JobSpec.from_options(zoo=model, batch_size=batch, seq_len=seq_len, optimizer=optimizer)
+
+
+def read_gavel(path: str | Path) -> dict[str, dict[tuple[str, int], dict[Any, Any]]]:
+    """Gavel's file as Gavel's reader parses it (keys evaluated as tuples)."""
+    raw = json.loads(Path(path).read_text())
+    return {worker: {ast.literal_eval(key): {("null" if other == "null" else ast.literal_eval(other)): value
+                                             for other, value in entries.items()}
+                     for key, entries in table.items()}
+            for worker, table in raw.items()}
+
+
+@dataclass(frozen=True)
+class Predicted:
+    """The engine's answer for one job type on one worker type and scale factor."""
+
+    steps_per_s: float
+    device_ms: float  # the predicted device time of one step (forward, backward, optimizer, communication)
+    host_ms: float
+    utilization: float
+
+
+def predict_all(engine: Any, measured: Mapping[str, Mapping[tuple[str, int], Any]],
+                progress: Callable[[str], None] = lambda _m: None) -> dict[tuple[str, str, int], Predicted]:
+    """Every (worker type incl. _unconsolidated, job type, scale factor) of the measured file, predicted."""
+    from perfmodel.engine.gavel import GavelColumn
+
+    out: dict[tuple[str, str, int], Predicted] = {}
+    for worker, table in measured.items():
+        base = worker.removesuffix("_unconsolidated")
+        accelerator = engine.hardware(WORKERS[base]).name
+        consolidated = worker == base
+        for job_type, scale_factor in table:
+            spec = spec_of(job_type)
+            entry = engine.job(spec)
+            per_node = engine.hardware(accelerator).node_devices or scale_factor
+            layout = (tuple([min(per_node, scale_factor)] * (scale_factor // min(per_node, scale_factor)))
+                      if consolidated else (1,) * scale_factor)
+            column = GavelColumn(base, accelerator, layout, consolidated, INTER_NODE_GBIT_S)
+            answer, job = engine.sharing_input(entry, column.placement(spec.batch_size), 0.0)
+            out[(worker, job_type, scale_factor)] = Predicted(
+                answer["throughput_samples_per_s"] / spec.batch_size if answer["fits"] else 0.0,
+                job.device_ms, job.host_ms, job.utilization)
+        progress(f"predicted {worker}: {len(table)} job types x scale factors")
+    return out
+
+
+def isolated_frame(measured: Mapping[str, Mapping[tuple[str, int], Any]],
+                   predicted: Mapping[tuple[str, str, int], Predicted]) -> pd.DataFrame:
+    rows = []
+    for worker, table in measured.items():
+        for (job_type, scale_factor), entries in table.items():
+            value = float(entries["null"])
+            if value <= 0:
+                continue  # did not run there (out of memory)
+            p = predicted[(worker, job_type, scale_factor)]
+            rows.append({"worker": worker, "job_type": job_type, "family": family(job_type),
+                         "scale_factor": scale_factor, "measured": value, "predicted": p.steps_per_s,
+                         "device_ms": p.device_ms, "measured_ms": 1e3 / value})
+    frame = pd.DataFrame(rows)
+    return frame.assign(ape=(frame.predicted / frame.measured - 1).abs() * 100)
+
+
+def host_bound(frame: pd.DataFrame) -> list[str]:
+    """Job types whose measured one-GPU step is over `HOST_BOUND_RATIO` x the predicted device time on both GPUs."""
+    one = frame[(frame.scale_factor == 1) & ~frame.worker.str.endswith("_unconsolidated")]
+    ratio = (one.measured_ms / one.device_ms).groupby(one.job_type).min()
+    return sorted(ratio[ratio > HOST_BOUND_RATIO].index)
+
+
+def speedups(frame: pd.DataFrame, fast: str = "p100", slow: str = "k80") -> pd.DataFrame:
+    """Per job type, the one-GPU speed-up from `slow` to `fast`, measured and predicted."""
+    one = frame[frame.scale_factor == 1].set_index(["worker", "job_type"])
+    jobs = sorted(set(one.loc[fast].index) & set(one.loc[slow].index))
+    return pd.DataFrame({"measured": [one.loc[(fast, j), "measured"] / one.loc[(slow, j), "measured"] for j in jobs],
+                         "predicted": [one.loc[(fast, j), "predicted"] / one.loc[(slow, j), "predicted"]
+                                       for j in jobs]}, index=jobs)
+
+
+def scaling(frame: pd.DataFrame) -> pd.DataFrame:
+    """Per worker type, job type and scale factor > 1: the n-GPU / 1-GPU steps/s ratio, measured and predicted."""
+    one = frame[frame.scale_factor == 1].set_index(["worker", "job_type"])
+    rows = []
+    for r in frame[frame.scale_factor > 1].itertuples():
+        base = r.worker.removesuffix("_unconsolidated")
+        if (base, r.job_type) not in one.index:
+            continue
+        ref = one.loc[(base, r.job_type)]
+        rows.append({"worker": r.worker, "job_type": r.job_type, "scale_factor": r.scale_factor,
+                     "measured": r.measured / ref.measured, "predicted": r.predicted / ref.predicted})
+    return pd.DataFrame(rows)
+
+
+# --- co-location -----------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Pair:
+    worker: str
+    a: str
+    b: str
+    measured: tuple[float, float]  # steps/s of a, b while sharing
+    isolated: tuple[float, float]  # measured alone
+    device_ms: tuple[float, float]  # predicted device time of a step
+    utilization: tuple[float, float]
+    host_ms: tuple[float, float] = (0.0, 0.0)  # predicted host time of a step
+
+
+def kept_as_served(pairs: Sequence[Pair], params: ColocationParams = ColocationParams()) -> float:
+    """MAPE % of the share of its isolated throughput each job keeps while sharing, as the service answers it
+    (from the predicted device and host time alone, no measurement), against Gavel's measured share."""
+    errors = []
+    for p in pairs:
+        jobs = [SharingJob(p.device_ms[i], p.host_ms[i], p.utilization[i]) for i in (0, 1)]
+        shared = share(jobs[0], jobs[1], "time-slicing", params)
+        for i in (0, 1):
+            kept = jobs[i].step_ms / shared.step_ms[i]
+            errors.append(abs(kept / (p.measured[i] / p.isolated[i]) - 1))
+    return float(np.mean(errors) * 100) if errors else float("nan")
+
+
+def pairs_of(measured: Mapping[str, Mapping[tuple[str, int], Any]],
+             predicted: Mapping[tuple[str, str, int], Predicted]) -> list[Pair]:
+    """Gavel's one-GPU co-located pairs (each unordered pair once), with the measured isolated steps."""
+    out = []
+    for worker in ("k80", "p100"):
+        table = measured[worker]
+        for (a, sf), entries in table.items():
+            if sf != 1:
+                continue
+            for other, value in entries.items():
+                if other == "null" or other[1] != 1 or other[0] < a:
+                    continue
+                b = other[0]
+                alone = (float(entries["null"]), float(table[(b, 1)]["null"]))
+                if min(alone) <= 0 or min(value) <= 0:
+                    continue
+                pa, pb = predicted[(worker, a, 1)], predicted[(worker, b, 1)]
+                out.append(Pair(worker, a, b, (float(value[0]), float(value[1])), alone,
+                                (pa.device_ms, pb.device_ms), (pa.utilization, pb.utilization),
+                                (pa.host_ms, pb.host_ms)))
+    return out
+
+
+def sharing_job(isolated_steps_per_s: float, device_ms: float, utilization: float,
+                params: ColocationParams) -> SharingJob:
+    """A job's measured isolated step split into device and host time: the predicted device time, plus
+    (1 - host_share_of_gap) of what the measured step has beyond it (the model may under-price the device)."""
+    step_ms = 1e3 / isolated_steps_per_s
+    if device_ms >= step_ms:
+        return SharingJob(step_ms, 0.0, utilization)
+    gap = step_ms - device_ms
+    return SharingJob(device_ms + (1 - params.host_share_of_gap) * gap, params.host_share_of_gap * gap, utilization)
+
+
+def predict_pairs(pairs: Iterable[Pair], params: ColocationParams) -> np.ndarray:
+    """(pairs, 2) predicted steps/s of each job while sharing, from the measured isolated steps."""
+    out = []
+    for p in pairs:
+        jobs = [sharing_job(p.isolated[i], p.device_ms[i], p.utilization[i], params) for i in (0, 1)]
+        shared = share(jobs[0], jobs[1], "time-slicing", params)
+        out.append([p.isolated[i] * jobs[i].step_ms / shared.step_ms[i] for i in (0, 1)])
+    return np.array(out).reshape(-1, 2)
+
+
+def pair_mape(pairs: Sequence[Pair], params: ColocationParams) -> float:
+    if not pairs:
+        return float("nan")
+    predicted = predict_pairs(pairs, params)
+    measured = np.array([p.measured for p in pairs])
+    return float(np.mean(np.abs(predicted / measured - 1)) * 100)
+
+
+GRID_HOST = np.linspace(0.0, 1.0, 21)
+GRID_SWITCH = np.linspace(0.0, 1.5, 16)
+
+
+def fit_params(pairs: Sequence[Pair], source: str) -> ColocationParams:
+    """The (host share of the gap, switch overhead) minimising co-located MAPE on `pairs` (a grid search)."""
+    best = min(itertools.product(GRID_HOST, GRID_SWITCH),
+               key=lambda hs: pair_mape(pairs, ColocationParams(float(hs[1]), float(hs[0]))))
+    return ColocationParams(switch_overhead=float(best[1]), host_share_of_gap=float(best[0]), source=source)
+
+
+def partner_ranking(pairs: Sequence[Pair], params: ColocationParams) -> float:
+    """Mean Spearman correlation, over jobs with 3+ partners on a GPU, of each job's co-located steps/s across its
+    partners, predicted against measured (which partner packs best with it)."""
+    predicted = predict_pairs(pairs, params)
+    by_job: dict[tuple[str, str], list[tuple[float, float]]] = {}
+    for p, pred in zip(pairs, predicted):
+        by_job.setdefault((p.worker, p.a), []).append((p.measured[0], pred[0]))
+        by_job.setdefault((p.worker, p.b), []).append((p.measured[1], pred[1]))
+    scores = []
+    for values in by_job.values():
+        if len(values) >= 3:
+            m, q = zip(*values)
+            rho = pd.Series(m).rank().corr(pd.Series(q).rank())
+            if not math.isnan(rho):
+                scores.append(rho)
+    return float(np.mean(scores)) if scores else float("nan")

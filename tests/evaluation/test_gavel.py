@@ -1,0 +1,56 @@
+"""Gavel's measured file read as Gavel reads it, every job type mapped to a zoo job, and the co-location fit
+recovering constants it generated pairs with."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from perfmodel.evaluation.gavel import (
+    GAVEL_FILE,
+    Pair,
+    fit_params,
+    pair_mape,
+    partner_ranking,
+    predict_pairs,
+    read_gavel,
+    spec_of,
+)
+from perfmodel.jobs.zoo import ZOO
+from perfmodel.placement.colocation import ColocationParams
+from perfmodel.settings import get_settings
+
+
+@pytest.fixture(scope="module")
+def measured():
+    path = Path(get_settings().datasets_dir) / "gavel" / GAVEL_FILE
+    if not path.is_file():
+        pytest.skip(f"Gavel's measured file is not at {path} (PERFMODEL_DATASETS_DIR)")
+    return read_gavel(path)
+
+
+def test_every_measured_job_type_is_a_zoo_job_at_its_batch(measured):
+    job_types = {job for table in measured.values() for job, _ in table}
+    assert len(job_types) == 26
+    for job_type in job_types:
+        spec = spec_of(job_type)
+        assert spec.source.name in ZOO and spec.source.name.startswith("gavel-")
+        if "batch size" in job_type:
+            assert job_type.endswith(f"(batch size {spec.batch_size})")
+
+
+def test_the_fit_recovers_the_constants_pairs_were_made_with():
+    truth = ColocationParams(switch_overhead=0.2, host_share_of_gap=0.6)
+    jobs = [(10.0, 60.0), (20.0, 30.0), (5.0, 200.0), (40.0, 45.0)]  # (isolated steps/s, predicted device ms)
+    pairs = []
+    for i, (iso_a, dev_a) in enumerate(jobs):
+        for iso_b, dev_b in jobs[i:]:
+            pair = Pair("k80", f"a{i}", "b", (1.0, 1.0), (iso_a, iso_b), (dev_a, dev_b), (1.0, 1.0))
+            shared = predict_pairs([pair], truth)[0]
+            pairs.append(Pair("k80", pair.a, "b", (float(shared[0]), float(shared[1])), pair.isolated,
+                              pair.device_ms, pair.utilization))
+    fitted = fit_params(pairs, "test")
+    assert pair_mape(pairs, fitted) < 1e-6
+    assert (fitted.switch_overhead, fitted.host_share_of_gap) == pytest.approx((0.2, 0.6))
+    assert partner_ranking(pairs, fitted) > 0.9  # each job's partners in the order they were made
