@@ -49,7 +49,7 @@ class RequestLimits:
 
     job: JobLimits = field(default_factory=JobLimits)
     max_matrix_jobs: int = 10_000
-    max_matrix_columns: int = 1024
+    max_matrix_columns: int = 4096
     max_matrix_cells: int = 250_000
     max_detail_cells: int = 10_000
     offload_body_bytes: int = 256 * 1024

@@ -276,6 +276,26 @@ class MatrixGrid(_In):
                                         "default: each accelerator's node_network_gbit_s in the catalog, else 100")
     inter_node_latency_us: float | None = Field(default=None, ge=0, description="one-way network latency, µs; "
                                                 "default: the placement's (5)")
+    batch_sizes: list[Annotated[int, Field(ge=1)]] | None = Field(
+        default=None, min_length=1, max_length=256, description="a batch axis: every placement at each of these "
+                                                                "batch sizes per device (data parallel)")
+    global_batch_sizes: list[Annotated[int, Field(ge=1)]] | None = Field(
+        default=None, min_length=1, max_length=256, description="a batch axis: every placement at each of these "
+                                                                "global batch sizes that its device count divides")
+
+    @model_validator(mode="after")
+    def _one_batch_axis(self) -> MatrixGrid:
+        if self.batch_sizes is not None and self.global_batch_sizes is not None:
+            raise ValueError("give batch_sizes (per device) or global_batch_sizes, not both")
+        return self
+
+    def global_batches(self, devices: int) -> list[int | None]:
+        """The global batch of each column of a placement of `devices` (None: the job's batch on each device)."""
+        if self.batch_sizes is not None:
+            return [b * devices for b in dict.fromkeys(self.batch_sizes)]
+        if self.global_batch_sizes is not None:
+            return [b for b in dict.fromkeys(self.global_batch_sizes) if b % devices == 0]
+        return [None]
 
 
 class MatrixRequest(_In):
@@ -343,7 +363,8 @@ def grid_columns(grid: Any) -> int:
     sizes; exact, from the catalog, only when that bound is over the limit. An unknown accelerator counts as a GPU
     (its error comes later, naming it)."""
     counts = list(dict.fromkeys(grid.device_counts))
-    bound = len(grid.accelerators) * len(counts) * (2 if grid.spread else 1)
+    batches = max(len(grid.global_batches(count)) for count in counts)
+    bound = len(grid.accelerators) * len(counts) * (2 if grid.spread else 1) * batches
     if bound <= current_limits().max_matrix_columns:
         return bound
     from perfmodel.core.errors import PerfmodelError
@@ -360,9 +381,8 @@ def grid_columns(grid: Any) -> int:
         for count in counts:
             if count > 1 and not gpu:
                 continue
-            columns += 1
             per_node = min(grid.per_node or node_devices or count, count)
-            columns += bool(grid.spread and count > 1 and per_node > 1)
+            columns += (1 + bool(grid.spread and count > 1 and per_node > 1)) * len(grid.global_batches(count))
     return columns
 
 
@@ -370,6 +390,7 @@ class MatrixPlacement(BaseModel):
     accelerator: str
     devices: int
     nodes: int
+    global_batch_size: int | None = Field(default=None, description="the column's global batch (grid batch axis)")
     consolidated: bool
     placement: dict[str, Any] = Field(description="the placement as given (global_batch_size per job)")
 

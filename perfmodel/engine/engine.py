@@ -26,6 +26,7 @@ import logging
 import math
 import re
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
@@ -33,6 +34,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from pydantic import ValidationError
+from sqlalchemy.exc import SQLAlchemyError
 
 from perfmodel.calibration import (
     Calibration,
@@ -49,7 +51,7 @@ from perfmodel.core.errors import PerfmodelError
 from perfmodel.core.ir import Graph
 from perfmodel.core.lru import LRU
 from perfmodel.engine.errors import FieldError, Loc, NotFound, Refused
-from perfmodel.engine.graphs import GraphCache
+from perfmodel.engine.graphs import GraphCache, batch_free_key
 from perfmodel.engine.models import LOAD_ERRORS, ModelLifecycle
 from perfmodel.jobs.spec import GraphSource, JobSpec
 from perfmodel.placement.colocation import Sharing, SharingJob
@@ -64,6 +66,7 @@ PLACEMENT_CACHE_SIZE = 4096
 NO_CALIBRATION = Calibration()
 NO_FLEET = FleetCalibration()
 SYNC_KEYS_PER_QUERY = 500
+FLEET_RETRY_S = 1.0  # while the store does not answer, the fleet is refitted at most this often
 _FIELD_PREFIX = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z0-9_]+)*): ")  # "batch_size: 3 is over ..."
 
 
@@ -120,7 +123,7 @@ class JobEntry:
     def model_key(self) -> str:
         """The job whatever its batch: what the fleet's job effect is keyed by (a model's error barely depends on
         the batch it runs, and schedulers ask for batches never observed)."""
-        return self.spec.model_copy(update={"batch_size": 1}).key()
+        return batch_free_key(self.spec)
 
 
 def ir_batch(graph: Graph) -> int | None:
@@ -161,6 +164,7 @@ class PredictionEngine:
         self.fleet_revision = 0  # bumped whenever any job's observations change
         self._fleet = NO_FLEET
         self._fleet_at: tuple[int, int] = (-1, -1)  # (model generation, fleet revision) `_fleet` was fitted for
+        self._fleet_retry_at = 0.0  # time.monotonic() before which a refit that found the store down is not retried
         self._steps_seen: tuple[Any, ...] | None = None  # `device_steps.signature()` the fleet last read
 
     # --- opening ------------------------------------------------------------------------------------------------
@@ -220,7 +224,7 @@ class PredictionEngine:
     def stats(self) -> dict[str, int]:
         """Entries held by each cache (each bounded)."""
         return {"jobs": len(self._jobs), "graphs": len(self.graphs), "placements": len(self._placements),
-                "captures": self.graphs.captures,
+                "captures": self.graphs.captures, "synthesized_graphs": self.graphs.synthesized,
                 **{f"predictor_{name}": size for name, size in self.predictor.cache_sizes().items()}}
 
     # --- jobs ---------------------------------------------------------------------------------------------------
@@ -296,12 +300,21 @@ class PredictionEngine:
             graph = cached.graph if cached is not None else self._graph_of(spec, ())
         self._check_ir(spec, graph, ())
         record, created = self.store.add_job(spec, graph.to_json())
+        self._prepare_batches(spec, graph)
         known = self._jobs.peek(key)
         if known is not None and known.registered:
             return known, created
         entry = JobEntry(key=key, spec=spec, graph=graph, registered=True, created_at=record.created_at,
                          observations=[] if created else self.store.observations(key))
         return self._jobs.put(key, entry), created
+
+    def _prepare_batches(self, spec: JobSpec, graph: Graph) -> None:
+        """Capture a registered job at a second batch, so that a scheduler's batch sweeps cost no capture; a model
+        that cannot (a limit on the doubled batch, a capture that fails) keeps capturing each batch asked."""
+        try:
+            self.graphs.prepare_batches(spec, graph)
+        except PerfmodelError as exc:
+            log.info("job %s: no graph at a second batch (%s); other batches will be captured", spec.name, exc)
 
     def delete_job(self, key: str) -> None:
         assert self.store is not None
@@ -599,19 +612,33 @@ class PredictionEngine:
 
     def fleet(self) -> FleetCalibration:
         """The fleet calibration over every observed job's observations (each job's own outliers left out),
-        refitted when the model or any observation changed. Blocking: it loads and calibrates observed jobs."""
+        refitted when the model or any observation changed. Blocking: it loads and calibrates observed jobs.
+
+        While the store does not answer (down, restarting), the fleet fitted last is returned, and the refit is
+        tried again at most every `FLEET_RETRY_S`: predictions of jobs in memory go on, a little stale at worst."""
         current = self._current_fleet()
         if current is not None:
             return current
+        fitted_before = self._fleet_at != (-1, -1)
+        if fitted_before and time.monotonic() < self._fleet_retry_at:
+            return self._fleet
         generation, revision = self.generation, self.fleet_revision
         points: list[FleetPoint] = []
-        for key in self.store.observed_job_ids() if self.store is not None else ():
-            try:
-                entry = self.job(key)
-            except NotFound:  # deleted meanwhile
-                continue
-            excluded = {e.id for e in self.calibration(entry).excluded}
-            points.extend(p for p in entry.fleet_points if p.id not in excluded)
+        try:
+            for key in self.store.observed_job_ids() if self.store is not None else ():
+                try:
+                    entry = self.job(key)
+                except NotFound:  # deleted meanwhile
+                    continue
+                excluded = {e.id for e in self.calibration(entry).excluded}
+                points.extend(p for p in entry.fleet_points if p.id not in excluded)
+        except SQLAlchemyError as exc:
+            if not fitted_before:
+                raise
+            self._fleet_retry_at = time.monotonic() + FLEET_RETRY_S
+            log.warning("the store did not answer (%s): the fleet calibration fitted before is used until it does",
+                        type(exc).__name__)
+            return self._fleet
         fleet = fit_fleet([*points, *self._device_points()])
         with self._lock:
             if (self.generation, self.fleet_revision) == (generation, revision):

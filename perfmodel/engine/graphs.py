@@ -7,6 +7,10 @@ many requests ask for it at once (single-flight), kept in a bounded LRU.
 
 Every capture goes through `capture(spec, deadline_s)`: a graph IR is parsed (no lock), any other source is
 captured under the one capture lock.
+
+Batch sizes are free after two captures: once a spec has been captured at two batches whose graphs have the same
+structure, its graph at any other batch is arithmetic (`perfmodel.graph.batch_affine`), not a capture
+(`synthesized` counts them). `prepare_batches(spec)` captures the second batch up front (job registration does).
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from typing import Any, TypeVar
 from perfmodel.core.errors import PerfmodelError
 from perfmodel.core.ir import Graph
 from perfmodel.core.lru import LRU
+from perfmodel.graph.batch_affine import BatchAffine, affine
 from perfmodel.jobs.spec import GraphSource, JobSpec
 
 log = logging.getLogger("perfmodel.engine")
@@ -112,6 +117,8 @@ class GraphCache:
     def __init__(self, max_size: int, *, capture_fn: Callable[..., Graph] | None = None,
                  deadline_s: float | None = None, limits: Any = None, isolated: bool = True):
         self._graphs: LRU[str, Graph] = LRU(max_size)
+        # per spec whatever its batch: the affine model once two captures agree, else the last capture
+        self._batches: LRU[str, BatchAffine | tuple[int, Graph]] = LRU(max_size)
         self._flight = SingleFlight()
         self._capture_lock = threading.Lock()
         self._capture_fn = capture_fn or (lambda spec, deadline, limits: capture(spec, deadline, limits,
@@ -119,11 +126,15 @@ class GraphCache:
         self.deadline_s = deadline_s
         self.limits = limits
         self.captures = 0  # captures run (not cache hits, not waits on another thread's capture)
+        self.synthesized = 0  # graphs made from a spec's affine model instead of a capture
 
     def get(self, spec: JobSpec) -> Graph | None:
         return self._graphs.get(spec.key())
 
     def put(self, spec: JobSpec, graph: Graph) -> Graph:
+        """Keep a graph had elsewhere (the store's) as if captured here."""
+        if not isinstance(spec.source, GraphSource):
+            self._learn(batch_free_key(spec), spec.batch_size, graph)
         return self._graphs.setdefault(spec.key(), graph)
 
     def graph(self, spec: JobSpec, deadline_s: float | None = None) -> Graph:
@@ -132,19 +143,58 @@ class GraphCache:
         deadline = deadline_s if deadline_s is not None else self.deadline_s
 
         def run() -> Graph:
-            if isinstance(spec.source, GraphSource):  # parsing an IR needs no lock
+            if isinstance(spec.source, GraphSource):  # parsing an IR needs no lock; its batch is fixed
                 graph = self._capture_fn(spec, deadline, self.limits)
-            else:
-                with self._capture_lock:
-                    found = self._graphs.get(key)
-                    if found is not None:
-                        return found
-                    self.captures += 1
-                    log.info("capturing the graph of %s (batch %d)", spec.name, spec.batch_size)
-                    graph = self._capture_fn(spec, deadline, self.limits)
+                return self._graphs.setdefault(key, graph)
+            family = batch_free_key(spec)
+            model = self._batches.get(family)
+            if isinstance(model, BatchAffine):
+                self.synthesized += 1
+                return self._graphs.setdefault(key, model.at(spec.batch_size))
+            with self._capture_lock:
+                found = self._graphs.get(key)
+                if found is not None:
+                    return found
+                self.captures += 1
+                log.info("capturing the graph of %s (batch %d)", spec.name, spec.batch_size)
+                graph = self._capture_fn(spec, deadline, self.limits)
+            self._learn(family, spec.batch_size, graph)
             return self._graphs.setdefault(key, graph)
 
         return self._flight.run(key, run, done=lambda: self._graphs.get(key))
 
+    def _learn(self, family: str, batch: int, graph: Graph) -> None:
+        """Keep a capture toward the spec's affine model: with an earlier one of another batch, the model."""
+        seen = self._batches.get(family)
+        if isinstance(seen, tuple) and seen[0] != batch:
+            model = affine(seen[1], seen[0], graph, batch)
+            if model is not None:
+                self._batches.put(family, model)
+                return
+        if not isinstance(seen, BatchAffine):
+            self._batches.put(family, (batch, graph))
+
+    def prepare_batches(self, spec: JobSpec, graph: Graph | None = None, deadline_s: float | None = None) -> bool:
+        """Capture `spec` at a second batch (twice its own) so that every other batch of it costs no capture;
+        `graph`: its graph at its own batch, if the caller has it. True when the spec now has an affine model."""
+        if isinstance(spec.source, GraphSource):
+            return False
+        family = batch_free_key(spec)
+        if isinstance(self._batches.get(family), BatchAffine):
+            return True
+        if graph is not None:
+            self._learn(family, spec.batch_size, graph)
+        self.graph(spec.model_copy(update={"batch_size": 2 * spec.batch_size}), deadline_s)
+        return isinstance(self._batches.get(family), BatchAffine)
+
+    def has_batches(self, spec: JobSpec) -> bool:
+        """Whether any batch of `spec` is arithmetic, not a capture. Cheap."""
+        return isinstance(self._batches.get(batch_free_key(spec)), BatchAffine)
+
     def __len__(self) -> int:
         return len(self._graphs)
+
+
+def batch_free_key(spec: JobSpec) -> str:
+    """The key of a spec whatever its batch."""
+    return spec.model_copy(update={"batch_size": 1}).key()

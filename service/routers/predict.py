@@ -97,8 +97,12 @@ def grid_placements(engine: PredictionEngine, grid: MatrixGrid) -> tuple[list[Pl
             if count > 1 and hardware.kind != "gpu":
                 continue  # multi-device placements are GPU placements
             for layout, packed in grid_layouts(count, grid.per_node or hardware.node_devices, spread=grid.spread):
-                placements.append(PlacementIn(accelerator=hardware.name, devices_per_node=layout, **network))
-                consolidated.append(packed)
+                for global_batch in grid.global_batches(count):
+                    fields: dict[str, Any] = {**network, "accelerator": hardware.name, "devices_per_node": layout}
+                    if global_batch is not None:
+                        fields["global_batch_size"] = global_batch
+                    placements.append(PlacementIn(**fields))
+                    consolidated.append(packed)
     if not placements:
         raise FieldError(("grid",), "the grid holds no placement (multi-device placements need a GPU)")
     return placements, consolidated
@@ -161,6 +165,7 @@ def matrix(engine: PredictionEngine, entries: Sequence[JobEntry],
     out: dict[str, Any] = {
         "layout": "matrix", "jobs": [e.key for e in entries],
         "placements": [{"accelerator": accelerator, "devices": p.devices, "nodes": p.nodes, "consolidated": c,
+                        "global_batch_size": p.global_batch_size,
                         "placement": p.model_dump(mode="json", exclude_none=True)}
                        for p, c, accelerator in zip(given, consolidated, accelerators)],
         "throughput_samples_per_s": throughput.tolist(), "iter_time_ms": (raw_iteration / factor).tolist(),

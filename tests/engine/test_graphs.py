@@ -63,8 +63,9 @@ def test_captures_of_different_specs_run_one_at_a_time_and_a_failure_reaches_eve
         return tiny_graph(spec.batch_size)
 
     cache = GraphCache(16, capture_fn=tracked_capture)
-    specs = [JobSpec.model_validate({"source": {"kind": "zoo", "name": "mlp-recommender"}, "batch_size": b})
-             for b in (1, 2, 3, 4, 5, 6)]
+    models = ("mlp-recommender", "resnet18", "resnet34", "vgg11", "alexnet", "gpt2")  # no batch of one from another
+    specs = [JobSpec.model_validate({"source": {"kind": "zoo", "name": name}, "batch_size": b})
+             for name, b in zip(models, (1, 2, 3, 4, 5, 6))]
     outcomes: dict[int, object] = {}
 
     def ask(spec):

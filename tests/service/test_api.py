@@ -435,3 +435,24 @@ def test_openapi_documents_every_route(client):
     assert set(register) == {"application/json", "multipart/form-data"}
     assert "ApiJobSpec" in schema["components"]["schemas"]
     assert client.get("/docs").status_code == 200
+
+
+def test_the_grid_has_a_batch_axis_and_new_batches_cost_no_capture(client):
+    job = client.post("/v1/jobs", json={**SMALL_JOB, "batch_size": 16}).json()["job_id"]
+    engine = client.app.state.service.engine
+    captures = engine.stats()["captures"]
+    grid = {"accelerators": ["t4"], "device_counts": [1, 4], "batch_sizes": [3, 8, 100]}
+    body = client.post("/v1/predict/matrix", json={"jobs": [job], "grid": grid}).json()
+    columns = [(p["devices"], p["global_batch_size"]) for p in body["placements"]]
+    assert columns == [(1, 3), (1, 8), (1, 100), (4, 12), (4, 32), (4, 400)]
+    assert engine.stats()["captures"] == captures  # registration captured two batches: the rest is arithmetic
+    for (devices, global_batch), throughput in zip(columns, body["throughput_samples_per_s"][0]):
+        single = client.post("/v1/predict", json={"job": job, "placement": {
+            "accelerator": "t4", "devices_per_node": [devices], "global_batch_size": global_batch}}).json()
+        assert throughput == pytest.approx(single["throughput_samples_per_s"])
+    global_axis = client.post("/v1/predict/matrix", json={"jobs": [job], "grid": {
+        "accelerators": ["t4"], "device_counts": [1, 4], "global_batch_sizes": [8, 10]}}).json()
+    assert [(p["devices"], p["global_batch_size"]) for p in global_axis["placements"]] == [(1, 8), (1, 10), (4, 8)]
+    both = client.post("/v1/predict/matrix", json={"jobs": [job], "grid": {
+        "accelerators": ["t4"], "batch_sizes": [8], "global_batch_sizes": [8]}})
+    assert both.status_code == 422

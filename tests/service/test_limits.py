@@ -124,13 +124,14 @@ def test_1e30_devices_is_a_422(client, placement):
 # --- matrix size -------------------------------------------------------------------------------------------------
 
 
-def test_a_grid_of_2048_columns_is_a_422(client):
+def test_a_grid_of_6144_columns_is_a_422(client):
     accelerators = ["a100-sxm4-80gb", "h100-sxm5-80gb", "v100-sxm2-32gb", "a10g", "l4", "t4", "a100-pcie-40gb",
                     "h100-pcie-80gb"] * 8  # 64 names (the schema's maximum), every one a GPU
-    grid = {"accelerators": accelerators, "device_counts": list(range(2, 18)), "spread": True, "per_node": 64}
+    grid = {"accelerators": accelerators, "device_counts": list(range(2, 18)), "spread": True, "per_node": 64,
+            "batch_sizes": [8, 16, 32]}
     response = client.post("/v1/predict/matrix", json={"jobs": [SMALL_JOB], "grid": grid})
     assert response.status_code == 422, response.text
-    assert "2,048 placements" in _msgs(response) and "max_matrix_columns" in _msgs(response)
+    assert "6,144 placements" in _msgs(response) and "max_matrix_columns" in _msgs(response)
 
 
 def test_detail_on_a_big_matrix_is_refused_before_any_prediction(settings):

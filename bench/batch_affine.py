@@ -1,0 +1,82 @@
+"""One capture per model serves every batch size: every zoo model's graph from captures at two batches, against a
+capture at a third (and the predicted step on a GPU from each).
+
+    .venv/bin/python bench/batch_affine.py [--models a,b] [--batches 2,4] [--check 8,32] [--accelerator t4]
+
+For each model: captures at the two `--batches` (`perfmodel.graph.batch_affine.affine`), the affine graph at each
+`--check` batch against a capture there: the largest relative error over the totals (FLOPs forward and backward,
+bytes read and written, activation and saved-activation bytes) and of the predicted one-device step (the shipped
+per-op model), and the time of `BatchAffine.at` against a capture. Prints one line per model and the worst.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+TOTALS = ("flops_fwd", "flops_bwd", "bytes_read_fwd", "bytes_written_fwd", "bytes_read_bwd", "bytes_written_bwd",
+          "activation_bytes", "saved_activation_bytes", "saved_activation_bytes_amp")
+
+
+def rel(a: float | None, b: float | None) -> float:
+    if a is None or b is None:
+        return 0.0 if a == b else float("inf")
+    return abs(a - b) / max(abs(b), 1e-12)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from perfmodel.graph import graph_for_job
+    from perfmodel.graph.batch_affine import affine
+    from perfmodel.jobs.spec import JobSpec
+    from perfmodel.jobs.zoo import ZOO
+    from perfmodel.predictor.gpu_iteration import DevicePredictor
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", help="comma-separated zoo names [every zoo model]")
+    parser.add_argument("--batches", default="2,4")
+    parser.add_argument("--check", default="8,32")
+    parser.add_argument("--accelerator", default="t4")
+    args = parser.parse_args(argv)
+    names = args.models.split(",") if args.models else list(ZOO)
+    b1, b2 = (int(x) for x in args.batches.split(","))
+    checks = [int(x) for x in args.check.split(",")]
+    device = DevicePredictor.load()
+    worst_graph = worst_step = 0.0
+    structural = []
+    for name in names:
+        entry = ZOO[name]
+        seq_len = entry.reference_seq_len or 128
+        if name == "tacotron2":
+            seq_len = 100  # 550 mel frames take ~50 CPU-s a capture; the graph's shape in frames is the same
+        specs = {b: JobSpec.from_options(zoo=name, batch_size=b, seq_len=seq_len) for b in (b1, b2, *checks)}
+        started = time.perf_counter()
+        first, second = graph_for_job(specs[b1]), graph_for_job(specs[b2])
+        model = affine(first, b1, second, b2)
+        if model is None:
+            structural.append(name)
+            print(f"{name:<32} not affine: the two captures differ in structure", flush=True)
+            continue
+        line = []
+        for b in checks:
+            t0 = time.perf_counter()
+            captured = graph_for_job(specs[b])
+            capture_s = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            made = model.at(b)
+            at_s = time.perf_counter() - t0
+            graph_err = max(rel(getattr(made.totals, k), getattr(captured.totals, k)) for k in TOTALS)
+            step_a = device.predict(specs[b], args.accelerator, graph=made).iter_time_ms
+            step_c = device.predict(specs[b], args.accelerator, graph=captured).iter_time_ms
+            step_err = rel(step_a, step_c)
+            worst_graph, worst_step = max(worst_graph, graph_err), max(worst_step, step_err)
+            line.append(f"b={b}: totals {100 * graph_err:.3f} %, step {100 * step_err:.3f} %, "
+                        f"at() {1e3 * at_s:.0f} ms vs capture {capture_s:.1f} s")
+        print(f"{name:<32} {'; '.join(line)}  ({time.perf_counter() - started:.0f} s)", flush=True)
+    print(f"\nworst over {len(names) - len(structural)} affine models: totals {100 * worst_graph:.3f} %, predicted "
+          f"step {100 * worst_step:.3f} % (target 0.5 %); not affine: {', '.join(structural) or 'none'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
