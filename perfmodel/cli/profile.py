@@ -47,7 +47,7 @@ def profile(model: ModelArg = None, hf_config: HFConfigOpt = None, task: TaskOpt
             time_budget: Annotated[float, typer.Option(
                 min=0, help="soft seconds per job; slow models get fewer steps (never < 2 warm-up, 3 timed); "
                             "0: always the full counts")] = 60.0,
-            sweep: Annotated[Optional[Path], typer.Option(help="YAML/JSON file of jobs (see README)")] = None,
+            sweep: Annotated[Optional[Path], typer.Option(help="YAML/JSON file of jobs (see docs/jobs.md)")] = None,
             force: Annotated[bool, typer.Option(help="profile even what the store already has")] = False,
             ray: Annotated[Optional[str], typer.Option(
                 "--ray", metavar="ADDRESS", help="run each job as a Ray task (pip install 'perfmodel\\[ray]'): "

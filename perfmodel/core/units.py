@@ -1,5 +1,5 @@
 """Unit conversions, in one place. Names carry their units: `iter_time_ms`, `bytes_read`,
-`memory_bandwidth_gb_s` (GB/s: bytes), `node_network_gbit_s` (Gb/s: bits); README "Naming" lists them.
+`memory_bandwidth_gb_s` (GB/s: bytes), `node_network_gbit_s` (Gb/s: bits); docs/development.md, "Naming", lists them.
 """
 
 from __future__ import annotations

@@ -8,9 +8,11 @@ many requests ask for it at once (single-flight), kept in a bounded LRU.
 Every capture goes through `capture(spec, deadline_s)`: a graph IR is parsed (no lock), any other source is
 captured under the one capture lock.
 
-Batch sizes are free after two captures: once a spec has been captured at two batches whose graphs have the same
-structure, its graph at any other batch is arithmetic (`perfmodel.graph.batch_affine`), not a capture
-(`synthesized` counts them). `prepare_batches(spec)` captures the second batch up front (job registration does).
+Batch sizes are free after three captures: two captures of a spec at different batches with the same structure fix
+its affine model (`perfmodel.graph.batch_affine`), a third checks it (every total within `AFFINE_TOLERANCE` of the
+capture); from then on its graph at any other batch is arithmetic, not a capture (`synthesized` counts them). A
+spec whose third capture disagrees (Mask R-CNN's fixed proposal counts) keeps being captured at every batch.
+`prepare_batches(spec)` captures the two other batches up front (job registration does).
 """
 
 from __future__ import annotations
@@ -20,12 +22,13 @@ import logging
 import threading
 from collections.abc import Callable, Hashable
 from concurrent.futures import Future
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from perfmodel.core.errors import PerfmodelError
 from perfmodel.core.ir import Graph
 from perfmodel.core.lru import LRU
-from perfmodel.graph.batch_affine import BatchAffine, affine
+from perfmodel.graph.batch_affine import BatchAffine, affine, agrees
 from perfmodel.jobs.spec import GraphSource, JobSpec
 
 log = logging.getLogger("perfmodel.engine")
@@ -111,14 +114,28 @@ class SingleFlight:
         return len(self._running)
 
 
+NOT_AFFINE = object()  # a spec whose third capture disagreed with its affine model
+
+
+@dataclass(frozen=True)
+class Checked:
+    """An affine model a third capture agreed with."""
+
+    model: BatchAffine
+
+    def at(self, batch: int) -> Graph:
+        return self.model.at(batch)
+
+
 class GraphCache:
     """Graphs by spec key: a bounded LRU in front of single-flight captures serialised by one lock."""
 
     def __init__(self, max_size: int, *, capture_fn: Callable[..., Graph] | None = None,
                  deadline_s: float | None = None, limits: Any = None, isolated: bool = True):
         self._graphs: LRU[str, Graph] = LRU(max_size)
-        # per spec whatever its batch: the affine model once two captures agree, else the last capture
-        self._batches: LRU[str, BatchAffine | tuple[int, Graph]] = LRU(max_size)
+        # per spec whatever its batch: its checked affine model, a candidate to check, its last capture, or
+        # NOT_AFFINE
+        self._batches: LRU[str, Any] = LRU(max_size)
         self._flight = SingleFlight()
         self._capture_lock = threading.Lock()
         self._capture_fn = capture_fn or (lambda spec, deadline, limits: capture(spec, deadline, limits,
@@ -148,7 +165,7 @@ class GraphCache:
                 return self._graphs.setdefault(key, graph)
             family = batch_free_key(spec)
             model = self._batches.get(family)
-            if isinstance(model, BatchAffine):
+            if isinstance(model, Checked):
                 self.synthesized += 1
                 return self._graphs.setdefault(key, model.at(spec.batch_size))
             with self._capture_lock:
@@ -164,32 +181,39 @@ class GraphCache:
         return self._flight.run(key, run, done=lambda: self._graphs.get(key))
 
     def _learn(self, family: str, batch: int, graph: Graph) -> None:
-        """Keep a capture toward the spec's affine model: with an earlier one of another batch, the model."""
+        """Keep a capture toward the spec's affine model: with an earlier one of another batch, a candidate; at a
+        third batch, the candidate checked (or the spec marked not affine)."""
         seen = self._batches.get(family)
+        if isinstance(seen, Checked) or seen is NOT_AFFINE:
+            return
+        if isinstance(seen, BatchAffine):
+            if batch not in (seen.batch_first, seen.batch_second):
+                self._batches.put(family, Checked(seen) if agrees(seen.at(batch), graph) else NOT_AFFINE)
+            return
         if isinstance(seen, tuple) and seen[0] != batch:
             model = affine(seen[1], seen[0], graph, batch)
-            if model is not None:
-                self._batches.put(family, model)
-                return
-        if not isinstance(seen, BatchAffine):
-            self._batches.put(family, (batch, graph))
+            self._batches.put(family, model if model is not None else (batch, graph))
+            return
+        self._batches.put(family, (batch, graph))
 
     def prepare_batches(self, spec: JobSpec, graph: Graph | None = None, deadline_s: float | None = None) -> bool:
-        """Capture `spec` at a second batch (twice its own) so that every other batch of it costs no capture;
-        `graph`: its graph at its own batch, if the caller has it. True when the spec now has an affine model."""
+        """Capture `spec` at two more batches (twice and three times its own) so that every other batch of it
+        costs no capture; `graph`: its graph at its own batch, if the caller has it. True when the spec now has a
+        checked affine model."""
         if isinstance(spec.source, GraphSource):
             return False
         family = batch_free_key(spec)
-        if isinstance(self._batches.get(family), BatchAffine):
-            return True
         if graph is not None:
             self._learn(family, spec.batch_size, graph)
-        self.graph(spec.model_copy(update={"batch_size": 2 * spec.batch_size}), deadline_s)
-        return isinstance(self._batches.get(family), BatchAffine)
+        for factor in (2, 3):
+            if isinstance(self._batches.get(family), Checked) or self._batches.get(family) is NOT_AFFINE:
+                break
+            self.graph(spec.model_copy(update={"batch_size": factor * spec.batch_size}), deadline_s)
+        return self.has_batches(spec)
 
     def has_batches(self, spec: JobSpec) -> bool:
         """Whether any batch of `spec` is arithmetic, not a capture. Cheap."""
-        return isinstance(self._batches.get(batch_free_key(spec)), BatchAffine)
+        return isinstance(self._batches.get(batch_free_key(spec)), Checked)
 
     def __len__(self) -> int:
         return len(self._graphs)

@@ -90,6 +90,20 @@ class BatchAffine:
             "inputs": self._tensors(self.first.inputs, self.second.inputs, batch)})
 
 
+AFFINE_TOLERANCE = 0.005  # a third capture's totals within 0.5 % of the affine model's: the model is trusted
+_CHECKED = ("flops_fwd", "flops_bwd", "bytes_read_fwd", "bytes_written_fwd", "bytes_read_bwd", "bytes_written_bwd",
+            "activation_bytes", "saved_activation_bytes", "saved_activation_bytes_amp")
+
+
+def agrees(made: Graph, captured: Graph, tolerance: float = AFFINE_TOLERANCE) -> bool:
+    """Whether an affine graph matches a capture at the same batch: every total within `tolerance`."""
+    for name in _CHECKED:
+        a, b = getattr(made.totals, name), getattr(captured.totals, name)
+        if (a is None) != (b is None) or (a is not None and abs(a - b) > tolerance * max(abs(b), 1)):
+            return False
+    return len(made.nodes) == len(captured.nodes)
+
+
 def affine(first: Graph, batch_first: int, second: Graph, batch_second: int) -> BatchAffine | None:
     """The affine model of two captures of one spec at different batches; None where their structure differs."""
     if batch_first == batch_second or not _same_structure(first, second):

@@ -18,7 +18,7 @@ device (`combined_device_share` <= 1; the steps are stretched where the approxim
 
 What the graph cannot see (an input pipeline on the host, the Atari environment of A3C) is the gap between a measured
 isolated step and the predicted device time; `host_share_of_gap` says how much of such a gap is host time (fitted
-on Gavel's measured K80 and P100 pairs: `bench/colocation.py`).
+on Gavel's measured K80 and P100 pairs: `bench/gavel.py --write`).
 """
 
 from __future__ import annotations
@@ -116,7 +116,7 @@ def params_path() -> Path:
 
 
 def load_colocation_params(path: Path | str | None = None) -> ColocationParams:
-    """The fitted constants (`bench/colocation.py --write`), else the defaults."""
+    """The fitted constants (`bench/gavel.py --write`), else the defaults."""
     file = Path(path) if path else params_path()
     if not file.exists():
         return ColocationParams()

@@ -40,12 +40,30 @@ def test_other_structures_have_no_affine_model():
     assert affine(small, 2, small, 2) is None  # one batch fixes no line
 
 
-def test_the_graph_cache_captures_two_batches_then_none():
+def test_the_graph_cache_captures_three_batches_then_none():
     cache = GraphCache(100, isolated=False)
     spec = _spec("mlp-recommender", None, 8)
     first = cache.graph(spec)
-    assert cache.prepare_batches(spec, first) and cache.captures == 2 and cache.has_batches(spec)
-    for batch in (1, 3, 100, 4096):
+    assert cache.prepare_batches(spec, first) and cache.captures == 3 and cache.has_batches(spec)
+    for batch in (1, 5, 100, 4096):
         graph = cache.graph(spec.model_copy(update={"batch_size": batch}))
         assert graph.inputs[0].shape[0] == batch
-    assert cache.captures == 2 and cache.synthesized == 4
+    assert cache.captures == 3 and cache.synthesized == 4
+
+
+def test_a_spec_whose_third_capture_disagrees_is_captured_at_every_batch():
+    from tests.engine.helpers import tiny_graph
+
+    def quadratic(spec, deadline_s, limits):  # a graph whose FLOPs grow with the square of the batch
+        graph = tiny_graph(spec.batch_size)
+        node = graph.nodes[0].model_copy(update={"flops_fwd": graph.nodes[0].flops_fwd * spec.batch_size})
+        totals = graph.totals.model_copy(update={"flops_fwd": node.flops_fwd})
+        return graph.model_copy(update={"nodes": (node,), "totals": totals})
+
+    cache = GraphCache(100, capture_fn=quadratic)
+    spec = _spec("mlp-recommender", None, 4)
+    assert not cache.prepare_batches(spec, cache.graph(spec))
+    assert cache.captures == 3 and not cache.has_batches(spec)
+    graph = cache.graph(spec.model_copy(update={"batch_size": 7}))
+    assert cache.captures == 4 and cache.synthesized == 0 and graph.totals.flops_fwd == quadratic(
+        spec.model_copy(update={"batch_size": 7}), None, None).totals.flops_fwd
