@@ -83,7 +83,8 @@ def main(argv: list[str] | None = None) -> int:
             untrusted.append(name)
         verdict = "" if trusted else "  NOT AFFINE: the engine's third-capture check refuses it, captures every batch"
         print(f"{name:<32} {'; '.join(line)}  ({time.perf_counter() - started:.0f} s){verdict}", flush=True)
-    print(f"\nworst over {len(names) - len(structural) - len(untrusted)} models the engine trusts: totals {100 * worst_graph:.3f} %, "
+    trusted_models = len(names) - len(structural) - len(untrusted)
+    print(f"\nworst over {trusted_models} models the engine trusts: totals {100 * worst_graph:.3f} %, "
           f"predicted step {100 * worst_step:.3f} % (target 0.5 %); other structures: {', '.join(structural) or 'none'}"
           f"; refused by the third-capture check: {', '.join(untrusted) or 'none'}")
     return 0
