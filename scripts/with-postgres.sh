@@ -10,6 +10,9 @@
 # none and we are root with apt-get, Debian's `postgresql` package is installed. PostgreSQL refuses to run as root,
 # so as root the server runs as the `postgres` system user (created if missing).
 #
+# It also exports PERFMODEL_TEST_POSTGRES_DATA (the server's data folder) and PERFMODEL_TEST_POSTGRES_CTL (its
+# pg_ctl), for a test that stops and starts a server (the fault-injection test starts its own from these binaries).
+#
 # If PERFMODEL_TEST_POSTGRES_URL is already set, CMD runs against that server and nothing is started. If no server
 # can be installed or started, one line on stderr says why, CMD runs without the variable (the PostgreSQL tests then
 # skip, quoting PERFMODEL_TEST_POSTGRES_SKIP_REASON) and its exit code is returned all the same.
@@ -142,6 +145,10 @@ if ! start_server; then
 fi
 
 export PERFMODEL_TEST_POSTGRES_URL="postgresql+psycopg://$DB_USER@/$DB_NAME?host=$cluster"
+# What a test needs to stop, start or make another server like this one (tests/service/test_faults.py): the data
+# folder (owned by the user the server runs as) and the pg_ctl that runs it (initdb and postgres beside it).
+export PERFMODEL_TEST_POSTGRES_DATA="$cluster/data"
+export PERFMODEL_TEST_POSTGRES_CTL="$bindir/pg_ctl"
 unset PERFMODEL_TEST_POSTGRES_SKIP_REASON
 say "PostgreSQL $("$bindir/postgres" --version | awk '{print $3}') on $cluster; PERFMODEL_TEST_POSTGRES_URL=$PERFMODEL_TEST_POSTGRES_URL"
 "$@"

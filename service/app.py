@@ -44,12 +44,19 @@ Writes (jobs, observations, promotions) need a bearer token when the server has 
 
 
 async def _keep_in_sync(state: ServiceState, interval_s: float) -> None:
+    """Every `interval_s`, pick up what other workers wrote. A failed round (the store down, say) is logged and the
+    next one tries again: the loop only ends when the app stops."""
     while True:
         await asyncio.sleep(interval_s)
         try:
             await run_in_threadpool(state.sync_once)
-        except Exception:  # a store hiccup: try again next time
-            log.exception("sync with the store failed")
+        except Exception as exc:  # a store hiccup: try again next time
+            why = errors.store_unavailable(exc)
+            if why is not None:  # one line per round while the store is away, not a traceback each time
+                log.warning("sync with the store failed: the store is unavailable (%s: %s); retrying in %s s",
+                            why, type(exc).__name__, interval_s)
+            else:
+                log.exception("sync with the store failed")
 
 
 def _prestart_captures() -> None:

@@ -4,20 +4,33 @@ Validation errors are 422 with FastAPI's shape, `{"detail": [{"loc": [...], "msg
 `loc` names the field; a `PerfmodelError` (bad input found past validation: an unknown accelerator, a graph that
 cannot be captured) is a 422 too. The engine's domain errors map by kind: `FieldError` 422 at its `loc` (under
 "body"), `NotFound` 404, `Refused` 409. The request's input is never echoed back (an IR can be megabytes).
+
+A store that cannot be reached or refuses writes for now (PostgreSQL restarting or gone, a connection cut, the pool
+exhausted, a read-only or full database, a locked SQLite file) is a 503 with `Retry-After`: the client tries again
+later (a write that failed before its commit was not stored; registering a job again is harmless, the same spec
+being the same job). Any other database error stays a 500 (a bug, logged with its traceback).
 """
 
 from __future__ import annotations
 
+import logging
 import re
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from sqlalchemy.exc import DBAPIError, DisconnectionError, InterfaceError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from perfmodel.core.errors import PerfmodelError
 from perfmodel.engine.errors import FieldError, Refused
 from perfmodel.engine.errors import NotFound as EngineNotFound
+
+log = logging.getLogger("perfmodel.service")
+
+STORE_RETRY_AFTER_S = 2  # what a 503 for an unavailable store tells the client to wait
+READ_ONLY_SQLSTATE = "25006"  # PostgreSQL's read_only_sql_transaction: a read-only database (standby, or set so)
 
 
 class ApiError(Exception):
@@ -69,6 +82,30 @@ def clean_errors(errors: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def store_unavailable(exc: BaseException) -> str | None:
+    """Why the store cannot serve this for now, if `exc` says so (the connection or the server, not the request):
+    a SQLAlchemy `OperationalError` (server gone or restarting, connection refused or cut, disk full, SQLite
+    locked), `InterfaceError`, a connection the pool invalidated, its timeout, or a write to a read-only database.
+    None for any other error."""
+    if isinstance(exc, DBAPIError) and getattr(exc.orig, "sqlstate", None) == READ_ONLY_SQLSTATE:
+        return "it refuses writes (read-only)"
+    if isinstance(exc, (OperationalError, InterfaceError, DisconnectionError, PoolTimeout)) or (
+            isinstance(exc, DBAPIError) and exc.connection_invalidated):
+        return "it cannot be reached or refuses the request"
+    return None
+
+
+async def _store_error(_request: Request, exc: Exception) -> JSONResponse:
+    why = store_unavailable(exc)
+    if why is None:
+        raise exc  # a database error that is not the store's availability: a 500, logged with its traceback
+    cause = getattr(exc, "orig", None) or exc  # the driver's error: its message, without the SQL and parameters
+    log.warning("store unavailable (%s: %s): %s", type(exc).__name__, type(cause).__name__,
+                " ".join(str(cause).split())[:300])
+    return JSONResponse({"detail": f"the store is unavailable for now: {why}; retry in {STORE_RETRY_AFTER_S} s"},
+                        status_code=503, headers={"Retry-After": str(STORE_RETRY_AFTER_S)})
+
+
 async def _api_error(_request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, ApiError)
     return JSONResponse({"detail": exc.detail}, status_code=exc.status_code, headers=exc.headers)
@@ -105,3 +142,5 @@ def install(app: FastAPI) -> None:
     app.add_exception_handler(Refused, _refused)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(PerfmodelError, _perfmodel_error)
+    for store_error in (DBAPIError, DisconnectionError, PoolTimeout):
+        app.add_exception_handler(store_error, _store_error)

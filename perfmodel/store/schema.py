@@ -32,6 +32,7 @@ from sqlalchemy import (
     insert,
     inspect,
     select,
+    text,
     update,
 )
 from sqlalchemy.engine import URL, make_url
@@ -178,6 +179,10 @@ def _v5_to_v6(connection: Connection) -> None:
 MIGRATIONS: Mapping[int, Migration] = {1: _v1_to_v2, 2: _v2_to_v3, 3: _v3_to_v4, 4: _v4_to_v5, 5: _v5_to_v6}
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
+# the PostgreSQL advisory lock that serialises schema creation and migration: two replicas starting on an empty
+# database at once would otherwise both create the tables, and one fail
+SCHEMA_LOCK_KEY = 0x7065_7266_6D6F_64  # "perfmod"
+POSTGRES_CONNECT_TIMEOUT_S = 10  # a PostgreSQL server that does not answer: an error after this long, not a hang
 
 
 def safe_url(url: str | URL) -> str:
@@ -197,8 +202,15 @@ def open_engine(url: str) -> Engine:
     is_sqlite = parsed.get_backend_name() == "sqlite"
     if is_sqlite and parsed.database and parsed.database != ":memory:" and not parsed.database.startswith("file:"):
         Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
+    options: dict[str, Any] = {}
+    if not is_sqlite:
+        # a pooled connection is pinged before use: one the server dropped (a restart, a failover) is replaced, not
+        # handed to a request that would fail on it
+        options["pool_pre_ping"] = True
+    if parsed.get_driver_name() in ("psycopg", "psycopg2") and "connect_timeout" not in parsed.query:
+        options["connect_args"] = {"connect_timeout": POSTGRES_CONNECT_TIMEOUT_S}  # libpq's default: wait forever
     try:
-        engine = create_engine(parsed)
+        engine = create_engine(parsed, **options)
     except (NoSuchModuleError, ModuleNotFoundError) as exc:
         raise PerfmodelError(f"cannot open store {safe_url(parsed)}: its database driver is missing ({exc})") from None
     if is_sqlite:
@@ -257,6 +269,8 @@ def ensure_schema(
     if found == target:
         return found
     with write_transaction(engine) as connection:
+        if connection.dialect.name == "postgresql":  # SQLite's BEGIN IMMEDIATE locks; here, a lock held until commit
+            connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": SCHEMA_LOCK_KEY})
         found = stored_version(connection)  # again, now that no one else can be creating or migrating it
         if found is None:
             Base.metadata.create_all(connection)

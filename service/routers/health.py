@@ -1,5 +1,10 @@
-"""`/healthz` (the process answers), `/readyz` (a model is loaded and the store answers) and `/metrics`
-(Prometheus)."""
+"""`/healthz` (the process answers), `/readyz` (a model is loaded and the store answers, and takes writes) and
+`/metrics` (Prometheus).
+
+`/readyz` asks the store on every call (a pooled connection, pinged first on PostgreSQL), so it turns not ready when
+the store goes away and ready again by itself when it is back. A PostgreSQL store that refuses writes (read-only: a
+standby, or `default_transaction_read_only`) is not ready either: registrations and observations would be 503s.
+Predictions of jobs in memory are still answered while it is not ready."""
 
 from __future__ import annotations
 
@@ -25,7 +30,11 @@ async def healthz(state: State) -> Response:
 def _store_answers(state: ServiceState) -> str | None:
     try:
         with state.store.engine.connect() as connection:
-            connection.execute(text("SELECT 1"))
+            if connection.dialect.name == "postgresql":
+                if connection.scalar(text("SELECT current_setting('transaction_read_only')")) == "on":
+                    return "store: read-only: it refuses writes"
+            else:
+                connection.execute(text("SELECT 1"))
     except Exception as exc:  # any failure means: not ready
         return f"store: {type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
     return None
