@@ -82,7 +82,10 @@ def predict(model: ModelArg = None, hf_config: HFConfigOpt = None, task: TaskOpt
         devices_per_node=devices_per_node, tp=tp, pp=pp, micro_batches=micro_batches, zero=zero,
         checkpointing=checkpointing, intra_link=intra_link, ep=ep, inter_node_gbit_s=inter_node_gbit_s,
         inter_node_latency_us=inter_node_latency_us)
-    engine = PredictionEngine.open(EngineConfig(model_version=model_version, isolate_captures=False))
+    from perfmodel.settings import get_settings
+
+    engine = PredictionEngine.open(EngineConfig(model_version=model_version, isolate_captures=False,
+                                                graph_dir=get_settings().home / "graphs"))
     if with_job is not None:
         _colocated(engine, spec, with_job, placement, sharing, seq_len, precision, optimizer, mode, as_json)
         return

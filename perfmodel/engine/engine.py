@@ -81,6 +81,7 @@ class EngineConfig:
     capture_timeout_s: float | None = None  # None: `graphs.DEFAULT_CAPTURE_TIMEOUT_S`
     capture_limits: Any = None  # `perfmodel.jobs.limits.JobLimits`; None: its defaults
     isolate_captures: bool = True  # capture in a time-limited child process (False: the CLI, in-process)
+    graph_dir: Path | None = None  # keep captured zoo and HF-config graphs here across processes (the CLI)
 
     @classmethod
     def from_settings(cls, settings: Any) -> EngineConfig:
@@ -93,7 +94,7 @@ class EngineConfig:
 
     def graph_cache(self) -> GraphCache:
         return GraphCache(self.max_cached_jobs, deadline_s=self.capture_timeout_s, limits=self.capture_limits,
-                          isolated=self.isolate_captures)
+                          isolated=self.isolate_captures, directory=self.graph_dir)
 
 
 class PlacementTemplate(Protocol):

@@ -13,6 +13,10 @@ its affine model (`perfmodel.graph.batch_affine`), a third checks it (every tota
 capture); from then on its graph at any other batch is arithmetic, not a capture (`synthesized` counts them). A
 spec whose third capture disagrees (Mask R-CNN's fixed proposal counts) keeps being captured at every batch.
 `prepare_batches(spec)` captures the two other batches up front (job registration does).
+
+With a `directory` (the CLI: `PERFMODEL_HOME/graphs`), graphs of zoo and Hugging Face config jobs (whose spec key
+holds everything their graph depends on) are kept there as IR JSON, so a later process asking for the same spec
+reads it instead of capturing (module and ONNX jobs are not: their files may change under the same key).
 """
 
 from __future__ import annotations
@@ -23,13 +27,15 @@ import threading
 from collections.abc import Callable, Hashable
 from concurrent.futures import Future
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, TypeVar
 
+from perfmodel.core.atomic import write_text_atomically
 from perfmodel.core.errors import PerfmodelError
-from perfmodel.core.ir import Graph
+from perfmodel.core.ir import SCHEMA_VERSION, Graph
 from perfmodel.core.lru import LRU
 from perfmodel.graph.batch_affine import BatchAffine, affine, agrees
-from perfmodel.jobs.spec import GraphSource, JobSpec
+from perfmodel.jobs.spec import GraphSource, HFConfigSource, JobSpec, ZooSource
 
 log = logging.getLogger("perfmodel.engine")
 T = TypeVar("T")
@@ -131,7 +137,8 @@ class GraphCache:
     """Graphs by spec key: a bounded LRU in front of single-flight captures serialised by one lock."""
 
     def __init__(self, max_size: int, *, capture_fn: Callable[..., Graph] | None = None,
-                 deadline_s: float | None = None, limits: Any = None, isolated: bool = True):
+                 deadline_s: float | None = None, limits: Any = None, isolated: bool = True,
+                 directory: Path | None = None):
         self._graphs: LRU[str, Graph] = LRU(max_size)
         # per spec whatever its batch: its checked affine model, a candidate to check, its last capture, or
         # NOT_AFFINE
@@ -144,6 +151,7 @@ class GraphCache:
         self.limits = limits
         self.captures = 0  # captures run (not cache hits, not waits on another thread's capture)
         self.synthesized = 0  # graphs made from a spec's affine model instead of a capture
+        self.directory = directory
 
     def get(self, spec: JobSpec) -> Graph | None:
         return self._graphs.get(spec.key())
@@ -172,13 +180,41 @@ class GraphCache:
                 found = self._graphs.get(key)
                 if found is not None:
                     return found
-                self.captures += 1
-                log.info("capturing the graph of %s (batch %d)", spec.name, spec.batch_size)
-                graph = self._capture_fn(spec, deadline, self.limits)
+                kept = self._read(spec)
+                if kept is not None:
+                    graph = kept
+                else:
+                    self.captures += 1
+                    log.info("capturing the graph of %s (batch %d)", spec.name, spec.batch_size)
+                    graph = self._capture_fn(spec, deadline, self.limits)
+                    self._write(spec, graph)
             self._learn(family, spec.batch_size, graph)
             return self._graphs.setdefault(key, graph)
 
         return self._flight.run(key, run, done=lambda: self._graphs.get(key))
+
+    def _path(self, spec: JobSpec) -> Path | None:
+        if self.directory is None or not isinstance(spec.source, (ZooSource, HFConfigSource)):
+            return None
+        return self.directory / f"{spec.key()}.v{SCHEMA_VERSION}.json"
+
+    def _read(self, spec: JobSpec) -> Graph | None:
+        path = self._path(spec)
+        if path is None or not path.is_file():
+            return None
+        try:
+            return Graph.from_json(path.read_text())
+        except (OSError, ValueError):  # unreadable, or written by another version of the IR: capture again
+            return None
+
+    def _write(self, spec: JobSpec, graph: Graph) -> None:
+        path = self._path(spec)
+        if path is None:
+            return
+        try:
+            write_text_atomically(path, graph.to_json())
+        except OSError as exc:  # a read-only home: the capture still serves this process
+            log.info("graph of %s not kept in %s: %s", spec.name, path.parent, exc)
 
     def _learn(self, family: str, batch: int, graph: Graph) -> None:
         """Keep a capture toward the spec's affine model: with an earlier one of another batch, a candidate; at a

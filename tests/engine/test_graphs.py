@@ -96,3 +96,20 @@ def test_single_flight_and_lru_hold_their_contracts():
     assert len(lru) == 3 and lru.keys() == [8, 9, 0]  # 0, read after every put, is never the least recent
     with pytest.raises(ValueError):
         LRU(0)
+
+
+def test_a_graph_directory_serves_later_processes_without_a_capture(tmp_path):
+    from tests.engine.helpers import tiny_graph
+
+    def capture_fn(spec, deadline_s, limits):
+        return tiny_graph(spec.batch_size)
+
+    zoo = JobSpec.model_validate({"source": {"kind": "zoo", "name": "mlp-recommender"}, "batch_size": 8})
+    first = GraphCache(16, capture_fn=capture_fn, directory=tmp_path)
+    graph = first.graph(zoo)
+    assert first.captures == 1 and len(list(tmp_path.glob("*.json"))) == 1
+    later = GraphCache(16, capture_fn=capture_fn, directory=tmp_path)  # another process on the same home
+    assert later.graph(zoo) == graph and later.captures == 0
+    (next(tmp_path.glob("*.json"))).write_text("{not json")  # a damaged file is captured again
+    again = GraphCache(16, capture_fn=capture_fn, directory=tmp_path)
+    assert again.graph(zoo) == graph and again.captures == 1
