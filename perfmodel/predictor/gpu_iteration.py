@@ -34,6 +34,7 @@ routing of a mixture of experts).
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -191,13 +192,44 @@ class DevicePredictor:
         phases the step counts (forward and backward alone for measurements without the optimizer)."""
         from perfmodel.graph import graph_for_job
         from perfmodel.hardware.catalog import get_accelerator
-        from perfmodel.predictor.composition import composition_features
 
         hardware = get_accelerator(accelerator, self.catalog)
         if hardware.name not in self.catalog:
             raise PerfmodelError(f"accelerator {hardware.name!r} is not in this predictor's catalog")
         graph = graph if graph is not None else graph_for_job(spec)
         rows, out = self.predict_rows(spec, hardware, graph)
+        return self._composed(spec, hardware, graph, rows, out, phases)
+
+    def predict_composed_many(self, items: Sequence[tuple[JobSpec, str, Graph]]
+                              ) -> list[tuple[Prediction, dict[str, float]]]:
+        """`predict_composed` of many (spec, accelerator, graph) at once: one call of the per-op model over all
+        their kernel rows (its per-call cost, paid once), the same answers as one call each."""
+        from perfmodel.hardware.catalog import get_accelerator
+
+        hardware = [get_accelerator(accelerator, self.catalog) for _, accelerator, _ in items]
+        for hw in hardware:
+            if hw.name not in self.catalog:
+                raise PerfmodelError(f"accelerator {hw.name!r} is not in this predictor's catalog")
+        frames = [job_rows(spec, graph, hw).assign(device=hw.name) for (spec, _, graph), hw in zip(items, hardware)]
+        if not frames:
+            return []
+        out = self.regressor.predict(pd.concat(frames, ignore_index=True), self.catalog)
+        results = []
+        start = 0
+        for (spec, _, graph), hw, rows in zip(items, hardware, frames):
+            part = slice(start, start + len(rows))
+            start += len(rows)
+            factor = backward_at_least_forward(rows, out.latency_ms[part], graph)
+            mine = type(out)(out.latency_ms[part] * factor, out.p10_ms[part] * factor, out.p90_ms[part] * factor,
+                             out.extrapolated[part])
+            results.append(self._composed(spec, hw, graph, rows, mine, (FORWARD, BACKWARD, OPTIMIZER)))
+        return results
+
+    def _composed(self, spec: JobSpec, hardware: HardwareSpec, graph: Graph, rows: pd.DataFrame, out: Any,
+                  phases: tuple[str, ...]) -> tuple[Prediction, dict[str, float]]:
+        """The composed step of predicted kernel rows, and its composition features."""
+        from perfmodel.predictor.composition import composition_features
+
         breakdown = self.breakdown(rows, out.latency_ms, phases)
         keep = rows["phase"].isin(phases).to_numpy()
         features = composition_features(spec, graph, hardware, rows[keep], out.latency_ms[keep], breakdown,

@@ -262,6 +262,28 @@ class PlacementPredictor:
             return single
         return self.whole_step.correct(single, features)
 
+    def prefetch(self, wanted: Sequence[tuple[JobSpec, HardwareSpec, int, Graph | None]]) -> None:
+        """Compose every (spec, device, micro-batch) not cached yet whose device the per-op model prices in one
+        call of that model (`DevicePredictor.predict_composed_many`): a matrix of many new jobs, devices or batch
+        sizes pays its per-call cost once. `graph`, if given, is the spec's graph at its own batch."""
+        compose_many = getattr(self.device, "predict_composed_many", None)
+        if compose_many is None:
+            return
+        todo: dict[tuple[str, str, int], tuple[JobSpec, str, Graph]] = {}
+        for spec, hardware, micro, graph in wanted:
+            key = (spec.key(), hardware.name, micro)
+            if key in todo or key in self._computes or key in self._compositions:
+                continue
+            if self._single(hardware) is not self.device:
+                continue
+            micro_spec = spec.model_copy(update={"batch_size": micro})
+            micro_graph = graph if graph is not None and micro == spec.batch_size else self._graph(micro_spec)
+            todo[key] = (micro_spec, hardware.name, micro_graph)
+        if len(todo) < 2:
+            return  # one is composed as before
+        for key, composed in zip(todo, compose_many(list(todo.values()))):
+            self._compositions.put(key, composed)
+
     def set_whole_step(self, stage: WholeStepStage | None) -> None:
         """Use another whole-step stage (None: none): the composed steps are kept, the corrected ones redone."""
         self.whole_step = stage
@@ -325,6 +347,8 @@ class PlacementPredictor:
         accelerator × micro-batch); with them cached this is array arithmetic (`bench/placement_batch.py`)."""
         graphs = list(graphs) if graphs is not None else [None] * len(specs)
         hardware = [self.hardware(p.accelerator) for p in placements]
+        self.prefetch([(spec, hw, p.micro_batch_size, graphs[i]) for i, spec in enumerate(specs)
+                       for p, hw in zip(placements, hardware)])
         unique: dict[tuple[int, str, int], int] = {}
         computes: list[ShardCompute] = []
         index = np.empty((len(specs), len(placements)), dtype=np.intp)

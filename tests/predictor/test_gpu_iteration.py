@@ -81,3 +81,29 @@ def test_cli_predict_on_a_gpu_uses_the_device_model(models_dir, monkeypatch, tmp
                                          "overhead"}
     bad = CliRunner().invoke(app, ["predict", "--hf-config", str(config), "--seq-len", "16", "--accelerator", "H1000"])
     assert bad.exit_code == 2 and "H100" in bad.output
+
+
+def test_many_jobs_composed_in_one_call_equal_one_call_each():
+    from perfmodel.graph import graph_for_job
+    from perfmodel.jobs.spec import JobSpec
+    from perfmodel.placement.spec import Parallelism, PlacementSpec
+    from perfmodel.predictor.gpu_iteration import DevicePredictor
+    from perfmodel.predictor.placed import PlacementPredictor
+
+    device = DevicePredictor.load()  # the shipped model
+    items = []
+    for name, accelerator, batch in (("resnet18", "t4", 4), ("bert-small", "a100-sxm4-80gb", 2),
+                                     ("resnet18", "h100-sxm5", 8)):
+        spec = JobSpec.from_options(zoo=name, batch_size=batch, seq_len=32)
+        items.append((spec, accelerator, graph_for_job(spec)))
+    for (spec, accelerator, graph), (many, features) in zip(items, device.predict_composed_many(items)):
+        one, own_features = device.predict_composed(spec, accelerator, graph=graph)
+        assert many == one and features == own_features
+    # a matrix of new batches prefetches them in one call and answers as one placement at a time does
+    spec = JobSpec.from_options(zoo="resnet18", batch_size=4)
+    placements = [PlacementSpec(accelerator="t4", devices_per_node=(n,), parallelism=Parallelism(data=n),
+                                global_batch_size=b * n) for b in (2, 6) for n in (1, 2)]
+    matrix = PlacementPredictor(None, device).matrix_arrays([spec], placements)
+    alone = PlacementPredictor(None, device)
+    for j, placement in enumerate(placements):
+        assert matrix["iter_time_ms"][0, j] == pytest.approx(alone.predict(spec, placement).iter_time_ms, rel=1e-9)
