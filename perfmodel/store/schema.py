@@ -207,9 +207,9 @@ def open_engine(url: str) -> Engine:
         # a pooled connection is pinged before use: one the server dropped (a restart, a failover) is replaced, not
         # handed to a request that would fail on it
         options["pool_pre_ping"] = True
-    if parsed.get_driver_name() in ("psycopg", "psycopg2") and "connect_timeout" not in parsed.query:
-        options["connect_args"] = {"connect_timeout": POSTGRES_CONNECT_TIMEOUT_S}  # libpq's default: wait forever
     try:
+        if parsed.get_driver_name() in ("psycopg", "psycopg2") and "connect_timeout" not in parsed.query:
+            options["connect_args"] = {"connect_timeout": POSTGRES_CONNECT_TIMEOUT_S}  # libpq's: wait forever
         engine = create_engine(parsed, **options)
     except (NoSuchModuleError, ModuleNotFoundError) as exc:
         raise PerfmodelError(f"cannot open store {safe_url(parsed)}: its database driver is missing ({exc})") from None
