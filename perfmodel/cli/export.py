@@ -28,6 +28,8 @@ def export_gavel(
     accelerators: Annotated[Optional[str], typer.Option(
         help="comma-separated catalog names used as worker types (instead of --worker-type)")] = None,
     scale_factors: Annotated[str, typer.Option(help="comma-separated device counts")] = "1,2,4,8",
+    batch_sizes: Annotated[Optional[str], typer.Option(
+        help="comma-separated batch sizes per worker: every job at each, as its own job type (a batch axis)")] = None,
     colocation: Annotated[bool, typer.Option(help="also every pair of jobs sharing each placement's GPUs")] = False,
     sharing: Annotated[str, typer.Option(help="co-location: time-slicing (two processes) or mps")] = "time-slicing",
     seq_len: SeqOpt = None, precision: PrecisionOpt = "fp32", optimizer: OptimizerOpt = "sgd",
@@ -41,7 +43,7 @@ def export_gavel(
     pair of jobs sharing the GPUs. A job (or pair) that does not fit in a device's memory gets 0."""
     from perfmodel.core.atomic import write_text_atomically
     from perfmodel.engine import EngineConfig, PredictionEngine
-    from perfmodel.engine.gavel import gavel_throughputs, grid_columns
+    from perfmodel.engine.gavel import expand_batches, gavel_throughputs, grid_columns
     from perfmodel.placement.colocation import SHARING_MODES
     from perfmodel.placement.gavel import job_type_names
 
@@ -65,6 +67,10 @@ def export_gavel(
     job_types = [given or default for given, default in zip(names, defaults)]
     if len(set(job_types)) != len(job_types):
         raise PerfmodelError(f"--job: two jobs share a job type name: {job_types}")
+    if batch_sizes is not None:
+        for entry in entries:
+            engine.graphs.prepare_batches(entry.spec, entry.graph)  # every other batch without a capture
+        entries, job_types = expand_batches(engine, entries, job_types, _int_list(batch_sizes, "--batch-sizes"))
     columns = grid_columns(engine, workers, factors, inter_node_gbit_s=inter_node_gbit_s)
     throughputs = gavel_throughputs(engine, entries, job_types, columns, colocation=colocation,
                                     sharing=sharing)

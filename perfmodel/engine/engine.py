@@ -27,7 +27,7 @@ import math
 import re
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
@@ -97,6 +97,63 @@ class EngineConfig:
                           isolated=self.isolate_captures, directory=self.graph_dir)
 
 
+class Placements(Protocol):
+    """What the engine asks of the prediction model (`perfmodel.predictor.placed.PlacementPredictor`): it is
+    handed each job's graph and prices placements; it never captures a graph (micro-batches other than the job's
+    come from the engine's `GraphCache`, its graph source)."""
+
+    @property
+    def model_versions(self) -> dict[str, str]: ...
+
+    def predict(self, spec: JobSpec, placement: PlacementSpec, *, graph: Graph | None = None) -> Prediction: ...
+
+    def matrix_arrays(self, specs: Sequence[JobSpec], placements: Sequence[PlacementSpec], *,
+                      graphs: Sequence[Graph | None] | None = None) -> dict[str, Any]: ...
+
+    def predict_matrix(self, specs: Sequence[JobSpec], placements: Sequence[PlacementSpec], *,
+                       graphs: Sequence[Graph | None] | None = None) -> list[list[Prediction]]: ...
+
+    def is_warm(self, spec: JobSpec, placement: PlacementSpec) -> bool: ...
+
+    def composition(self, spec: JobSpec, placement: PlacementSpec) -> dict[str, float] | None: ...
+
+    def cache_sizes(self) -> dict[str, int]: ...
+
+    def use_catalog(self, catalog: Mapping[str, Any]) -> None: ...
+
+
+class Store(Protocol):
+    """What the engine asks of the job store (`perfmodel.store.jobs.JobStore`)."""
+
+    def get_job(self, key: str, *, with_graph: bool = False) -> Any: ...
+
+    def add_job(self, spec: JobSpec, graph_json: str | None = None) -> tuple[Any, bool]: ...
+
+    def jobs(self) -> list[Any]: ...
+
+    def job_ids(self) -> set[str]: ...
+
+    def delete_job(self, key: str) -> bool: ...
+
+    def add_observation(self, key: str, *, placement: dict[str, Any], accelerator: str, devices: int,
+                        throughput_samples_per_s: float, predicted_throughput_samples_per_s: float,
+                        model_version: str) -> Any: ...
+
+    def observations(self, key: str | None = None, *, after_id: int = 0) -> list[Any]: ...
+
+    def observation(self, observation_id: int) -> Any: ...
+
+    def delete_observation(self, observation_id: int) -> Any: ...
+
+    def observation_ids(self, keys: Iterable[str]) -> dict[str, set[int]]: ...
+
+    def observed_job_ids(self) -> list[str]: ...
+
+    def last_observation_id(self) -> int: ...
+
+    def model_events(self, limit: int | None = None) -> list[Any]: ...
+
+
 class PlacementTemplate(Protocol):
     """A placement whose global batch may still depend on the job's batch (the service's `PlacementIn`)."""
 
@@ -145,7 +202,8 @@ def _model_refusals_at(where: Loc) -> Iterator[None]:
 
 
 class PredictionEngine:
-    def __init__(self, config: EngineConfig, predictor: Any, lifecycle: ModelLifecycle, store: Any | None = None,
+    def __init__(self, config: EngineConfig, predictor: Placements, lifecycle: ModelLifecycle,
+                 store: Store | None = None,
                  *, graphs: GraphCache | None = None, catalog: Mapping[str, Any] | None = None):
         """Cheap: `open` loads the models and reads the store."""
         self.config = config
@@ -171,7 +229,7 @@ class PredictionEngine:
     # --- opening ------------------------------------------------------------------------------------------------
 
     @classmethod
-    def open(cls, config: EngineConfig, store: Any | None = None) -> PredictionEngine:
+    def open(cls, config: EngineConfig, store: Store | None = None) -> PredictionEngine:
         """An engine serving the models the store (else the registry) promotes, the pin replacing its role's.
         Blocking; raises if a model does not load."""
         from perfmodel.registry.registry import ModelRegistry
@@ -179,35 +237,24 @@ class PredictionEngine:
         registry = ModelRegistry(config.models_dir)
         pin = ModelLifecycle.resolve_pin(registry, config.model_version)
         graphs = config.graph_cache()
-        holder: list[PredictionEngine] = []
-        lifecycle = ModelLifecycle(registry, store, pin, lambda refs: holder[0]._load_predictor(refs))
-        engine = cls(config, None, lifecycle, store, graphs=graphs)
-        holder.append(engine)
-        engine.predictor = lifecycle.load_wanted()
-        engine.catalog  # noqa: B018 - read now, not on the first request (which may run on an event loop)
+        catalog = live_catalog(store)  # read now, not on the first request (which may run on an event loop)
+        lifecycle = ModelLifecycle(registry, store, pin,
+                                   lambda refs: load_placement_predictor(config, graphs, catalog, refs))
+        engine = cls(config, lifecycle.load_wanted(), lifecycle, store, graphs=graphs, catalog=catalog)
         if store is not None:
             engine._last_observation_id = store.last_observation_id()
         engine.fleet()  # fitted now, and again after every change, so that requests find it current
         return engine
 
-    def _load_predictor(self, refs: dict[str, str | None]) -> Any:
-        from perfmodel.predictor.placed import PlacementPredictor
-
-        predictor = PlacementPredictor.load(self.config.models_dir, refs=refs,
-                                            cache_size=self.config.max_cached_computes, graphs=self.graphs.graph)
-        predictor.use_catalog(self.catalog)  # shipped + the store's custom accelerators
-        return predictor
+    def _load_predictor(self, refs: dict[str, str | None]) -> Placements:
+        return load_placement_predictor(self.config, self.graphs, self.catalog, refs)
 
     @property
     def catalog(self) -> Any:
         """The accelerators predictions resolve: shipped + local entries and the store's custom ones
         (`perfmodel.hardware.custom.LiveCatalog`, refreshed by `sync_once`)."""
         if self._catalog is None:
-            from perfmodel.hardware.catalog import load_catalog
-            from perfmodel.hardware.custom import LiveCatalog
-            from perfmodel.store.accelerators import custom_accelerators
-
-            self._catalog = LiveCatalog(load_catalog(), custom_accelerators(self.store) if self.store else ())
+            self._catalog = live_catalog(self.store)
         return self._catalog
 
     @property
@@ -415,7 +462,7 @@ class PredictionEngine:
         return self._raw(self.predictor, entry, placement, ("placement",))
 
     @staticmethod
-    def _raw(predictor: Any, entry: JobEntry, placement: PlacementSpec, where: Loc) -> Prediction:
+    def _raw(predictor: Placements, entry: JobEntry, placement: PlacementSpec, where: Loc) -> Prediction:
         with _model_refusals_at(where):
             return predictor.predict(entry.spec, placement, graph=entry.graph)
 
@@ -773,7 +820,7 @@ class PredictionEngine:
 
     # --- models -------------------------------------------------------------------------------------------------
 
-    def _serve(self, predictor: Any) -> None:
+    def _serve(self, predictor: Placements) -> None:
         self.predictor = predictor
         self.generation += 1
         for listener in self._listeners:
@@ -908,3 +955,24 @@ def sharing_job(raw: Prediction, calibrated_ms: float, host_share_of_gap: float,
         return SharingJob(device + (1 - host_share_of_gap) * gap, host + host_share_of_gap * gap, utilization)
     scale = calibrated_ms / (device + host) if device + host > 0 else 1.0
     return SharingJob(device * scale, host * scale, utilization)
+
+
+def live_catalog(store: Any | None) -> Any:
+    """Shipped + local catalog entries and the store's custom accelerators (`hardware.custom.LiveCatalog`)."""
+    from perfmodel.hardware.catalog import load_catalog
+    from perfmodel.hardware.custom import LiveCatalog
+    from perfmodel.store.accelerators import custom_accelerators
+
+    return LiveCatalog(load_catalog(), custom_accelerators(store) if store else ())
+
+
+def load_placement_predictor(config: EngineConfig, graphs: GraphCache, catalog: Any,
+                             refs: dict[str, str | None]) -> Placements:
+    """The prediction model of `refs` (role -> NAME/VERSION, None: the promoted one), resolving accelerators in
+    `catalog` and taking graphs of other micro-batches from the engine's `graphs`."""
+    from perfmodel.predictor.placed import PlacementPredictor
+
+    predictor = PlacementPredictor.load(config.models_dir, refs=refs, cache_size=config.max_cached_computes,
+                                        graphs=graphs.graph)
+    predictor.use_catalog(catalog)
+    return predictor

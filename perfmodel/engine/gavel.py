@@ -7,6 +7,7 @@ A job that does not fit gets 0, and so does a pair that does not fit together.""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -52,6 +53,29 @@ def grid_columns(engine: Any, worker_types: Mapping[str, str], scale_factors: Se
                                     inter_node_latency_us)
                         for layout, consolidated in grid_layouts(scale_factor, per_node or hardware.node_devices)]
     return columns
+
+
+_BATCH_IN_NAME = re.compile(r"\(batch size \d+\)")
+
+
+def with_batch(job_type: str, batch_size: int) -> str:
+    """A job type's name at another batch: its "(batch size N)" replaced, else one appended (Gavel's pattern)."""
+    if _BATCH_IN_NAME.search(job_type):
+        return _BATCH_IN_NAME.sub(f"(batch size {batch_size})", job_type)
+    return f"{job_type} (batch size {batch_size})"
+
+
+def expand_batches(engine: Any, entries: Sequence[Any], job_types: Sequence[str], batch_sizes: Sequence[int]
+                   ) -> tuple[list[Any], list[str]]:
+    """Each job at each of `batch_sizes` (per worker), as a job type of its own: a goodput scheduler's batch axis in
+    one file. Graphs of the new batches come from each job's two captures (`GraphCache`), not new captures."""
+    out_entries, out_types = [], []
+    for entry, job_type in zip(entries, job_types):
+        for batch in dict.fromkeys(batch_sizes):
+            out_entries.append(entry if batch == entry.spec.batch_size else
+                               engine.job(entry.spec.model_copy(update={"batch_size": batch})))
+            out_types.append(with_batch(job_type, batch))
+    return out_entries, out_types
 
 
 def gavel_throughputs(engine: Any, entries: Sequence[Any], job_types: Sequence[str], columns: Sequence[GavelColumn],

@@ -181,7 +181,7 @@ def gavel(engine: PredictionEngine, entries: Sequence[JobEntry], body: MatrixReq
     """Gavel's throughputs file of the request (`perfmodel.engine.gavel`): worker types named by `worker_types`
     (else the catalog names), job types by `job_types` (else "<name> (batch size <b>)"), pairs with `colocation`.
     Blocking. The file and the cells it holds."""
-    from perfmodel.engine.gavel import GavelColumn, gavel_throughputs, grid_columns
+    from perfmodel.engine.gavel import GavelColumn, expand_batches, gavel_throughputs, grid_columns
 
     named = body.worker_types or {}
     if body.grid is not None:
@@ -206,6 +206,8 @@ def gavel(engine: PredictionEngine, entries: Sequence[JobEntry], body: MatrixReq
     if not columns:
         raise FieldError(("grid",), "the grid holds no placement (multi-device placements need a GPU)")
     job_types = body.job_types or job_type_names([(e.key, e.spec.name, e.spec.batch_size) for e in entries])
+    if body.grid is not None and body.grid.batch_sizes is not None:  # the batch axis: each job at each batch
+        entries, job_types = expand_batches(engine, entries, job_types, body.grid.batch_sizes)
     throughputs = gavel_throughputs(engine, entries, job_types, columns, colocation=body.colocation,
                                     sharing=body.sharing)
     workers_used = {c.worker_type: c.accelerator for c in columns}

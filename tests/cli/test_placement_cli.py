@@ -99,3 +99,14 @@ def test_predict_with_a_second_job_answers_both_sharing_the_gpu():
     assert bad.exit_code == 2 and "--with" in bad.output
     mps = run("predict", "resnet18", "-b", 8, "--accelerator", "t4", "--with", "lstm-lm:16", "--sharing", "mig")
     assert mps.exit_code == 2 and "--sharing" in mps.output
+
+
+def test_export_gavel_has_a_batch_axis(tmp_path):
+    out = tmp_path / "throughputs.json"
+    result = run("export", "gavel", out, "--job", "MLP (batch size 8)=mlp-recommender:8", "--worker-type", "t4=t4",
+                 "--scale-factors", "1", "--batch-sizes", "8,32,100")
+    assert result.exit_code == 0, result.output
+    raw = json.loads(out.read_text())
+    steps = {b: raw["t4"][str((f"MLP (batch size {b})", 1))]["null"] for b in (8, 32, 100)}
+    assert all(v > 0 for v in steps.values())
+    assert steps[8] * 8 < steps[100] * 100  # more samples per second at the larger batch
