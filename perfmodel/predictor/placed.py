@@ -116,9 +116,9 @@ _NO_LINK = LinkModel(0.0, 0.0, "none", "one device")
 _NO_LINKS = _Links(_NO_LINK, _NO_LINK)
 
 
-def placement_links(placement: PlacementSpec, hardware: HardwareSpec) -> _Links:
-    """The intra-node link and what the placement's fewest-device node gets of its network (`comm.network_rails`:
-    a node with fewer devices than rails uses only its devices' rails)."""
+def placement_links(placement: PlacementSpec, hardware: HardwareSpec, intra: LinkModel | None = None) -> _Links:
+    """The intra-node link (`intra`, if the caller has it) and what the placement's fewest-device node gets of its
+    network (`comm.network_rails`: a node with fewer devices than rails uses only its devices' rails)."""
     if placement.devices == 1:
         return _NO_LINKS
     if hardware.kind != "gpu":
@@ -129,7 +129,8 @@ def placement_links(placement: PlacementSpec, hardware: HardwareSpec) -> _Links:
     network = node_network_link(gbit_s, placement.inter_node_latency_us,
                                 rails=network_rails(gbit_s, hardware.node_devices),
                                 devices=min(placement.devices_per_node))
-    return _Links(intra_link(hardware, placement.intra_node_link), network, host_staged)
+    intra = intra if intra is not None else intra_link(hardware, placement.intra_node_link)
+    return _Links(intra, network, host_staged)
 
 
 class PlacementPredictor:
@@ -148,6 +149,7 @@ class PlacementPredictor:
         self._memory: LRU[tuple[Any, ...], int] = LRU(cache_size)
         self._hardware: dict[str, HardwareSpec] = {}  # bounded by the catalog
         self._links: LRU[tuple[Any, ...], _Links] = LRU(cache_size)
+        self._intra: LRU[tuple[str, str | None], LinkModel] = LRU(cache_size)
         self._catalog: dict[str, HardwareSpec] | None = None
         # composed (uncorrected) steps and their composition features, per (job, accelerator, micro-batch)
         self._compositions: LRU[tuple[str, str, int], tuple[Prediction, dict[str, float]]] = LRU(cache_size)
@@ -337,7 +339,11 @@ class PlacementPredictor:
                placement.inter_node_latency_us, min(placement.devices_per_node))
         found = self._links.get(key)
         if found is None:
-            found = self._links.put(key, placement_links(placement, hardware))
+            intra_key = (hardware.name, placement.intra_node_link)
+            intra = self._intra.get(intra_key)  # a device's own link: not redone for every network asked
+            if intra is None and placement.devices > 1 and hardware.kind == "gpu":
+                intra = self._intra.put(intra_key, intra_link(hardware, placement.intra_node_link))
+            found = self._links.put(key, placement_links(placement, hardware, intra))
         return found
 
     def matrix_arrays(self, specs: Sequence[JobSpec], placements: Sequence[PlacementSpec], *,
