@@ -51,6 +51,7 @@ MATRIX_PLACEMENTS = tuple({"accelerator": g, "devices_per_node": [n]} for g in G
 WRK_SCRIPT = """
 local bodies = {BODIES}
 local UNIQUE = {UNIQUE}
+local FIRST = {FIRST}  -- unique bodies of one run never repeat another run's
 local i = 0
 wrk.method = "POST"
 wrk.headers["Content-Type"] = "application/json"
@@ -58,7 +59,7 @@ request = function()
   i = i + 1
   local body = bodies[(i % #bodies) + 1]
   if UNIQUE then  -- every body new: the placement's network latency differs each time, so no cache can answer
-    body = body:gsub("LATENCY_US", string.format("%d.%d", math.floor(i / 10), i % 10))
+    body = body:gsub("LATENCY_US", string.format("%d.%d", math.floor((FIRST + i) / 10), (FIRST + i) % 10))
   end
   return wrk.format(nil, nil, nil, body)
 end
@@ -86,16 +87,21 @@ class LoadResult:
         return self.requests / self.duration_s
 
 
+_unique_runs = itertools.count()
+
+
 def run_wrk(port: int, path: str, bodies: Sequence[dict], connections: int, duration_s: float, *,
             unique: bool = False) -> LoadResult:
     """wrk, one thread, `connections` keep-alive connections for `duration_s`, cycling through `bodies`; with
-    `unique`, each body's placement gets `inter_node_latency_us` from a counter: every request is new."""
+    `unique`, each body's placement gets `inter_node_latency_us` from a counter that no other run of this process
+    shares: every request is new."""
     if unique:
         bodies = [{**b, "placement": {**b["placement"], "inter_node_latency_us": "LATENCY_US"}} for b in bodies]
     lua_bodies = "{" + ", ".join(json.dumps(json.dumps(b, separators=(",", ":")).replace('"LATENCY_US"', "LATENCY_US"))
                                  for b in bodies) + "}"
     with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as script:
-        script.write(WRK_SCRIPT.replace("{BODIES}", lua_bodies).replace("{UNIQUE}", "true" if unique else "false"))
+        script.write(WRK_SCRIPT.replace("{BODIES}", lua_bodies).replace("{UNIQUE}", "true" if unique else "false")
+                     .replace("{FIRST}", str(10_000_000 * next(_unique_runs))))
     try:
         out = subprocess.run(["wrk", "-t1", f"-c{connections}", f"-d{max(1, round(duration_s))}s", "--timeout", "5s",
                               "-s", script.name, f"http://127.0.0.1:{port}{path}"],
