@@ -945,16 +945,15 @@ def _communication_share(prediction: Prediction) -> float:
 
 def sharing_job(raw: Prediction, calibrated_ms: float, host_share_of_gap: float, utilization: float) -> SharingJob:
     """A job's isolated step for the co-location model: device time (forward, backward, optimizer, communication)
-    and host time (exposed overhead, pipeline bubble), where calibration moved the step, the gap shared between them
-    by `host_share_of_gap` (slower) or both scaled (faster)."""
+    and host time (exposed overhead, pipeline bubble), and the calibrated step (`colocation.split_step`)."""
+    from perfmodel.placement.colocation import split_step
+
     b = raw.breakdown_ms
     device = sum(b.get(k, 0.0) for k in ("forward", "backward", "optimizer", "communication"))
     host = sum(b.get(k, 0.0) for k in ("overhead", "pipeline_bubble"))
-    gap = calibrated_ms - (device + host)
-    if gap >= 0:
-        return SharingJob(device + (1 - host_share_of_gap) * gap, host + host_share_of_gap * gap, utilization)
-    scale = calibrated_ms / (device + host) if device + host > 0 else 1.0
-    return SharingJob(device * scale, host * scale, utilization)
+    if device + host <= 0:
+        return SharingJob(device, host, utilization)
+    return split_step(calibrated_ms, device, host, host_share_of_gap, utilization)
 
 
 def live_catalog(store: Any | None) -> Any:

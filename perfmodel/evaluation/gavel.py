@@ -24,7 +24,7 @@ import numpy as np
 import pandas as pd
 
 from perfmodel.jobs.spec import JobSpec
-from perfmodel.placement.colocation import ColocationParams, SharingJob, share
+from perfmodel.placement.colocation import ColocationParams, SharingJob, share, split_step
 
 GAVEL_FILE = "physical_cluster_throughputs.k80_p100.json"
 WORKERS = {"k80": "k80", "p100": "p100-pcie-16gb"}
@@ -198,13 +198,8 @@ def pairs_of(measured: Mapping[str, Mapping[tuple[str, int], Any]],
 
 def sharing_job(isolated_steps_per_s: float, device_ms: float, utilization: float,
                 params: ColocationParams) -> SharingJob:
-    """A job's measured isolated step split into device and host time: the predicted device time, plus
-    (1 - host_share_of_gap) of what the measured step has beyond it (the model may under-price the device)."""
-    step_ms = 1e3 / isolated_steps_per_s
-    if device_ms >= step_ms:
-        return SharingJob(step_ms, 0.0, utilization)
-    gap = step_ms - device_ms
-    return SharingJob(device_ms + (1 - params.host_share_of_gap) * gap, params.host_share_of_gap * gap, utilization)
+    """A job's measured isolated step against the predicted device time (`colocation.split_step`)."""
+    return split_step(1e3 / isolated_steps_per_s, device_ms, 0.0, params.host_share_of_gap, utilization)
 
 
 def predict_pairs(pairs: Iterable[Pair], params: ColocationParams) -> np.ndarray:

@@ -60,6 +60,18 @@ class SharingJob:
         return self.device_ms + self.host_ms
 
 
+def split_step(step_ms: float, device_ms: float, host_ms: float, host_share_of_gap: float,
+               utilization: float = 1.0) -> SharingJob:
+    """A job whose step takes `step_ms` (measured, or calibrated) where the model sees `device_ms` of device and
+    `host_ms` of host time: a longer step's gap is shared between them by `host_share_of_gap` (what the model
+    misses may be an input pipeline or under-priced kernels), a shorter one scales both."""
+    gap = step_ms - (device_ms + host_ms)
+    if gap >= 0:
+        return SharingJob(device_ms + (1 - host_share_of_gap) * gap, host_ms + host_share_of_gap * gap, utilization)
+    scale = step_ms / (device_ms + host_ms)
+    return SharingJob(device_ms * scale, host_ms * scale, utilization)
+
+
 @dataclass(frozen=True)
 class Shared:
     """Each job's step while sharing, and what the pair does to the device."""

@@ -353,10 +353,8 @@ class PlacementPredictor:
         accelerator × micro-batch); with them cached this is array arithmetic (`bench/placement_batch.py`)."""
         graphs = list(graphs) if graphs is not None else [None] * len(specs)
         hardware = [self.hardware(p.accelerator) for p in placements]
-        self.prefetch([(spec, hw, p.micro_batch_size, graphs[i]) for i, spec in enumerate(specs)
-                       for p, hw in zip(placements, hardware)])
         unique: dict[tuple[int, str, int], int] = {}
-        computes: list[ShardCompute] = []
+        needed: list[tuple[JobSpec, HardwareSpec, int, Graph | None]] = []  # each distinct compute, once
         index = np.empty((len(specs), len(placements)), dtype=np.intp)
         for j, (placement, hw) in enumerate(zip(placements, hardware)):
             micro = placement.micro_batch_size
@@ -364,9 +362,11 @@ class PlacementPredictor:
                 key = (i, hw.name, micro)
                 k = unique.get(key)
                 if k is None:
-                    k = unique[key] = len(computes)
-                    computes.append(self.compute(spec, hw, micro, graph=graphs[i])[0])
+                    k = unique[key] = len(needed)
+                    needed.append((spec, hw, micro, graphs[i]))
                 index[i, j] = k
+        self.prefetch(needed)
+        computes = [self.compute(spec, hw, micro, graph=graph)[0] for spec, hw, micro, graph in needed]
         c = ComputeArrays.stack(computes)
         c = ComputeArrays(**{name: value[index] for name, value in vars(c).items()})  # (jobs, placements)
         p = placement_arrays(placements, [self.links(pl, hw) for pl, hw in zip(placements, hardware)])

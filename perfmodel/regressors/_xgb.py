@@ -108,6 +108,44 @@ def load_booster(directory: Path, manifest: Manifest, feature_names: Sequence[st
     return booster
 
 
+def save_quantile_model(model, directory: str | Path, feature_names: Sequence[str], normalisation: dict) -> Path:
+    """Save a fitted multi-quantile regressor (`booster_`, `calibration_`, `training_hash_`, `n_samples_`,
+    `metrics_`): its booster and a manifest whose normalisation is `normalisation` plus the interval calibration."""
+    directory = Path(directory)
+    save_booster(model.booster_, directory)
+    Manifest(
+        regressor=model.name,
+        feature_names=tuple(feature_names),
+        normalisation={**normalisation, "interval": model.calibration_.to_json()},
+        settings=model.get_params(),
+        artifacts=(MODEL_FILE,),
+        training_data_hash=model.training_hash_,
+        training_samples=model.n_samples_,
+        metrics=model.metrics_,
+    ).write(directory)
+    return directory
+
+
+def load_quantile_model(cls, directory: str | Path, feature_names: Sequence[str] | None = None, check=None):
+    """(model, manifest) of what `save_quantile_model` wrote. `feature_names`: what the booster must have (None:
+    the model's own `feature_names` setting); `check(manifest)` may refuse the manifest (raise) before the model is
+    built."""
+    directory = Path(directory)
+    manifest = Manifest.read(directory)
+    if manifest.regressor != cls.name:
+        raise PerfmodelError(f"{directory} holds a {manifest.regressor!r} model, not {cls.name!r}")
+    if check is not None:
+        check(manifest)
+    model = from_settings(cls, manifest.settings)
+    names = model.feature_names if feature_names is None else feature_names
+    model.booster_ = load_booster(directory, manifest, names, cls.name)
+    model.calibration_ = IntervalCalibration.from_json(manifest.normalisation["interval"])
+    model.training_hash_ = manifest.training_data_hash
+    model.n_samples_ = manifest.training_samples
+    model.metrics_ = dict(manifest.metrics)
+    return model, manifest
+
+
 def from_settings(cls, settings: dict):
     """An unfitted estimator with a manifest's saved settings."""
     try:

@@ -30,17 +30,15 @@ import pandas as pd
 
 from perfmodel.core.errors import PerfmodelError
 from perfmodel.regressors._xgb import (
-    MODEL_FILE,
     IntervalCalibration,
     QuantileBoosterSettings,
     family_folds,
-    from_settings,
-    load_booster,
+    load_quantile_model,
     predict_quantiles,
-    save_booster,
+    save_quantile_model,
     train_booster,
 )
-from perfmodel.regressors.manifest import Manifest, data_hash
+from perfmodel.regressors.manifest import data_hash
 
 TARGET = "log_ratio"  # log(measured / composed)
 
@@ -130,29 +128,9 @@ class WholeStepRegressor(QuantileBoosterSettings):
 
     def save(self, directory: str | Path) -> Path:
         self._check_fitted()
-        directory = Path(directory)
-        save_booster(self.booster_, directory)
-        Manifest(
-            regressor=self.name,
-            feature_names=self.feature_names,
-            normalisation={"target": "log(measured step ms / composed step ms), natural log",
-                           "interval": self.calibration_.to_json()},
-            settings=self.get_params(),
-            artifacts=(MODEL_FILE,),
-            training_data_hash=self.training_hash_,
-            training_samples=self.n_samples_,
-            metrics=self.metrics_,
-        ).write(directory)
-        return directory
+        return save_quantile_model(self, directory, self.feature_names,
+                                   {"target": "log(measured step ms / composed step ms), natural log"})
 
     @classmethod
     def load(cls, directory: str | Path) -> WholeStepRegressor:
-        directory = Path(directory)
-        manifest = Manifest.read(directory)
-        model = from_settings(cls, manifest.settings)
-        model.booster_ = load_booster(directory, manifest, model.feature_names, cls.name)
-        model.calibration_ = IntervalCalibration.from_json(manifest.normalisation["interval"])
-        model.training_hash_ = manifest.training_data_hash
-        model.n_samples_ = manifest.training_samples
-        model.metrics_ = dict(manifest.metrics)
-        return model
+        return load_quantile_model(cls, directory)[0]

@@ -23,21 +23,18 @@ from perfmodel.core.errors import PerfmodelError
 from perfmodel.features.sample import Sample
 from perfmodel.features.whole_graph import GRAPH_FEATURES, graph_feature_matrix, roofline_parts_ms
 from perfmodel.regressors._xgb import (
-    MODEL_FILE,
     IntervalCalibration,
     QuantileBoosterSettings,
     family_folds,
-    from_settings,
     iteration_metrics,
-    load_booster,
+    load_quantile_model,
     measured_ms,
     predict_quantiles,
-    save_booster,
+    save_quantile_model,
     train_booster,
     training_hash,
 )
 from perfmodel.regressors.base import IterationPrediction
-from perfmodel.regressors.manifest import Manifest
 
 PARTS = ("forward", "backward", "optimizer", "overhead")
 
@@ -121,33 +118,11 @@ class XGBGraphRegressor(QuantileBoosterSettings):
 
     def save(self, directory: str | Path) -> Path:
         self._check_fitted()
-        directory = Path(directory)
-        save_booster(self.booster_, directory)
-        Manifest(
-            regressor=self.name,
-            feature_names=GRAPH_FEATURES,
-            normalisation={
-                "target": "log(iteration ms / roofline ms); roofline ms = Σ roofline_parts_ms",
-                "breakdown": "median split by roofline_parts_ms proportions (forward, backward, optimizer, overhead)",
-                "interval": self.calibration_.to_json(),
-            },
-            settings=self.get_params(),
-            artifacts=(MODEL_FILE,),
-            training_data_hash=self.training_hash_,
-            training_samples=self.n_samples_,
-            metrics=self.metrics_,
-        ).write(directory)
-        return directory
+        return save_quantile_model(self, directory, GRAPH_FEATURES, {
+            "target": "log(iteration ms / roofline ms); roofline ms = Σ roofline_parts_ms",
+            "breakdown": "median split by roofline_parts_ms proportions (forward, backward, optimizer, overhead)",
+        })
 
     @classmethod
     def load(cls, directory: str | Path) -> XGBGraphRegressor:
-        directory = Path(directory)
-        manifest = Manifest.read(directory)
-        booster = load_booster(directory, manifest, GRAPH_FEATURES, cls.name)
-        model = from_settings(cls, manifest.settings)
-        model.booster_ = booster
-        model.calibration_ = IntervalCalibration.from_json(manifest.normalisation["interval"])
-        model.training_hash_ = manifest.training_data_hash
-        model.n_samples_ = manifest.training_samples
-        model.metrics_ = dict(manifest.metrics)
-        return model
+        return load_quantile_model(cls, directory, GRAPH_FEATURES)[0]

@@ -31,17 +31,15 @@ from perfmodel.features.nodes import NODE_FEATURES, node_cost, node_feature_matr
 from perfmodel.features.sample import Sample
 from perfmodel.features.whole_graph import DISPATCH_MS_PER_OP, OPTIMIZER_TENSOR_PASSES, PARAM_BYTES, optimizer_name
 from perfmodel.regressors._xgb import (
-    MODEL_FILE,
     IntervalCalibration,
     QuantileBoosterSettings,
     family_folds,
-    from_settings,
     iteration_metrics,
-    load_booster,
+    load_quantile_model,
     measured_ms,
     nnls,
     predict_quantiles,
-    save_booster,
+    save_quantile_model,
     train_booster,
     training_hash,
 )
@@ -199,43 +197,25 @@ class XGBOpsRegressor(QuantileBoosterSettings):
 
     def save(self, directory: str | Path) -> Path:
         self._check_fitted()
-        directory = Path(directory)
-        save_booster(self.booster_, directory)
-        Manifest(
-            regressor=self.name,
-            feature_names=NODE_FEATURES,
-            normalisation={
-                "target": "log(node ms + target_eps_ms) - log(node roofline ms + offset_floor_ms); the median "
-                          "column of the multi-quantile booster",
-                "target_eps_ms": EPS_MS,
-                "offset_floor_ms": DISPATCH_MS_PER_OP,
-                "overhead_features": list(OVERHEAD_FEATURES),
-                "overhead_coefficients": self.overhead_coefficients_,
-                "optimizer_terms": list(OPTIMIZER_TERMS),
-                "interval": self.calibration_.to_json(),
-            },
-            settings=self.get_params(),
-            artifacts=(MODEL_FILE,),
-            training_data_hash=self.training_hash_,
-            training_samples=self.n_samples_,
-            metrics=self.metrics_,
-        ).write(directory)
-        return directory
+        return save_quantile_model(self, directory, NODE_FEATURES, {
+            "target": "log(node ms + target_eps_ms) - log(node roofline ms + offset_floor_ms); the median "
+                      "column of the multi-quantile booster",
+            "target_eps_ms": EPS_MS,
+            "offset_floor_ms": DISPATCH_MS_PER_OP,
+            "overhead_features": list(OVERHEAD_FEATURES),
+            "overhead_coefficients": self.overhead_coefficients_,
+            "optimizer_terms": list(OPTIMIZER_TERMS),
+        })
 
     @classmethod
     def load(cls, directory: str | Path) -> XGBOpsRegressor:
-        directory = Path(directory)
-        manifest = Manifest.read(directory)
-        booster = load_booster(directory, manifest, NODE_FEATURES, cls.name)
-        norm = manifest.normalisation
-        if (tuple(norm.get("overhead_features", ())) != OVERHEAD_FEATURES
-                or norm.get("target_eps_ms") != EPS_MS or norm.get("offset_floor_ms") != DISPATCH_MS_PER_OP):
-            raise PerfmodelError(f"{directory}: overhead terms or target transform differ from this perfmodel's")
-        model = from_settings(cls, manifest.settings)
-        model.booster_ = booster
-        model.overhead_coefficients_ = {f: float(norm["overhead_coefficients"][f]) for f in OVERHEAD_FEATURES}
-        model.calibration_ = IntervalCalibration.from_json(norm["interval"])
-        model.training_hash_ = manifest.training_data_hash
-        model.n_samples_ = manifest.training_samples
-        model.metrics_ = dict(manifest.metrics)
+        def check(manifest: Manifest) -> None:
+            norm = manifest.normalisation
+            if (tuple(norm.get("overhead_features", ())) != OVERHEAD_FEATURES
+                    or norm.get("target_eps_ms") != EPS_MS or norm.get("offset_floor_ms") != DISPATCH_MS_PER_OP):
+                raise PerfmodelError(f"{directory}: overhead terms or target transform differ from this perfmodel's")
+
+        model, manifest = load_quantile_model(cls, directory, NODE_FEATURES, check)
+        model.overhead_coefficients_ = {f: float(manifest.normalisation["overhead_coefficients"][f])
+                                        for f in OVERHEAD_FEATURES}
         return model
