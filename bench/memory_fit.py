@@ -26,8 +26,8 @@ The accelerator is `perfmodel.hardware.catalog.get_accelerator(gpu)`, its capaci
 Graphs are captured once per (model, batch) (the graph does not depend on precision or optimizer: the capture
 measures the saved activations both as captured and under autocast) and kept in `--graph-cache` (default: a
 temporary directory; pass one to make re-runs fast; `--remeasure` measures their saved activations again). A
-first run captures ~170 graphs, ~40 minutes on two cores (most of it Tacotron 2's 24 batches, ~1-2 min each: its
-decoder loops over 550 mel frames); from the cache it takes ~5 minutes (loading the JSON IR).
+first run captures each model at three batches and makes its other batches from them (batch-affine graphs; Mask
+R-CNN, whose proposal counts are not affine in the batch, at every batch); from the cache it is faster.
 
 Result (Nov 2026 zoo and catalog): ran & fits 1986, ran & unfit 0, OOM & unfit 34, OOM & fits 8. The 8 contradict
 runs that ran, so no estimate monotone in the batch can call them unfit without calling those unfit: NCF at 12,000
@@ -153,37 +153,31 @@ def spec_of(row: Row) -> JobSpec | None:
 
 
 class Graphs:
-    """One captured graph per (model, batch, seq_len), on disk in `folder` (JSON IR)."""
+    """One graph per (model, batch, seq_len), kept on disk in `folder` (JSON IR): captured, or made from the model's
+    affine model in the batch once three captured batches agree (`perfmodel.engine.graphs.GraphCache`)."""
 
     def __init__(self, folder: Path, remeasure: bool = False) -> None:
+        from perfmodel.engine.graphs import GraphCache
+
         self.folder = folder
         self.folder.mkdir(parents=True, exist_ok=True)
         self.remeasure = remeasure
+        self._cache = GraphCache(4096, isolated=False, directory=folder)
         self._graphs: dict[str, Graph] = {}
 
     def graph(self, spec: JobSpec) -> Graph:
-        from perfmodel.graph import graph_for_job
-
         shape_spec = spec.model_copy(update={"precision": Precision.tf32, "optimizer": OptimizerName.sgd})
         key = shape_spec.key()
         found = self._graphs.get(key)
         if found is not None:
             return found
-        path = self.folder / f"{key}.json"
-        graph = None
-        if path.is_file():
-            try:
-                graph = Graph.from_json(path.read_text(encoding="utf-8"))
-            except (PerfmodelError, ValueError):
-                graph = None
-        if graph is None:
-            start = time.perf_counter()
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                graph = graph_for_job(shape_spec)
+        captures, start = self._cache.captures, time.perf_counter()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            graph = self._cache.graph(shape_spec)
+        if self._cache.captures > captures:
             print(f"  captured {spec.name} batch {spec.batch_size} in {time.perf_counter() - start:.1f} s",
                   file=sys.stderr, flush=True)
-            path.write_text(graph.to_json(), encoding="utf-8")
         elif self.remeasure:
             graph = remeasured(graph, shape_spec)
         self._graphs[key] = graph

@@ -1,15 +1,17 @@
 """Real training runs held out: the learned whole-step stage judged on Lambda's public PyTorch runs (TF32 / AMP,
 27 GPUs, 1-16 GPUs in a node), leave one model family out and leave one chip out.
 
-    .venv/bin/python bench/real_runs.py [--datasets DIR] [--cache FILE.parquet] [--write] [--promote]
+    .venv/bin/python bench/real_runs.py [--datasets DIR] [--cache FILE.parquet] [--stage NAME] [--write] [--promote]
 
 Steps: every successful run of a zoo model on a catalog GPU (repeats merged) is composed once through the serving
 path without the stage (kernel sum per device + placement model), then for each hold-out group a stage is fitted
 on the other groups' one-GPU runs and the group's runs are predicted through the serving path with it
 (`PlacementPredictor.predict`: the stage corrects one device's compute, the placement model adds communication).
 Prints MAPE per math mode and GPU count (one GPU; 2-16), the worst GPU, the 80 % interval's coverage and the
-n-GPU / 1-GPU scaling ratio's error, for the composed prediction ("before") and each hold-out. `--write` fits the
-stage on every run and saves it as the next `xgb-whole-step` version in the registry; `--promote` promotes it.
+n-GPU / 1-GPU scaling ratio's error, for the composed prediction ("before") and each hold-out. `--stage`: the
+stage to fit, `device-whole-step` (default: a spec-sheet device effect and a level per measured model) or
+`xgb-whole-step` (boosted trees over the composition features). `--write` fits the stage on every run and saves it
+as its next version in the registry; `--promote` promotes it (role whole-step).
 Data: Lambda, lambdal/deeplearning-benchmark (read in place, never copied).
 """
 
@@ -23,8 +25,7 @@ from pathlib import Path
 import pandas as pd
 
 from perfmodel.evaluation.gpu_report import gpu_accuracy, group_table, headline_line, mode_table, write_gpu_report
-from perfmodel.evaluation.real_runs import fit_stage
-from perfmodel.predictor.composition import COMPOSITION_FEATURES
+from perfmodel.evaluation.real_runs import DEFAULT_STAGE, STAGES, fit_stage
 from perfmodel.settings import get_settings
 
 
@@ -41,7 +42,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--graph-cache", type=Path, help="keep captured graphs (IR JSON) in this folder")
     parser.add_argument("--out", type=Path, help="write every held-out prediction to this CSV")
     parser.add_argument("--report", type=Path, help="also write the Markdown report and plots in this folder")
-    parser.add_argument("--write", action="store_true", help="fit on every run and save the next xgb-whole-step")
+    parser.add_argument("--stage", choices=STAGES, default=DEFAULT_STAGE, help="the whole-step stage to fit")
+    parser.add_argument("--write", action="store_true", help="fit the stage on every run and save its next version")
     parser.add_argument("--promote", action="store_true", help="with --write: promote it (role whole-step)")
     parser.add_argument("--models-dir", type=Path, help="registry root (default: the shipped models/)")
     args = parser.parse_args(argv)
@@ -51,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     started = time.perf_counter()
     result = gpu_accuracy(args.datasets, args.models_dir, args.cache, progress=lambda m: print("  " + m, flush=True),
-                          graph_cache=args.graph_cache)
+                          graph_cache=args.graph_cache, stage=args.stage)
     print("\n".join(result.notes))
     show(result.composed, "Composed kernel sum + placement model, no whole-step stage (before)")
     titles = {"family": "Leave one model family out (all GPUs)",
@@ -66,13 +68,13 @@ def main(argv: list[str] | None = None) -> int:
         from perfmodel.registry.registry import ModelRegistry
 
         registry = ModelRegistry(args.models_dir)
-        stage = fit_stage(result.composed, list(COMPOSITION_FEATURES))
-        directory = registry.next_version_dir("xgb-whole-step")
+        stage = fit_stage(result.composed, None, args.stage)
+        directory = registry.next_version_dir(args.stage)
         stage.save(directory)
         print(f"saved {directory} ({stage.n_samples_} one-GPU configurations)")
         if args.promote:
-            registry.promote(f"xgb-whole-step/{directory.name}")
-            print(f"promoted xgb-whole-step/{directory.name} (role whole-step)")
+            registry.promote(f"{args.stage}/{directory.name}")
+            print(f"promoted {args.stage}/{directory.name} (role whole-step)")
     print(f"done in {time.perf_counter() - started:.0f} s")
     return 0
 

@@ -12,7 +12,9 @@ measurements of every other chip and the measured steps of that chip are predict
 `perfmodel predict` (math modes, roofline bounds, optimizer and autocast rows). Prints every measurement, then
 MAPE by math mode, by chip and by source. `--before` fits as the previous model was (neusight, vidur, deepbench
 only; without the tensor-core and peak-per-watt features) and charges no host dispatch time; the math modes, the
-roofline bounds and the optimizer rows are today's in both.
+roofline bounds and the optimizer rows are today's in both. `--whole-step` corrects every composed step with the
+promoted whole-step stage, as the service does (the stage was fitted on Lambda's runs, which include A100 and V100
+runs but none of these measurements).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from perfmodel.evaluation.whole_model import (
 from perfmodel.hardware.catalog import load_catalog
 from perfmodel.placement.iteration import load_params
 from perfmodel.predictor.gpu_iteration import DevicePredictor
+from perfmodel.predictor.whole_step import WholeStepStage
 from perfmodel.regressors.device_ops import DeviceOpRegressor
 from perfmodel.settings import get_settings
 from perfmodel.store import ProfileStore
@@ -58,6 +61,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--host-us", type=float, help="host dispatch cost per kernel, us (default: the shipped "
                         "HOST_MS_PER_KERNEL)")
     parser.add_argument("--fit-host", action="store_true", help="fit the host dispatch cost on vTrain's rows")
+    parser.add_argument("--whole-step", action="store_true",
+                        help="correct every composed step with the promoted whole-step stage, as the service does")
     args = parser.parse_args(argv)
 
     sources = args.sources or (BEFORE_SOURCES if args.before else ALL_SOURCES)
@@ -82,10 +87,13 @@ def main(argv: list[str] | None = None) -> int:
 
     start = time.perf_counter()
     predictors: dict = {}
+    stage = WholeStepStage.load() if args.whole_step else None
+    if args.whole_step and stage is None:
+        parser.error("--whole-step: the registry promotes no whole-step stage")
 
     def run(which: list, host_ms: float | None) -> pd.DataFrame:
         return predict_measurements(which, predictor_for_chip, params=load_params("default"), predictors=predictors,
-                                    host_ms_per_kernel=host_ms,
+                                    host_ms_per_kernel=host_ms, whole_step=stage,
                                     progress=lambda s: print(f"  [{time.perf_counter() - start:6.0f} s] {s}",
                                                              flush=True))
 

@@ -65,7 +65,8 @@ def zoo_show(name: Annotated[str, typer.Argument(help="zoo model name (see `perf
         raise PerfmodelError(f"seq_len must be positive, got {seq_len}")
     at = seq_len or entry.reference_seq_len or DEFAULT_SEQ_LEN
     info = {"name": entry.name, "family": entry.family, "library": entry.library, "inputs": entry.inputs.value,
-            "unit": entry.unit, "seq_len": at, "items_per_sample": float(entry.items_per_sample(at)),
+            "unit": entry.unit, "seq_len": at, "items_per_sample": entry.items(at),
+            "real_item_share": entry.real_item_share,
             "reference_seq_len": entry.reference_seq_len, "default_task": entry.default_task,
             "description": entry.description}
     if as_json:

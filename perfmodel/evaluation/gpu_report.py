@@ -40,12 +40,18 @@ class GpuAccuracy:
 
 def gpu_accuracy(datasets_dir: str | Path | None = None, models_dir: Any = None, cache: Path | None = None,
                  progress: Callable[[str], None] = lambda _: None, runs: Sequence[RealRun] | None = None,
-                 graph_cache: Path | None = None) -> GpuAccuracy:
+                 graph_cache: Path | None = None, stage: str | None = None) -> GpuAccuracy:
     """Compose the runs (Lambda's, from `datasets_dir`, unless `runs` are given: e.g. a store's) through the serving
     path without the stage, then predict each with a stage fitted without its family, and without its chip.
-    `cache`: a Parquet file keeping the composed frame; `graph_cache`: a folder keeping the captured graphs."""
-    from perfmodel.evaluation.real_runs import composed_frame, disk_graphs, lambda_runs, leave_one_out
-    from perfmodel.predictor.composition import COMPOSITION_FEATURES
+    `cache`: a Parquet file keeping the composed frame; `graph_cache`: a folder keeping the captured graphs;
+    `stage`: the whole-step stage to fit (`real_runs.STAGES`, default `DEFAULT_STAGE`)."""
+    from perfmodel.evaluation.real_runs import (
+        DEFAULT_STAGE,
+        composed_frame,
+        disk_graphs,
+        lambda_runs,
+        leave_one_out,
+    )
     from perfmodel.predictor.placed import PlacementPredictor
 
     if runs is None:
@@ -63,7 +69,7 @@ def gpu_accuracy(datasets_dir: str | Path | None = None, models_dir: Any = None,
             frame.to_parquet(cache)
     result = GpuAccuracy(frame.assign(predicted_ms=frame.placement_ms))
     for by in HOLDOUTS:
-        result.held[by] = leave_one_out(runs, frame, predictor, by, COMPOSITION_FEATURES, progress=progress)
+        result.held[by] = leave_one_out(runs, frame, predictor, by, progress=progress, stage=stage or DEFAULT_STAGE)
     result.notes.append(f"{len(runs)} measured configurations ({sum(r.repeats for r in runs)} runs; repeats "
                         f"merged into their median) of {len({r.model for r in runs})} models on "
                         f"{len({r.accelerator for r in runs})} GPUs, 1-{max(r.devices for r in runs)} GPUs per node")

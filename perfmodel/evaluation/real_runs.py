@@ -112,7 +112,7 @@ def real_runs(frame: pd.DataFrame) -> list[RealRun]:
     for key, group in frame.groupby(keys, sort=True):
         values: dict[str, Any] = dict(zip(keys, key))
         entry = ZOO[values["model"]]
-        per_sample = float(entry.items_per_sample(entry.reference_seq_len or 128))
+        per_sample = entry.items(entry.reference_seq_len or 128)
         out.append(RealRun(source=values["source"], model=values["model"], family=entry.family,
                            accelerator=values["accelerator"], devices=int(values["devices"]),
                            precision=values["precision"], batch_size=int(values["batch_size"]),
@@ -161,28 +161,16 @@ def composed_frame(runs: Iterable[RealRun], predictor: Any,
     return pd.DataFrame.from_records(records)
 
 
-def disk_graphs(folder: Path) -> Callable[[JobSpec], Any]:
-    """A graph source for `PlacementPredictor(graphs=...)` that keeps every captured graph as IR JSON in `folder`
-    (`<job key>.json`), so that processes composing the same jobs capture each once (a Tacotron 2 graph of 550
-    mel frames takes about 50 CPU-seconds to capture)."""
-    from perfmodel.core.atomic import write_text_atomically
-    from perfmodel.core.ir import Graph
-    from perfmodel.graph import graph_for_job
+def disk_graphs(folder: Path, max_size: int = 256) -> Callable[[JobSpec], Any]:
+    """A graph source for `PlacementPredictor(graphs=...)` that keeps every captured graph as IR JSON in `folder`, so
+    that processes composing the same jobs capture each once, and that makes each model's graph at a new batch from
+    its affine model once three batches of it agree (`perfmodel.engine.graphs.GraphCache`): a Tacotron 2 graph of
+    850 mel frames takes over a minute of CPU to capture, and the runs use some twenty batches of it."""
+    from perfmodel.engine.graphs import GraphCache
 
     folder.mkdir(parents=True, exist_ok=True)
-
-    def graph(spec: JobSpec) -> Any:
-        path = folder / f"{spec.key()}.json"
-        if path.is_file():
-            try:
-                return Graph.from_json(path.read_text())
-            except ValueError:
-                pass  # written by another version of the IR: capture again
-        captured = graph_for_job(spec)
-        write_text_atomically(path, captured.to_json())
-        return captured
-
-    return graph
+    cache = GraphCache(max_size, isolated=False, directory=folder)
+    return cache.graph
 
 
 def ape(predicted: Any, measured: Any) -> np.ndarray:
@@ -208,16 +196,43 @@ def scaling_ratio_errors(frame: pd.DataFrame, column: str) -> pd.DataFrame:
     return pd.DataFrame.from_records(rows)
 
 
-def fit_stage(train: pd.DataFrame, feature_names: Sequence[str], **settings: Any) -> Any:
-    """The whole-step stage fitted on one-device rows of `train` (target: log(measured / composed))."""
-    from perfmodel.regressors.whole_step import TARGET, WholeStepRegressor
+# the whole-step stage the benches and `perfmodel retrain` fit unless told otherwise
+DEFAULT_STAGE = "device-whole-step"
+STAGES = ("device-whole-step", "xgb-whole-step")
 
-    ones = train[train.devices == 1]
+
+def with_jobs(frame: pd.DataFrame) -> pd.DataFrame:
+    """`frame` with its `job` column: each run's level key (zoo model and math)."""
+    from perfmodel.regressors.whole_step_device import JOB, job_level_key
+
+    keys = pd.Series([job_level_key(m, p) for m, p in zip(frame["model"], frame["precision"])], index=frame.index,
+                     dtype=object)
+    return frame.assign(**{JOB: keys})
+
+
+def fit_stage(train: pd.DataFrame, feature_names: Sequence[str] | None = None, stage: str = DEFAULT_STAGE,
+              **settings: Any) -> Any:
+    """The whole-step stage `stage` fitted on one-device rows of `train` (target: log(measured / composed)):
+    `device-whole-step` (a spec-sheet device effect and a level per measured model; `feature_names`: its device
+    features, default `DEVICE_FEATURES`) or `xgb-whole-step` (boosted trees over `feature_names`, default
+    `COMPOSITION_FEATURES`)."""
+    from perfmodel.regressors.whole_step import TARGET, WholeStepRegressor
+    from perfmodel.regressors.whole_step_device import JOB, DeviceStepRegressor
+
+    if stage not in STAGES:
+        raise PerfmodelError(f"unknown whole-step stage {stage!r}: choose one of {', '.join(STAGES)}")
+    ones = with_jobs(train[train.devices == 1])
     frame = ones.assign(**{TARGET: np.log(ones.measured_ms / ones.single_ms)})
     keys = [f"{r.source}:{r.model}:{r.accelerator}:{r.precision}:{r.batch_size}:{r.suite}"
             for r in ones.itertuples(index=False)]
-    return WholeStepRegressor(feature_names=feature_names, **settings).fit(frame, groups=list(ones.family),
-                                                                          keys=keys)
+    if stage == "device-whole-step":
+        device = DeviceStepRegressor(**settings) if not feature_names else DeviceStepRegressor(
+            feature_names=feature_names, **settings)
+        return device.fit(frame, groups=list(ones.family), jobs=list(ones[JOB]), chips=list(ones.chip), keys=keys)
+    from perfmodel.predictor.composition import COMPOSITION_FEATURES
+
+    return WholeStepRegressor(feature_names=feature_names or COMPOSITION_FEATURES, **settings).fit(
+        frame, groups=list(ones.family), keys=keys)
 
 
 def predict_runs(runs: Sequence[RealRun], predictor: Any) -> pd.DataFrame:
@@ -249,7 +264,7 @@ def predict_from_frame(frame: pd.DataFrame, stage: Any) -> pd.DataFrame:
     less its exposed communication) times the factor, plus that communication. Exact on one GPU; on several it
     leaves the exposed communication as composed (the serving path re-derives its overlap with the corrected
     backward). For quick experiments on a cached frame; the bench's figures come from the serving path."""
-    out = stage.predict(frame)
+    out = stage.predict(with_jobs(frame))
     floor = frame["roofline_over_composed"].to_numpy()
     factor = np.maximum(np.exp(out.log_factor), floor)
     low = np.maximum(np.minimum(np.exp(out.log_low), factor), floor)
@@ -261,8 +276,8 @@ def predict_from_frame(frame: pd.DataFrame, stage: Any) -> pd.DataFrame:
 
 
 def leave_one_out(runs: Sequence[RealRun], frame: pd.DataFrame, predictor: Any, by: str,
-                  feature_names: Sequence[str], progress: Callable[[str], None] = lambda _: None,
-                  serving_path: bool = True, **settings: Any) -> pd.DataFrame:
+                  feature_names: Sequence[str] | None = None, progress: Callable[[str], None] = lambda _: None,
+                  serving_path: bool = True, stage: str = DEFAULT_STAGE, **settings: Any) -> pd.DataFrame:
     """Every run predicted by a stage fitted without its `by` group (family or chip) of `frame` (the composed
     frame of the same runs), through the serving path (or `predict_from_frame` with `serving_path=False`).
     Returns `frame` joined with `predicted_ms`, `low_ms`, `high_ms`."""
@@ -277,13 +292,13 @@ def leave_one_out(runs: Sequence[RealRun], frame: pd.DataFrame, predictor: Any, 
             train = frame[frame[by] != group]
             if (train.devices == 1).sum() < 5:
                 continue
-            stage = fit_stage(train, feature_names, **settings)
+            fitted = fit_stage(train, feature_names, stage, **settings)
             if not serving_path:
-                parts.append(predict_from_frame(frame[frame[by] == group], stage))
+                parts.append(predict_from_frame(frame[frame[by] == group], fitted))
                 continue
             test = [r for r in runs if group_of.get(run_key(r)) == group]
             progress(f"holding out {by} {group}: {len(test)} runs")
-            predictor.set_whole_step(WholeStepStage(stage, f"without-{group}"))
+            predictor.set_whole_step(WholeStepStage(fitted, f"without-{group}"))
             parts.append(predict_runs(test, predictor))
     finally:
         if predictor is not None:

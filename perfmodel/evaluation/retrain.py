@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
+import inspect
 import json
 import os
 import shutil
@@ -52,6 +53,7 @@ import pandas as pd
 from perfmodel.core.atomic import write_json_atomically
 from perfmodel.core.errors import PerfmodelError
 from perfmodel.registry.registry import DOMAIN_FILE, ModelRegistry
+from perfmodel.regressors import regressor_class as _regressor_class
 from perfmodel.regressors.manifest import Manifest, data_hash
 
 LOCK_FILE = ".retrain.lock"
@@ -259,7 +261,7 @@ class WholeStepRecipe(RoleRecipe):
     runs. Multi-GPU runs are left to the placement model (and judged in the GPU accuracy report)."""
 
     role = "whole-step"
-    default_regressor = "xgb-whole-step"
+    default_regressor = "device-whole-step"
     group_by = "family"
 
     def __init__(self, models_dir: Path | None = None):
@@ -284,16 +286,17 @@ class WholeStepRecipe(RoleRecipe):
         return data.rows[mask].reset_index(drop=True)
 
     def fit(self, regressor: str, settings: Mapping[str, Any], rows: Any, catalog: Mapping[str, Any]) -> Any:
-        from perfmodel.evaluation.real_runs import fit_stage
-        from perfmodel.predictor.composition import COMPOSITION_FEATURES
+        from perfmodel.evaluation.real_runs import STAGES, fit_stage
 
-        if regressor != self.default_regressor:
-            raise PerfmodelError(f"role whole-step learns with {self.default_regressor!r}, not {regressor!r}")
+        if regressor not in STAGES:
+            raise PerfmodelError(f"role whole-step learns with one of {', '.join(STAGES)}, not {regressor!r}")
         settings = {k: v for k, v in settings.items() if k != "feature_names"}
-        return fit_stage(rows, COMPOSITION_FEATURES, **settings)
+        return fit_stage(rows, None, regressor, **settings)
 
     def predict_ms(self, model: Any, rows: Any, catalog: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray]:
-        out = model.predict(rows)
+        from perfmodel.evaluation.real_runs import with_jobs
+
+        out = model.predict(with_jobs(rows))
         factor = np.maximum(np.exp(out.log_factor), rows["roofline_over_composed"].to_numpy())
         return rows["single_ms"].to_numpy() * factor, np.ones(len(rows), dtype=bool)
 
@@ -488,7 +491,7 @@ def _evaluate_role(recipe: RoleRecipe, store: Any, registry: ModelRegistry, sett
     estimator.update(settings.estimator_settings.get(role, {}))
     if regressor == "roofline":  # learns nothing, takes no settings
         estimator = {}
-    else:
+    elif "seed" in inspect.signature(_regressor_class(regressor)).parameters:  # deterministic ones take none
         estimator.setdefault("seed", settings.seed)
     outcome.regressor, outcome.champion = regressor, champion_ref
 

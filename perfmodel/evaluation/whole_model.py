@@ -109,10 +109,11 @@ def vtrain_measurements(root: str | Path, max_rows: int | None = None) -> list[S
 def predict_measurements(measurements: Iterable[StepMeasurement], predictor_for_chip: Callable[[str], Any], *,
                          params: Any = None, progress: Callable[[str], None] = lambda _: None,
                          predictors: dict[str, Any] | None = None,
-                         host_ms_per_kernel: float | None = None) -> pd.DataFrame:
+                         host_ms_per_kernel: float | None = None, whole_step: Any = None) -> pd.DataFrame:
     """One row per measurement with `predicted_ms` and `ape`. `predictor_for_chip(chip)` gives the
     `DevicePredictor` fitted without that chip (called once per chip; `predictors` keeps them between calls).
-    `host_ms_per_kernel`, when given, replaces the predictors' host dispatch cost."""
+    `host_ms_per_kernel`, when given, replaces the predictors' host dispatch cost; `whole_step` (a
+    `WholeStepStage`), when given, corrects each composed step as the service does."""
     from perfmodel.graph import graph_for_job
     from perfmodel.hardware.math import has_tf32
     from perfmodel.predictor.device_ops import BACKWARD, FORWARD
@@ -140,7 +141,7 @@ def predict_measurements(measurements: Iterable[StepMeasurement], predictor_for_
                 graphs[m.graph_key] = graph_for_job(m.spec)
             graph = graphs[m.graph_key]
             if m.placement is not None:
-                placed = PlacementPredictor(None, device, params)
+                placed = PlacementPredictor(None, device, params, whole_step=whole_step)
                 placed._graphs.put(m.spec.key(), graph)  # the micro-batch graph, captured above
                 record["predicted_ms"] = placed.predict(m.spec, m.placement, graph=graph).iter_time_ms
             else:
@@ -151,6 +152,9 @@ def predict_measurements(measurements: Iterable[StepMeasurement], predictor_for_
                 rows, out = device.predict_rows(m.spec, hardware, graph, job_rows_cache[key])
                 phases = (FORWARD, BACKWARD) + ((OPTIMIZER,) if m.includes_optimizer else ())
                 record["predicted_ms"] = sum(device.breakdown(rows, out.latency_ms, phases).values())
+                if whole_step is not None:
+                    single, features = device.predict_composed(m.spec, m.device, graph=graph, phases=phases)
+                    record["predicted_ms"] = whole_step.correct(single, features).iter_time_ms
         except PerfmodelError as exc:
             record["error"] = str(exc)
         records.append(record)

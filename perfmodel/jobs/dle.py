@@ -512,7 +512,7 @@ class WaveGlow(nn.Module):
     """DLE WaveGlow (PyTorch/SpeechSynthesis/Tacotron2, `waveglow/model.py`, `waveglow/arg_parser.py` defaults).
 
     80 mel channels upsampled by ConvTranspose1d(80, 80, 1024, stride 256) to the audio length; audio in groups
-    of 8 samples; 12 flows, each an invertible 1x1 conv and an affine coupling whose WN has 8 layers of 256
+    of 8 samples; 12 flows, each an invertible 1x1 conv and an affine coupling whose WN has 8 layers of 512
     channels, kernel 3; every 4 flows 2 channels leave early (8 -> 6 -> 4 channels). Loss (`waveglow/loss_function.py`,
     sigma 1.0): sum(z^2) / (2 sigma^2) - sum(log s) - sum(log|det W|), divided by the number of elements of z.
 
@@ -523,7 +523,7 @@ class WaveGlow(nn.Module):
     N_MELS, HOP = 80, 256
 
     def __init__(self, n_flows: int = 12, n_group: int = 8, n_early_every: int = 4, n_early_size: int = 2,
-                 wn_layers: int = 8, wn_channels: int = 256, wn_kernel: int = 3, sigma: float = 1.0) -> None:
+                 wn_layers: int = 8, wn_channels: int = 512, wn_kernel: int = 3, sigma: float = 1.0) -> None:
         super().__init__()
         self.n_group, self.n_early_every, self.n_early_size, self.sigma = n_group, n_early_every, n_early_size, sigma
         self.upsample = nn.ConvTranspose1d(self.N_MELS, self.N_MELS, 1024, stride=self.HOP)
@@ -831,23 +831,25 @@ class MaskRCNN(nn.Module):
       their positives, / 256.
     - Proposals: per level and image the top 2000 anchors by objectness (PRE_NMS_TOP_N_TRAIN), decoded and
       clipped; NMS (0.7) as its pairwise IoU matrix and a one-pass suppression test, suppressed boxes ranked
-      last rather than dropped (fixed counts); then the top FPN_POST_NMS_TOP_N_TRAIN = 2000 of the batch
-      (FPN_POST_NMS_PER_BATCH), 2000 // B per image.
+      last rather than dropped (fixed counts); then the top FPN_POST_NMS_TOP_N_TRAIN = 4000 of the batch
+      (FPN_POST_NMS_PER_BATCH; 4000 in the benchmark's `e2e_mask_rcnn_R_50_FPN_1x.yaml`), 4000 // B per image.
     - Box head sampling: proposals plus ground truth matched by IoU (0.5), 512 RoIs per image (or all
       candidates when fewer, as from B = 4 on) by a top-k over random scores with positives first; RoIs are
       split evenly over P2-P5 (DLE assigns each RoI to a level by its size: the same pooling work per RoI).
-    - Mask head: the first 128 sampled RoIs (positives ranked first), with their 28x28 mask targets, an input
-      here (cut from the polygons by the data pipeline). 128 = 25 % of 512 is DLE's maximum of positives; COCO
-      images often have fewer, so this is an upper bound on the mask head's work (~1 GFLOP forward per RoI).
+    - Mask head: the positive RoIs only (DLE `keep_only_positive_boxes`), 16 per image, with their 28x28 mask
+      targets, an input here (cut from the polygons by the data pipeline). The benchmark trains at learning rate 0
+      from an ImageNet backbone, so the RPN head keeps its random initialisation and its proposals are anchors
+      in random order: the positives are the 7 ground-truth boxes DLE appends to the proposals plus the few
+      proposals that overlap one by chance (DLE's cap is 128 = 25 % of 512; ~1 GFLOP forward per RoI).
 
     Images: 800 x 1344 (short side 800, long side 1333 padded to a multiple of 32: the largest batch DLE builds
     from COCO), 7 ground-truth boxes per image (COCO train2017: 860,001 instances in 118,287 images). Inputs:
-    images (B, 3, 800, 1344), gt boxes (B, 7, 4), gt labels (B, 7), mask targets (B, 128, 28, 28).
+    images (B, 3, 800, 1344), gt boxes (B, 7, 4), gt labels (B, 7), mask targets (B, 16, 28, 28).
     """
 
     N_CLASSES, IMAGE_HW, N_GT = 81, (800, 1344), 7
     ANCHOR_SIZES, STRIDES, RATIOS = (32, 64, 128, 256, 512), (4, 8, 16, 32, 64), (0.5, 1.0, 2.0)
-    RPN_PRE_NMS, RPN_POST_NMS_BATCH, RPN_BATCH, ROI_BATCH, MASK_ROIS = 2000, 2000, 256, 512, 128
+    RPN_PRE_NMS, RPN_POST_NMS_BATCH, RPN_BATCH, ROI_BATCH, MASK_ROIS = 2000, 4000, 256, 512, 16
 
     def __init__(self) -> None:
         super().__init__()
@@ -879,7 +881,7 @@ class MaskRCNN(nn.Module):
         return (shifts + torch.tensor(base, device=device)).reshape(-1, 4)
 
     def _rpn(self, features: list[torch.Tensor], gt_boxes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """RPN loss and the per-image proposals (B, P, 4), P = 2000 // B."""
+        """RPN loss and the per-image proposals (B, P, 4), P = 4000 // B."""
         b = gt_boxes.size(0)
         objectness, deltas = self.rpn_head(features)
         anchors, scores, regs, level_boxes, level_scores = [], [], [], [], []
@@ -948,7 +950,7 @@ class MaskRCNN(nn.Module):
             1, labels.view(-1, 1, 1).expand(-1, 1, 4)).squeeze(1)
         box_loss = (_smooth_l1(class_deltas, roi_targets.reshape(-1, 4)).sum(-1)
                     * (labels > 0).float()).sum() / labels.numel()
-        # mask head: the first 128 sampled RoIs (positives first)
+        # mask head: the first MASK_ROIS sampled RoIs (positives first)
         n_masks = min(self.MASK_ROIS, n_rois)
         mask_logits = self.mask_predictor(self.mask_head(self._pool(features, rois[:, :n_masks], 14)))
         mask_labels = roi_labels[:, :n_masks].reshape(-1)

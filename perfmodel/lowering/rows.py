@@ -613,27 +613,58 @@ def _loss_bwd(node: Node, ctx: Context) -> list[Row]:
     return _memory_bwd(node, ctx)
 
 
-def _rnn_parts(node: Node) -> tuple[int, list[tuple[int, int]], int]:
-    """(tokens, [(out, in) of each weight matrix], hidden of the output) of an RNN node."""
+@dataclass(frozen=True)
+class _Rnn:
+    """What an RNN node (aten.lstm / gru / rnn_tanh: input, hidden state(s), then each layer and direction's input
+    and recurrent weights and biases) computes: `weights` are the 2-D weights in that order, input-to-hidden at even
+    positions and hidden-to-hidden (recurrent) at odd ones."""
+
+    tokens: int  # steps x batch: every position of the sequence
+    batch: int  # sequences advanced together (the hidden state's batch); `tokens` when it cannot be told
+    weights: list[tuple[int, int]]  # (out, in) of each weight matrix
+
+    @property
+    def steps(self) -> int:
+        return max(self.tokens // max(self.batch, 1), 1)
+
+
+def _rnn_parts(node: Node) -> _Rnn:
     ts = node.input_tensors
     x = ts[0] if ts else None
     tokens = _pos(x.numel / max(_last_dim(x), 1)) if x is not None else 1
+    state = next((t for t in ts[1:3] if len(t.shape) == 3 and _is_float(t)), None)  # (layers x dirs, batch, h)
+    batch = int(state.shape[1]) if state is not None and tokens % max(int(state.shape[1]), 1) == 0 else tokens
     weights = [(t.shape[0], t.shape[1]) for t in ts[1:] if len(t.shape) == 2 and _is_float(t)]
-    return tokens, weights, _last_dim(_out(node))
+    return _Rnn(tokens, batch, weights)
+
+
+def _rnn_rows(node: Node, backward: bool) -> list[Row]:
+    """Input-to-hidden GEMMs over every position at once; the recurrence one step at a time (a step needs the
+    previous step's hidden state): per step and recurrent weight, a batch x 4h GEMM and the gates' pointwise
+    kernel, forward and backward through time. The FLOPs are those of one GEMM over all positions; the kernels are
+    many and small, as cuDNN runs them. Weight gradients are one GEMM over every position each (cuDNN accumulates
+    them after the sequential pass)."""
+    rnn = _rnn_parts(node)
+    suffix, gates = (".dX", "mul") if backward else ("", "tanh")
+    rows = []
+    for i, (n, k) in enumerate(rnn.weights):
+        out, inner = (k, n) if backward else (n, k)
+        if i % 2 == 0:
+            rows.append(linear_row(rnn.tokens, out, inner, f"w{i}{suffix}"))
+        else:
+            rows += [linear_row(rnn.batch, out, inner, f"w{i}{suffix}.step"),
+                     vector_row("elementwise", gates, "gates", rnn.batch * n, n)] * rnn.steps
+        if backward:
+            rows.append(linear_row(n, k, rnn.tokens, f"w{i}.dW"))
+    return rows
 
 
 def _rnn_fwd(node: Node, ctx: Context) -> list[Row]:
-    tokens, weights, hidden = _rnn_parts(node)
-    rows = [linear_row(tokens, n, k, f"w{i}") for i, (n, k) in enumerate(weights)]
-    return rows + [vector_row("elementwise", "tanh", "gates", tokens * hidden, hidden)]
+    return _rnn_rows(node, backward=False)
 
 
 def _rnn_bwd(node: Node, ctx: Context) -> list[Row]:
-    tokens, weights, hidden = _rnn_parts(node)
-    rows = []
-    for i, (n, k) in enumerate(weights):
-        rows += [linear_row(tokens, k, n, f"w{i}.dX"), linear_row(n, k, tokens, f"w{i}.dW")]
-    return rows + [vector_row("elementwise", "mul", "gates", tokens * hidden, hidden)]
+    return _rnn_rows(node, backward=True)
 
 
 # --- the table ---------------------------------------------------------------------------------------------------

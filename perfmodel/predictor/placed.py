@@ -35,7 +35,7 @@ from perfmodel.core.ir import Graph
 from perfmodel.core.lru import LRU
 from perfmodel.core.units import GIGA
 from perfmodel.hardware.spec import HardwareSpec
-from perfmodel.jobs.spec import JobSpec, Precision
+from perfmodel.jobs.spec import JobSpec, Precision, ZooSource
 from perfmodel.jobs.zoo import items_of
 from perfmodel.placement.comm import (
     DEFAULT_NODE_NETWORK_GBIT_S,
@@ -60,12 +60,18 @@ from perfmodel.placement.spec import PlacementSpec
 from perfmodel.predictor.memory import USABLE_MEMORY_FRACTION, bytes_per_param, estimate_memory, layer_key, layers
 from perfmodel.predictor.predict import Prediction
 from perfmodel.predictor.whole_step import WholeStepStage
+from perfmodel.regressors.whole_step_device import job_level_key
 
 # datasheet GPU-to-GPU bandwidth of the links a placement may name instead of the catalog's, GB/s bidirectional
 INTRA_LINK_BIDIR_GB_S = {"nvlink1": 160.0, "nvlink2": 300.0, "nvlink3": 600.0, "nvlink4": 900.0, "nvlink5": 1800.0,
                          "infinity-fabric": 400.0}
 BREAKDOWN_KEYS = ("forward", "backward", "optimizer", "communication", "pipeline_bubble", "overhead")
 DEFAULT_CACHE_SIZE = 4096  # entries of each cache (computes, memory estimates, links, graphs)
+
+
+def level_key(spec: JobSpec) -> str | None:
+    """The key a whole-step stage keeps a measured model's level under (zoo jobs; None for the others)."""
+    return job_level_key(spec.source.name, spec.precision.value) if isinstance(spec.source, ZooSource) else None
 
 
 def block_outputs(graph: Graph, precision: Precision) -> list[int]:
@@ -262,7 +268,7 @@ class PlacementPredictor:
         single, features = composed
         if self.whole_step is None:
             return single
-        return self.whole_step.correct(single, features)
+        return self.whole_step.correct(single, features, level_key(spec))
 
     def prefetch(self, wanted: Sequence[tuple[JobSpec, HardwareSpec, int, Graph | None]]) -> None:
         """Compose every (spec, device, micro-batch) not cached yet whose device the per-op model prices in one

@@ -1,7 +1,8 @@
 """The learned whole-step stage applied to a composed prediction (registry role `whole-step`).
 
-    stage = WholeStepStage.load()                 # the promoted xgb-whole-step model, or None without one
-    corrected = stage.correct(single, features)   # features: DevicePredictor.predict_composed's
+    stage = WholeStepStage.load()                      # the promoted whole-step model, or None without one
+    corrected = stage.correct(single, features, job)   # features: DevicePredictor.predict_composed's;
+                                                       # job: the job's level key (zoo model and math), or None
 
 The composed step of one device (forward + backward + optimizer + overhead from the per-op model) is multiplied by
 the stage's factor, component by component, so the breakdown stays an explicit sum. Physically possible by
@@ -21,6 +22,7 @@ from typing import Any
 import pandas as pd
 
 from perfmodel.predictor.predict import Prediction
+from perfmodel.regressors.whole_step_device import JOB
 
 ROLE = "whole-step"
 CORRECTED_PARTS = ("forward", "backward", "optimizer", "overhead")
@@ -43,17 +45,18 @@ class WholeStepStage:
         entry = registry.get(ref, role=ROLE)
         return cls(load_regressor(entry.path), entry.ref)
 
-    def factors(self, features: Mapping[str, float]) -> tuple[float, float, float]:
-        """(factor, low, high) multiplying the composed step, bounded below by the roofline floor."""
-        out = self.regressor.predict(pd.DataFrame([dict(features)]))
+    def factors(self, features: Mapping[str, float], job: str | None = None) -> tuple[float, float, float]:
+        """(factor, low, high) multiplying the composed step, bounded below by the roofline floor. `job`: the job's
+        level key (`regressors.whole_step_device.job_level_key`), for stages that keep a level per measured model."""
+        out = self.regressor.predict(pd.DataFrame([{**features, JOB: job}]))
         floor = float(features.get("roofline_over_composed", 0.0))
         factor = max(math.exp(float(out.log_factor[0])), floor)
         low = max(min(math.exp(float(out.log_low[0])), factor), floor)
         high = max(math.exp(float(out.log_high[0])), factor)
         return factor, low, high
 
-    def correct(self, single: Prediction, features: Mapping[str, float]) -> Prediction:
-        factor, low, high = self.factors(features)
+    def correct(self, single: Prediction, features: Mapping[str, float], job: str | None = None) -> Prediction:
+        factor, low, high = self.factors(features, job)
         breakdown = {k: v * factor if k in CORRECTED_PARTS else v for k, v in single.breakdown_ms.items()}
         iter_time_ms = sum(breakdown.values())
         composed = single.iter_time_ms

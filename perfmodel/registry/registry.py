@@ -128,7 +128,8 @@ class ModelRegistry:
 def role_of(regressor: str) -> str:
     """The role a regressor kind is promoted for: per-op device models answer `device-ops`, the learned whole-step
     stage `whole-step`, the rest `cpu-step`."""
-    return {"xgb-device-ops": "device-ops", "xgb-whole-step": "whole-step"}.get(regressor, "cpu-step")
+    return {"xgb-device-ops": "device-ops", "xgb-whole-step": "whole-step",
+            "device-whole-step": "whole-step"}.get(regressor, "cpu-step")
 
 
 def read_domain(directory: Path) -> dict[str, Any]:

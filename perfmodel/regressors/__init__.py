@@ -31,6 +31,8 @@ REGRESSORS: dict[str, str] = {
     "xgb-whole-step": "perfmodel.regressors.whole_step:WholeStepRegressor",
     # the same stage over the job's graph too (a GNN, DNNPerf-style; graphs and feature frame in)
     "gnn-whole-step": "perfmodel.regressors.whole_step_gnn:WholeStepGNN",
+    # the same stage as a spec-sheet device effect and a level per measured model (DataFrame in, `job` column)
+    "device-whole-step": "perfmodel.regressors.whole_step_device:DeviceStepRegressor",
 }
 
 

@@ -2,6 +2,7 @@
 
 import json
 
+import pytest
 from typer.testing import CliRunner
 
 from perfmodel.cli.main import app
@@ -19,10 +20,12 @@ def test_zoo_show_json_at_the_reference_and_another_seq_len():
     info = json.loads(result.stdout)
     assert {k: info[k] for k in ("name", "family", "library", "inputs", "unit", "reference_seq_len", "seq_len")} == {
         "name": "gnmt", "family": "gnmt", "library": "perfmodel", "inputs": "custom", "unit": "tokens",
-        "reference_seq_len": 28, "seq_len": 28}
-    assert info["items_per_sample"] == 55 and info["default_task"] is None and "GNMT" in info["description"]
+        "reference_seq_len": 32, "seq_len": 32}
+    # 63 tokens computed per padded sentence pair, 50 of them real (what the benchmark counts)
+    assert info["items_per_sample"] == pytest.approx(50) and info["real_item_share"] == pytest.approx(50 / 63)
+    assert info["default_task"] is None and "GNMT" in info["description"]
     info = json.loads(run("zoo", "show", "gnmt", "--seq-len", 50, "--json").stdout)
-    assert info["seq_len"] == 50 and info["items_per_sample"] == 99
+    assert info["seq_len"] == 50 and info["items_per_sample"] == pytest.approx(99 * 50 / 63)
 
 
 def test_zoo_show_defaults_and_table():
@@ -31,7 +34,7 @@ def test_zoo_show_defaults_and_table():
     assert info["seq_len"] == 128 and info["items_per_sample"] == 1 and info["unit"] == "samples"
     result = run("zoo", "show", "tacotron2")
     assert result.exit_code == 0, result.output
-    assert "mel frames" in result.stdout and "550" in result.stdout
+    assert "mel frames" in result.stdout and "850" in result.stdout and "566" in result.stdout
 
 
 def test_zoo_show_unknown_name_is_exit_2_with_close_matches():

@@ -24,6 +24,9 @@ def models_dir(tmp_path: Path) -> Path:
     return target
 
 
+WHOLE = {"whole-step": "device-whole-step/v1"}  # the shipped whole-step stage, untouched by these promotions
+
+
 def _open(models_dir: Path, url: str, model_version: str | None = None) -> PredictionEngine:
     return PredictionEngine.open(EngineConfig(models_dir=models_dir, model_version=model_version), JobStore(url))
 
@@ -32,12 +35,12 @@ def test_a_pinned_version_survives_sync_and_refuses_promotions_of_its_role(model
     url = f"sqlite:///{tmp_path / 'store.db'}"
     pinned = _open(models_dir, url, model_version="xgb-device-ops/v2")
     other = _open(models_dir, url)
-    assert pinned.model_versions == {"cpu-step": "xgb-ops/v1", "device-ops": "xgb-device-ops/v2"}
-    assert other.model_versions == {"cpu-step": "xgb-ops/v1", "device-ops": "xgb-device-ops/v3"}
+    assert pinned.model_versions == {"cpu-step": "xgb-ops/v1", "device-ops": "xgb-device-ops/v2", **WHOLE}
+    assert other.model_versions == {"cpu-step": "xgb-ops/v1", "device-ops": "xgb-device-ops/v3", **WHOLE}
     other.promote("xgb-device-ops/v3")  # the pinned role, promoted elsewhere
     other.promote("xgb-ops/v2")  # the other role
     pinned.sync_once()
-    assert pinned.model_versions == {"cpu-step": "xgb-ops/v2", "device-ops": "xgb-device-ops/v2"}
+    assert pinned.model_versions == {"cpu-step": "xgb-ops/v2", "device-ops": "xgb-device-ops/v2", **WHOLE}
     with pytest.raises(Refused, match="pins xgb-device-ops/v2"):
         pinned.promote("xgb-device-ops/v3")
     pinned.sync_once()
@@ -66,13 +69,14 @@ def test_two_workers_promoting_at_once_lose_nothing_and_every_worker_follows_the
     assert all(isinstance(a, dict) for a in answers.values()), answers
     first.sync_once()
     second.sync_once()
-    expected = {"cpu-step": "xgb-ops/v2", "device-ops": "xgb-device-ops/v2"}
+    expected = {"cpu-step": "xgb-ops/v2", "device-ops": "xgb-device-ops/v2", **WHOLE}
     assert first.model_versions == second.model_versions == expected
     assert json.loads((models_dir / "promoted.json").read_text()) == expected  # the CLI's view lost nothing either
     events = JobStore(url).model_events()
-    assert sorted(e.model_version for e in events if e.action == "promoted") == sorted(expected.values())
+    promoted_here = ("xgb-ops/v2", "xgb-device-ops/v2")
+    assert sorted(e.model_version for e in events if e.action == "promoted") == sorted(promoted_here)
     # the store, not a host's promoted.json, is what a new worker or replica serves
     (models_dir / "promoted.json").write_text(json.dumps({"cpu-step": "xgb-ops/v1",
-                                                          "device-ops": "xgb-device-ops/v3"}))
+                                                          "device-ops": "xgb-device-ops/v3", **WHOLE}))
     assert _open(models_dir, url).model_versions == expected
     assert not list(models_dir.glob(".promoted.json.*.tmp"))  # no temporary file left behind

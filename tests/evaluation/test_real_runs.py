@@ -28,7 +28,7 @@ def frame_of(rows: list[dict]) -> pd.DataFrame:
 
 
 def test_repeats_merge_into_their_median_in_samples_per_second():
-    per_sample = ZOO["gnmt"].items_per_sample(ZOO["gnmt"].reference_seq_len or 128)
+    per_sample = ZOO["gnmt"].items(ZOO["gnmt"].reference_seq_len or 128)
     runs = real_runs(frame_of([
         {"model": "gnmt", "accelerator": "a10", "batch_size": 128.0, "global_batch_size": 128,
          "throughput_items_per_s": t} for t in (90_000.0, 100_000.0, 200_000.0)]
@@ -78,13 +78,11 @@ def test_retrain_learns_the_stage_from_stored_runs_and_the_service_path_applies_
         entry = ZOO[run.model]
         samples_per_s = run.batch_size / (row.single_ms * TRUE_FACTOR) * 1e3
         records.append(_run(run.model, run.accelerator, run.precision, run.batch_size,
-                            samples_per_s * entry.items_per_sample(entry.reference_seq_len or 128), i))
+                            samples_per_s * entry.items(entry.reference_seq_len or 128), i))
     url = f"sqlite:///{tmp_path / 'store.db'}"
     with JobStore(url) as store:
         store.add_whole_job_measurements(records)
-    few_trees = {"whole-step": {"n_estimators": 60, "nthread": 1, "inner_folds": 2}}
-    result = retrain(url, models, RetrainSettings(roles=("whole-step",), holdout_fraction=0.5,
-                                                  estimator_settings=few_trees))
+    result = retrain(url, models, RetrainSettings(roles=("whole-step",), holdout_fraction=0.5))
     assert result.error is None, result.error
     [outcome] = result.roles
     assert outcome.decision == "promoted", outcome.reason

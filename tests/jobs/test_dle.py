@@ -46,7 +46,7 @@ REFERENCE_PARAMS = {
     # DLE NCF: (users + items) x (GMF 64 + MLP 128) embeddings + MLP 256-256-128-64 + final (128 -> 1)
     "ncf": (138493 + 26744) * (64 + 128) + (256 * 256 + 256) + (256 * 128 + 128) + (128 * 64 + 64) + (128 + 1),
     "tacotron2": 28_193_153,  # DLE Tacotron 2: 28.2M
-    "waveglow": 87_879_272,  # DLE WaveGlow (256 channels): 87.9M
+    "waveglow": 268_294_760,  # DLE WaveGlow (--wn-channels 512, the arg_parser default): 268.3M
     # DLE Transformer-XL with Lambda's flags (full softmax, tied): base 191.9M, large 520.0M (DLE's own large
     # config, adaptive with div_val 4, would be ~257M)
     "transformer-xl-base": _txl(16, 512, 8, 64, 2048),
@@ -86,9 +86,9 @@ def _captures(name: str):
 
 
 def test_entries_name_family_unit_and_items():
-    expected = {  # name: (family, unit, reference_seq_len, items per sample there)
-        "ssd300": ("ssd", "images", None, 1), "gnmt": ("gnmt", "tokens", 28, 55), "ncf": ("ncf", "samples", None, 1),
-        "tacotron2": ("tacotron2", "mel frames", 550, 550), "waveglow": ("waveglow", "audio samples", 8000, 8000),
+    expected = {  # name: (family, unit, reference_seq_len (padded), real items per sample there)
+        "ssd300": ("ssd", "images", None, 1), "gnmt": ("gnmt", "tokens", 32, 50), "ncf": ("ncf", "samples", None, 1),
+        "tacotron2": ("tacotron2", "mel frames", 850, 566), "waveglow": ("waveglow", "audio samples", 8000, 8000),
         "transformer-xl-base": ("transformer-xl", "tokens", 192, 192),
         "transformer-xl-large": ("transformer-xl", "tokens", 256, 256), "maskrcnn": ("maskrcnn", "images", None, 1),
     }
@@ -96,8 +96,9 @@ def test_entries_name_family_unit_and_items():
         entry = ZOO[name]
         assert (entry.family, entry.library, entry.inputs, entry.unit) == (family, "perfmodel", InputKind.custom, unit)
         assert entry.reference_seq_len == reference and entry.description
-        assert entry.items_per_sample(reference or 128) == items
-    assert ZOO["gnmt"].items_per_sample(50) == 99  # source + target - 1 tokens per sentence pair
+        assert entry.items(reference or 128) == pytest.approx(items)
+        assert 0 < entry.real_item_share <= 1
+    assert ZOO["gnmt"].items_per_sample(50) == 99  # source + target - 1 tokens per (padded) sentence pair
 
 
 @pytest.mark.parametrize("name", DLE)

@@ -240,3 +240,37 @@ def test_row_constructors_make_rows_op_work_prices():
     assert work.bytes_read[3] + work.bytes_written[3] == pytest.approx(4 * 4000, rel=0.01)
     roof = op_roofline_ms(frame, load_catalog())
     assert np.all(np.isfinite(roof)) and np.all(roof > 0)
+
+
+class TwoLayerLSTM(nn.Module):
+    def __init__(self, n_in: int = 16, hidden: int = 32):
+        super().__init__()
+        self.lstm = nn.LSTM(n_in, hidden, num_layers=2)
+        self.head = nn.Linear(hidden, 4)
+
+    def forward(self, x):
+        out, _ = self.lstm(x)
+        return self.head(out).mean()
+
+
+def test_an_rnn_runs_its_recurrence_one_step_at_a_time_with_the_same_flops():
+    steps, batch, n_in, hidden = 7, 3, 16, 32
+    with torch.device("meta"):
+        module, x = TwoLayerLSTM(n_in, hidden), torch.randn(steps, batch, n_in)
+    graph = graph_from_module(module.train(), (x,), name="lstm", mode="train")
+    rows = graph_op_rows(graph)
+    rnn = rows[rows.kind == OpKind.rnn.value]
+    gemm = rnn[rnn.op_class == "linear"]
+    recurrent_fwd = gemm[(gemm.phase == "forward") & gemm.part.str.endswith(".step")]
+    # two layers x `steps` GEMMs of the batch's hidden states by the 4h x h recurrent weight, in order
+    assert len(recurrent_fwd) == 2 * steps
+    assert set(recurrent_fwd.m) == {batch} and set(recurrent_fwd.n) == {4 * hidden} and set(recurrent_fwd.k) == {hidden}
+    # the input projections run over every position at once
+    inputs_fwd = gemm[(gemm.phase == "forward") & ~gemm.part.str.endswith(".step")]
+    assert sorted(inputs_fwd.k) == [n_in, hidden] and set(inputs_fwd.m) == {steps * batch}
+    # the same FLOPs as one GEMM per weight over every position: 2 x tokens x 4h x (in + h) per layer
+    forward_flops = flops(gemm[gemm.phase == "forward"]).sum()
+    assert forward_flops == 2 * steps * batch * 4 * hidden * ((n_in + hidden) + (hidden + hidden))
+    assert flops(gemm[gemm.phase == "backward"]).sum() == 2 * forward_flops
+    # backward through time is sequential too
+    assert (gemm[gemm.phase == "backward"].part.str.endswith("dX.step")).sum() == 2 * steps

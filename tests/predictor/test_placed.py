@@ -24,7 +24,12 @@ def spec() -> JobSpec:
 def test_one_device_predicts_what_the_single_device_model_does(predictor, spec):
     placed = predictor.predict(spec, PlacementSpec(accelerator="t4", global_batch_size=16))
     single = DevicePredictor.load().predict(spec, "t4")
-    assert placed.iter_time_ms == pytest.approx(single.iter_time_ms, rel=1e-9)
+    # the device model's composed step, then the shipped whole-step stage's correction of it
+    assert placed.composed_iter_time_ms == pytest.approx(single.iter_time_ms, rel=1e-9)
+    assert predictor.whole_step is not None
+    features = predictor.composition(spec, PlacementSpec(accelerator="t4", global_batch_size=16))
+    factor, _, _ = predictor.whole_step.factors(features)  # not a zoo model the stage measured: no level
+    assert placed.iter_time_ms == pytest.approx(single.iter_time_ms * factor, rel=1e-9)
     assert placed.breakdown_ms["communication"] == 0
     assert placed.devices == 1 and placed.fits is True
     assert placed.iter_time_ms == pytest.approx(sum(placed.breakdown_ms.values()))

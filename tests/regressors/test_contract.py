@@ -135,8 +135,8 @@ class Case:
         return {f.name: np.asarray(getattr(out, f.name)) for f in fields(out)}
 
     def interval(self, arrays: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        if self.data in ("frame", "graph_frame"):
-            return arrays["log_low"], arrays["log_factor"], arrays["log_high"]
+        if self.data in ("frame", "graph_frame"):  # natural-log factors: the factors themselves are positive
+            return np.exp(arrays["log_low"]), np.exp(arrays["log_factor"]), np.exp(arrays["log_high"])
         median = arrays["latency_ms"] if self.data == "ops" else arrays["iter_time_ms"]
         return arrays["p10_ms"], median, arrays["p90_ms"]
 
@@ -153,6 +153,7 @@ CASES: dict[str, Case] = {
                            data="frame"),
     "gnn-whole-step": Case(settings={"hidden": 8, "layers": 1, "epochs": 5, "inner_folds": 2, "threads": 1, "seed": 0,
                                      "feature_names": ["a", "b"]}, data="graph_frame"),
+    "device-whole-step": Case(settings={"feature_names": ["a", "b"], "ridge": 1.0}, data="frame"),
 }
 
 

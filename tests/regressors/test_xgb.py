@@ -178,7 +178,7 @@ def test_graph_features_are_named_and_ordered(samples):
 
 def test_registry_table():
     assert set(REGRESSORS) == {"roofline", "xgb-ops", "xgb-graph", "gnn", "xgb-device-ops", "xgb-whole-step",
-                                 "gnn-whole-step"}
+                                 "gnn-whole-step", "device-whole-step"}
     with pytest.raises(UnknownNameError):
         regressor_class("xgb-device-ops", iteration=True)  # learns ops, not iterations
     assert regressor_class("xgb-ops") is XGBOpsRegressor

@@ -278,7 +278,7 @@ def test_accelerators_and_models(client, models_dir):
     assert {"t4", "a100-sxm4-80gb", "v100-sxm2-32gb", "cpu"} <= names and len(accelerators) >= 39
     models = client.get("/v1/models").json()
     promoted = json.loads((models_dir / "promoted.json").read_text())  # the registry's promoted model per role
-    assert models["serving"] == promoted and set(promoted) == {"cpu-step", "device-ops"}
+    assert models["serving"] == promoted and set(promoted) == {"cpu-step", "device-ops", "whole-step"}
     assert {m["model"] for m in models["models"] if m["serving"]} == set(promoted.values())
 
 

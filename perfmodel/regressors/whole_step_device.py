@@ -1,0 +1,200 @@
+"""device-whole-step: the whole-step stage as a device effect and a per-model level, learned from real runs.
+
+Real training steps differ from the composed kernel sum in two ways that real runs can separate:
+
+- **the model's own level**: how much slower (or faster) than composed a model's whole step runs, whatever the
+  GPU. It varies most (0.9x for NCF, 1.4-2.5x for LSTM models on the public runs) and nothing in a graph's features
+  predicts it for a model family never measured (a learned stage that tried made unseen families worse);
+- **the device effect**: how the ratio moves from GPU to GPU for the same model and math. It follows the spec
+  sheet: GPUs with more FLOP/s per byte of bandwidth (ridge point) and per watt run further from the kernel model.
+
+So: log(measured / composed) = level[model, math] + w · clip(device features - their mean), with w a ridge
+regression on the device features (`DEVICE_FEATURES`, named columns of `COMPOSITION_FEATURES`) of every run less
+its (model, math) level, and each level the median of what the device effect leaves. A job whose zoo model and
+math were measured gets its level; any other job gets level 0 (the composed step is right on the average GPU of
+the data) and the device effect alone. A GPU above the range the runs cover (a newer generation) gets the effect
+of the newest measured ones, not an extrapolated line; one below it on any feature (older or smaller than every
+measured GPU) gets no device effect; a feature its spec sheet lacks (no TDP: no FLOP/s per watt) counts as the
+average GPU's.
+
+The 80 % band is conformal on out-of-fold residuals: for a job without a level, of folds that hold out whole model
+families (the band of a family never seen); for a job with one, of folds that hold out GPUs.
+
+scikit-learn contract (`__init__` stores settings, `fit` returns self, `predict` has no side effect); saved as
+`manifest.json` (feature names in order, weights, clip bounds, levels, bands, data hash, metrics): no pickle.
+`predict(frame)` reads the feature columns and, when present, the `job` column (`job_level_key`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from perfmodel.core.errors import PerfmodelError
+from perfmodel.regressors.manifest import Manifest, data_hash
+from perfmodel.regressors.whole_step import TARGET, StepCorrection
+
+DEVICE_FEATURES: tuple[str, ...] = ("log_peak_tensor_tflops", "log_bandwidth_gb_s", "log_ridge", "log_peak_per_watt",
+                                    "log_memory_gb", "amp")
+JOB = "job"  # the optional column naming a row's (zoo model, math): `job_level_key`
+RANGE_TOLERANCE = 0.05  # log2 units a feature may sit below the measured range and still count as inside it
+
+
+def job_level_key(model: str | None, precision: str) -> str | None:
+    """The key a model's level is kept under: its zoo name and math (None: not a zoo model, no level)."""
+    return None if not model else f"{model}:{precision}"
+
+
+def _folds(labels: Sequence[str]) -> list[np.ndarray]:
+    values = np.asarray(labels, dtype=object)
+    return [np.flatnonzero(values == label) for label in sorted(set(values))]
+
+
+class DeviceStepRegressor:
+    name = "device-whole-step"
+
+    def __init__(self, feature_names: Sequence[str] = DEVICE_FEATURES, ridge: float = 3.0,
+                 quantiles: tuple[float, float] = (0.1, 0.9)):
+        self.feature_names = tuple(feature_names)
+        self.ridge = ridge
+        self.quantiles = tuple(quantiles)
+
+    def get_params(self) -> dict[str, Any]:
+        return {"feature_names": list(self.feature_names), "ridge": self.ridge, "quantiles": list(self.quantiles)}
+
+    # --- the fit ------------------------------------------------------------------------------------------------
+
+    def _x(self, frame: pd.DataFrame) -> np.ndarray:
+        missing = [name for name in self.feature_names if name not in frame]
+        if missing:
+            raise PerfmodelError(f"whole-step features missing: {missing}")
+        return frame[list(self.feature_names)].to_numpy(dtype=np.float64)
+
+    def _solve(self, x: np.ndarray, y: np.ndarray, jobs: np.ndarray) -> dict[str, Any]:
+        """Weights, centre, range and levels fitted on (x, y, jobs)."""
+        if not np.isfinite(x).any(axis=0).all():
+            raise PerfmodelError("every device feature needs a value on at least one run")
+        low, high, mean = np.nanmin(x, axis=0), np.nanmax(x, axis=0), np.nanmean(x, axis=0)
+        levels = pd.Series(y).groupby(jobs).transform("median").to_numpy()
+        xc = np.nan_to_num(x - mean)  # a feature the spec sheet lacks counts as the average GPU's
+        scale = xc.std(axis=0) + 1e-9
+        xs = xc / scale
+        ridge = self.ridge * len(xs) / 100.0 * np.eye(xs.shape[1])
+        for _ in range(3):  # backfitting: weights on what the levels leave, levels on what the weights leave
+            r = y - levels
+            w = np.linalg.solve(xs.T @ xs + ridge, xs.T @ (r - r.mean()))
+            effect = xs @ w
+            levels = pd.Series(y - effect).groupby(jobs).transform("median").to_numpy()
+        by_job = pd.Series(y - effect).groupby(jobs).median()
+        return {"weights": (w / scale).tolist(), "mean": mean.tolist(), "low": low.tolist(), "high": high.tolist(),
+                "levels": {str(k): float(v) for k, v in by_job.items()}}
+
+    @staticmethod
+    def _apply(params: dict[str, Any], x: np.ndarray, jobs: Sequence[Any] | None) -> tuple[np.ndarray, np.ndarray]:
+        """(log factor, whether the row had a level) of rows `x` under `params`. Features above the measured range
+        are clipped to it; a row below it on any feature (a GPU older or smaller than every measured one) gets no
+        device effect."""
+        low, high = np.asarray(params["low"]), np.asarray(params["high"])
+        below = np.any(np.nan_to_num(x, nan=np.inf) < low - RANGE_TOLERANCE, axis=1)
+        clipped = np.clip(x, low, high)
+        effect = np.nan_to_num(clipped - np.asarray(params["mean"])) @ np.asarray(params["weights"])
+        effect[below] = 0.0
+        levels: dict[str, float] = params["levels"]
+        keys = [None if j is None or j != j else str(j) for j in (jobs if jobs is not None else [None] * len(x))]
+        known = np.array([k is not None and k in levels for k in keys], dtype=bool)
+        level = np.array([levels[k] if ok and k is not None else 0.0 for k, ok in zip(keys, known)])
+        return effect + level, known
+
+    def fit(self, frame: pd.DataFrame, groups: Sequence[str], jobs: Sequence[str] | None = None,
+            chips: Sequence[str] | None = None, keys: Sequence[str] | None = None) -> DeviceStepRegressor:
+        """Learn from `frame` (the feature columns and `log_ratio`) of one-device runs. `groups`: each row's model
+        family (the band of unseen models holds them out), `jobs`: its level key (`job_level_key`; default: its
+        group), `chips`: its GPU's die (the band of seen models holds them out; default: its group); `keys`: each
+        row's identity, for the data hash."""
+        if TARGET not in frame or len(frame) < 5:
+            raise PerfmodelError(f"need at least 5 rows with a {TARGET!r} column to fit the whole-step stage")
+        jobs = list(groups) if jobs is None else jobs
+        chips = list(groups) if chips is None else chips
+        if not len(groups) == len(jobs) == len(chips) == len(frame):
+            raise PerfmodelError("groups, jobs and chips need one value per row")
+        x, y = self._x(frame), frame[TARGET].to_numpy(dtype=np.float64)
+        if not np.all(np.isfinite(y)):
+            raise PerfmodelError(f"{TARGET} must be finite")
+        jobs_ = np.asarray(jobs, dtype=object)
+        self.params_ = self._solve(x, y, jobs_)
+        bands: dict[str, list[float]] = {}
+        metrics: dict[str, Any] = {"rows": int(len(y)), "jobs": len(set(jobs_)), "families": len(set(groups)),
+                                   "composed_mape": float(np.mean(np.abs(np.exp(-y) - 1.0)))}
+        for name, labels, with_level in (("unseen", groups, False), ("seen", chips, True)):
+            oof = np.full(len(y), np.nan)
+            for test in _folds(labels):
+                train = np.setdiff1d(np.arange(len(y)), test)
+                if len(train) < 5:
+                    continue
+                params = self._solve(x[train], y[train], jobs_[train])
+                oof[test] = self._apply(params, x[test], list(jobs_[test]) if with_level else None)[0]
+            ok = np.isfinite(oof)
+            residual = y[ok] - oof[ok]
+            bands[name] = [float(np.quantile(residual, q)) for q in self.quantiles] if ok.any() else [0.0, 0.0]
+            metrics[f"oof_mape_{name}"] = float(np.mean(np.abs(np.exp(oof[ok] - y[ok]) - 1.0))) if ok.any() else None
+        self.bands_ = bands
+        self.metrics_ = metrics
+        self.training_hash_ = data_hash(keys if keys is not None else map(str, range(len(y))))
+        self.n_samples_ = len(y)
+        return self
+
+    # --- prediction -----------------------------------------------------------------------------------------------
+
+    def _check_fitted(self) -> None:
+        if not hasattr(self, "params_"):
+            raise PerfmodelError("device-whole-step is not fitted: call fit(frame, ...) or load(directory) first")
+
+    def predict(self, frame: pd.DataFrame) -> StepCorrection:
+        """Log factors for every row of `frame` (the feature columns, and `job` where known); no side effects."""
+        self._check_fitted()
+        jobs = list(frame[JOB]) if JOB in frame else None
+        factor, known = self._apply(self.params_, self._x(frame), jobs)
+        low = np.where(known, self.bands_["seen"][0], self.bands_["unseen"][0])
+        high = np.where(known, self.bands_["seen"][1], self.bands_["unseen"][1])
+        return StepCorrection(factor, factor + np.minimum(low, 0.0), factor + np.maximum(high, 0.0))
+
+    def levels(self) -> dict[str, float]:
+        """{job level key: its level as a factor} (how much slower than composed each measured model runs)."""
+        self._check_fitted()
+        return {k: float(np.exp(v)) for k, v in self.params_["levels"].items()}
+
+    # --- persistence ----------------------------------------------------------------------------------------------
+
+    def save(self, directory: str | Path) -> Path:
+        self._check_fitted()
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        (directory / "stage.json").write_text(json.dumps({"params": self.params_, "bands": self.bands_},
+                                                         indent=1, sort_keys=True) + "\n")
+        Manifest(regressor=self.name, feature_names=self.feature_names, settings=self.get_params(),
+                 normalisation={"target": "log(measured step ms / composed step ms), natural log",
+                                "features": "clipped to the training range, centred on its mean"},
+                 artifacts=("stage.json",), training_data_hash=self.training_hash_,
+                 training_samples=self.n_samples_, metrics=self.metrics_).write(directory)
+        return directory
+
+    @classmethod
+    def load(cls, directory: str | Path) -> DeviceStepRegressor:
+        directory = Path(directory)
+        manifest = Manifest.read(directory)
+        if manifest.regressor != cls.name:
+            raise PerfmodelError(f"{directory} holds a {manifest.regressor!r} model, not {cls.name!r}")
+        settings = dict(manifest.settings)
+        model = cls(feature_names=manifest.feature_names, ridge=float(settings.get("ridge", 3.0)),
+                    quantiles=tuple(settings.get("quantiles", (0.1, 0.9))))
+        data = json.loads((directory / "stage.json").read_text())
+        model.params_, model.bands_ = data["params"], data["bands"]
+        model.metrics_ = dict(manifest.metrics)
+        model.training_hash_ = manifest.training_data_hash or ""
+        model.n_samples_ = manifest.training_samples or 0
+        return model

@@ -1,0 +1,150 @@
+"""device-whole-step: a spec-sheet device effect plus a level per measured model, learned from real runs."""
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from perfmodel.core.errors import PerfmodelError
+from perfmodel.regressors import load_regressor
+from perfmodel.regressors.whole_step import TARGET
+from perfmodel.regressors.whole_step_device import JOB, DeviceStepRegressor, job_level_key
+
+FEATURES = ("log_ridge", "log_bandwidth_gb_s")
+LEVELS = {"m0:amp": 0.5, "m1:amp": 0.0, "m2:tf32": -0.2, "m3:tf32": 0.3}
+RIDGE_WEIGHT = 0.15  # log factor per doubling of the ridge point
+
+
+def runs(seed: int = 0) -> pd.DataFrame:
+    """Each model on twelve GPUs: log(measured / composed) = its level + 0.15 x log2 ridge (centred) + noise."""
+    rng = np.random.default_rng(seed)
+    gpus = pd.DataFrame({"log_ridge": rng.uniform(5, 9, 12), "log_bandwidth_gb_s": rng.uniform(8, 11, 12),
+                         "chip": [f"chip{i // 2}" for i in range(12)]})
+    rows = []
+    for job, level in LEVELS.items():
+        for gpu in gpus.itertuples(index=False):
+            rows.append({"log_ridge": gpu.log_ridge, "log_bandwidth_gb_s": gpu.log_bandwidth_gb_s, "chip": gpu.chip,
+                         JOB: job, "family": job.split(":")[0],
+                         TARGET: level + RIDGE_WEIGHT * (gpu.log_ridge - 7.0) + rng.normal(0, 0.01)})
+    return pd.DataFrame(rows)
+
+
+def fitted(frame: pd.DataFrame) -> DeviceStepRegressor:
+    return DeviceStepRegressor(feature_names=FEATURES, ridge=0.01).fit(
+        frame, groups=list(frame.family), jobs=list(frame[JOB]), chips=list(frame.chip))
+
+
+def test_it_learns_each_models_level_and_the_device_effect_apart():
+    frame = runs()
+    model = fitted(frame)
+    centre = frame.log_ridge.mean()
+    for job, level in LEVELS.items():  # each measured model's level, at the data's average GPU
+        assert np.log(model.levels()[job]) == pytest.approx(level + RIDGE_WEIGHT * (centre - 7.0), abs=0.03)
+    # one more doubling of the ridge point moves every job's factor by the learned weight, seen or not
+    probe = pd.DataFrame({"log_ridge": [6.0, 7.0], "log_bandwidth_gb_s": [9.5, 9.5], JOB: ["m0:amp", None]})
+    for job in ("m0:amp", None):
+        two = model.predict(probe.assign(**{JOB: job})).log_factor
+        assert two[1] - two[0] == pytest.approx(RIDGE_WEIGHT, abs=0.02)
+
+
+def test_a_model_never_measured_gets_the_device_effect_alone_and_the_wider_band():
+    model = fitted(runs())
+    probe = pd.DataFrame({"log_ridge": [7.0] * 3, "log_bandwidth_gb_s": [9.5] * 3, JOB: ["m0:amp", "new:amp", None]})
+    out = model.predict(probe)
+    assert out.log_factor[1] == out.log_factor[2]  # an unknown key is no key
+    assert out.log_factor[0] - out.log_factor[1] == pytest.approx(np.log(model.levels()["m0:amp"]))
+    assert np.all(out.log_low <= out.log_factor) and np.all(out.log_factor <= out.log_high)
+    seen_band, unseen_band = (out.log_high - out.log_low)[[0, 1]]
+    assert unseen_band > seen_band  # the levels of unseen models spread far more than one model across GPUs
+
+
+def test_a_gpu_beyond_the_data_gets_the_nearest_measured_effect_and_one_below_it_none():
+    frame = runs()
+    model = fitted(frame)
+    top, bottom = frame.log_ridge.max(), frame.log_ridge.min()
+    far = pd.DataFrame({"log_ridge": [top, top + 3.0, bottom - 3.0], "log_bandwidth_gb_s": [9.5] * 3,
+                        JOB: [None, "m0:amp", "m0:amp"]})
+    factor = model.predict(far).log_factor
+    level = np.log(model.levels()["m0:amp"])
+    # a newer GPU: the newest measured one's effect, not an extrapolated line
+    assert factor[1] - level == pytest.approx(factor[0])
+    # an older or smaller GPU than any measured: the runs say nothing of it, so no device effect (its level stays)
+    assert factor[2] == pytest.approx(level)
+
+
+def test_save_load_predicts_the_same_and_the_manifest_says_what_it_is(tmp_path):
+    frame = runs()
+    model = fitted(frame)
+    model.save(tmp_path / "stage")
+    again = load_regressor(tmp_path / "stage")
+    assert isinstance(again, DeviceStepRegressor) and again.feature_names == FEATURES
+    np.testing.assert_array_equal(again.predict(frame).log_factor, model.predict(frame).log_factor)
+    np.testing.assert_array_equal(again.predict(frame).log_high, model.predict(frame).log_high)
+    assert again.metrics_["oof_mape_unseen"] > again.metrics_["oof_mape_seen"]
+
+
+def test_bad_input_is_a_clear_error():
+    frame = runs()
+    with pytest.raises(PerfmodelError, match="not fitted"):
+        DeviceStepRegressor(feature_names=FEATURES).predict(frame)
+    with pytest.raises(PerfmodelError, match="missing"):
+        fitted(frame).predict(frame.drop(columns=["log_ridge"]))
+    with pytest.raises(PerfmodelError, match="one value per row"):
+        DeviceStepRegressor(feature_names=FEATURES).fit(frame, groups=list(frame.family), jobs=["x"])
+    with pytest.raises(PerfmodelError, match="finite"):
+        DeviceStepRegressor(feature_names=FEATURES).fit(frame.assign(**{TARGET: np.inf}), groups=list(frame.family))
+
+
+def test_level_keys_name_a_zoo_model_and_its_math():
+    assert job_level_key("ssd300", "amp") == "ssd300:amp"
+    assert job_level_key(None, "amp") is None and job_level_key("", "tf32") is None
+
+
+# --- the stage in the serving path: the job's level reaches it, and the bounds hold --------------------------------
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from perfmodel.hardware.catalog import load_catalog  # noqa: E402
+from perfmodel.jobs.spec import JobSpec  # noqa: E402
+from perfmodel.placement.spec import Parallelism, PlacementSpec  # noqa: E402
+from perfmodel.predictor.placed import PlacementPredictor, level_key  # noqa: E402
+from perfmodel.predictor.whole_step import WholeStepStage  # noqa: E402
+from perfmodel.regressors.whole_step_device import DEVICE_FEATURES  # noqa: E402
+
+SERVED_LEVELS = {"resnet18:amp": -4.0, "resnet18:tf32": 2.0, "bert-small:amp": 0.7}  # absurd on purpose
+GPUS = sorted(name for name, spec in load_catalog().items() if spec.kind == "gpu")
+
+
+@pytest.fixture(scope="module")
+def served():
+    """The shipped predictor with a device stage fitted on synthetic runs whose levels are far from 1."""
+    rng = np.random.default_rng(1)
+    rows = [{**{name: rng.uniform(0, 10) for name in DEVICE_FEATURES}, JOB: job, "family": job.split(":")[0],
+             TARGET: level + rng.normal(0, 0.05)} for job, level in SERVED_LEVELS.items() for _ in range(10)]
+    frame = pd.DataFrame(rows)
+    stage = DeviceStepRegressor().fit(frame, groups=list(frame.family), jobs=list(frame[JOB]))
+    predictor = PlacementPredictor.load()
+    predictor.set_whole_step(WholeStepStage(stage, "device-whole-step/test"))
+    return predictor
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(job=st.sampled_from(["resnet18", "bert-small"]), gpu=st.sampled_from(GPUS),
+       precision=st.sampled_from(["amp", "tf32", "fp32"]), devices=st.sampled_from([2, 4, 8]))
+def test_served_answers_take_the_jobs_level_and_stay_physically_possible(served, job, gpu, precision, devices):
+    spec = JobSpec.from_options(zoo=job, batch_size=8, seq_len=64, precision=precision)
+    one = PlacementSpec(accelerator=gpu, devices_per_node=(1,), global_batch_size=spec.batch_size)
+    many = PlacementSpec(accelerator=gpu, devices_per_node=(devices,), global_batch_size=spec.batch_size * devices,
+                         parallelism=Parallelism(data=devices))
+    single, placed = served.predict(spec, one), served.predict(spec, many)
+    features = served.composition(spec, one)
+    assert single.composed_iter_time_ms is not None and features is not None
+    factor = single.iter_time_ms / single.composed_iter_time_ms
+    floor = features["roofline_over_composed"]
+    level = SERVED_LEVELS.get(str(level_key(spec)))
+    if level is not None and level > 0:  # the job's own (pessimistic) level reached the stage
+        assert factor > 1.5
+    assert factor >= floor * (1 - 1e-9)  # never faster than every kernel at its roofline
+    assert single.interval_ms[0] <= single.iter_time_ms * (1 + 1e-9)
+    assert single.iter_time_ms <= single.interval_ms[1] * (1 + 1e-9)
+    assert placed.throughput_samples_per_s <= devices * single.throughput_samples_per_s * (1 + 1e-9)
