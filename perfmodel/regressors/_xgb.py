@@ -131,9 +131,7 @@ def load_quantile_model(cls, directory: str | Path, feature_names: Sequence[str]
     the model's own `feature_names` setting); `check(manifest)` may refuse the manifest (raise) before the model is
     built."""
     directory = Path(directory)
-    manifest = Manifest.read(directory)
-    if manifest.regressor != cls.name:
-        raise PerfmodelError(f"{directory} holds a {manifest.regressor!r} model, not {cls.name!r}")
+    manifest = Manifest.read_for(directory, cls.name)
     if check is not None:
         check(manifest)
     model = from_settings(cls, manifest.settings)

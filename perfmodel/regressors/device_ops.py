@@ -254,9 +254,7 @@ class DeviceOpRegressor:
         import xgboost as xgb
 
         directory = Path(directory)
-        manifest = Manifest.read(directory)
-        if manifest.regressor != cls.name:
-            raise PerfmodelError(f"{directory} holds a {manifest.regressor!r} model, not {cls.name!r}")
+        manifest = Manifest.read_for(directory, cls.name)
         unknown = sorted(set(manifest.feature_names) - set(TRANSFER_FEATURES))
         if unknown:  # each booster keeps its own feature names: a model fitted on fewer features still loads
             raise PerfmodelError(f"model expects features this perfmodel does not compute: {unknown[:8]}")

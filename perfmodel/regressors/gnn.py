@@ -393,9 +393,7 @@ class GNNRegressor:
     def load(cls, directory: str | Path) -> GNNRegressor:
         from safetensors.torch import load_file
 
-        manifest = Manifest.read(directory)
-        if manifest.regressor != NAME:
-            raise PerfmodelError(f"{directory} holds a {manifest.regressor!r} model, not {NAME!r}")
+        manifest = Manifest.read_for(directory, NAME)
         manifest.check_features(FEATURE_NAMES)
         settings = {k: v for k, v in manifest.settings.items() if k != "architecture"}
         model = cls(**settings)

@@ -86,6 +86,16 @@ class Manifest(BaseModel):
                                  f"supported (expected {MANIFEST_SCHEMA_VERSION})")
         return cls.model_validate(data)
 
+    @classmethod
+    def read_for(cls, directory: str | Path, regressor: str) -> Manifest:
+        """`read`, refusing a manifest of another regressor."""
+        from perfmodel.core.errors import PerfmodelError
+
+        manifest = cls.read(directory)
+        if manifest.regressor != regressor:
+            raise PerfmodelError(f"{directory} holds a {manifest.regressor!r} model, not {regressor!r}")
+        return manifest
+
     def check_features(self, names: Sequence[str]) -> None:
         """Refuse an artifact whose feature columns differ from the code's."""
         from perfmodel.core.errors import PerfmodelError

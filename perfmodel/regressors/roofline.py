@@ -18,7 +18,6 @@ from pathlib import Path
 
 import numpy as np
 
-from perfmodel.core.errors import PerfmodelError
 from perfmodel.features.nodes import has_phase, node_cost, roofline_ms
 from perfmodel.features.sample import Sample
 from perfmodel.hardware.spec import HardwareSpec
@@ -89,9 +88,7 @@ class RooflineRegressor:
 
     @classmethod
     def load(cls, directory: Path) -> RooflineRegressor:
-        manifest = Manifest.read(directory)
-        if manifest.regressor != cls.name:
-            raise PerfmodelError(f"{directory} holds a {manifest.regressor!r} model, not {cls.name!r}")
+        Manifest.read_for(directory, cls.name)
         return cls()
 
     def __repr__(self) -> str:

@@ -186,9 +186,7 @@ class DeviceStepRegressor:
     @classmethod
     def load(cls, directory: str | Path) -> DeviceStepRegressor:
         directory = Path(directory)
-        manifest = Manifest.read(directory)
-        if manifest.regressor != cls.name:
-            raise PerfmodelError(f"{directory} holds a {manifest.regressor!r} model, not {cls.name!r}")
+        manifest = Manifest.read_for(directory, cls.name)
         settings = dict(manifest.settings)
         model = cls(feature_names=manifest.feature_names, ridge=float(settings.get("ridge", 3.0)),
                     quantiles=tuple(settings.get("quantiles", (0.1, 0.9))))

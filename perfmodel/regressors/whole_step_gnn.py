@@ -420,9 +420,7 @@ class WholeStepGNN:
     def load(cls, directory: str | Path) -> WholeStepGNN:
         from safetensors.torch import load_file
 
-        manifest = Manifest.read(directory)
-        if manifest.regressor != NAME:
-            raise PerfmodelError(f"{directory} holds a {manifest.regressor!r} model, not {NAME!r}")
+        manifest = Manifest.read_for(directory, NAME)
         try:
             model = cls(**manifest.settings)
         except TypeError as exc:
