@@ -3,8 +3,9 @@
 Real training steps differ from the composed kernel sum in two ways that real runs can separate:
 
 - **the model's own level**: how much slower (or faster) than composed a model's whole step runs, whatever the
-  GPU. It varies most (0.9x for NCF, 1.4-2.5x for LSTM models on the public runs) and nothing in a graph's features
-  predicts it for a model family never measured (a learned stage that tried made unseen families worse);
+  GPU. It varies most (on the public runs from 0.8-1.2x for NCF, Transformer-XL and GNMT to 2x for Mask R-CNN and
+  3.4x for WaveGlow in AMP) and nothing in a graph's features predicts it for a model family never measured (the
+  learned stages that tried made unseen families worse);
 - **the device effect**: how the ratio moves from GPU to GPU for the same model and math. It follows the spec
   sheet: GPUs with more FLOP/s per byte of bandwidth (ridge point) and per watt run further from the kernel model.
 
@@ -21,7 +22,8 @@ The 80 % band is conformal on out-of-fold residuals: for a job without a level, 
 families (the band of a family never seen); for a job with one, of folds that hold out GPUs.
 
 scikit-learn contract (`__init__` stores settings, `fit` returns self, `predict` has no side effect); saved as
-`manifest.json` (feature names in order, weights, clip bounds, levels, bands, data hash, metrics): no pickle.
+`stage.json` (weights, centre, range, levels, bands) and `manifest.json` (feature names in order, settings, data
+hash, metrics): no pickle.
 `predict(frame)` reads the feature columns and, when present, the `job` column (`job_level_key`).
 """
 
