@@ -221,7 +221,9 @@ def fit_stage(train: pd.DataFrame, feature_names: Sequence[str] | None = None, s
 
     if stage not in STAGES:
         raise PerfmodelError(f"unknown whole-step stage {stage!r}: choose one of {', '.join(STAGES)}")
-    ones = with_jobs(train[train.devices == 1])
+    from perfmodel.predictor.composition import with_derived_features
+
+    ones = with_derived_features(with_jobs(train[train.devices == 1]))
     frame = ones.assign(**{TARGET: np.log(ones.measured_ms / ones.single_ms)})
     keys = [f"{r.source}:{r.model}:{r.accelerator}:{r.precision}:{r.batch_size}:{r.suite}"
             for r in ones.itertuples(index=False)]
@@ -264,7 +266,9 @@ def predict_from_frame(frame: pd.DataFrame, stage: Any) -> pd.DataFrame:
     less its exposed communication) times the factor, plus that communication. Exact on one GPU; on several it
     leaves the exposed communication as composed (the serving path re-derives its overlap with the corrected
     backward). For quick experiments on a cached frame; the bench's figures come from the serving path."""
-    out = stage.predict(with_jobs(frame))
+    from perfmodel.predictor.composition import with_derived_features
+
+    out = stage.predict(with_derived_features(with_jobs(frame)))
     floor = frame["roofline_over_composed"].to_numpy()
     factor = np.maximum(np.exp(out.log_factor), floor)
     low = np.maximum(np.minimum(np.exp(out.log_low), factor), floor)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -37,12 +38,26 @@ from perfmodel.predictor.math_modes import GROUPS, group_of, resolved_table
 
 COMPOSITION_FEATURES: tuple[str, ...] = (
     "log_composed_ms",
-    *(f"share_{g}" for g in GROUPS), "share_optimizer", "share_tensor_math", "share_memory_bound",
+    *(f"share_{g}" for g in GROUPS), "share_conv_amp", "share_optimizer", "share_tensor_math", "share_memory_bound",
     "roofline_over_composed", "host_over_device", "share_overhead",
     "log_kernels", "log_mean_kernel_us",
     "log_flops_per_sample", "log_bytes_per_sample", "log_flops", "log_params", "log_intensity",
     "log_peak_tensor_tflops", "log_bandwidth_gb_s", "log_ridge", "log_peak_per_watt", "log_memory_gb", "amp",
 )
+
+
+def conv_amp_share(share_conv: Any, amp: Any) -> Any:
+    """The share of device time in convolutions run in half precision (AMP): `share_conv` where the GEMM math is
+    fp16/bf16, else 0 (floats or columns)."""
+    return share_conv * amp
+
+
+def with_derived_features(frame: pd.DataFrame) -> pd.DataFrame:
+    """`frame` with the composition features that derive from others filled in where a frame composed before they
+    existed lacks them."""
+    if "share_conv_amp" not in frame and {"share_conv", "amp"} <= set(frame):
+        frame = frame.assign(share_conv_amp=conv_amp_share(frame["share_conv"], frame["amp"]))
+    return frame
 
 
 def _log2(x: float) -> float:
@@ -86,6 +101,8 @@ def composition_features(spec: JobSpec, graph: Graph, hardware: HardwareSpec, ro
     out = {
         "log_composed_ms": _log2(composed_ms),
         **{f"share_{g}": float(ms[(groups == g) & ~optimizer].sum()) / device_ms for g in GROUPS},
+        "share_conv_amp": conv_amp_share(float(ms[(groups == "conv") & ~optimizer].sum()) / device_ms,
+                                         float(gemm_math in ("fp16", "bf16"))),
         "share_optimizer": float(ms[optimizer].sum()) / device_ms,
         "share_tensor_math": float(ms[tensor].sum()) / device_ms,
         "share_memory_bound": float(ms[memory > compute].sum()) / device_ms,

@@ -12,11 +12,13 @@ Real training steps differ from the composed kernel sum in two ways that real ru
 So: log(measured / composed) = level[model, math] + w · clip(device features - their mean), with w a ridge
 regression on the device features (`DEVICE_FEATURES`, named columns of `COMPOSITION_FEATURES`) of every run less
 its (model, math) level, and each level the median of what the device effect leaves. A job whose zoo model and
-math were measured gets its level; any other job gets level 0 (the composed step is right on the average GPU of
-the data) and the device effect alone. A GPU above the range the runs cover (a newer generation) gets the effect
-of the newest measured ones, not an extrapolated line; one below it on any feature (older or smaller than every
-measured GPU) gets no device effect; a feature its spec sheet lacks (no TDP: no FLOP/s per watt) counts as the
-average GPU's.
+math were measured gets its level; any other job gets no level of its own (the composed step is right on the
+average GPU of the data) and the effect of a second fit over `UNSEEN_FEATURES`: the device features and the share
+of the step in half-precision convolution, with one level per model (not per model and math), so that the AMP and
+TF32 runs of each measured model tell what AMP convolutions cost. A GPU above the range the runs cover (a newer
+generation) gets the effect of the newest measured ones, not an extrapolated line; one below it on any feature
+(older or smaller than every measured GPU) gets no device effect; a feature its spec sheet lacks (no TDP: no FLOP/s
+per watt) counts as the average GPU's.
 
 The 80 % band is conformal on out-of-fold residuals: for a job without a level, of folds that hold out whole model
 families (the band of a family never seen); for a job with one, of folds that hold out GPUs.
@@ -43,13 +45,21 @@ from perfmodel.regressors.whole_step import TARGET, StepCorrection
 
 DEVICE_FEATURES: tuple[str, ...] = ("log_peak_tensor_tflops", "log_bandwidth_gb_s", "log_ridge", "log_peak_per_watt",
                                     "log_memory_gb", "amp")
+# a model never measured: the device features and how much of its step is half-precision convolution
+UNSEEN_FEATURES: tuple[str, ...] = (*DEVICE_FEATURES, "share_conv_amp")
 JOB = "job"  # the optional column naming a row's (zoo model, math): `job_level_key`
+BACKFIT_ROUNDS = 20  # alternating fits of the weights and the levels (converged well before)
 RANGE_TOLERANCE = 0.05  # log2 units a feature may sit below the measured range and still count as inside it
 
 
 def job_level_key(model: str | None, precision: str) -> str | None:
     """The key a model's level is kept under: its zoo name and math (None: not a zoo model, no level)."""
     return None if not model else f"{model}:{precision}"
+
+
+def model_of(job: str) -> str:
+    """The model part of a level key (`job_level_key`): the key without its math."""
+    return str(job).rsplit(":", 1)[0]
 
 
 def _folds(labels: Sequence[str]) -> list[np.ndarray]:
@@ -61,21 +71,28 @@ class DeviceStepRegressor:
     name = "device-whole-step"
 
     def __init__(self, feature_names: Sequence[str] = DEVICE_FEATURES, ridge: float = 3.0,
-                 quantiles: tuple[float, float] = (0.1, 0.9)):
+                 quantiles: tuple[float, float] = (0.1, 0.9), unseen_features: Sequence[str] | None = UNSEEN_FEATURES):
         self.feature_names = tuple(feature_names)
         self.ridge = ridge
         self.quantiles = tuple(quantiles)
+        self.unseen_features = None if unseen_features is None else tuple(unseen_features)
 
     def get_params(self) -> dict[str, Any]:
-        return {"feature_names": list(self.feature_names), "ridge": self.ridge, "quantiles": list(self.quantiles)}
+        return {"feature_names": list(self.feature_names), "ridge": self.ridge, "quantiles": list(self.quantiles),
+                "unseen_features": None if self.unseen_features is None else list(self.unseen_features)}
+
+    @property
+    def _unseen_names(self) -> tuple[str, ...]:
+        return self.unseen_features if self.unseen_features is not None else self.feature_names
 
     # --- the fit ------------------------------------------------------------------------------------------------
 
-    def _x(self, frame: pd.DataFrame) -> np.ndarray:
-        missing = [name for name in self.feature_names if name not in frame]
+    @staticmethod
+    def _x(frame: pd.DataFrame, names: Sequence[str]) -> np.ndarray:
+        missing = [name for name in names if name not in frame]
         if missing:
             raise PerfmodelError(f"whole-step features missing: {missing}")
-        return frame[list(self.feature_names)].to_numpy(dtype=np.float64)
+        return frame[list(names)].to_numpy(dtype=np.float64)
 
     def _solve(self, x: np.ndarray, y: np.ndarray, jobs: np.ndarray) -> dict[str, Any]:
         """Weights, centre, range and levels fitted on (x, y, jobs)."""
@@ -87,7 +104,7 @@ class DeviceStepRegressor:
         scale = xc.std(axis=0) + 1e-9
         xs = xc / scale
         ridge = self.ridge * len(xs) / 100.0 * np.eye(xs.shape[1])
-        for _ in range(3):  # backfitting: weights on what the levels leave, levels on what the weights leave
+        for _ in range(BACKFIT_ROUNDS):  # weights on what the levels leave, levels on what the weights leave
             r = y - levels
             w = np.linalg.solve(xs.T @ xs + ridge, xs.T @ (r - r.mean()))
             effect = xs @ w
@@ -124,22 +141,32 @@ class DeviceStepRegressor:
         chips = list(groups) if chips is None else chips
         if not len(groups) == len(jobs) == len(chips) == len(frame):
             raise PerfmodelError("groups, jobs and chips need one value per row")
-        x, y = self._x(frame), frame[TARGET].to_numpy(dtype=np.float64)
+        x, x_unseen = self._x(frame, self.feature_names), self._x(frame, self._unseen_names)
+        y = frame[TARGET].to_numpy(dtype=np.float64)
         if not np.all(np.isfinite(y)):
             raise PerfmodelError(f"{TARGET} must be finite")
         jobs_ = np.asarray(jobs, dtype=object)
+        models = np.asarray([model_of(j) for j in jobs_], dtype=object)
+        # a measured job: its own level (per model and math) and the device effect; a model never measured: the
+        # effect of the device and of its share of half-precision convolution, learned with one level per model so
+        # that the AMP and TF32 runs of one model tell what AMP convolutions cost
         self.params_ = self._solve(x, y, jobs_)
+        self.unseen_params_ = self._solve(x_unseen, y, models)
         bands: dict[str, list[float]] = {}
         metrics: dict[str, Any] = {"rows": int(len(y)), "jobs": len(set(jobs_)), "families": len(set(groups)),
                                    "composed_mape": float(np.mean(np.abs(np.exp(-y) - 1.0)))}
-        for name, labels, with_level in (("unseen", groups, False), ("seen", chips, True)):
+        for name, labels, seen in (("unseen", groups, False), ("seen", chips, True)):
             oof = np.full(len(y), np.nan)
             for test in _folds(labels):
                 train = np.setdiff1d(np.arange(len(y)), test)
                 if len(train) < 5:
                     continue
-                params = self._solve(x[train], y[train], jobs_[train])
-                oof[test] = self._apply(params, x[test], list(jobs_[test]) if with_level else None)[0]
+                if seen:
+                    params = self._solve(x[train], y[train], jobs_[train])
+                    oof[test] = self._apply(params, x[test], list(jobs_[test]))[0]
+                else:
+                    params = self._solve(x_unseen[train], y[train], models[train])
+                    oof[test] = self._apply(params, x_unseen[test], None)[0]
             ok = np.isfinite(oof)
             residual = y[ok] - oof[ok]
             bands[name] = [float(np.quantile(residual, q)) for q in self.quantiles] if ok.any() else [0.0, 0.0]
@@ -160,7 +187,10 @@ class DeviceStepRegressor:
         """Log factors for every row of `frame` (the feature columns, and `job` where known); no side effects."""
         self._check_fitted()
         jobs = list(frame[JOB]) if JOB in frame else None
-        factor, known = self._apply(self.params_, self._x(frame), jobs)
+        factor, known = self._apply(self.params_, self._x(frame, self.feature_names), jobs)
+        if not known.all():
+            unseen = self._apply(self.unseen_params_, self._x(frame, self._unseen_names), None)[0]
+            factor = np.where(known, factor, unseen)
         low = np.where(known, self.bands_["seen"][0], self.bands_["unseen"][0])
         high = np.where(known, self.bands_["seen"][1], self.bands_["unseen"][1])
         return StepCorrection(factor, factor + np.minimum(low, 0.0), factor + np.maximum(high, 0.0))
@@ -176,8 +206,8 @@ class DeviceStepRegressor:
         self._check_fitted()
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        (directory / "stage.json").write_text(json.dumps({"params": self.params_, "bands": self.bands_},
-                                                         indent=1, sort_keys=True) + "\n")
+        (directory / "stage.json").write_text(json.dumps({"params": self.params_, "unseen": self.unseen_params_,
+                                                          "bands": self.bands_}, indent=1, sort_keys=True) + "\n")
         Manifest(regressor=self.name, feature_names=self.feature_names, settings=self.get_params(),
                  normalisation={"target": "log(measured step ms / composed step ms), natural log",
                                 "features": "clipped to the training range, centred on its mean"},
@@ -190,10 +220,14 @@ class DeviceStepRegressor:
         directory = Path(directory)
         manifest = Manifest.read_for(directory, cls.name)
         settings = dict(manifest.settings)
+        unseen = settings.get("unseen_features")
         model = cls(feature_names=manifest.feature_names, ridge=float(settings.get("ridge", 3.0)),
-                    quantiles=tuple(settings.get("quantiles", (0.1, 0.9))))
+                    quantiles=tuple(settings.get("quantiles", (0.1, 0.9))),
+                    unseen_features=None if unseen is None else tuple(unseen))
         data = json.loads((directory / "stage.json").read_text())
-        model.params_, model.bands_ = data["params"], data["bands"]
+        # a stage saved before unseen models had their own fit answers them with its device effect alone
+        model.params_, model.unseen_params_ = data["params"], data.get("unseen", {**data["params"], "levels": {}})
+        model.bands_ = data["bands"]
         model.metrics_ = dict(manifest.metrics)
         model.training_hash_ = manifest.training_data_hash or ""
         model.n_samples_ = manifest.training_samples or 0

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from perfmodel.engine import EngineConfig, PredictionEngine, Refused
+from perfmodel.registry.registry import default_models_dir
 from perfmodel.store.jobs import JobStore
 from tests.conftest import copy_shipped_models
 
@@ -24,7 +25,8 @@ def models_dir(tmp_path: Path) -> Path:
     return target
 
 
-WHOLE = {"whole-step": "device-whole-step/v1"}  # the shipped whole-step stage, untouched by these promotions
+# the shipped whole-step stage, untouched by these promotions
+WHOLE = {"whole-step": json.loads((default_models_dir() / "promoted.json").read_text())["whole-step"]}
 
 
 def _open(models_dir: Path, url: str, model_version: str | None = None) -> PredictionEngine:

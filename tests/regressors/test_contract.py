@@ -153,7 +153,8 @@ CASES: dict[str, Case] = {
                            data="frame"),
     "gnn-whole-step": Case(settings={"hidden": 8, "layers": 1, "epochs": 5, "inner_folds": 2, "threads": 1, "seed": 0,
                                      "feature_names": ["a", "b"]}, data="graph_frame"),
-    "device-whole-step": Case(settings={"feature_names": ["a", "b"], "ridge": 1.0}, data="frame"),
+    "device-whole-step": Case(settings={"feature_names": ["a", "b"], "ridge": 1.0, "unseen_features": ["a"]},
+                              data="frame"),
 }
 
 

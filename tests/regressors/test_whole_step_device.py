@@ -29,7 +29,7 @@ def runs(seed: int = 0) -> pd.DataFrame:
 
 
 def fitted(frame: pd.DataFrame) -> DeviceStepRegressor:
-    return DeviceStepRegressor(feature_names=FEATURES, ridge=0.01).fit(
+    return DeviceStepRegressor(feature_names=FEATURES, ridge=0.01, unseen_features=None).fit(
         frame, groups=list(frame.family), jobs=list(frame[JOB]), chips=list(frame.chip))
 
 
@@ -85,13 +85,15 @@ def test_save_load_predicts_the_same_and_the_manifest_says_what_it_is(tmp_path):
 def test_bad_input_is_a_clear_error():
     frame = runs()
     with pytest.raises(PerfmodelError, match="not fitted"):
-        DeviceStepRegressor(feature_names=FEATURES).predict(frame)
+        DeviceStepRegressor(feature_names=FEATURES, unseen_features=None).predict(frame)
     with pytest.raises(PerfmodelError, match="missing"):
         fitted(frame).predict(frame.drop(columns=["log_ridge"]))
     with pytest.raises(PerfmodelError, match="one value per row"):
-        DeviceStepRegressor(feature_names=FEATURES).fit(frame, groups=list(frame.family), jobs=["x"])
+        DeviceStepRegressor(feature_names=FEATURES, unseen_features=None).fit(frame, groups=list(frame.family),
+                                                                               jobs=["x"])
     with pytest.raises(PerfmodelError, match="finite"):
-        DeviceStepRegressor(feature_names=FEATURES).fit(frame.assign(**{TARGET: np.inf}), groups=list(frame.family))
+        DeviceStepRegressor(feature_names=FEATURES, unseen_features=None).fit(
+            frame.assign(**{TARGET: np.inf}), groups=list(frame.family))
 
 
 def test_level_keys_name_a_zoo_model_and_its_math():
@@ -109,7 +111,7 @@ from perfmodel.jobs.spec import JobSpec  # noqa: E402
 from perfmodel.placement.spec import Parallelism, PlacementSpec  # noqa: E402
 from perfmodel.predictor.placed import PlacementPredictor, level_key  # noqa: E402
 from perfmodel.predictor.whole_step import WholeStepStage  # noqa: E402
-from perfmodel.regressors.whole_step_device import DEVICE_FEATURES  # noqa: E402
+from perfmodel.regressors.whole_step_device import UNSEEN_FEATURES  # noqa: E402
 
 SERVED_LEVELS = {"resnet18:amp": -4.0, "resnet18:tf32": 2.0, "bert-small:amp": 0.7}  # absurd on purpose
 GPUS = sorted(name for name, spec in load_catalog().items() if spec.kind == "gpu")
@@ -119,7 +121,7 @@ GPUS = sorted(name for name, spec in load_catalog().items() if spec.kind == "gpu
 def served():
     """The shipped predictor with a device stage fitted on synthetic runs whose levels are far from 1."""
     rng = np.random.default_rng(1)
-    rows = [{**{name: rng.uniform(0, 10) for name in DEVICE_FEATURES}, JOB: job, "family": job.split(":")[0],
+    rows = [{**{name: rng.uniform(0, 10) for name in UNSEEN_FEATURES}, JOB: job, "family": job.split(":")[0],
              TARGET: level + rng.normal(0, 0.05)} for job, level in SERVED_LEVELS.items() for _ in range(10)]
     frame = pd.DataFrame(rows)
     stage = DeviceStepRegressor().fit(frame, groups=list(frame.family), jobs=list(frame[JOB]))
@@ -148,3 +150,23 @@ def test_served_answers_take_the_jobs_level_and_stay_physically_possible(served,
     assert single.interval_ms[0] <= single.iter_time_ms * (1 + 1e-9)
     assert single.iter_time_ms <= single.interval_ms[1] * (1 + 1e-9)
     assert placed.throughput_samples_per_s <= devices * single.throughput_samples_per_s * (1 + 1e-9)
+
+
+def test_a_model_never_measured_pays_for_its_half_precision_convolutions():
+    """Unseen models: what AMP convolutions cost is learned from the AMP and TF32 runs of each measured model."""
+    rng = np.random.default_rng(2)
+    rows = []
+    for model, conv in (("convnet", 0.6), ("detector", 0.5), ("lm", 0.0), ("recsys", 0.05)):
+        for amp in (0.0, 1.0):
+            for _ in range(12):
+                rows.append({"log_ridge": rng.uniform(5, 9), "amp": amp, "share_conv_amp": conv * amp,
+                             JOB: f"{model}:{'amp' if amp else 'tf32'}", "family": model, "chip": f"c{len(rows) % 5}",
+                             TARGET: 0.2 * (model == "detector") + 0.7 * conv * amp + rng.normal(0, 0.02)})
+    frame = pd.DataFrame(rows)
+    model = DeviceStepRegressor(feature_names=("log_ridge", "amp"), ridge=0.01,
+                                unseen_features=("log_ridge", "amp", "share_conv_amp")).fit(
+        frame, groups=list(frame.family), jobs=list(frame[JOB]), chips=list(frame.chip))
+    probe = pd.DataFrame({"log_ridge": [7.0, 7.0], "amp": [1.0, 1.0], "share_conv_amp": [0.0, 0.6],
+                          JOB: ["new:amp", "new:amp"]})
+    factor = model.predict(probe).log_factor
+    assert factor[1] - factor[0] == pytest.approx(0.7 * 0.6, abs=0.05)
