@@ -10,15 +10,15 @@ Real training steps differ from the composed kernel sum in two ways that real ru
   sheet: GPUs with more FLOP/s per byte of bandwidth (ridge point) and per watt run further from the kernel model.
 
 So: log(measured / composed) = level[model, math] + w · clip(device features - their mean), with w a ridge
-regression on the device features (`DEVICE_FEATURES`, named columns of `COMPOSITION_FEATURES`) of every run less
-its (model, math) level, and each level the median of what the device effect leaves. A job whose zoo model and
-math were measured gets its level; any other job gets no level of its own (the composed step is right on the
-average GPU of the data) and the effect of a second fit over `UNSEEN_FEATURES`: the device features and the share
-of the step in half-precision convolution, with one level per model (not per model and math), so that the AMP and
-TF32 runs of each measured model tell what AMP convolutions cost. A GPU above the range the runs cover (a newer
-generation) gets the effect of the newest measured ones, not an extrapolated line; one below it on any feature
-(older or smaller than every measured GPU) gets no device effect; a feature its spec sheet lacks (no TDP: no FLOP/s
-per watt) counts as the average GPU's.
+regression on the device features (`DEVICE_FEATURES`, named columns of `COMPOSITION_FEATURES`) of every run less its
+(model, math) level, and each level the median of what the device effect leaves. A job whose zoo model and math were
+measured gets its level; any other job gets no level of its own (the composed step is right on the average GPU of
+the data), the device effect, and what its share of half-precision convolution costs: the weight of that feature in
+a second fit over `UNSEEN_FEATURES` with one level per model (not per model and math), so that the AMP and TF32 runs
+of each measured model tell what AMP convolutions cost (a step without them pays nothing more). A GPU above the
+range the runs cover (a newer generation) gets the effect of the newest measured ones, not an extrapolated line; one
+below it on any feature (older or smaller than every measured GPU) gets no device effect; a feature its spec sheet
+lacks (no TDP: no FLOP/s per watt) counts as the average GPU's.
 
 The 80 % band is conformal on out-of-fold residuals: for a job without a level, of folds that hold out whole model
 families (the band of a family never seen); for a job with one, of folds that hold out GPUs.
@@ -148,10 +148,10 @@ class DeviceStepRegressor:
         jobs_ = np.asarray(jobs, dtype=object)
         models = np.asarray([model_of(j) for j in jobs_], dtype=object)
         # a measured job: its own level (per model and math) and the device effect; a model never measured: the
-        # effect of the device and of its share of half-precision convolution, learned with one level per model so
-        # that the AMP and TF32 runs of one model tell what AMP convolutions cost
+        # device effect and what its extra features (its share of half-precision convolution) cost, learned with one
+        # level per model so that the AMP and TF32 runs of one model tell what AMP convolutions cost
         self.params_ = self._solve(x, y, jobs_)
-        self.unseen_params_ = self._solve(x_unseen, y, models)
+        self.extra_weights_ = self._extra_weights(x_unseen, y, models)
         bands: dict[str, list[float]] = {}
         metrics: dict[str, Any] = {"rows": int(len(y)), "jobs": len(set(jobs_)), "families": len(set(groups)),
                                    "composed_mape": float(np.mean(np.abs(np.exp(-y) - 1.0)))}
@@ -165,8 +165,9 @@ class DeviceStepRegressor:
                     params = self._solve(x[train], y[train], jobs_[train])
                     oof[test] = self._apply(params, x[test], list(jobs_[test]))[0]
                 else:
-                    params = self._solve(x_unseen[train], y[train], models[train])
-                    oof[test] = self._apply(params, x_unseen[test], None)[0]
+                    params = self._solve(x[train], y[train], jobs_[train])
+                    extra = self._extra_weights(x_unseen[train], y[train], models[train])
+                    oof[test] = self._unseen(params, extra, frame.iloc[test])
             ok = np.isfinite(oof)
             residual = y[ok] - oof[ok]
             bands[name] = [float(np.quantile(residual, q)) for q in self.quantiles] if ok.any() else [0.0, 0.0]
@@ -179,6 +180,19 @@ class DeviceStepRegressor:
 
     # --- prediction -----------------------------------------------------------------------------------------------
 
+    def _extra_weights(self, x_unseen: np.ndarray, y: np.ndarray, models: np.ndarray) -> dict[str, float]:
+        """The weights of the features only unseen models use, from a fit with one level per model."""
+        weights = self._solve(x_unseen, y, models)["weights"]
+        return {name: float(w) for name, w in zip(self._unseen_names, weights) if name not in self.feature_names}
+
+    def _unseen(self, params: dict[str, Any], extra: dict[str, float], frame: pd.DataFrame) -> np.ndarray:
+        """Log factors of models never measured: the device effect, plus each extra feature times its weight (0
+        where the feature is 0: a step without half-precision convolutions pays nothing more)."""
+        effect = self._apply(params, self._x(frame, self.feature_names), None)[0]
+        for name, weight in extra.items():
+            effect = effect + weight * np.nan_to_num(self._x(frame, [name])[:, 0])
+        return effect
+
     def _check_fitted(self) -> None:
         if not hasattr(self, "params_"):
             raise PerfmodelError("device-whole-step is not fitted: call fit(frame, ...) or load(directory) first")
@@ -189,8 +203,7 @@ class DeviceStepRegressor:
         jobs = list(frame[JOB]) if JOB in frame else None
         factor, known = self._apply(self.params_, self._x(frame, self.feature_names), jobs)
         if not known.all():
-            unseen = self._apply(self.unseen_params_, self._x(frame, self._unseen_names), None)[0]
-            factor = np.where(known, factor, unseen)
+            factor = np.where(known, factor, self._unseen(self.params_, self.extra_weights_, frame))
         low = np.where(known, self.bands_["seen"][0], self.bands_["unseen"][0])
         high = np.where(known, self.bands_["seen"][1], self.bands_["unseen"][1])
         return StepCorrection(factor, factor + np.minimum(low, 0.0), factor + np.maximum(high, 0.0))
@@ -206,7 +219,7 @@ class DeviceStepRegressor:
         self._check_fitted()
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        (directory / "stage.json").write_text(json.dumps({"params": self.params_, "unseen": self.unseen_params_,
+        (directory / "stage.json").write_text(json.dumps({"params": self.params_, "extra": self.extra_weights_,
                                                           "bands": self.bands_}, indent=1, sort_keys=True) + "\n")
         Manifest(regressor=self.name, feature_names=self.feature_names, settings=self.get_params(),
                  normalisation={"target": "log(measured step ms / composed step ms), natural log",
@@ -225,8 +238,8 @@ class DeviceStepRegressor:
                     quantiles=tuple(settings.get("quantiles", (0.1, 0.9))),
                     unseen_features=None if unseen is None else tuple(unseen))
         data = json.loads((directory / "stage.json").read_text())
-        # a stage saved before unseen models had their own fit answers them with its device effect alone
-        model.params_, model.unseen_params_ = data["params"], data.get("unseen", {**data["params"], "levels": {}})
+        # a stage saved before unseen models had extra features answers them with its device effect alone
+        model.params_, model.extra_weights_ = data["params"], data.get("extra", {})
         model.bands_ = data["bands"]
         model.metrics_ = dict(manifest.metrics)
         model.training_hash_ = manifest.training_data_hash or ""
