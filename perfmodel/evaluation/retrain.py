@@ -295,9 +295,8 @@ class WholeStepRecipe(RoleRecipe):
 
     def predict_ms(self, model: Any, rows: Any, catalog: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray]:
         from perfmodel.evaluation.real_runs import with_jobs
-        from perfmodel.predictor.composition import with_derived_features
 
-        out = model.predict(with_derived_features(with_jobs(rows)))
+        out = model.predict(with_jobs(rows))  # rows composed by `load`: every composition feature is there
         factor = np.maximum(np.exp(out.log_factor), rows["roofline_over_composed"].to_numpy())
         return rows["single_ms"].to_numpy() * factor, np.ones(len(rows), dtype=bool)
 

@@ -145,16 +145,17 @@ def predict_measurements(measurements: Iterable[StepMeasurement], predictor_for_
                 placed._graphs.put(m.spec.key(), graph)  # the micro-batch graph, captured above
                 record["predicted_ms"] = placed.predict(m.spec, m.placement, graph=graph).iter_time_ms
             else:
-                hardware = device.catalog[m.device]
-                key = (m.graph_key, m.spec.precision, has_tf32(hardware))
-                if key not in job_rows_cache:
-                    job_rows_cache[key] = job_rows(m.spec, graph, hardware)
-                rows, out = device.predict_rows(m.spec, hardware, graph, job_rows_cache[key])
                 phases = (FORWARD, BACKWARD) + ((OPTIMIZER,) if m.includes_optimizer else ())
-                record["predicted_ms"] = sum(device.breakdown(rows, out.latency_ms, phases).values())
-                if whole_step is not None:
+                if whole_step is not None:  # the composed step and what it is made of, corrected as served
                     single, features = device.predict_composed(m.spec, m.device, graph=graph, phases=phases)
                     record["predicted_ms"] = whole_step.correct(single, features).iter_time_ms
+                else:
+                    hardware = device.catalog[m.device]
+                    key = (m.graph_key, m.spec.precision, has_tf32(hardware))
+                    if key not in job_rows_cache:
+                        job_rows_cache[key] = job_rows(m.spec, graph, hardware)
+                    rows, out = device.predict_rows(m.spec, hardware, graph, job_rows_cache[key])
+                    record["predicted_ms"] = sum(device.breakdown(rows, out.latency_ms, phases).values())
         except PerfmodelError as exc:
             record["error"] = str(exc)
         records.append(record)

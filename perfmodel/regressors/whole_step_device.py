@@ -167,7 +167,7 @@ class DeviceStepRegressor:
                 else:
                     params = self._solve(x[train], y[train], jobs_[train])
                     extra = self._extra_weights(x_unseen[train], y[train], models[train])
-                    oof[test] = self._unseen(params, extra, frame.iloc[test])
+                    oof[test] = self._unseen(params, extra, x[test], frame.iloc[test])
             ok = np.isfinite(oof)
             residual = y[ok] - oof[ok]
             bands[name] = [float(np.quantile(residual, q)) for q in self.quantiles] if ok.any() else [0.0, 0.0]
@@ -185,10 +185,11 @@ class DeviceStepRegressor:
         weights = self._solve(x_unseen, y, models)["weights"]
         return {name: float(w) for name, w in zip(self._unseen_names, weights) if name not in self.feature_names}
 
-    def _unseen(self, params: dict[str, Any], extra: dict[str, float], frame: pd.DataFrame) -> np.ndarray:
+    def _unseen(self, params: dict[str, Any], extra: dict[str, float], x: np.ndarray,
+                frame: pd.DataFrame) -> np.ndarray:
         """Log factors of models never measured: the device effect, plus each extra feature times its weight (0
         where the feature is 0: a step without half-precision convolutions pays nothing more)."""
-        effect = self._apply(params, self._x(frame, self.feature_names), None)[0]
+        effect = self._apply(params, x, None)[0]
         for name, weight in extra.items():
             effect = effect + weight * np.nan_to_num(self._x(frame, [name])[:, 0])
         return effect
@@ -201,9 +202,10 @@ class DeviceStepRegressor:
         """Log factors for every row of `frame` (the feature columns, and `job` where known); no side effects."""
         self._check_fitted()
         jobs = list(frame[JOB]) if JOB in frame else None
-        factor, known = self._apply(self.params_, self._x(frame, self.feature_names), jobs)
+        x = self._x(frame, self.feature_names)
+        factor, known = self._apply(self.params_, x, jobs)
         if not known.all():
-            factor = np.where(known, factor, self._unseen(self.params_, self.extra_weights_, frame))
+            factor = np.where(known, factor, self._unseen(self.params_, self.extra_weights_, x, frame))
         low = np.where(known, self.bands_["seen"][0], self.bands_["unseen"][0])
         high = np.where(known, self.bands_["seen"][1], self.bands_["unseen"][1])
         return StepCorrection(factor, factor + np.minimum(low, 0.0), factor + np.maximum(high, 0.0))
