@@ -1,12 +1,17 @@
-"""The scheduler's hot path: `POST /v1/predict` asked again with the very same body.
+"""The scheduler's hot path: `POST /v1/predict` of a job in memory, asked again or asked anew.
 
-A scheduler polls the same (job, placement) pairs over and over. Once the app answered a body with 200, the answer
-is kept, encoded, under (`PredictionEngine.response_token(job)`, the body's bytes); the token changes whenever
-anything the answer depends on changes (the serving model, the job's observations), so a kept answer is never
-stale. A request whose body was answered before is then served from memory by this plain ASGI layer, after the
-same read-access check the router makes, without FastAPI's routing, dependency solving and body validation: the
-body is byte-identical to one that passed them. Anything else (another path, a body not seen, a job not in
-memory, a large body) goes to the app unchanged.
+A scheduler polls the same (job, placement) pairs over and over, and a searching one asks placements nobody asked.
+Once the app answered a body with 200, the answer is kept, encoded, under (`PredictionEngine.response_token(job)`,
+the body's bytes); the token changes whenever anything the answer depends on changes (the serving model, the job's
+observations), so a kept answer is never stale. A request whose body was answered before is then served from memory
+by this plain ASGI layer, after the same read-access check the router makes, without FastAPI's routing, dependency
+solving and body validation: the body is byte-identical to one that passed them.
+
+A new body of a registered job in memory is answered here too when everything it needs is in memory
+(`PredictionEngine.predict_cached`: array arithmetic): validated by the same pydantic model the route declares
+(`PredictRequest`), answered and kept as the route would. Anything else (another path, a body that does not validate
+or is refused, a job or device compute not in memory, a large body) goes to the app unchanged, which answers it
+(the 4xx with the field at fault, or the blocking work in a worker thread).
 """
 
 from __future__ import annotations
@@ -14,9 +19,13 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from pydantic import ValidationError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from perfmodel.core.errors import PerfmodelError
 from service.deps import read_allowed
+from service.routers.common import encode_json
+from service.schemas import PredictRequest
 
 PATH = "/v1/predict"
 MAX_BODY_BYTES = 4096  # a (job id, placement) body is ~100-300 bytes; anything bigger takes the normal path
@@ -41,6 +50,10 @@ class PredictFastPath:
         key = _key(state, body) if body is not None else None
         if key is not None and read_allowed(state.settings, _text(_header(scope, b"authorization"))):
             hit = state.responses.get(key)
+            if hit is None and self.route is not None and body is not None:
+                hit = _answer(state, body)
+                if hit is not None:
+                    state.responses.put(key, hit)
             if hit is not None:
                 encoded, calibrated = hit
                 scope["route"] = self.route  # what the metrics label the request by, as the router would
@@ -88,6 +101,17 @@ def _key(state: Any, body: bytes) -> tuple[Any, bytes] | None:
         return None
     token = state.engine.response_token(job) if isinstance(job, str) else None
     return (token, body) if token is not None else None
+
+
+def _answer(state: Any, body: bytes) -> tuple[bytes, bool] | None:
+    """The route's answer to a new body when it is only arithmetic on what is in memory, else None (the app
+    answers: a body that does not validate, a refusal, work that blocks)."""
+    try:
+        request = PredictRequest.model_validate_json(body)
+        data = state.engine.predict_cached(request.job, request.placement)
+    except (ValidationError, PerfmodelError):
+        return None
+    return None if data is None else (encode_json(data), bool(data["calibrated"]))
 
 
 def _replay(messages: list[Message], receive: Receive) -> Receive:

@@ -53,6 +53,7 @@ from perfmodel.core.lru import LRU
 from perfmodel.engine.errors import FieldError, Loc, NotFound, Refused
 from perfmodel.engine.graphs import GraphCache, batch_free_key
 from perfmodel.engine.models import LOAD_ERRORS, ModelLifecycle
+from perfmodel.hardware.spec import HardwareSpec
 from perfmodel.jobs.spec import GraphSource, JobSpec
 from perfmodel.placement.colocation import Sharing, SharingJob
 from perfmodel.placement.spec import PlacementSpec
@@ -114,6 +115,10 @@ class Placements(Protocol):
                        graphs: Sequence[Graph | None] | None = None) -> list[list[Prediction]]: ...
 
     def is_warm(self, spec: JobSpec, placement: PlacementSpec) -> bool: ...
+
+    def hardware(self, name: str) -> HardwareSpec: ...
+
+    def prefetch(self, wanted: Sequence[tuple[JobSpec, HardwareSpec, int, Graph | None]]) -> None: ...
 
     def composition(self, spec: JobSpec, placement: PlacementSpec) -> dict[str, float] | None: ...
 
@@ -465,6 +470,14 @@ class PredictionEngine:
     def _raw(predictor: Placements, entry: JobEntry, placement: PlacementSpec, where: Loc) -> Prediction:
         with _model_refusals_at(where):
             return predictor.predict(entry.spec, placement, graph=entry.graph)
+
+    def prefetch(self, groups: Sequence[tuple[Sequence[JobEntry], Sequence[PlacementSpec]]], where: Loc) -> None:
+        """Compose every device step the (jobs, placements) groups need in one call of the per-op model, so that
+        `raw_matrix` of each group is arithmetic (a matrix whose jobs differ in batch makes one group per batch)."""
+        wanted = [(entry.spec, self.predictor.hardware(p.accelerator), p.micro_batch_size, entry.graph)
+                  for entries, placements in groups for p in placements for entry in entries]
+        with _model_refusals_at(where):
+            self.predictor.prefetch(wanted)
 
     def raw_matrix(self, entries: Sequence[JobEntry], placements: Sequence[PlacementSpec],
                    where: Loc) -> dict[str, Any]:
@@ -972,6 +985,6 @@ def load_placement_predictor(config: EngineConfig, graphs: GraphCache, catalog: 
     from perfmodel.predictor.placed import PlacementPredictor
 
     predictor = PlacementPredictor.load(config.models_dir, refs=refs, cache_size=config.max_cached_computes,
-                                        graphs=graphs.graph)
+                                        graphs=graphs.graph, batch_models=graphs.batch_model)
     predictor.use_catalog(catalog)
     return predictor

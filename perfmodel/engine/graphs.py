@@ -251,6 +251,11 @@ class GraphCache:
         """Whether any batch of `spec` is arithmetic, not a capture. Cheap."""
         return isinstance(self._batches.get(batch_free_key(spec)), Checked)
 
+    def batch_model(self, spec: JobSpec) -> BatchAffine | None:
+        """`spec`'s checked affine model (its graph at any batch), None where it has none. Cheap."""
+        model = self._batches.get(batch_free_key(spec))
+        return model.model if isinstance(model, Checked) else None
+
     def __len__(self) -> int:
         return len(self._graphs)
 

@@ -16,7 +16,10 @@ estimates use) are affine themselves.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
+
+import numpy as np
 
 from perfmodel.core.ir import Graph, GraphTotals, MoEInfo, TensorMeta
 
@@ -50,11 +53,39 @@ class BatchAffine:
     batch_first: int
     batch_second: int
 
-    def _tensors(self, t1: tuple[TensorMeta, ...], t2: tuple[TensorMeta, ...], b: int) -> tuple[TensorMeta, ...]:
-        b1, b2 = self.batch_first, self.batch_second
-        return tuple(TensorMeta.model_construct(
-            shape=tuple(_line(x, y, b1, b2, b) for x, y in zip(a.shape, c.shape)), dtype=a.dtype)
-            if a.shape != c.shape else a for a, c in zip(t1, t2))
+    @cached_property
+    def _plan(self) -> _Plan:
+        """What moves with the batch, found once: the node numbers that differ between the two captures and every
+        tensor dimension that does, as flat arrays (`at` is then one vectorised line and the nodes' rebuild)."""
+        numbers: list[tuple[int, str]] = []
+        tensors: list[tuple[int, str, int]] = []  # (node or -1 for the graph's inputs, field, tensor index)
+        dims1: list[int] = []
+        dims2: list[int] = []
+        sizes: list[int] = []
+        def tensor_changes(node: int, field: str, t1: tuple[TensorMeta, ...], t2: tuple[TensorMeta, ...]) -> None:
+            for k, (a, c) in enumerate(zip(t1, t2)):
+                if a.shape != c.shape:
+                    tensors.append((node, field, k))
+                    dims1.extend(a.shape)
+                    dims2.extend(c.shape)
+                    sizes.append(len(a.shape))
+
+        for i, (n1, n2) in enumerate(zip(self.first.nodes, self.second.nodes)):
+            numbers.extend((i, k) for k in _NODE_NUMBERS if getattr(n1, k) != getattr(n2, k))
+            if n1.input_tensors != n2.input_tensors:
+                tensor_changes(i, "input_tensors", n1.input_tensors, n2.input_tensors)
+            if n1.output_tensors != n2.output_tensors:
+                tensor_changes(i, "output_tensors", n1.output_tensors, n2.output_tensors)
+        tensor_changes(-1, "inputs", self.first.inputs, self.second.inputs)
+        first = [getattr(self.first.nodes[i], k) for i, k in numbers]
+        second = [getattr(self.second.nodes[i], k) for i, k in numbers]
+        return _Plan(numbers, np.array(first, dtype=np.int64), np.array(second, dtype=np.int64), tensors,
+                     np.array(dims1, dtype=np.int64), np.array(dims2, dtype=np.int64),
+                     np.cumsum([0, *sizes]))
+
+    def _line(self, first: np.ndarray, second: np.ndarray, batch: int) -> list[int]:
+        t = (batch - self.batch_first) / (self.batch_second - self.batch_first)
+        return np.maximum(np.rint(first + (second - first) * t), 0).astype(np.int64).tolist()
 
     def at(self, batch: int) -> Graph:
         """The graph at `batch` (the captured one at either captured batch)."""
@@ -62,16 +93,23 @@ class BatchAffine:
             return self.first
         if batch == self.batch_second:
             return self.second
+        plan = self._plan
+        changes: dict[int, dict[str, Any]] = {}
+        for (i, name), value in zip(plan.numbers, self._line(plan.first, plan.second, batch)):
+            changes.setdefault(i, {})[name] = value
+        dims = self._line(plan.dims_first, plan.dims_second, batch)
+        inputs = list(self.first.inputs)
+        for (i, field, k), start, end in zip(plan.tensors, plan.offsets[:-1], plan.offsets[1:]):
+            owner = inputs if i < 0 else changes.setdefault(i, {}).setdefault(
+                field, list(getattr(self.first.nodes[i], field)))
+            owner[k] = TensorMeta.model_construct(shape=tuple(dims[start:end]), dtype=owner[k].dtype)
+        nodes = list(self.first.nodes)
+        for i, changed in changes.items():
+            for field in ("input_tensors", "output_tensors"):
+                if field in changed:
+                    changed[field] = tuple(changed[field])
+            nodes[i] = nodes[i].model_copy(update=changed)
         b1, b2 = self.batch_first, self.batch_second
-        nodes = []
-        for n1, n2 in zip(self.first.nodes, self.second.nodes):
-            changed: dict[str, Any] = {k: _line(getattr(n1, k), getattr(n2, k), b1, b2, batch)
-                                       for k in _NODE_NUMBERS if getattr(n1, k) != getattr(n2, k)}
-            if n1.input_tensors != n2.input_tensors:
-                changed["input_tensors"] = self._tensors(n1.input_tensors, n2.input_tensors, batch)
-            if n1.output_tensors != n2.output_tensors:
-                changed["output_tensors"] = self._tensors(n1.output_tensors, n2.output_tensors, batch)
-            nodes.append(n1.model_copy(update=changed) if changed else n1)
         t1, t2 = self.first.totals, self.second.totals
         def whole(name: str) -> int | None:
             v1, v2 = getattr(t1, name), getattr(t2, name)
@@ -85,9 +123,19 @@ class BatchAffine:
         if moe is not None and self.second.moe is not None:
             moe = MoEInfo.model_construct(**{**moe.model_dump(), "tokens": _line(
                 moe.tokens, self.second.moe.tokens, b1, b2, batch)})
-        return self.first.model_copy(update={
-            "nodes": tuple(nodes), "totals": totals, "moe": moe,
-            "inputs": self._tensors(self.first.inputs, self.second.inputs, batch)})
+        return self.first.model_copy(update={"nodes": tuple(nodes), "totals": totals, "moe": moe,
+                                             "inputs": tuple(inputs)})
+
+
+@dataclass(frozen=True)
+class _Plan:
+    numbers: list[tuple[int, str]]  # (node, number) pairs that move
+    first: np.ndarray
+    second: np.ndarray
+    tensors: list[tuple[int, str, int]]  # (node or -1: the graph's inputs, field, index) of tensors that move
+    dims_first: np.ndarray  # their dimensions, flat
+    dims_second: np.ndarray
+    offsets: np.ndarray  # where each tensor's dimensions start in the flat arrays
 
 
 AFFINE_TOLERANCE = 0.005  # a third capture's totals within 0.5 % of the affine model's: the model is trusted

@@ -209,6 +209,9 @@ def get_accelerator(name: str, catalog: Mapping[str, HardwareSpec] | None = None
     `AmbiguousNameError` listing the candidates in `catalog`. Unknown: `UnknownNameError` with close matches.
     `catalog` defaults to `load_catalog()`; pass one to avoid re-reading the files in a loop."""
     catalog = load_catalog() if catalog is None else catalog
+    exact = catalog.get(name)
+    if exact is not None and exact.name == name:  # an entry's own name (names are unique keys): no index needed
+        return exact
     index = _index(catalog.values())
     key = normalize_name(name)
     try:

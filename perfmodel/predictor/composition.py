@@ -21,7 +21,6 @@ device's spec sheet, never the device's name, so the stage learned from some GPU
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -60,19 +59,23 @@ def with_derived_features(frame: pd.DataFrame) -> pd.DataFrame:
     return frame
 
 
-def _log2(x: float) -> float:
-    return math.log2(max(float(x), 1e-12))
+def _log2(x: Any) -> Any:
+    return np.log2(np.maximum(np.asarray(x, dtype=np.float64), 1e-12))
+
+
+def row_peaks(rows: pd.DataFrame, hardware: HardwareSpec) -> np.ndarray:
+    """The peak GFLOP/s of every kernel row's math on `hardware`."""
+    gemm = rows["op_class"].isin(GEMM_CLASSES).to_numpy()
+    maths = rows["math"].to_numpy() if "math" in rows else np.full(len(rows), "fp32")
+    peaks = {(m, g): peak_gflops(hardware, m, bool(g)) for m, g in set(zip(maths, gemm))}
+    return np.array([peaks[(m, g)] for m, g in zip(maths, gemm)], dtype=np.float64)
 
 
 def row_roofline(rows: pd.DataFrame, hardware: HardwareSpec) -> tuple[np.ndarray, np.ndarray]:
     """(compute ms, memory ms) of every kernel row at the peak of its math and the device's bandwidth."""
     work = op_work(rows)
-    gemm = rows["op_class"].isin(GEMM_CLASSES).to_numpy()
-    maths = rows["math"].to_numpy() if "math" in rows else np.full(len(rows), "fp32")
-    peaks = {(m, g): peak_gflops(hardware, m, bool(g)) for m, g in set(zip(maths, gemm))}
-    peak = np.array([peaks[(m, g)] for m, g in zip(maths, gemm)], dtype=np.float64)
-    return cost.compute_ms(work.flops, peak), cost.memory_ms(work.bytes_read + work.bytes_written,
-                                                             hardware.memory_bandwidth_gb_s)
+    return cost.compute_ms(work.flops, row_peaks(rows, hardware)), cost.memory_ms(
+        work.bytes_read + work.bytes_written, hardware.memory_bandwidth_gb_s)
 
 
 def composition_features(spec: JobSpec, graph: Graph, hardware: HardwareSpec, rows: pd.DataFrame,
@@ -80,47 +83,69 @@ def composition_features(spec: JobSpec, graph: Graph, hardware: HardwareSpec, ro
                          host_ms_per_kernel: float) -> dict[str, float]:
     """The `COMPOSITION_FEATURES` of one composed step (`rows` and their predicted `latency_ms`, and the step's
     `breakdown_ms`: forward, backward, optimizer, communication, overhead)."""
-    ms = np.asarray(latency_ms, dtype=np.float64)
-    device_ms = max(float(ms.sum()), 1e-9)
-    composed_ms = max(float(sum(breakdown_ms.values())), 1e-9)
+    compute, memory = row_roofline(rows, hardware)
+    totals = graph.totals
+    flops = float(totals.flops_fwd + totals.flops_bwd)
+    bytes_ = float(totals.bytes_read_fwd + totals.bytes_written_fwd + totals.bytes_read_bwd
+                   + totals.bytes_written_bwd)
+    arrays = composition_feature_arrays(
+        spec, hardware, rows, np.asarray(latency_ms, dtype=np.float64)[None, :], compute[None, :], memory[None, :],
+        {name: np.array([value]) for name, value in breakdown_ms.items()}, np.array([flops]), np.array([bytes_]),
+        totals.params, np.array([spec.batch_size]), host_ms_per_kernel)
+    return {name: float(value[0]) for name, value in arrays.items()}
+
+
+def composition_feature_arrays(spec: JobSpec, hardware: HardwareSpec, rows: pd.DataFrame, latency_ms: np.ndarray,
+                               compute_ms: np.ndarray, memory_ms: np.ndarray,
+                               breakdown_ms: Mapping[str, np.ndarray], flops: np.ndarray, bytes_: np.ndarray,
+                               params: int, batch: np.ndarray, host_ms_per_kernel: float) -> dict[str, np.ndarray]:
+    """`composition_features` of one job's step at several batches at once: `rows` are the kernels (the same at
+    every batch), `latency_ms`, `compute_ms` and `memory_ms` (batches, rows), the breakdown, the graph's FLOPs
+    and bytes (fwd + bwd) and `batch` one value per batch."""
+    ms = latency_ms
+    device_ms = np.maximum(ms.sum(axis=1), 1e-9)
+    composed_ms = np.maximum(sum(breakdown_ms.values()), 1e-9)
     groups = rows["kind"].map(group_of).to_numpy() if "kind" in rows else np.full(len(rows), "vector")
     optimizer = (rows["phase"] == "optimizer").to_numpy() if "phase" in rows else np.zeros(len(rows), bool)
-    compute, memory = row_roofline(rows, hardware)
     gemm = rows["op_class"].isin(GEMM_CLASSES).to_numpy()
     maths = rows["math"].to_numpy() if "math" in rows else np.full(len(rows), "fp32")
     tensor = np.array([on_tensor_cores(hardware, m, bool(g)) for m, g in zip(maths, gemm)], dtype=bool)
     table = resolved_table(spec.precision, hardware)
     gemm_math = table["matmul"].math
     peak_tensor = peak_gflops(hardware, gemm_math, True)
-    totals = graph.totals
-    batch = max(spec.batch_size, 1)
-    flops = float(totals.flops_fwd + totals.flops_bwd)
-    bytes_ = float(totals.bytes_read_fwd + totals.bytes_written_fwd + totals.bytes_read_bwd
-                   + totals.bytes_written_bwd)
+    batch = np.maximum(batch, 1)
     watts = hardware.tdp_w or float("nan")
+    n = len(ms)
+
+    def share(mask: np.ndarray) -> np.ndarray:
+        return ms[:, mask].sum(axis=1) / device_ms
+
+    def same(value: float) -> np.ndarray:
+        return np.full(n, value, dtype=np.float64)
+
+    conv = share((groups == "conv") & ~optimizer)
     out = {
         "log_composed_ms": _log2(composed_ms),
-        **{f"share_{g}": float(ms[(groups == g) & ~optimizer].sum()) / device_ms for g in GROUPS},
-        "share_conv_amp": conv_amp_share(float(ms[(groups == "conv") & ~optimizer].sum()) / device_ms,
-                                         float(gemm_math in ("fp16", "bf16"))),
-        "share_optimizer": float(ms[optimizer].sum()) / device_ms,
-        "share_tensor_math": float(ms[tensor].sum()) / device_ms,
-        "share_memory_bound": float(ms[memory > compute].sum()) / device_ms,
-        "roofline_over_composed": float(np.maximum(compute, memory).sum()) / composed_ms,
-        "host_over_device": len(rows) * host_ms_per_kernel / device_ms,
-        "share_overhead": float(breakdown_ms.get("overhead", 0.0)) / composed_ms,
-        "log_kernels": _log2(len(rows) + 1),
+        **{f"share_{g}": share((groups == g) & ~optimizer) for g in GROUPS},
+        "share_conv_amp": conv_amp_share(conv, float(gemm_math in ("fp16", "bf16"))),
+        "share_optimizer": share(optimizer),
+        "share_tensor_math": share(tensor),
+        "share_memory_bound": (ms * (memory_ms > compute_ms)).sum(axis=1) / device_ms,
+        "roofline_over_composed": np.maximum(compute_ms, memory_ms).sum(axis=1) / composed_ms,
+        "host_over_device": rows.shape[0] * host_ms_per_kernel / device_ms,
+        "share_overhead": np.asarray(breakdown_ms.get("overhead", same(0.0))) / composed_ms,
+        "log_kernels": same(_log2(len(rows) + 1)),
         "log_mean_kernel_us": _log2(device_ms * 1e3 / max(len(rows), 1)),
         "log_flops_per_sample": _log2(flops / batch + 1),
         "log_bytes_per_sample": _log2(bytes_ / batch + 1),
         "log_flops": _log2(flops + 1),
-        "log_params": _log2(totals.params + 1),
-        "log_intensity": _log2(flops / max(bytes_, 1.0)),
-        "log_peak_tensor_tflops": _log2(peak_tensor / 1e3),
-        "log_bandwidth_gb_s": _log2(hardware.memory_bandwidth_gb_s),
-        "log_ridge": _log2(cost.ridge_point(peak_tensor, hardware.memory_bandwidth_gb_s)),
-        "log_peak_per_watt": _log2(peak_tensor / watts) if watts == watts else float("nan"),
-        "log_memory_gb": _log2(hardware.memory_gb),
-        "amp": float(gemm_math in ("fp16", "bf16")),
+        "log_params": same(_log2(params + 1)),
+        "log_intensity": _log2(flops / np.maximum(bytes_, 1.0)),
+        "log_peak_tensor_tflops": same(_log2(peak_tensor / 1e3)),
+        "log_bandwidth_gb_s": same(_log2(hardware.memory_bandwidth_gb_s)),
+        "log_ridge": same(_log2(cost.ridge_point(peak_tensor, hardware.memory_bandwidth_gb_s))),
+        "log_peak_per_watt": same(_log2(peak_tensor / watts) if watts == watts else float("nan")),
+        "log_memory_gb": same(_log2(hardware.memory_gb)),
+        "amp": same(float(gemm_math in ("fp16", "bf16"))),
     }
-    return {name: out[name] for name in COMPOSITION_FEATURES}
+    return {name: np.asarray(out[name], dtype=np.float64) for name in COMPOSITION_FEATURES}

@@ -35,11 +35,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
 
+from perfmodel.core import cost
 from perfmodel.core.errors import PerfmodelError
 from perfmodel.core.ir import Graph
 from perfmodel.core.units import samples_per_s
@@ -50,6 +51,9 @@ from perfmodel.lowering.rows import BACKWARD, FORWARD, graph_op_rows, memory_row
 from perfmodel.predictor.math_modes import CONV_KINDS, MATMUL_KINDS, group_of, maths_by_group, resolved_table
 from perfmodel.predictor.memory import estimate_memory
 from perfmodel.predictor.predict import Prediction
+
+if TYPE_CHECKING:
+    from perfmodel.predictor.batch_sweep import Sweep
 
 OPTIMIZER = "optimizer"
 # tensor passes (reads + writes per parameter element) of PyTorch's default foreach optimizer steps:
@@ -118,35 +122,59 @@ def host_bound_ms(gpu_ms: np.ndarray, host_ms_per_kernel: float) -> float:
     PyTorch: Python, the dispatcher, autograd and the launch, per op) and the device runs them in order as soon as
     both it and the kernel are ready: max over j of (the time kernel j is issued + the device time of kernels j..n).
     Never less than the device time alone, nor than the host time of all kernels."""
-    gpu_ms = np.asarray(gpu_ms, dtype=np.float64)
-    if len(gpu_ms) == 0:
-        return 0.0
-    issued = host_ms_per_kernel * np.arange(1, len(gpu_ms) + 1)
-    remaining = np.cumsum(gpu_ms[::-1])[::-1]
-    return float(max((issued + remaining).max(), gpu_ms.sum()))
+    return float(host_bound_steps(np.asarray(gpu_ms, dtype=np.float64)[None, :], host_ms_per_kernel)[0])
+
+
+def host_bound_steps(gpu_ms: np.ndarray, host_ms_per_kernel: float) -> np.ndarray:
+    """`host_bound_ms` of several steps at once: `gpu_ms` is (steps, kernels)."""
+    if gpu_ms.shape[1] == 0:
+        return np.zeros(len(gpu_ms))
+    issued = host_ms_per_kernel * np.arange(1, gpu_ms.shape[1] + 1)
+    remaining = np.cumsum(gpu_ms[:, ::-1], axis=1)[:, ::-1]
+    return np.maximum((issued + remaining).max(axis=1), gpu_ms.sum(axis=1))
+
+
+def heavy_nodes(flops_fwd: np.ndarray, flops_bwd: np.ndarray) -> np.ndarray:
+    """Nodes whose backward does at least their forward's FLOPs (FLOPs per node, any leading axes)."""
+    return (flops_fwd > 0) & (flops_bwd >= flops_fwd)
+
+
+def row_nodes(rows: pd.DataFrame, graph: Graph) -> np.ndarray:
+    """The position in `graph.nodes` of each row's node (-1: a row of no node, the optimizer's and the casts')."""
+    position = {node.id: i for i, node in enumerate(graph.nodes)}
+    ids = rows["node_id"] if "node_id" in rows else pd.Series([None] * len(rows))
+    return np.array([position.get(i, -1) if isinstance(i, str) else -1 for i in ids], dtype=np.intp)
+
+
+def backward_factors(nodes: np.ndarray, phase: np.ndarray, ms: np.ndarray, heavy: np.ndarray) -> np.ndarray:
+    """The factor (steps, rows) that raises each node's backward to its forward time where the node is `heavy`
+    (steps, graph nodes): an op's gradient is never computed faster than the op itself. `nodes` and `phase` are
+    the rows' (`row_nodes`), `ms` their times (steps, rows)."""
+    steps, width = heavy.shape
+    out = np.ones(ms.shape)
+    has = nodes >= 0
+    forward, backward = has & (phase == FORWARD), has & (phase == BACKWARD)
+    if not forward.any() or not backward.any():
+        return out
+    offsets = (np.arange(steps) * width)[:, None]
+
+    def per_node(mask: np.ndarray) -> np.ndarray:
+        flat = (offsets + nodes[mask][None, :]).ravel()
+        return np.bincount(flat, weights=ms[:, mask].ravel(), minlength=steps * width).reshape(steps, width)
+
+    fwd, bwd = per_node(forward), per_node(backward)
+    raise_ = heavy & (bwd > 0) & (bwd < fwd)
+    factor = np.where(raise_, fwd / np.where(bwd > 0, bwd, 1.0), 1.0)
+    out[:, backward] = factor[:, nodes[backward]]
+    return out
 
 
 def backward_at_least_forward(rows: pd.DataFrame, ms: np.ndarray, graph: Graph) -> np.ndarray:
     """The factor (per row) that raises each node's backward to its forward time where the node's backward does at
     least its forward's FLOPs: an op's gradient is never computed faster than the op itself."""
-    node_ids = rows["node_id"].to_numpy()
-    phase = rows["phase"].to_numpy()
-    frame = pd.DataFrame({"node": node_ids, "phase": phase, "ms": ms})
-    sums = frame[frame["node"].notna()].groupby(["node", "phase"])["ms"].sum()
-    if sums.empty:
-        return np.ones(len(rows))
-    table = sums.unstack(fill_value=0.0)
-    if FORWARD not in table or BACKWARD not in table:
-        return np.ones(len(rows))
-    heavy = {n.id for n in graph.nodes if n.flops_fwd > 0 and n.flops_bwd >= n.flops_fwd}
-    fwd, bwd = table[FORWARD], table[BACKWARD]
-    factor = pd.Series(1.0, index=table.index)
-    raise_ = table.index.isin(list(heavy)) & (bwd > 0) & (bwd < fwd)
-    factor[raise_] = fwd[raise_] / bwd[raise_]
-    out = np.ones(len(rows))
-    is_bwd = phase == BACKWARD
-    out[is_bwd] = pd.Series(node_ids[is_bwd]).map(factor).fillna(1.0).to_numpy()
-    return out
+    heavy = heavy_nodes(np.array([n.flops_fwd for n in graph.nodes]), np.array([n.flops_bwd for n in graph.nodes]))
+    return backward_factors(row_nodes(rows, graph), rows["phase"].to_numpy(), np.asarray(ms)[None, :],
+                            heavy[None, :])[0]
 
 
 class DevicePredictor:
@@ -225,6 +253,83 @@ class DevicePredictor:
             results.append(self._composed(spec, hw, graph, rows, mine, (FORWARD, BACKWARD, OPTIMIZER)))
         return results
 
+    def predict_composed_sweeps(self, sweeps: Sequence[Sweep]) -> list[list[tuple[Prediction, dict[str, float]]]]:
+        """`predict_composed` of each job of each sweep at each of its batches (`batch_sweep.Sweep`): the distinct
+        kernels of them all priced in one call of the per-op model, each step composed with the same arithmetic,
+        vectorised over the batches. Equal to composing the graph made at each batch, up to the rounding of shapes
+        on the line (`bench/sweep.py --check`)."""
+        from perfmodel.hardware.catalog import get_accelerator
+        from perfmodel.lowering.ops import op_work
+        from perfmodel.predictor.composition import row_peaks
+
+        hardware = [get_accelerator(s.accelerator, self.catalog) for s in sweeps]
+        for hw in hardware:
+            if hw.name not in self.catalog:
+                raise PerfmodelError(f"accelerator {hw.name!r} is not in this predictor's catalog")
+        frames = [s.rows.kernels_at(s.batches, hw.name) for s, hw in zip(sweeps, hardware)]
+        if not frames:
+            return []
+        frame = pd.concat(frames, ignore_index=True)
+        out = self.regressor.predict(frame, self.catalog)
+        work = op_work(frame)
+        results, start = [], 0
+        for s, hw, kernels in zip(sweeps, hardware, frames):
+            part = slice(start, start + len(kernels))
+            start += len(kernels)
+            steps = len(s.specs)
+
+            def per_row(values: np.ndarray, steps: int = steps, codes: np.ndarray = s.rows.codes) -> np.ndarray:
+                return np.asarray(values).reshape(steps, -1)[:, codes]  # (batches, kernels) -> (batches, rows)
+
+            peaks = np.tile(row_peaks(s.rows.kernels, hw), steps)
+            compute = per_row(cost.compute_ms(work.flops[part], peaks))
+            memory = per_row(cost.memory_ms(work.bytes_read[part] + work.bytes_written[part],
+                                            hw.memory_bandwidth_gb_s))
+            ms = per_row(out.latency_ms[part])
+            factor = backward_factors(s.rows.nodes, s.rows.rows["phase"].to_numpy(), ms, s.graphs.heavy(s.batches))
+            results.append(self._composed_steps(s, hw, ms * factor, per_row(out.p10_ms[part]) * factor,
+                                                per_row(out.p90_ms[part]) * factor,
+                                                per_row(out.extrapolated[part]), compute, memory))
+        return results
+
+    def _composed_steps(self, sweep: Sweep, hardware: HardwareSpec, ms: np.ndarray, p10: np.ndarray,
+                        p90: np.ndarray, extrapolated: np.ndarray, compute_ms: np.ndarray, memory_ms: np.ndarray
+                        ) -> list[tuple[Prediction, dict[str, float]]]:
+        """`_composed` of one sweep's steps: row times (batches, rows) of `sweep.rows.rows` at `sweep.batches`."""
+        from perfmodel.predictor.composition import composition_feature_arrays
+
+        rows, batches, first = sweep.rows.rows, sweep.batches, sweep.specs[0]
+        phase = rows["phase"].to_numpy()
+        breakdown = {name: ms[:, phase == name].sum(axis=1) for name in (FORWARD, BACKWARD, OPTIMIZER)}
+        breakdown["communication"] = np.zeros(len(batches))
+        iter_time_ms = host_bound_steps(ms, self.host_ms_per_kernel)
+        breakdown["overhead"] = iter_time_ms - ms.sum(axis=1)
+        low, high = host_bound_steps(p10, self.host_ms_per_kernel), host_bound_steps(p90, self.host_ms_per_kernel)
+        flops, bytes_ = sweep.graphs.flops_and_bytes(batches)
+        features = composition_feature_arrays(first, hardware, rows, ms, compute_ms, memory_ms, breakdown, flops,
+                                              bytes_, sweep.graphs.params, batches, self.host_ms_per_kernel)
+        reasons: dict[bytes, tuple[str, ...]] = {}
+        maths = maths_by_group(first.precision, hardware)
+        host_issue_ms = {name: float((phase == name).sum()) * self.host_ms_per_kernel
+                         for name in (FORWARD, BACKWARD, OPTIMIZER)}
+        out = []
+        for i, spec in enumerate(sweep.specs):
+            outside = extrapolated[i].astype(bool)
+            why = reasons.get(outside.tobytes())
+            if why is None:
+                why = reasons[outside.tobytes()] = self._reasons(rows, outside, hardware, sweep.graphs.first)
+            memory = estimate_memory(spec, sweep.graphs.graph_bytes(spec.precision, spec.batch_size))
+            step = Prediction(
+                job_name=spec.name, job_id=spec.key(), accelerator=hardware.name, model_version=self.model_version,
+                iter_time_ms=float(iter_time_ms[i]),
+                throughput_samples_per_s=samples_per_s(spec.batch_size, float(iter_time_ms[i])),
+                interval_ms=(float(low[i]), float(high[i])),
+                breakdown_ms={name: float(value[i]) for name, value in breakdown.items()},
+                peak_memory_bytes=memory.peak_bytes, extrapolated=bool(why), extrapolation_reasons=why,
+                math_by_op_group=maths, host_issue_ms=host_issue_ms)
+            out.append((step, {name: float(value[i]) for name, value in features.items()}))
+        return out
+
     def _composed(self, spec: JobSpec, hardware: HardwareSpec, graph: Graph, rows: pd.DataFrame, out: Any,
                   phases: tuple[str, ...]) -> tuple[Prediction, dict[str, float]]:
         """The composed step of predicted kernel rows, and its composition features."""
@@ -235,7 +340,7 @@ class DevicePredictor:
         features = composition_features(spec, graph, hardware, rows[keep], out.latency_ms[keep], breakdown,
                                         self.host_ms_per_kernel)
         iter_time_ms = sum(breakdown.values())
-        reasons = self._reasons(rows, out, hardware, graph)
+        reasons = self._reasons(rows, out.extrapolated, hardware, graph)
         return Prediction(
             job_name=spec.name, job_id=spec.key(), accelerator=hardware.name, model_version=self.model_version,
             iter_time_ms=iter_time_ms, throughput_samples_per_s=samples_per_s(spec.batch_size, iter_time_ms),
@@ -266,14 +371,15 @@ class DevicePredictor:
         """The iteration of these row latencies: their sum plus the host time they cannot hide."""
         return sum(self.breakdown(rows, latency_ms, phases).values())
 
-    def _reasons(self, rows: pd.DataFrame, out: Any, hardware: HardwareSpec, graph: Graph) -> tuple[str, ...]:
+    def _reasons(self, rows: pd.DataFrame, extrapolated: np.ndarray, hardware: HardwareSpec,
+                 graph: Graph) -> tuple[str, ...]:
         from perfmodel.hardware.custom import custom_reasons
 
         reasons = custom_reasons(hardware)
-        if out.extrapolated.any():
-            outside = rows.loc[out.extrapolated]
+        if extrapolated.any():
+            outside = rows.loc[extrapolated]
             classes = ", ".join(sorted(set(outside["op_class"])))
-            reasons.append(f"{int(out.extrapolated.sum())} of {len(rows)} ops ({classes}) lie outside the model's "
+            reasons.append(f"{int(extrapolated.sum())} of {len(rows)} ops ({classes}) lie outside the model's "
                            f"training devices or maths on {hardware.name}")
         _, filled = imputed(hardware, self.catalog.values())
         if filled:

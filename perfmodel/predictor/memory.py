@@ -101,8 +101,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
-from perfmodel.core.ir import Graph, Node, TensorMeta
+import numpy as np
+
+from perfmodel.core.ir import Graph, MoEInfo, Node, TensorMeta
 from perfmodel.core.opkinds import OpKind
 from perfmodel.core.units import GIGA
 from perfmodel.graph.flops import DTYPE_BYTES
@@ -199,10 +202,6 @@ def layers(graph: Graph) -> list[list[Node]]:
     return runs
 
 
-def _kept_nodes(nodes: list[Node]) -> list[Node]:
-    return [n for n in nodes if n.kind != OpKind.view]
-
-
 @dataclass(frozen=True)
 class ActivationProfile:
     """Training activations at the graph's batch: everything kept, the layers' outputs, the largest layer."""
@@ -223,45 +222,105 @@ def saved_bytes(graph: Graph, precision: Precision) -> int | None:
     return None if measured is None else int(measured)
 
 
-def activation_profile(graph: Graph, precision: Precision) -> ActivationProfile:
+@dataclass(frozen=True)
+class GraphBytes:
+    """What memory estimates read of a graph at one precision, as arrays over its nodes: the graph is walked once
+    (`of`), everything after is arithmetic. Every array is affine in the batch where the graph is
+    (`perfmodel.graph.batch_affine`), so two of them fix the one at any batch (`between`)."""
+
+    output_bytes: np.ndarray  # int64: each node's outputs at the precision (`_output_bytes`)
+    view: np.ndarray  # bool: view nodes (no storage of their own)
+    params: np.ndarray  # int64: parameter elements each node reads
+    run_of: np.ndarray  # intp: the layer run (`layers`) of each node
+    block_last: np.ndarray  # intp: the last node of each run owned by a repeated block (`block_outputs`)
+    params_total: int
+    saved: int | None  # what autograd saves (measured at capture), None where the graph has no measurement
+    largest_layer_params: int
+    moe: MoEInfo | None = None  # its experts (memory reads only their count and parameters, not the batch's)
+
+    @classmethod
+    def of(cls, graph: Graph, precision: Precision) -> GraphBytes:
+        nodes = list(graph.nodes)
+        run_of, block_last = [], []
+        for r, run in enumerate(layers(graph)):
+            run_of.extend([r] * len(run))
+            key = layer_key(run[0].module)
+            if key and any(part.isdigit() for part in key.split(".")):
+                block_last.append(len(run_of) - 1)
+        return cls(output_bytes=np.array([_output_bytes(n, precision) for n in nodes], dtype=np.int64),
+                   view=np.array([n.kind == OpKind.view for n in nodes], dtype=bool),
+                   params=np.array([n.params for n in nodes], dtype=np.int64),
+                   run_of=np.array(run_of, dtype=np.intp), block_last=np.array(block_last, dtype=np.intp),
+                   params_total=graph.totals.params, saved=saved_bytes(graph, precision),
+                   largest_layer_params=largest_layer_params(graph), moe=getattr(graph, "moe", None))
+
+    def between(self, other: GraphBytes, batch: float, batch_other: float, at: float) -> GraphBytes:
+        """The arrays at batch `at` on the line through this one (at `batch`) and `other` (at `batch_other`)."""
+        def line(a: np.ndarray | int | None, b: np.ndarray | int | None) -> Any:
+            if a is None or b is None:
+                return None
+            value = np.maximum(np.rint(a + (np.asarray(b) - a) * ((at - batch) / (batch_other - batch))), 0)
+            return value.astype(np.int64) if isinstance(value, np.ndarray) and value.ndim else int(value)
+
+        return GraphBytes(output_bytes=line(self.output_bytes, other.output_bytes), view=self.view,
+                          params=self.params, run_of=self.run_of, block_last=self.block_last,
+                          params_total=self.params_total, saved=line(self.saved, other.saved),
+                          largest_layer_params=self.largest_layer_params, moe=self.moe)
+
+    def same_structure(self, other: GraphBytes) -> bool:
+        return (len(self.view) == len(other.view) and bool((self.view == other.view).all())
+                and bool((self.run_of == other.run_of).all()) and bool((self.params == other.params).all())
+                and np.array_equal(self.block_last, other.block_last) and (self.saved is None) == (other.saved is None))
+
+    @property
+    def kept_outputs(self) -> int:
+        return int(self.output_bytes[~self.view].sum())
+
+    def block_outputs(self) -> list[int]:
+        """Output bytes of each repeated block, in order (`perfmodel.predictor.placed.block_outputs`)."""
+        return [int(v) for v in self.output_bytes[self.block_last]]
+
+
+def activation_profile(graph: Graph | GraphBytes, precision: Precision) -> ActivationProfile:
     """The graph's activations: every kept output (the rule), or what autograd saves when the graph measured it;
     the largest layer then scales by the same ratio (the layer outputs checkpointing keeps are real tensors)."""
-    runs = [run for run in (_kept_nodes(r) for r in layers(graph)) if run]
-    outputs = sum(_output_bytes(n, precision) for n in _kept_nodes(list(graph.nodes)))
-    largest = max((sum(_output_bytes(n, precision) for n in run) for run in runs), default=0)
-    measured = saved_bytes(graph, precision)
+    b = graph if isinstance(graph, GraphBytes) else GraphBytes.of(graph, precision)
+    kept = ~b.view
+    runs = b.run_of[kept]
+    per_run = np.bincount(runs, weights=b.output_bytes[kept]) if len(runs) else np.zeros(0)
+    outputs = b.kept_outputs
+    largest = int(per_run.max()) if len(per_run) else 0
+    last_kept = np.flatnonzero(np.r_[runs[1:] != runs[:-1], True]) if len(runs) else np.zeros(0, dtype=np.intp)
+    measured = b.saved
     ratio = measured / outputs if measured is not None and outputs else 1.0
     return ActivationProfile(
         full_bytes=measured if measured is not None else outputs,
-        boundary_bytes=sum(_output_bytes(run[-1], precision) for run in runs),
+        boundary_bytes=int(b.output_bytes[kept][last_kept].sum()),
         largest_layer_bytes=math.ceil(largest * ratio),
     )
 
 
-def inference_activation_bytes(graph: Graph, precision: Precision) -> int:
+def inference_activation_bytes(graph: Graph | GraphBytes, precision: Precision) -> int:
     """The two largest outputs: an inference step frees each activation once its consumers ran."""
-    outputs = sorted((_output_bytes(n, precision) for n in graph.nodes), reverse=True)
-    return sum(outputs[:2])
+    b = graph if isinstance(graph, GraphBytes) else GraphBytes.of(graph, precision)
+    return int(np.sort(b.output_bytes)[::-1][:2].sum())
 
 
-def backward_overlap_bytes(graph: Graph, precision: Precision, activation_scale: float, gradients: int) -> int:
+def backward_overlap_bytes(graph: Graph | GraphBytes, precision: Precision, activation_scale: float,
+                           gradients: int) -> int:
     """The activations' share of the step's peak of activations + gradients (see the module docstring).
 
     Backward walks the nodes in reverse: when it reaches node i, the saved activations of nodes <= i are alive and
     the gradients of the parameters of nodes >= i exist. Per-node activations are the nodes' outputs scaled by
     `activation_scale` (the shard's stored activations / the graph's outputs), per-node gradients so they sum to
     `gradients`; the result is max_i(activations <= i + gradients >= i) - gradients, in [0, scaled activations]."""
-    nodes = list(graph.nodes)
-    total_params = sum(n.params for n in nodes)
+    b = graph if isinstance(graph, GraphBytes) else GraphBytes.of(graph, precision)
+    total_params = int(b.params.sum())
     grad_per_param = gradients / total_params if total_params else 0.0
-    prefix, suffix = 0.0, float(gradients)
-    peak = float(gradients)  # after backward (the optimizer step): every gradient, no activation
-    for node in nodes:
-        if node.kind != OpKind.view:
-            prefix += _output_bytes(node, precision) * activation_scale
-        # a tied weight is read by several nodes: never more gradient than the model has
-        peak = max(peak, prefix + min(float(gradients), suffix))
-        suffix = max(0.0, suffix - node.params * grad_per_param)
+    prefix = np.cumsum(np.where(b.view, 0.0, b.output_bytes * activation_scale))
+    # a tied weight is read by several nodes: never more gradient than the model has
+    before = np.maximum(0.0, gradients - np.r_[0.0, np.cumsum(b.params * grad_per_param)[:-1]])
+    peak = max(float(gradients), float((prefix + np.minimum(float(gradients), before)).max(initial=0.0)))
     return math.ceil(peak - gradients)
 
 
@@ -276,7 +335,7 @@ def _check_positive(**values: int) -> None:
             raise ValueError(f"{name} must be >= 1, got {value}")
 
 
-def estimate_memory(spec: JobSpec, graph: Graph, *, tensor_parallel: int = 1, pipeline_parallel: int = 1,
+def estimate_memory(spec: JobSpec, graph: Graph | GraphBytes, *, tensor_parallel: int = 1, pipeline_parallel: int = 1,
                     data_parallel: int = 1, zero_stage: int = 0, activation_checkpointing: bool = False,
                     micro_batch_size: int | None = None, micro_batches: int | None = None,
                     expert_parallel: int = 1) -> MemoryEstimate:
@@ -285,7 +344,8 @@ def estimate_memory(spec: JobSpec, graph: Graph, *, tensor_parallel: int = 1, pi
     `micro_batches`, when given, is the number of micro-batches per iteration and `spec`/`graph` are one
     micro-batch (the placement model captures graphs at the micro-batch size); otherwise `spec.batch_size` is the
     replica's batch, split into micro-batches of `micro_batch_size`. `expert_parallel` > 1 needs a graph with
-    MoE layers (`graph.moe`) whose experts it divides."""
+    MoE layers (`graph.moe`) whose experts it divides. `graph` may be its `GraphBytes` at the spec's precision
+    (walked once for many placements, or made for another batch)."""
     _check_positive(tensor_parallel=tensor_parallel, pipeline_parallel=pipeline_parallel,
                     data_parallel=data_parallel, expert_parallel=expert_parallel)
     if zero_stage not in (0, 1, 2, 3):
@@ -294,9 +354,10 @@ def estimate_memory(spec: JobSpec, graph: Graph, *, tensor_parallel: int = 1, pi
     _check_positive(micro_batch_size=micro)
     tp, pp, dp, ep = tensor_parallel, pipeline_parallel, data_parallel, expert_parallel
     per_param = bytes_per_param(spec.precision, spec.optimizer, spec.mode)
-    params = graph.totals.params
+    b = graph if isinstance(graph, GraphBytes) else GraphBytes.of(graph, spec.precision)
+    params = b.params_total
     model_split = tp * pp
-    experts = _expert_params(graph, ep)  # 0 without expert parallelism: the formulas below are the dense ones
+    experts = _expert_params(b, ep)  # 0 without expert parallelism: the formulas below are the dense ones
     dense = params - experts
     expert_dp = max(1, dp // ep)  # the ranks holding the same experts (ZeRO's group for them)
 
@@ -311,7 +372,7 @@ def estimate_memory(spec: JobSpec, graph: Graph, *, tensor_parallel: int = 1, pi
     weights_full = shard(per_param.weights, zero=False)
     weights = weights_full
     if zero_stage >= 3:
-        gathered = math.ceil(largest_layer_params(graph) * per_param.weights / tp)
+        gathered = math.ceil(b.largest_layer_params * per_param.weights / tp)
         sharded = math.ceil(weights_full / dp) if not experts else shard(per_param.weights, zero=True)
         weights = min(weights_full, sharded + gathered)
     gradients = shard(per_param.gradients, zero=zero_stage >= 2)
@@ -319,14 +380,14 @@ def estimate_memory(spec: JobSpec, graph: Graph, *, tensor_parallel: int = 1, pi
 
     scale = micro / spec.batch_size  # activations of one micro-batch, of the graph's batch
     if spec.mode == Mode.train:
-        acts = activation_profile(graph, spec.precision)
+        acts = activation_profile(b, spec.precision)
         per_iteration = micro_batches if micro_batches is not None else math.ceil(spec.batch_size / micro)
         in_flight = min(pp, per_iteration)  # 1F1B: the first stage's micro-batches
         stored = acts.full_bytes * scale * in_flight / pp
         if activation_checkpointing:  # layer outputs of every micro-batch in flight + one layer recomputed
             stored = min(stored, (acts.boundary_bytes * in_flight / pp + acts.largest_layer_bytes) * scale)
-        outputs = sum(_output_bytes(n, spec.precision) for n in _kept_nodes(list(graph.nodes)))
-        activations = backward_overlap_bytes(graph, spec.precision, stored / tp / outputs if outputs else 0.0,
+        outputs = b.kept_outputs
+        activations = backward_overlap_bytes(b, spec.precision, stored / tp / outputs if outputs else 0.0,
                                              gradients)
         # the optimizer step: activations freed, every gradient alive, its temporaries sharded like its state
         temporaries = shard(optimizer_temporary_bytes(spec.precision, spec.optimizer), zero=zero_stage >= 1)
@@ -335,12 +396,12 @@ def estimate_memory(spec: JobSpec, graph: Graph, *, tensor_parallel: int = 1, pi
         else:
             temporaries = 0
     else:
-        activations, temporaries = math.ceil(inference_activation_bytes(graph, spec.precision) * scale / tp), 0
+        activations, temporaries = math.ceil(inference_activation_bytes(b, spec.precision) * scale / tp), 0
     rest = weights + gradients + optimizer + activations + temporaries
     return MemoryEstimate(weights, gradients, optimizer, activations, int(rest * WORKSPACE_FRACTION), temporaries)
 
 
-def _expert_params(graph: Graph, expert_parallel: int) -> int:
+def _expert_params(graph: Graph | GraphBytes, expert_parallel: int) -> int:
     """The experts' parameter elements that expert parallelism divides (0 when it is 1)."""
     if expert_parallel == 1:
         return 0

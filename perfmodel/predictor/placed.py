@@ -31,9 +31,10 @@ from typing import Any
 import numpy as np
 
 from perfmodel.core.errors import PerfmodelError
-from perfmodel.core.ir import Graph
+from perfmodel.core.ir import Graph, MoEInfo
 from perfmodel.core.lru import LRU
 from perfmodel.core.units import GIGA
+from perfmodel.graph.batch_affine import BatchAffine
 from perfmodel.hardware.spec import HardwareSpec
 from perfmodel.jobs.spec import JobSpec, Precision, ZooSource
 from perfmodel.jobs.zoo import items_of
@@ -57,7 +58,8 @@ from perfmodel.placement.iteration import (
     load_params,
 )
 from perfmodel.placement.spec import PlacementSpec
-from perfmodel.predictor.memory import USABLE_MEMORY_FRACTION, bytes_per_param, estimate_memory, layer_key, layers
+from perfmodel.predictor.batch_sweep import GraphLine, RowLine, Sweep, table_key
+from perfmodel.predictor.memory import USABLE_MEMORY_FRACTION, GraphBytes, bytes_per_param, estimate_memory
 from perfmodel.predictor.predict import Prediction
 from perfmodel.predictor.whole_step import WholeStepStage
 from perfmodel.regressors.whole_step_device import job_level_key
@@ -72,18 +74,6 @@ DEFAULT_CACHE_SIZE = 4096  # entries of each cache (computes, memory estimates, 
 def level_key(spec: JobSpec) -> str | None:
     """The key a whole-step stage keeps a measured model's level under (zoo jobs; None for the others)."""
     return job_level_key(spec.source.name, spec.precision.value) if isinstance(spec.source, ZooSource) else None
-
-
-def block_outputs(graph: Graph, precision: Precision) -> list[int]:
-    """Output bytes of each repeated block (module paths with a layer index) of the graph, in order."""
-    from perfmodel.predictor.memory import _output_bytes  # one definition of a node's output size
-
-    sizes = []
-    for run in layers(graph):
-        key = layer_key(run[0].module)
-        if key and any(part.isdigit() for part in key.split(".")):
-            sizes.append(_output_bytes(run[-1], precision))
-    return sizes
 
 
 def intra_link(hardware: HardwareSpec, override: str | None) -> LinkModel:
@@ -144,7 +134,8 @@ class PlacementPredictor:
 
     def __init__(self, cpu: Any | None, device: Any | None, params: IterationParams | None = None, *,
                  cache_size: int = DEFAULT_CACHE_SIZE, graphs: Callable[[JobSpec], Graph] | None = None,
-                 whole_step: WholeStepStage | None = None):
+                 whole_step: WholeStepStage | None = None,
+                 batch_models: Callable[[JobSpec], BatchAffine | None] | None = None):
         self.cpu = cpu
         self.device = device
         self.params = params or IterationParams()
@@ -160,11 +151,20 @@ class PlacementPredictor:
         # composed (uncorrected) steps and their composition features, per (job, accelerator, micro-batch)
         self._compositions: LRU[tuple[str, str, int], tuple[Prediction, dict[str, float]]] = LRU(cache_size)
         self.whole_step = whole_step
+        # every batch of a job from its graphs at two batches (`batch_sweep`): the checked affine model of a job's
+        # graph (the engine's), its lines per job and per (job, math table), what memory reads of each graph
+        self._batch_models = batch_models
+        self._graph_lines: LRU[str, GraphLine] = LRU(cache_size)
+        self._row_lines: LRU[tuple[str, Any], RowLine | bool] = LRU(cache_size)
+        self._graph_bytes: LRU[str, GraphBytes] = LRU(cache_size)
+        # composed steps corrected by the whole-step stage (`prefetch` corrects all of its steps in one call)
+        self._corrected: LRU[tuple[str, str, int], Prediction] = LRU(cache_size)
 
     @classmethod
     def load(cls, models_dir: Any = None, model_version: str | None = None, *,
              refs: Mapping[str, str | None] | None = None, cache_size: int = DEFAULT_CACHE_SIZE,
-             graphs: Callable[[JobSpec], Graph] | None = None) -> PlacementPredictor:
+             graphs: Callable[[JobSpec], Graph] | None = None,
+             batch_models: Callable[[JobSpec], BatchAffine | None] | None = None) -> PlacementPredictor:
         """The promoted models of both roles; `model_version` (NAME/VERSION) replaces the one of its role, and
         `refs` ({role: NAME/VERSION or None}) names the model of each role it gives (None: the registry's promoted
         one). Raises if an artifact does not load."""
@@ -184,12 +184,13 @@ class PlacementPredictor:
         if cpu is None and device is None:
             raise PerfmodelError(f"no promoted model in {registry.root}: train one (`perfmodel train`) and promote it")
         whole_step = WholeStepStage.load(chosen.get("whole-step"), models_dir) if device is not None else None
-        return cls(cpu, device, load_params(), cache_size=cache_size, graphs=graphs, whole_step=whole_step)
+        return cls(cpu, device, load_params(), cache_size=cache_size, graphs=graphs, whole_step=whole_step,
+                   batch_models=batch_models)
 
     def cache_sizes(self) -> dict[str, int]:
         """Entries held by each cache (each at most `cache_size`)."""
         return {"computes": len(self._computes), "graphs": len(self._graphs), "memory": len(self._memory),
-                "links": len(self._links)}
+                "links": len(self._links), "graph_lines": len(self._graph_lines)}
 
     def is_warm(self, spec: JobSpec, placement: PlacementSpec) -> bool:
         """Whether `predict(spec, placement)` is only array arithmetic: the device compute and the memory estimate
@@ -226,43 +227,58 @@ class PlacementPredictor:
     def compute(self, spec: JobSpec, hardware: HardwareSpec, micro_batch_size: int, *,
                 graph: Graph | None = None) -> tuple[ShardCompute, Prediction]:
         """One micro-batch of `spec`'s model on one `hardware` device, and its single-device prediction (cached).
-        `graph`, if given, is `spec`'s graph at `spec.batch_size`; graphs of other batch sizes are captured."""
+        `graph`, if given, is `spec`'s graph at `spec.batch_size`; other batch sizes come from the job's lines
+        (`batch_sweep`) where its graph is affine in the batch, else from its graph at that batch."""
         key = (spec.key(), hardware.name, micro_batch_size)
         cached = self._computes.get(key)
         if cached is not None:
             return cached
-        if graph is not None and micro_batch_size == spec.batch_size:
-            self._graphs.setdefault(spec.key(), graph)
+        own = graph if graph is not None and micro_batch_size == spec.batch_size else None
+        if own is not None:
+            self._graphs.setdefault(spec.key(), own)
         micro_spec = spec.model_copy(update={"batch_size": micro_batch_size})
-        if graph is not None and micro_batch_size == spec.batch_size:
-            micro_graph = graph
+        if key not in self._compositions:
+            self.prefetch([(spec, hardware, micro_batch_size, graph)])  # composed from the job's lines, if it has
+        lines = None if own is not None else self._graph_line(spec)
+        micro_graph: Graph | None = None
+        if lines is not None:  # no graph made at this batch
+            stats = lines.graph_bytes(spec.precision, micro_batch_size)
         else:
-            micro_graph = self._graph(micro_spec)
+            micro_graph = own if own is not None else self._graph(micro_spec)
+            stats = self._bytes_of(micro_spec, micro_graph)
         single = self._single_step(spec, micro_spec, hardware, micro_graph)
         b = single.breakdown_ms
-        blocks, block_bytes = layer_stats(block_outputs(micro_graph, spec.precision))
+        blocks, block_bytes = layer_stats(stats.block_outputs())
         per_param = bytes_per_param(spec.precision, spec.optimizer, spec.mode)
-        moe = getattr(micro_graph, "moe", None)
+        moe = stats.moe
         compute = ShardCompute(
             forward_ms=b["forward"], backward_ms=b["backward"], optimizer_ms=b["optimizer"],
-            overhead_ms=b.get("overhead", 0.0), params=micro_graph.totals.params,
+            overhead_ms=b.get("overhead", 0.0), params=stats.params_total,
             gradient_bytes_per_param=per_param.gradients if spec.mode.value == "train" else 0,
             layers=blocks, layer_activation_bytes=block_bytes, **moe_fields(moe, spec.precision),
             host_forward_ms=(single.host_issue_ms or {}).get("forward", 0.0),
             host_backward_ms=(single.host_issue_ms or {}).get("backward", 0.0))
         self._computes.put(key, (compute, single))
-        self._graphs.setdefault(micro_spec.key(), micro_graph)
+        if micro_graph is not None:
+            self._graphs.setdefault(micro_spec.key(), micro_graph)
         return compute, single
 
-    def _single_step(self, spec: JobSpec, micro_spec: JobSpec, hardware: HardwareSpec, graph: Graph) -> Prediction:
+    def _single_step(self, spec: JobSpec, micro_spec: JobSpec, hardware: HardwareSpec,
+                     graph: Graph | None) -> Prediction:
         """One device's step of `micro_spec`: the single-device predictor's, corrected by the learned whole-step
-        stage where one is loaded and the device model composed it (`composition` keeps what it was made of)."""
+        stage where one is loaded and the device model composed it (`composition` keeps what it was made of).
+        `graph` (None: composed already) is the job's graph at the micro-batch."""
         predictor = self._single(hardware)
         compose = getattr(predictor, "predict_composed", None)
-        if compose is None:
-            return predictor.predict(micro_spec, hardware.name, graph=graph)
         key = (spec.key(), hardware.name, micro_spec.batch_size)
+        corrected = self._corrected.get(key)
+        if corrected is not None and self.whole_step is not None:
+            return corrected
         composed = self._compositions.get(key)
+        if compose is None or (composed is None and graph is None):
+            graph = graph if graph is not None else self._graph(micro_spec)
+            if compose is None:
+                return predictor.predict(micro_spec, hardware.name, graph=graph)
         if composed is None:
             composed = self._compositions.put(key, compose(micro_spec, hardware.name, graph=graph))
         single, features = composed
@@ -270,32 +286,88 @@ class PlacementPredictor:
             return single
         return self.whole_step.correct(single, features, level_key(spec))
 
+    def _bytes_of(self, micro_spec: JobSpec, graph: Graph) -> GraphBytes:
+        """What memory reads of `micro_spec`'s graph (cached: many placements share a micro-batch)."""
+        key = f"{micro_spec.key()}:{micro_spec.precision.value}"
+        found = self._graph_bytes.get(key)
+        return found if found is not None else self._graph_bytes.put(key, GraphBytes.of(graph, micro_spec.precision))
+
+    def _graph_line(self, spec: JobSpec) -> GraphLine | None:
+        """The job's graph at any batch from the engine's affine model of it (None: none yet, or not affine)."""
+        if self._batch_models is None:
+            return None
+        family = spec.model_copy(update={"batch_size": 1}).key()
+        found = self._graph_lines.get(family)
+        if found is not None:
+            return found
+        model = self._batch_models(spec)
+        made = None if model is None else GraphLine.of(model.first, model.batch_first, model.second,
+                                                         model.batch_second)
+        return None if made is None else self._graph_lines.put(family, made)
+
+    def _row_line(self, spec: JobSpec, hardware: HardwareSpec) -> tuple[GraphLine, RowLine] | None:
+        """The job's lines on `hardware`'s math table, checked once against its graph at a third batch."""
+        graphs = self._graph_line(spec)
+        if graphs is None:
+            return None
+        key = (spec.model_copy(update={"batch_size": 1}).key(), table_key(spec.precision, hardware))
+        found = self._row_lines.get(key)
+        if found is None:
+            check = graphs.batch_first + graphs.batch_second
+            made = RowLine.of(spec, graphs, hardware, self._graph(spec.model_copy(update={"batch_size": check})),
+                              check)
+            found = self._row_lines.put(key, made if made is not None else False)
+        return (graphs, found) if isinstance(found, RowLine) else None
+
     def prefetch(self, wanted: Sequence[tuple[JobSpec, HardwareSpec, int, Graph | None]]) -> None:
-        """Compose every (spec, device, micro-batch) not cached yet whose device the per-op model prices in one
-        call of that model (`DevicePredictor.predict_composed_many`): a matrix of many new jobs, devices or batch
-        sizes pays its per-call cost once. `graph`, if given, is the spec's graph at its own batch."""
-        compose_many = getattr(self.device, "predict_composed_many", None)
-        if compose_many is None:
+        """Compose every (spec, device, micro-batch) not cached yet whose device the per-op model prices, in one
+        call of that model: a job's batches other than its own from its lines, all of them at once
+        (`DevicePredictor.predict_composed_sweeps`), the others from their graphs
+        (`DevicePredictor.predict_composed_many`). `graph`, if given, is the spec's graph at its own batch."""
+        if self.device is None:
             return
         todo: dict[tuple[str, str, int], tuple[JobSpec, str, Graph]] = {}
+        sweeps: dict[tuple[int, str], list[tuple[tuple[str, str, int], JobSpec]]] = {}
+        lines: dict[tuple[int, str], tuple[GraphLine, RowLine]] = {}
+        seen: set[tuple[str, str, int]] = set()
         for spec, hardware, micro, graph in wanted:
             key = (spec.key(), hardware.name, micro)
-            if key in todo or key in self._computes or key in self._compositions:
+            if key in seen or key in self._computes or key in self._compositions:
                 continue
+            seen.add(key)
             if self._single(hardware) is not self.device:
                 continue
             micro_spec = spec.model_copy(update={"batch_size": micro})
-            micro_graph = graph if graph is not None and micro == spec.batch_size else self._graph(micro_spec)
-            todo[key] = (micro_spec, hardware.name, micro_graph)
-        if len(todo) < 2:
-            return  # one is composed as before
-        for key, composed in zip(todo, compose_many(list(todo.values()))):
-            self._compositions.put(key, composed)
+            own = graph is not None and micro == spec.batch_size
+            found = self._row_line(spec, hardware)
+            if found is not None:
+                group = (id(found[1]), hardware.name)  # one sweep per row line and device
+                lines[group] = found
+                sweeps.setdefault(group, []).append((key, micro_spec))
+                continue
+            todo[key] = (micro_spec, hardware.name, graph if own and graph is not None else self._graph(micro_spec))
+        made: dict[tuple[str, str, int], tuple[JobSpec, tuple[Prediction, dict[str, float]]]] = {}
+        if sweeps:
+            batch = [Sweep([s for _, s in members], group[1], lines[group][1], lines[group][0])
+                     for group, members in sweeps.items()]
+            for members, composed in zip(sweeps.values(), self.device.predict_composed_sweeps(batch)):
+                for (key, micro_spec), step in zip(members, composed):
+                    made[key] = (micro_spec, self._compositions.put(key, step))
+        if len(todo) >= 2:  # one alone is composed as before
+            for key, composed in zip(todo, self.device.predict_composed_many(list(todo.values()))):
+                made[key] = (todo[key][0], self._compositions.put(key, composed))
+        if self.whole_step is not None and made:
+            steps = list(made.values())
+            corrected = self.whole_step.correct_many([step[0] for _, step in steps], [step[1] for _, step in steps],
+                                                     [level_key(spec) for spec, _ in steps])
+            for key, step in zip(made, corrected):
+                self._corrected.put(key, step)
 
     def set_whole_step(self, stage: WholeStepStage | None) -> None:
         """Use another whole-step stage (None: none): the composed steps are kept, the corrected ones redone."""
         self.whole_step = stage
         self._computes = LRU(self.cache_size)
+        self._corrected = LRU(self.cache_size)
 
     def composition(self, spec: JobSpec, placement: PlacementSpec) -> dict[str, float] | None:
         """The composition features of `spec`'s micro-batch on the placement's accelerator (None: not composed
@@ -450,8 +522,10 @@ class PlacementPredictor:
         if cached is not None:
             return cached
         micro_spec = spec.model_copy(update={"batch_size": placement.micro_batch_size})
-        graph = self._graph(micro_spec)
-        check_expert_parallel(graph, par.expert)
+        lines = self._graph_line(spec) if micro_spec.key() not in self._graphs else None
+        graph = (lines.graph_bytes(spec.precision, placement.micro_batch_size) if lines is not None
+                 else self._bytes_of(micro_spec, self._graph(micro_spec)))
+        check_expert_parallel(graph.moe, spec.name, par.expert)
         extra = {"expert_parallel": par.expert} if _takes_expert_parallel() else {}
         estimate = estimate_memory(micro_spec, graph, tensor_parallel=par.tensor,
                                    pipeline_parallel=par.pipeline, data_parallel=par.data,
@@ -510,17 +584,17 @@ def moe_fields(moe: Any, precision: Precision) -> dict[str, int]:
             * activation_element_bytes(precision)}
 
 
-def check_expert_parallel(graph: Graph, expert: int) -> None:
-    """An expert-parallel degree > 1 needs a mixture-of-experts model whose experts it divides."""
+def check_expert_parallel(moe: MoEInfo | None, name: str, expert: int) -> None:
+    """An expert-parallel degree > 1 needs a mixture-of-experts model (`moe`: its graph's) whose experts it
+    divides."""
     if expert == 1:
         return
-    moe = getattr(graph, "moe", None)
     if moe is None:
-        raise PerfmodelError(f"placement.parallelism.expert: {graph.name} is a dense model (no mixture-of-experts "
+        raise PerfmodelError(f"placement.parallelism.expert: {name} is a dense model (no mixture-of-experts "
                              f"layers): expert parallelism {expert} needs experts to split; use 1")
     if moe.experts % expert:
         raise PerfmodelError(f"placement.parallelism.expert: {expert} does not divide the {moe.experts} experts of "
-                             f"each MoE layer of {graph.name}")
+                             f"each MoE layer of {name}")
 
 
 @functools.cache

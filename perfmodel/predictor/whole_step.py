@@ -15,10 +15,10 @@ stage never saw).
 
 from __future__ import annotations
 
-import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from perfmodel.predictor.predict import Prediction
@@ -48,21 +48,37 @@ class WholeStepStage:
     def factors(self, features: Mapping[str, float], job: str | None = None) -> tuple[float, float, float]:
         """(factor, low, high) multiplying the composed step, bounded below by the roofline floor. `job`: the job's
         level key (`regressors.whole_step_device.job_level_key`), for stages that keep a level per measured model."""
-        out = self.regressor.predict(pd.DataFrame([{**features, JOB: job}]))
-        floor = float(features.get("roofline_over_composed", 0.0))
-        factor = max(math.exp(float(out.log_factor[0])), floor)
-        low = max(min(math.exp(float(out.log_low[0])), factor), floor)
-        high = max(math.exp(float(out.log_high[0])), factor)
+        factor, low, high = self.factors_many([features], [job])
+        return float(factor[0]), float(low[0]), float(high[0])
+
+    def factors_many(self, features: Sequence[Mapping[str, float]], jobs: Sequence[str | None]
+                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """`factors` of many composed steps in one call of the stage's model."""
+        out = self.regressor.predict(pd.DataFrame([{**f, JOB: job} for f, job in zip(features, jobs)]))
+        floor = np.array([float(f.get("roofline_over_composed", 0.0)) for f in features])
+        factor = np.maximum(np.exp(np.asarray(out.log_factor, dtype=np.float64)), floor)
+        low = np.maximum(np.minimum(np.exp(np.asarray(out.log_low, dtype=np.float64)), factor), floor)
+        high = np.maximum(np.exp(np.asarray(out.log_high, dtype=np.float64)), factor)
         return factor, low, high
 
     def correct(self, single: Prediction, features: Mapping[str, float], job: str | None = None) -> Prediction:
-        factor, low, high = self.factors(features, job)
-        breakdown = {k: v * factor if k in CORRECTED_PARTS else v for k, v in single.breakdown_ms.items()}
-        iter_time_ms = sum(breakdown.values())
-        composed = single.iter_time_ms
-        return single.model_copy(update={
-            "iter_time_ms": iter_time_ms, "breakdown_ms": breakdown,
-            "interval_ms": (min(composed * low, iter_time_ms), max(composed * high, iter_time_ms)),
-            "throughput_samples_per_s": single.throughput_samples_per_s * composed / iter_time_ms,
-            "model_version": f"{single.model_version}+{self.model_version}",
-            "composed_iter_time_ms": composed})
+        return self.correct_many([single], [features], [job])[0]
+
+    def correct_many(self, singles: Sequence[Prediction], features: Sequence[Mapping[str, float]],
+                     jobs: Sequence[str | None]) -> list[Prediction]:
+        """Each composed step times its factor, component by component (one call of the stage's model)."""
+        if not singles:
+            return []
+        factors, lows, highs = self.factors_many(features, jobs)
+        out = []
+        for single, factor, low, high in zip(singles, factors.tolist(), lows.tolist(), highs.tolist()):
+            breakdown = {k: v * factor if k in CORRECTED_PARTS else v for k, v in single.breakdown_ms.items()}
+            iter_time_ms = sum(breakdown.values())
+            composed = single.iter_time_ms
+            out.append(single.model_copy(update={
+                "iter_time_ms": iter_time_ms, "breakdown_ms": breakdown,
+                "interval_ms": (min(composed * low, iter_time_ms), max(composed * high, iter_time_ms)),
+                "throughput_samples_per_s": single.throughput_samples_per_s * composed / iter_time_ms,
+                "model_version": f"{single.model_version}+{self.model_version}",
+                "composed_iter_time_ms": composed}))
+        return out

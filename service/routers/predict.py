@@ -127,12 +127,16 @@ def matrix(engine: PredictionEngine, entries: Sequence[JobEntry],
     by_batch: dict[int, list[int]] = defaultdict(list)  # jobs of one batch size share their placements
     for i, entry in enumerate(entries):
         by_batch[entry.spec.batch_size].append(i)
+    groups = []
     for batch_size, members in by_batch.items():
         placements = [engine.placement(p, batch_size, (*where, j)) for j, p in enumerate(given)]
         group = [entries[i] for i in members]
         for entry in group:
             for j, placement in enumerate(placements):
                 engine.check_ir_batch(entry, placement, (*where, j))
+        groups.append((members, group, placements))
+    engine.prefetch([(group, placements) for _, group, placements in groups], where)  # every step in one pass
+    for members, group, placements in groups:
         arrays = engine.raw_matrix(group, placements, where)
         accelerators = accelerators or [engine.hardware(p.accelerator, (*where, j, "accelerator")).name
                                         for j, p in enumerate(placements)]

@@ -1,0 +1,114 @@
+"""Every batch of a job from its graphs at two batches: the sweep composes what the graph made at each batch would,
+memory reads the same, and the placement predictor serves a batch sweep without making a graph per batch (real
+captures on the meta device, the shipped models)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from perfmodel.engine.graphs import GraphCache
+from perfmodel.graph import graph_for_job
+from perfmodel.graph.batch_affine import affine
+from perfmodel.hardware.catalog import get_accelerator
+from perfmodel.jobs.spec import JobSpec
+from perfmodel.placement.spec import PlacementSpec
+from perfmodel.predictor.batch_sweep import GraphLine, RowLine, Sweep
+from perfmodel.predictor.gpu_iteration import DevicePredictor
+from perfmodel.predictor.memory import GraphBytes, estimate_memory
+from perfmodel.predictor.placed import PlacementPredictor
+
+# a CNN, a transformer (attention rows batch x heads), an RNN (a GEMM per time step)
+CASES = [("resnet18", None, "fp32"), ("resnet18", None, "amp"), ("bert-small", 32, "amp"), ("lstm-lm", None, "fp32")]
+BATCHES = (1, 3, 7, 40)
+
+
+@pytest.fixture(scope="module")
+def device() -> DevicePredictor:
+    return DevicePredictor.load()
+
+
+def _lines(name: str, seq_len: int | None, precision: str) -> tuple[JobSpec, object, GraphLine]:
+    spec = JobSpec.from_options(zoo=name, batch_size=2, seq_len=seq_len, precision=precision)
+    first, second = graph_for_job(spec), graph_for_job(spec.model_copy(update={"batch_size": 5}))
+    model = affine(first, 2, second, 5)
+    graphs = GraphLine.of(first, 2, second, 5)
+    assert model is not None and graphs is not None
+    return spec, model, graphs
+
+
+@pytest.mark.parametrize("name,seq_len,precision", CASES)
+def test_a_sweep_composes_what_each_batch_graph_would(device, name, seq_len, precision):
+    spec, model, graphs = _lines(name, seq_len, precision)
+    for accelerator in ("a100-sxm4-80gb", "t4"):
+        hardware = get_accelerator(accelerator)
+        rows = RowLine.of(spec, graphs, hardware, model.at(7), 7)
+        assert rows is not None and len(rows.kernels) <= len(rows.rows)
+        specs = [spec.model_copy(update={"batch_size": b}) for b in BATCHES]
+        swept = device.predict_composed_sweeps([Sweep(specs, accelerator, rows, graphs)])[0]
+        for micro, (step, features) in zip(specs, swept):
+            want, want_features = device.predict_composed(micro, accelerator, graph=model.at(micro.batch_size))
+            assert step.iter_time_ms == pytest.approx(want.iter_time_ms, rel=0.005)
+            assert step.interval_ms == pytest.approx(want.interval_ms, rel=0.005)
+            for part, value in want.breakdown_ms.items():
+                assert step.breakdown_ms[part] == pytest.approx(value, rel=0.005, abs=1e-6), part
+            assert step.peak_memory_bytes == pytest.approx(want.peak_memory_bytes, rel=0.005)
+            assert step.extrapolation_reasons == want.extrapolation_reasons
+            assert step.host_issue_ms == want.host_issue_ms and step.job_id == want.job_id
+            assert set(features) == set(want_features)
+            for feature, value in want_features.items():
+                if np.isfinite(value):
+                    assert features[feature] == pytest.approx(value, rel=0.005, abs=1e-3), feature
+
+
+def test_rows_of_another_structure_have_no_line():
+    spec, _, graphs = _lines("resnet18", None, "fp32")
+    other = graph_for_job(JobSpec.from_options(zoo="resnet34", batch_size=7))
+    assert RowLine.of(spec, graphs, get_accelerator("t4"), other, 7) is None
+    assert GraphLine.of(graphs.first, 2, other, 7) is None
+
+
+def test_what_memory_reads_is_on_the_line_and_estimates_the_same():
+    spec, model, graphs = _lines("bert-small", 32, "amp")
+    for batch in BATCHES:
+        made = GraphBytes.of(model.at(batch), spec.precision)
+        lined = graphs.graph_bytes(spec.precision, batch)
+        assert np.abs(made.output_bytes - lined.output_bytes).max() <= 1
+        assert made.block_outputs() == pytest.approx(lined.block_outputs(), abs=1)
+        micro = spec.model_copy(update={"batch_size": batch})
+        for options in ({}, {"data_parallel": 4, "zero_stage": 3}, {"activation_checkpointing": True}):
+            want = estimate_memory(micro, model.at(batch), **options).peak_bytes
+            assert estimate_memory(micro, lined, **options).peak_bytes == pytest.approx(want, rel=1e-6)
+            assert estimate_memory(micro, made, **options).peak_bytes == want
+
+
+def test_a_batch_sweep_is_served_from_two_captures_with_no_graph_per_batch():
+    cache = GraphCache(100, isolated=False)
+    spec = JobSpec.from_options(zoo="resnet18", batch_size=4)
+    assert cache.prepare_batches(spec, cache.graph(spec))
+    swept = PlacementPredictor.load(graphs=cache.graph, batch_models=cache.batch_model)
+    plain = PlacementPredictor.load(graphs=cache.graph)
+    placements = [PlacementSpec.grid(accelerator, nodes=1, per_node=devices, global_batch_size=micro * devices)
+                  for accelerator in ("t4", "h100-sxm5") for devices in (1, 2, 8) for micro in (1, 5, 9, 33, 100)]
+    made = cache.synthesized
+    arrays = swept.matrix_arrays([spec], placements)
+    assert cache.synthesized == made  # no graph made for any of the 5 micro-batches
+    want = plain.matrix_arrays([spec], placements)
+    assert cache.synthesized > made  # the plain predictor makes one per micro-batch
+    assert arrays["throughput_samples_per_s"] == pytest.approx(want["throughput_samples_per_s"], rel=0.005)
+    assert arrays["peak_memory_bytes"] == pytest.approx(want["peak_memory_bytes"], rel=0.005)
+    one = swept.predict(spec, placements[7])
+    assert one.throughput_samples_per_s == pytest.approx(arrays["throughput_samples_per_s"][0, 7], rel=1e-9)
+
+
+def test_the_stage_corrects_many_steps_as_it_corrects_each(device):
+    stage = PlacementPredictor.load().whole_step
+    assert stage is not None
+    spec, model, graphs = _lines("resnet18", None, "amp")
+    rows = RowLine.of(spec, graphs, get_accelerator("a100-sxm4-80gb"), model.at(7), 7)
+    specs = [spec.model_copy(update={"batch_size": b}) for b in BATCHES]
+    steps = device.predict_composed_sweeps([Sweep(specs, "a100-sxm4-80gb", rows, graphs)])[0]
+    many = stage.correct_many([s for s, _ in steps], [f for _, f in steps], ["resnet50:amp", None, None, None])
+    for (single, features), job, corrected in zip(steps, ["resnet50:amp", None, None, None], many):
+        assert corrected == stage.correct(single, features, job)
+        assert corrected.iter_time_ms >= single.iter_time_ms * features["roofline_over_composed"] - 1e-9
