@@ -10,12 +10,11 @@
    matrix call.
 Each figure is the median of `--runs` runs on a fresh server (nothing cached between runs but the registration).
 
-Where the time goes (cProfile of `PlacementPredictor.predict` at new batches of resnet50 on an A100): no capture,
-~140 ms per new (job, accelerator, micro-batch) compute on a loaded 2-core host: the per-op XGBoost boosters ~30 %
-(of which converting the rows to a DMatrix ~half), building the kernel rows and their features in pandas ~40 %,
-the composition features and the backward-at-least-forward pass the rest; and one memory estimate per (job,
-micro-batch, parallel layout), which a batch x device-count grid multiplies. Both are per batch, so a 64-batch sweep
-pays them 64 times: the next step is to price every batch of a sweep in one vectorised pass.
+Where the time goes (cProfile of the matrix call): a job's graphs at two batches make its kernel rows and what memory
+reads of its graph lines in the batch (`perfmodel.predictor.batch_sweep`), so every batch of every job in the call
+is priced in one call of the per-op model and composed vectorised, then corrected by the whole-step stage in one
+call: no graph, row table or memory walk per batch. What is left: building each (job, math table)'s lines once (three
+row tables, ~0.1 s), the per-op model over the distinct kernels of every batch, and pydantic objects per answer.
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ from service.limits import LimitsMiddleware
 from service.metrics import Metrics, MetricsMiddleware
 from service.routers import accelerators, health, jobs, models, observations, predict
 from service.settings import ServiceSettings
-from service.state import ServiceState, open_state
+from service.state import ServiceState, open_state, settle_heap
 
 log = logging.getLogger("perfmodel.service")
 
@@ -82,6 +82,7 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
         log.info("serving %s from %s", state.engine.model_versions, state.store)
         if settings.capture_prestart:
             threading.Thread(target=_prestart_captures, name="perfmodel-capture-prestart", daemon=True).start()
+        settle_heap()
         task = asyncio.create_task(_keep_in_sync(state, settings.sync_interval_s)) if settings.sync_interval_s else None
         try:
             yield

@@ -3,6 +3,7 @@ and the process's metrics. Everything about predicting lives in the engine; the 
 
 from __future__ import annotations
 
+import gc
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,6 +31,15 @@ class ServiceState:
     def sync_once(self) -> None:
         """Pick up what other workers wrote (blocking)."""
         self.engine.sync_once()
+
+
+def settle_heap() -> None:
+    """Take what the process holds now (the models, the jobs' graphs and computes it just loaded) out of the cyclic
+    garbage collector's walks (`gc.freeze`). A graph is 10^4-10^5 tracked objects; a full collection walks every
+    one, and while it does every request waits (100-200 ms with a few jobs in memory, the p99 of a busy server).
+    Reference counting still frees them when they go (an evicted graph has no cycles); the walks go on over what
+    requests allocate afterwards. O(1): called after each piece of blocking work that keeps something."""
+    gc.freeze()
 
 
 def open_state(settings: ServiceSettings, metrics: Metrics) -> ServiceState:

@@ -66,6 +66,10 @@ def predict(model: ModelArg = None, hf_config: HFConfigOpt = None, task: TaskOpt
                                "while they do (co-location)")] = None,
             sharing: Annotated[str, typer.Option(help="with --with: time-slicing (two processes) or mps")] =
                 "time-slicing",
+            batch_sizes: Annotated[Optional[str], typer.Option(
+                help="a batch axis instead of --batch-size: per-device batch sizes, e.g. 8,16,32,64; one answer "
+                     "each (a goodput scheduler's sweep: the job is captured at three batches, the rest is "
+                     "arithmetic)")] = None,
             as_json: JsonOpt = False) -> None:
     """Predict a job's iteration time, throughput and per-device memory on a placement from its graph alone
     (nothing is run). Compute per device comes from the per-op device model on a GPU (any catalog GPU, from its
@@ -89,6 +93,14 @@ def predict(model: ModelArg = None, hf_config: HFConfigOpt = None, task: TaskOpt
     if with_job is not None:
         _colocated(engine, spec, with_job, placement, sharing, seq_len, precision, optimizer, mode, as_json)
         return
+    if batch_sizes is not None:
+        if global_batch_size is not None:
+            raise PerfmodelError("--batch-sizes sets each answer's batch: leave --global-batch-size out")
+        options = dict(nodes=nodes, per_node=per_node, devices_per_node=devices_per_node, tp=tp, pp=pp,
+                       micro_batches=micro_batches, zero=zero, checkpointing=checkpointing, intra_link=intra_link,
+                       ep=ep, inter_node_gbit_s=inter_node_gbit_s, inter_node_latency_us=inter_node_latency_us)
+        _batch_axis(engine, spec, _sizes(batch_sizes), accelerator, options, as_json)
+        return
     result = engine.predict(spec, placement)  # calibrated by what `perfmodel hw bench` kept of this device
     if as_json:
         print_json(result)
@@ -109,6 +121,42 @@ def predict(model: ModelArg = None, hf_config: HFConfigOpt = None, task: TaskOpt
               f"{(result['memory_capacity_bytes'] or 0) / 2**30:.1f} GiB usable: {fits}")
     if result["extrapolated"]:
         out.print("  [yellow]extrapolated:[/] " + "; ".join(result["extrapolation_reasons"]))
+
+
+def _sizes(text: str) -> list[int]:
+    sizes = [part.strip() for part in text.split(",") if part.strip()]
+    if not sizes or not all(part.isdigit() and int(part) >= 1 for part in sizes):
+        raise PerfmodelError(f"--batch-sizes: expected positive integers separated by commas, e.g. 8,16,32; got "
+                             f"{text!r}")
+    return list(dict.fromkeys(int(part) for part in sizes))
+
+
+def _batch_axis(engine: Any, spec: Any, sizes: list[int], accelerator: str, options: dict[str, Any],
+                as_json: bool) -> None:
+    """`perfmodel predict ... --batch-sizes 8,16,32`: the job at each per-device batch on the placement."""
+    from perfmodel.jobs.spec import GraphSource
+    from perfmodel.placement.build import placement_from_options
+
+    if isinstance(spec.source, GraphSource) and sizes != [spec.batch_size]:
+        raise PerfmodelError("--batch-sizes: a graph IR holds the shapes of one batch; register the IR of each batch")
+    first = engine.job(spec)
+    engine.graphs.prepare_batches(spec, first.graph)  # two more captures: every other batch is arithmetic
+    specs = [spec.model_copy(update={"batch_size": b}) for b in sizes]
+    placements = [placement_from_options(accelerator, None, batch_size=b, **options) for b in sizes]
+    entries = [engine.job(s) for s in specs]
+    engine.prefetch([([entry], [placement]) for entry, placement in zip(entries, placements)], ("placement",))
+    results = [engine.predict(s, p) for s, p in zip(specs, placements)]
+    if as_json:
+        print_json(results)
+        return
+    head = results[0]
+    out.print(f"[bold]{head['job_name']}[/] {spec.mode.value} on {'+'.join(map(str, placements[0].devices_per_node))} "
+              f"x {head['accelerator']}  [dim]{head['model_version']}[/]")
+    out.print(f"  {'batch/device':>12} {'global batch':>12} {'ms/iteration':>13} {'samples/s':>11} {'memory GiB':>11}")
+    for size, placement, result in zip(sizes, placements, results):
+        fits = "" if result["fits"] else "  [red]does not fit[/]"
+        out.print(f"  {size:>12} {placement.global_batch_size:>12} {result['iter_time_ms']:>13.2f} "
+                  f"{result['throughput_samples_per_s']:>11.1f} {result['peak_memory_bytes'] / 2**30:>11.2f}{fits}")
 
 
 def _colocated(engine: Any, spec: Any, other: str, placement: Any, sharing: str, seq_len: Any, precision: str,

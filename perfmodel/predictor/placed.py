@@ -69,6 +69,8 @@ INTRA_LINK_BIDIR_GB_S = {"nvlink1": 160.0, "nvlink2": 300.0, "nvlink3": 600.0, "
                          "infinity-fabric": 400.0}
 BREAKDOWN_KEYS = ("forward", "backward", "optimizer", "communication", "pipeline_bubble", "overhead")
 DEFAULT_CACHE_SIZE = 4096  # entries of each cache (computes, memory estimates, links, graphs)
+# a device compute's fields as the floats one prediction's placement model takes, by compute
+_COMPUTE_FLOATS: LRU[ShardCompute, ComputeArrays] = LRU(DEFAULT_CACHE_SIZE)
 
 
 def level_key(spec: JobSpec) -> str | None:
@@ -472,7 +474,10 @@ class PlacementPredictor:
         """One job on one placement: the same model as `matrix_arrays`, evaluated in floats."""
         hw = self.hardware(placement.accelerator)
         compute, single = self.compute(spec, hw, placement.micro_batch_size, graph=graph)
-        c = ComputeArrays(**{f.name: float(getattr(compute, f.name)) for f in fields(ComputeArrays)})
+        c = _COMPUTE_FLOATS.get(compute)
+        if c is None:
+            c = _COMPUTE_FLOATS.put(compute, ComputeArrays(**{f.name: float(getattr(compute, f.name))
+                                                             for f in fields(ComputeArrays)}))
         p = PlacementArrays(*placement_row(placement, self.links(placement, hw)))
         out: dict[str, Any] = iteration_breakdown(c, p, self.params)
         out["throughput_samples_per_s"] = placement.global_batch_size * 1e3 / out["iter_time_ms"]

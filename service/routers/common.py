@@ -3,11 +3,11 @@ answering with JSON already serialised (no second validation of what the service
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
-from datetime import datetime
 from typing import Any
 
+import numpy as np
+import orjson
 from fastapi import Response
 from starlette.concurrency import run_in_threadpool
 
@@ -16,13 +16,16 @@ from perfmodel.jobs.spec import JobSpec
 
 
 def _default(value: Any) -> Any:
-    if isinstance(value, datetime):
-        return value.isoformat()
+    if isinstance(value, np.generic):  # a numpy scalar a model returned (orjson writes Python's own)
+        return value.item()
     raise TypeError(f"cannot serialise {type(value).__name__}")
 
 
 def encode_json(data: Any) -> bytes:
-    return json.dumps(data, separators=(",", ":"), default=_default).encode()
+    """Compact JSON (datetimes in ISO 8601, non-finite floats as null). Copied to its own size: orjson's bytes keep
+    their whole write buffer (~8 KB), and the response cache keeps thousands of answers."""
+    encoded = orjson.dumps(data, default=_default, option=orjson.OPT_NON_STR_KEYS | orjson.OPT_SERIALIZE_NUMPY)
+    return bytes(memoryview(encoded))
 
 
 def json_response(data: Any, status_code: int = 200) -> Response:

@@ -20,6 +20,7 @@ from service.deps import Reader, Writer
 from service.errors import field_error
 from service.routers.common import json_response
 from service.schemas import JOB_ID_PATTERN, ApiJobSpec, ErrorOut, JobDetail, JobList, JobOut
+from service.state import settle_heap
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 JobIdPath = Annotated[str, PathParam(pattern=JOB_ID_PATTERN, description="a job id from POST /v1/jobs")]
@@ -101,6 +102,7 @@ async def register_job(request: Request, engine: Writer) -> Response:
             raise _body_errors(exc) from None
         graph = None
     entry, created = await run_in_threadpool(engine.register, spec, graph)
+    settle_heap()  # its graphs and computes are long-lived
     return json_response(job_out(entry, created), status_code=201 if created else 200)
 
 

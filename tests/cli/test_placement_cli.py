@@ -35,6 +35,21 @@ def test_bad_placements_exit_2_naming_the_problem():
     assert result.exit_code == 2 and "--devices-per-node" in result.output
 
 
+def test_predict_over_a_batch_axis_answers_each_batch_as_predict_at_that_batch_would():
+    result = run("predict", "resnet18", "--batch-sizes", "4,16,40", "--accelerator", "t4", "--per-node", 2, "--json")
+    assert result.exit_code == 0, result.output
+    answers = json.loads(result.stdout)
+    assert [a["placement"]["global_batch_size"] for a in answers] == [8, 32, 80]
+    for batch, answer in zip((4, 16, 40), answers):
+        one = run("predict", "resnet18", "-b", batch, "--accelerator", "t4", "--per-node", 2, "--json")
+        assert one.exit_code == 0, one.output
+        want = json.loads(one.stdout)
+        assert abs(answer["throughput_samples_per_s"] / want["throughput_samples_per_s"] - 1) < 0.005
+        assert abs(answer["peak_memory_bytes"] / want["peak_memory_bytes"] - 1) < 0.005
+    bad = run("predict", "resnet18", "--batch-sizes", "4,0", "--accelerator", "t4")
+    assert bad.exit_code == 2 and "--batch-sizes" in bad.output
+
+
 def test_export_gavel_writes_gavels_file_with_named_worker_and_job_types_and_pairs(tmp_path):
     out = tmp_path / "throughputs.json"
     result = run("export", "gavel", out, "--job", "ResNet-18 (batch size 16)=resnet18:16", "--job", "lstm-lm:8",
