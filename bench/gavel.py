@@ -1,5 +1,6 @@
 """Gavel's measured K80 and P100 throughputs against perfmodel: isolated steps/s, the P100/K80 speed-up per job, the
-n-GPU scaling, host-bound jobs named, and co-located pairs held out by GPU and by job family.
+n-GPU scaling, host-bound jobs named, and co-located pairs held out by GPU and by job family; and one-GPU runs once
+the other job families ran on that GPU (the fleet calibration from their measured throughputs, never the job's own).
 
     .venv/bin/python bench/gavel.py [--datasets DIR] [--write]
 
@@ -26,6 +27,7 @@ from perfmodel.evaluation.gavel import (
     host_bound,
     isolated_frame,
     kept_as_served,
+    observed_on_the_gpu,
     pair_mape,
     pairs_of,
     partner_ranking,
@@ -66,6 +68,21 @@ def main(argv: list[str] | None = None) -> int:
     for r in one.sort_values(["worker", "job_type"]).itertuples():
         flag = "  host-bound likely" if r.host else ""
         print(f"  {r.worker:<20} {r.job_type:<34} {r.measured:9.2f} -> {r.predicted:9.2f} ({r.ape:5.1f} %){flag}")
+
+    observed = observed_on_the_gpu(frame, engine.catalog)
+    print("\n## One GPU, once the other job families ran there (their measured steps/s posted as observations;"
+          " the fleet calibration, never the job's own), MAPE %: as served -> calibrated\n")
+    for worker, group in observed.groupby("worker"):
+        rest = group[~group.host]
+        print(f"  {worker:<20} {group.ape.mean():6.1f} -> {group.calibrated_ape.mean():6.1f}   without the host-bound: "
+              f"{rest.ape.mean():6.1f} -> {rest.calibrated_ape.mean():6.1f}   ({len(group)} job types)")
+    both = observed.pivot_table(index="job_type", columns="worker", values=["measured", "calibrated"]).dropna()
+    if {"k80", "p100"} <= set(both.columns.get_level_values(1)):
+        measured_up = both[("measured", "p100")] / both[("measured", "k80")]
+        calibrated_up = both[("calibrated", "p100")] / both[("calibrated", "k80")]
+        print(f"  P100 / K80 speed-up from the calibrated answers: Spearman "
+              f"{measured_up.rank().corr(calibrated_up.rank()):.2f}, MAPE "
+              f"{float(np.mean(np.abs(calibrated_up / measured_up - 1)) * 100):.1f} % ({len(both)} job types)")
 
     ratio = speedups(frame)
     rho = ratio.measured.rank().corr(ratio.predicted.rank())

@@ -132,6 +132,32 @@ def speedups(frame: pd.DataFrame, fast: str = "p100", slow: str = "k80") -> pd.D
                                        for j in jobs]}, index=jobs)
 
 
+def observed_on_the_gpu(frame: pd.DataFrame, catalog: Mapping[str, Any]) -> pd.DataFrame:
+    """One-GPU runs predicted as a scheduler meets them once it has run other jobs there: on each GPU, each job
+    family's runs calibrated by the fleet (`perfmodel.calibration.fleet`) from the other families' measured one-GPU
+    runs on that GPU posted as observations, never its own. `calibrated` (steps/s) and `level` added."""
+    from perfmodel.calibration.fleet import FleetPoint, FleetQuery, fit_fleet
+    from perfmodel.hardware.chips import die_of
+
+    one = frame[(frame.scale_factor == 1) & ~frame.worker.str.endswith("_unconsolidated")].reset_index(drop=True)
+    accelerator = {w: WORKERS[w] for w in one.worker.unique()}
+
+    def where(worker: str) -> tuple[str, str, str]:
+        name = accelerator[worker]
+        return name, die_of(name), catalog[name].architecture or name
+
+    calibrated, level = [], []
+    for r in one.itertuples():
+        points = [FleetPoint(i, o.family, *where(o.worker), "fp32", math.log(o.predicted / o.measured))
+                  for i, o in enumerate(one.itertuples())
+                  if o.worker == r.worker and o.family != r.family and o.predicted > 0]
+        applied = fit_fleet(points).apply(FleetQuery(r.family, *where(r.worker), "fp32"))
+        calibrated.append(r.predicted * applied.throughput_factor)
+        level.append(applied.level)
+    return one.assign(calibrated=calibrated, level=level,
+                      calibrated_ape=(np.array(calibrated) / one.measured - 1).abs() * 100)
+
+
 def scaling(frame: pd.DataFrame) -> pd.DataFrame:
     """Per worker type, job type and scale factor > 1: the n-GPU / 1-GPU steps/s ratio, measured and predicted."""
     one = frame[frame.scale_factor == 1].set_index(["worker", "job_type"])

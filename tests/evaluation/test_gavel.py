@@ -11,6 +11,7 @@ from perfmodel.evaluation.gavel import (
     GAVEL_FILE,
     Pair,
     fit_params,
+    observed_on_the_gpu,
     pair_mape,
     partner_ranking,
     predict_pairs,
@@ -54,3 +55,19 @@ def test_the_fit_recovers_the_constants_pairs_were_made_with():
     assert pair_mape(pairs, fitted) < 1e-6
     assert (fitted.switch_overhead, fitted.host_share_of_gap) == pytest.approx((0.2, 0.6))
     assert partner_ranking(pairs, fitted) > 0.9  # each job's partners in the order they were made
+
+
+def test_observations_of_other_families_calibrate_a_job_never_its_own():
+    import pandas as pd
+
+    from perfmodel.hardware.catalog import load_catalog
+
+    rows = [{"worker": "k80", "job_type": f"{f} (batch size 8)", "family": f, "scale_factor": 1, "measured": 10.0,
+             "predicted": 20.0} for f in ("ResNet-18", "LM", "Transformer")]  # every job 2x too fast on the K80
+    rows.append({"worker": "p100", "job_type": "LM (batch size 8)", "family": "LM", "scale_factor": 1,
+                 "measured": 10.0, "predicted": 20.0})  # alone on its GPU: nothing else observed there
+    out = observed_on_the_gpu(pd.DataFrame(rows), load_catalog()).set_index(["worker", "family"])
+    for family_ in ("ResNet-18", "LM", "Transformer"):
+        assert out.loc[("k80", family_), "level"] != "none"
+        assert 10.0 <= out.loc[("k80", family_), "calibrated"] < 20.0  # pulled toward the others' factor
+    assert out.loc[("p100", "LM"), "level"] == "none" and out.loc[("p100", "LM"), "calibrated"] == 20.0
