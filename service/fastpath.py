@@ -53,7 +53,7 @@ class PredictFastPath:
             if hit is None and self.route is not None and body is not None:
                 hit = _answer(state, body)
                 if hit is not None:
-                    state.responses.put(key, hit)
+                    state.responses.offer(key, hit)
             if hit is not None:
                 encoded, calibrated = hit
                 scope["route"] = self.route  # what the metrics label the request by, as the router would
@@ -134,7 +134,7 @@ def _keeping(send: Send, state: Any, key: tuple[Any, bytes]) -> Send:
         elif message["type"] == "http.response.body" and status == 200 and not message.get("more_body", False):
             encoded = bytes(message.get("body", b""))
             calibrated = b'"calibrated":true' in encoded
-            state.responses.put(key, (encoded, calibrated))
+            state.responses.offer(key, (encoded, calibrated))
         await send(message)
 
     return sending

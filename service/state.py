@@ -15,6 +15,32 @@ from service.settings import ServiceSettings
 RESPONSE_CACHE_SIZE = 20_000  # ~1.5 KB each: ~30 MB at most
 
 
+class ResponseCache:
+    """Encoded `/v1/predict` answers, admitted on their body's second ask. A poller asks the same bodies over and over:
+    from their second ask on they are kept, and served from memory. A searcher asks bodies once each: those only
+    leave their hash among the last `size` bodies seen (~100 bytes), not a 1.5 KB answer nobody asks again."""
+
+    def __init__(self, size: int = RESPONSE_CACHE_SIZE) -> None:
+        self._answers: LRU[Any, tuple[bytes, bool]] = LRU(size)
+        self._seen: LRU[int, bool] = LRU(size)
+
+    def get(self, key: Any) -> tuple[bytes, bool] | None:
+        return self._answers.get(key)
+
+    def peek(self, key: Any) -> tuple[bytes, bool] | None:
+        return self._answers.peek(key)
+
+    def offer(self, key: Any, answer: tuple[bytes, bool]) -> None:
+        """Keep `answer` if its body was asked before (among the last `size` seen), else remember the body."""
+        if key in self._answers or self._seen.pop(hash(key)) is not None:
+            self._answers.put(key, answer)
+        else:
+            self._seen.put(hash(key), True)
+
+    def __len__(self) -> int:
+        return len(self._answers)
+
+
 @dataclass(frozen=True)
 class ServiceState:
     settings: ServiceSettings
@@ -22,7 +48,7 @@ class ServiceState:
     metrics: Metrics
     # encoded /v1/predict answers by (engine.response_token(job), placement): (body, calibrated). The hot path of a
     # scheduler asking the same (job, placement) again is a look-up, not a prediction and a JSON encoding.
-    responses: LRU[Any, tuple[bytes, bool]] = field(default_factory=lambda: LRU(RESPONSE_CACHE_SIZE))
+    responses: ResponseCache = field(default_factory=ResponseCache)
 
     @property
     def store(self) -> Any:

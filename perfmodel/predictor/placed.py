@@ -69,6 +69,9 @@ INTRA_LINK_BIDIR_GB_S = {"nvlink1": 160.0, "nvlink2": 300.0, "nvlink3": 600.0, "
                          "infinity-fabric": 400.0}
 BREAKDOWN_KEYS = ("forward", "backward", "optimizer", "communication", "pipeline_bubble", "overhead")
 DEFAULT_CACHE_SIZE = 4096  # entries of each cache (computes, memory estimates, links, graphs)
+# links per (accelerator, link, network, latency, devices on the smallest node): a fleet has a few networks, and a
+# stream of bodies naming new ones (a search over latencies) must not grow memory; a miss costs ~10 us
+LINKS_CACHE_SIZE = 1024
 # a device compute's fields as the floats one prediction's placement model takes, by compute
 _COMPUTE_FLOATS: LRU[ShardCompute, ComputeArrays] = LRU(DEFAULT_CACHE_SIZE)
 
@@ -147,7 +150,7 @@ class PlacementPredictor:
         self._graphs: LRU[str, Graph] = LRU(cache_size)
         self._memory: LRU[tuple[Any, ...], int] = LRU(cache_size)
         self._hardware: dict[str, HardwareSpec] = {}  # bounded by the catalog
-        self._links: LRU[tuple[Any, ...], _Links] = LRU(cache_size)
+        self._links: LRU[tuple[Any, ...], _Links] = LRU(min(cache_size, LINKS_CACHE_SIZE))
         self._intra: LRU[tuple[str, str | None], LinkModel] = LRU(cache_size)
         self._catalog: dict[str, HardwareSpec] | None = None
         # composed (uncorrected) steps and their composition features, per (job, accelerator, micro-batch)

@@ -54,7 +54,7 @@ async def predict(body: PredictRequest, engine: Reader, state: State) -> Respons
             settle_heap()  # a job loaded, a device compute made: long-lived
         encoded, calibrated = encode_json(data), bool(data["calibrated"])
         if key is not None:
-            state.responses.put(key, (encoded, calibrated))
+            state.responses.offer(key, (encoded, calibrated))
     state.metrics.count_predictions("predict", 1, int(calibrated))
     return Response(encoded, media_type="application/json")
 

@@ -23,8 +23,11 @@ def test_the_same_body_again_is_served_from_memory_and_a_new_observation_refresh
     first = _predict(client, body)
     assert first.status_code == 200, first.text
     engine = client.app.state.service.engine
-    kept = client.app.state.service.responses.peek((engine.response_token(job), body))
-    assert kept is not None and kept[0] == first.content  # kept, encoded, under the job's current token
+    responses = client.app.state.service.responses
+    assert responses.peek((engine.response_token(job), body)) is None  # asked once: only its hash is remembered
+    assert _predict(client, body).content == first.content
+    kept = responses.peek((engine.response_token(job), body))
+    assert kept is not None and kept[0] == first.content  # asked again: kept, encoded, under the job's current token
     assert _predict(client, body).content == first.content
     raw = first.json()["throughput_samples_per_s"]
     observed = client.post("/v1/observations", json={"job": job, "placement": json.loads(body)["placement"],
