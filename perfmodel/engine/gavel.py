@@ -83,6 +83,8 @@ def gavel_throughputs(engine: Any, entries: Sequence[Any], job_types: Sequence[s
                       ) -> dict[str, dict[str, dict[str, float | list[float]]]]:
     """Gavel's file of the engine's jobs (`JobEntry`s, named `job_types`) on `columns`."""
     params = load_colocation_params()
+    engine.prefetch([([entry], [column.placement(entry.spec.batch_size) for column in columns]) for entry in entries],
+                    ("columns",))  # every job's device steps in one pass (a batch axis: one sweep per job)
     steps = [[0.0] * len(columns) for _ in entries]
     inputs: dict[tuple[int, int], tuple[dict[str, Any], Any]] = {}
     for i, entry in enumerate(entries):
