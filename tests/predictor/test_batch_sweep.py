@@ -19,7 +19,7 @@ from perfmodel.predictor.memory import GraphBytes, estimate_memory
 from perfmodel.predictor.placed import PlacementPredictor
 
 # a CNN, a transformer (attention rows batch x heads), an RNN (a GEMM per time step)
-CASES = [("resnet18", None, "fp32"), ("resnet18", None, "amp"), ("bert-small", 32, "amp"), ("lstm-lm", None, "fp32")]
+CASES = [("resnet18", None, "fp32"), ("resnet18", None, "amp"), ("bert-small", 32, "amp"), ("lstm-lm", 12, "fp32")]
 BATCHES = (1, 3, 7, 40)
 
 
