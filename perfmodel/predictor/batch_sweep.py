@@ -104,14 +104,14 @@ class GraphLine:
 
     def graph_bytes(self, precision: Precision, batch: int) -> GraphBytes:
         """What memory estimates read of the graph at `batch` (`GraphBytes`)."""
-        first, second = self._bytes(precision)
+        if precision not in self._bytes:
+            self._bytes[precision] = (GraphBytes.of(self.first, precision), GraphBytes.of(self.second, precision))
+        first, second = self._bytes[precision]
         return first.between(second, self.batch_first, self.batch_second, batch)
 
-    def _bytes(self, precision: Precision) -> tuple[GraphBytes, GraphBytes]:
-        cache = self.__dict__.setdefault("_graph_bytes", {})
-        if precision not in cache:
-            cache[precision] = (GraphBytes.of(self.first, precision), GraphBytes.of(self.second, precision))
-        return cache[precision]
+    @cached_property
+    def _bytes(self) -> dict[Precision, tuple[GraphBytes, GraphBytes]]:
+        return {}  # the two graphs' `GraphBytes` per precision, walked once each
 
 
 @dataclass(frozen=True)

@@ -72,8 +72,6 @@ DEFAULT_CACHE_SIZE = 4096  # entries of each cache (computes, memory estimates, 
 # links per (accelerator, link, network, latency, devices on the smallest node): a fleet has a few networks, and a
 # stream of bodies naming new ones (a search over latencies) must not grow memory; a miss costs ~10 us
 LINKS_CACHE_SIZE = 1024
-# a device compute's fields as the floats one prediction's placement model takes, by compute
-_COMPUTE_FLOATS: LRU[ShardCompute, ComputeArrays] = LRU(DEFAULT_CACHE_SIZE)
 
 
 def level_key(spec: JobSpec) -> str | None:
@@ -164,6 +162,8 @@ class PlacementPredictor:
         self._graph_bytes: LRU[str, GraphBytes] = LRU(cache_size)
         # composed steps corrected by the whole-step stage (`prefetch` corrects all of its steps in one call)
         self._corrected: LRU[tuple[str, str, int], Prediction] = LRU(cache_size)
+        # each device compute's fields as the floats one prediction's placement model takes
+        self._compute_floats: LRU[ShardCompute, ComputeArrays] = LRU(cache_size)
 
     @classmethod
     def load(cls, models_dir: Any = None, model_version: str | None = None, *,
@@ -477,10 +477,10 @@ class PlacementPredictor:
         """One job on one placement: the same model as `matrix_arrays`, evaluated in floats."""
         hw = self.hardware(placement.accelerator)
         compute, single = self.compute(spec, hw, placement.micro_batch_size, graph=graph)
-        c = _COMPUTE_FLOATS.get(compute)
+        c = self._compute_floats.get(compute)
         if c is None:
-            c = _COMPUTE_FLOATS.put(compute, ComputeArrays(**{f.name: float(getattr(compute, f.name))
-                                                             for f in fields(ComputeArrays)}))
+            c = self._compute_floats.put(compute, ComputeArrays(**{f.name: float(getattr(compute, f.name))
+                                                                  for f in fields(ComputeArrays)}))
         p = PlacementArrays(*placement_row(placement, self.links(placement, hw)))
         out: dict[str, Any] = iteration_breakdown(c, p, self.params)
         out["throughput_samples_per_s"] = placement.global_batch_size * 1e3 / out["iter_time_ms"]
