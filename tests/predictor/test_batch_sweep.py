@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from perfmodel.engine.graphs import GraphCache
 from perfmodel.graph import graph_for_job
 from perfmodel.graph.batch_affine import affine
 from perfmodel.hardware.catalog import get_accelerator
+from perfmodel.hardware.math import peak_gflops
 from perfmodel.jobs.spec import JobSpec
 from perfmodel.placement.spec import PlacementSpec
 from perfmodel.predictor.batch_sweep import GraphLine, RowLine, Sweep
@@ -112,3 +115,31 @@ def test_the_stage_corrects_many_steps_as_it_corrects_each(device):
     for (single, features), job, corrected in zip(steps, ["resnet50:amp", None, None, None], many):
         assert corrected == stage.correct(single, features, job)
         assert corrected.iter_time_ms >= single.iter_time_ms * features["roofline_over_composed"] - 1e-9
+
+
+@pytest.fixture(scope="module")
+def swept_predictor():
+    cache = GraphCache(100, isolated=False)
+    spec = JobSpec.from_options(zoo="resnet18", batch_size=4, precision="amp")
+    assert cache.prepare_batches(spec, cache.graph(spec))
+    return spec, PlacementPredictor.load(graphs=cache.graph, batch_models=cache.batch_model)
+
+
+GPUS = ["t4", "v100-sxm2-32gb", "a100-sxm4-80gb", "h100-sxm5", "l4", "mi250x"]
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(micro=st.integers(1, 512), gpu=st.sampled_from(GPUS), devices=st.sampled_from([1, 2, 4, 8]))
+def test_answers_from_the_lines_stay_physical(swept_predictor, micro, gpu, devices):
+    spec, predictor = swept_predictor
+    one = predictor.predict(spec, PlacementSpec(accelerator=gpu, global_batch_size=micro))
+    many = predictor.predict(spec, PlacementSpec.grid(gpu, nodes=1, per_node=devices,
+                                                      global_batch_size=micro * devices))
+    assert one.iter_time_ms == pytest.approx(sum(one.breakdown_ms.values()))
+    assert one.interval_ms[0] <= one.iter_time_ms <= one.interval_ms[1]
+    flops, _ = predictor._graph_line(spec).flops_and_bytes(np.array([micro]))
+    peak = max(peak_gflops(get_accelerator(gpu), math, True) for math in ("fp16", "bf16", "fp32")) * 1e9
+    assert flops[0] / (one.iter_time_ms / 1e3) <= peak  # never above the fastest math of the device
+    assert many.throughput_samples_per_s <= devices * one.throughput_samples_per_s * (1 + 1e-9)  # never beyond linear
+    bigger = predictor.predict(spec, PlacementSpec(accelerator=gpu, global_batch_size=micro + 1))
+    assert bigger.peak_memory_bytes >= one.peak_memory_bytes  # a larger batch never needs less memory

@@ -47,3 +47,23 @@ def test_a_kept_answer_still_needs_read_access(store_url, models_dir):
         assert _predict(client, body, READ_TOKEN).status_code == 200
         assert _predict(client, body).status_code == 401
         assert _predict(client, body, "wrong").status_code == 401
+
+
+def test_a_new_body_of_a_job_in_memory_is_answered_as_the_route_would(client):
+    job = client.post("/v1/jobs", json=SMALL_JOB).json()["job_id"]
+    assert _predict(client, _body(job)).status_code == 200  # the job's compute on the t4, made once
+    state = client.app.state.service
+    for latency in (3.5, 7.25):  # new bodies: another network each
+        placement = {"accelerator": "t4", "devices_per_node": [2], "inter_node_latency_us": latency}
+        answer = _predict(client, json.dumps({"job": job, "placement": placement}).encode())
+        assert answer.status_code == 200, answer.text
+        from service.schemas import PlacementIn
+
+        want = state.engine.predict(job, PlacementIn(**placement))
+        assert answer.json()["throughput_samples_per_s"] == want["throughput_samples_per_s"]
+        assert answer.json()["placement"] == want["placement"]
+    bad = _predict(client, json.dumps({"job": job, "placement": {"accelerator": "t4", "devices_per_node": "two"}})
+                   .encode())
+    assert bad.status_code == 422 and "devices_per_node" in bad.text  # the app's error, the field at fault
+    unknown = _predict(client, json.dumps({"job": job, "placement": {"accelerator": "no-such-gpu"}}).encode())
+    assert unknown.status_code == 422 and "accelerator" in unknown.text
