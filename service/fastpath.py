@@ -16,8 +16,9 @@ or is refused, a job or device compute not in memory, a large body) goes to the 
 
 from __future__ import annotations
 
-import json
 from typing import Any
+
+import orjson
 
 from pydantic import ValidationError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -96,8 +97,8 @@ async def _read_body(receive: Receive) -> tuple[bytes | None, list[Message]]:
 
 def _key(state: Any, body: bytes) -> tuple[Any, bytes] | None:
     try:
-        job = json.loads(body).get("job")
-    except (ValueError, AttributeError):
+        job = orjson.loads(body).get("job")
+    except (ValueError, AttributeError):  # orjson.JSONDecodeError is a ValueError
         return None
     token = state.engine.response_token(job) if isinstance(job, str) else None
     return (token, body) if token is not None else None
