@@ -19,7 +19,6 @@ from __future__ import annotations
 from typing import Any
 
 import orjson
-
 from pydantic import ValidationError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
