@@ -63,9 +63,6 @@ def serve(
         raise typer.Exit(2) from None
 
 
-GRACEFUL_SHUTDOWN_S = 10  # after SIGTERM, requests still running are cancelled after this long
-
-
 def run(settings: ServiceSettings, overrides: dict[str, Any], *, access_log: bool = False) -> None:
     """Refuse an open server beyond loopback, then run uvicorn with the header limit: httptools counting header
     bytes (`service.limits.BoundedHttpToolsProtocol`), and h11's own limit where h11 is used."""
@@ -80,7 +77,7 @@ def run(settings: ServiceSettings, overrides: dict[str, Any], *, access_log: boo
     common: dict[str, Any] = dict(
         host=settings.host, port=settings.port, log_level=settings.log_level, access_log=access_log,
         server_header=False, http=BoundedHttpToolsProtocol if HttpToolsProtocol is not None else "h11",
-        h11_max_incomplete_event_size=settings.max_header_bytes, timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S)
+        h11_max_incomplete_event_size=settings.max_header_bytes, timeout_graceful_shutdown=settings.shutdown_grace_s)
     if settings.workers == 1:
         uvicorn.run(create_app(settings), **common)
         return

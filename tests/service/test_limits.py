@@ -363,7 +363,8 @@ def test_sigterm_during_a_capture_stops_the_server_and_its_capture(tmp_path):
     import psutil
 
     slow = {"model_type": "gpt2", "n_embd": 2048, "n_layer": 48, "n_head": 16}  # a minute or more to capture
-    server = LocalServer(env={"PERFMODEL_HOME": str(tmp_path), "PERFMODEL_SYNC_INTERVAL_S": "0"}).start()
+    server = LocalServer(env={"PERFMODEL_HOME": str(tmp_path), "PERFMODEL_SYNC_INTERVAL_S": "0",
+                              "PERFMODEL_SHUTDOWN_GRACE_S": "2"}).start()
     try:
         def register() -> None:
             try:
@@ -387,6 +388,6 @@ def test_sigterm_during_a_capture_stops_the_server_and_its_capture(tmp_path):
         stopped_s = time.perf_counter() - start
         _gone, alive = psutil.wait_procs(captures, timeout=10)
         assert not alive, f"capture processes outlived the server: {[p.pid for p in alive]}"
-        assert stopped_s < 30  # the graceful-shutdown budget (10 s) and a margin, not the capture's minutes
+        assert stopped_s < 20  # the graceful-shutdown budget (2 s here) and a margin, not the capture's minutes
     finally:
         server.stop()
