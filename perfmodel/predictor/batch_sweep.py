@@ -13,11 +13,13 @@ at any batch b, with no graph made:
   a graph made at b rounds them.
 
 `RowLine.of` checks the line against the rows of the job's graph at a third batch and refuses (None) where the
-rows differ in anything but their shapes, or where the kernels whose shapes are off the line by more than one unit
-and 0.5 % hold more than 0.1 % of the step's FLOPs or bytes (a model that branches on its batch): such a job is
-composed one batch at a time (`bench/batch_affine.py` lists them: SSD300, GNMT, WaveGlow, Gavel's recommendation
-and A3C jobs). `DevicePredictor.predict_composed_sweeps` prices the distinct kernels of every batch of every sweep in
-one call of the per-op model and composes each step with the same arithmetic as `predict_composed`
+rows differ in anything but their shapes, or where the kernels whose shapes are off the line by more than the
+anchors' rounding explains and 0.5 % hold more than 0.1 % of the step's FLOPs or bytes (a model that branches on its
+batch): such a job is composed one batch at a time (`bench/batch_affine.py` lists them: SSD300, WaveGlow, Gavel's
+recommendation and A3C jobs).
+
+`DevicePredictor.predict_composed_sweeps` prices the distinct kernels of every batch of every sweep in one call of
+the per-op model and composes each step with the same arithmetic as `predict_composed`
 (`gpu_iteration.backward_factors`, `host_bound_steps`, `composition.composition_feature_arrays`), vectorised over
 the batches; over the zoo, the step from the lines is within 0.007 % of the step from a capture at that batch.
 """
@@ -39,7 +41,7 @@ from perfmodel.predictor.gpu_iteration import heavy_nodes, job_rows, row_nodes
 from perfmodel.predictor.math_modes import resolved_table
 from perfmodel.predictor.memory import GraphBytes
 
-ROW_TOLERANCE = 0.005  # a shape off the line by more than one unit and this share is off the line
+ROW_TOLERANCE = 0.005  # a shape off the line by more than its rounding explains and this share is off the line
 # kernels off the line are tolerated while they hold at most this share of the step's FLOPs and bytes (small
 # element-wise kernels whose row shape rounds a size: RoBERTa's position ids, Swin's window masks)
 OFF_LINE_WORK_SHARE = 0.001
@@ -145,7 +147,10 @@ class RowLine:
         s1, s2, s3 = (f[list(SHAPE_COLUMNS)].fillna(0).to_numpy(dtype=np.int64) for f in (first, second, third))
         made = line(s1, s2, b1, b2, np.array([check_batch]))[0]
         off = np.abs(made - s3)
-        off_rows = ((off > 1) & (off > ROW_TOLERANCE * np.abs(s3))).any(axis=1)
+        # what rounding explains: each shape rounds a size (by up to one unit) at both anchors and at the check
+        t = (check_batch - b1) / (b2 - b1)
+        rounding = abs(1 - t) + abs(t) + 1
+        off_rows = ((off > rounding) & (off > ROW_TOLERANCE * np.abs(s3))).any(axis=1)
         if off_rows.any() and _share_of_work(third, made, off_rows) > OFF_LINE_WORK_SHARE:
             return None
         keys = pd.MultiIndex.from_frame(pd.concat([first[list(_PRICED)].astype(object).reset_index(drop=True),
