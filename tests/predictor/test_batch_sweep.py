@@ -23,7 +23,7 @@ from perfmodel.predictor.placed import PlacementPredictor
 
 # a CNN, a transformer (attention rows batch x heads), an RNN (a GEMM per time step)
 CASES = [("resnet18", None, "fp32"), ("resnet18", None, "amp"), ("bert-small", 32, "amp"), ("lstm-lm", 12, "fp32")]
-BATCHES = (1, 3, 7, 40)
+BATCHES = (1, 3, 40)  # below, between and far beyond the two captures (2 and 5)
 
 
 @pytest.fixture(scope="module")
@@ -111,8 +111,8 @@ def test_the_stage_corrects_many_steps_as_it_corrects_each(device):
     rows = RowLine.of(spec, graphs, get_accelerator("a100-sxm4-80gb"), model.at(7), 7)
     specs = [spec.model_copy(update={"batch_size": b}) for b in BATCHES]
     steps = device.predict_composed_sweeps([Sweep(specs, "a100-sxm4-80gb", rows, graphs)])[0]
-    many = stage.correct_many([s for s, _ in steps], [f for _, f in steps], ["resnet50:amp", None, None, None])
-    for (single, features), job, corrected in zip(steps, ["resnet50:amp", None, None, None], many):
+    many = stage.correct_many([s for s, _ in steps], [f for _, f in steps], ["resnet50:amp", None, None])
+    for (single, features), job, corrected in zip(steps, ["resnet50:amp", None, None], many):
         assert corrected == stage.correct(single, features, job)
         assert corrected.iter_time_ms >= single.iter_time_ms * features["roofline_over_composed"] - 1e-9
 
