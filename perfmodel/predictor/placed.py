@@ -326,14 +326,15 @@ class PlacementPredictor:
 
     def prefetch(self, wanted: Sequence[tuple[JobSpec, HardwareSpec, int, Graph | None]]) -> None:
         """Compose every (spec, device, micro-batch) not cached yet whose device the per-op model prices, in one
-        call of that model: a job's batches other than its own from its lines, all of them at once
+        call of that model: every batch of a job with lines (`batch_sweep`) at once
         (`DevicePredictor.predict_composed_sweeps`), the others from their graphs
-        (`DevicePredictor.predict_composed_many`). `graph`, if given, is the spec's graph at its own batch."""
+        (`DevicePredictor.predict_composed_many`); then the whole-step stage corrects them all in one call. `graph`,
+        if given, is the spec's graph at its own batch."""
         if self.device is None:
             return
         todo: dict[tuple[str, str, int], tuple[JobSpec, str, Graph]] = {}
-        sweeps: dict[tuple[int, str], list[tuple[tuple[str, str, int], JobSpec]]] = {}
-        lines: dict[tuple[int, str], tuple[GraphLine, RowLine]] = {}
+        # one sweep per (row line, device): its lines and the (key, micro-batch spec) of each step
+        sweeps: dict[tuple[int, str], tuple[GraphLine, RowLine, list[tuple[tuple[str, str, int], JobSpec]]]] = {}
         seen: set[tuple[str, str, int]] = set()
         for spec, hardware, micro, graph in wanted:
             key = (spec.key(), hardware.name, micro)
@@ -343,19 +344,18 @@ class PlacementPredictor:
             if self._single(hardware) is not self.device:
                 continue
             micro_spec = spec.model_copy(update={"batch_size": micro})
-            own = graph is not None and micro == spec.batch_size
             found = self._row_line(spec, hardware)
             if found is not None:
-                group = (id(found[1]), hardware.name)  # one sweep per row line and device
-                lines[group] = found
-                sweeps.setdefault(group, []).append((key, micro_spec))
+                graphs, rows = found
+                sweeps.setdefault((id(rows), hardware.name), (graphs, rows, []))[2].append((key, micro_spec))
                 continue
-            todo[key] = (micro_spec, hardware.name, graph if own and graph is not None else self._graph(micro_spec))
+            own = graph if graph is not None and micro == spec.batch_size else None
+            todo[key] = (micro_spec, hardware.name, own if own is not None else self._graph(micro_spec))
         made: dict[tuple[str, str, int], tuple[JobSpec, tuple[Prediction, dict[str, float]]]] = {}
         if sweeps:
-            batch = [Sweep([s for _, s in members], group[1], lines[group][1], lines[group][0])
-                     for group, members in sweeps.items()]
-            for members, composed in zip(sweeps.values(), self.device.predict_composed_sweeps(batch)):
+            batch = [Sweep([s for _, s in members], device, rows, graphs)
+                     for (_, device), (graphs, rows, members) in sweeps.items()]
+            for (_, _, members), composed in zip(sweeps.values(), self.device.predict_composed_sweeps(batch)):
                 for (key, micro_spec), step in zip(members, composed):
                     made[key] = (micro_spec, self._compositions.put(key, step))
         if len(todo) >= 2:  # one alone is composed as before
