@@ -139,6 +139,13 @@ class LinkModel:
     def alpha_us(self) -> float:
         return self.alpha_ms * 1e3
 
+    def at_latency(self, latency_us: float) -> LinkModel:
+        """This link with α = `latency_us` (a network's one-way latency; its β and name unchanged)."""
+        if latency_us * 1e-3 == self.alpha_ms:
+            return self
+        return LinkModel(alpha_ms=latency_us * 1e-3, beta_ms_per_byte=self.beta_ms_per_byte, name=self.name,
+                         source=self.source)
+
 
 # --- costs ----------------------------------------------------------------------------------------------------------
 
@@ -368,8 +375,7 @@ def network_link(gbit_s: float, latency_us: float, *, efficiency: float = DEFAUL
         raise ValueError("gbit_s and efficiency must be > 0, latency_us >= 0")
     gb_s = gbit_s_to_gb_s(gbit_s) * efficiency
     return LinkModel(alpha_ms=latency_us * 1e-3, beta_ms_per_byte=1e-6 / gb_s,
-                     name=name or f"network-{gbit_s:g}gbit_s", source=f"spec:{gbit_s:g} Gb/s x {efficiency:g}, "
-                                                                     f"{latency_us:g} us")
+                     name=name or f"network-{gbit_s:g}gbit_s", source=f"spec:{gbit_s:g} Gb/s x {efficiency:g}")
 
 
 # --- GPUs without peer-to-peer, and the node's network -------------------------------------------------------------
@@ -432,4 +438,4 @@ def node_network_link(node_gbit_s: float, latency_us: float, *, rails: int = 1, 
     return LinkModel(alpha_ms=rail.alpha_ms, beta_ms_per_byte=beta,
                      name=f"network-{node_gbit_s:g}gbit-{min(devices, rails)}of{rails}rails",
                      source=f"spec:{node_gbit_s:g} Gb/s over {rails} rail(s), {min(devices, rails)} used, "
-                            f"x {efficiency:g}, {latency_us:g} us")
+                            f"x {efficiency:g}")

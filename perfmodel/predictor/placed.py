@@ -69,8 +69,8 @@ INTRA_LINK_BIDIR_GB_S = {"nvlink1": 160.0, "nvlink2": 300.0, "nvlink3": 600.0, "
                          "infinity-fabric": 400.0}
 BREAKDOWN_KEYS = ("forward", "backward", "optimizer", "communication", "pipeline_bubble", "overhead")
 DEFAULT_CACHE_SIZE = 4096  # entries of each cache (computes, memory estimates, links, graphs)
-# links per (accelerator, link, network, latency, devices on the smallest node): a fleet has a few networks, and a
-# stream of bodies naming new ones (a search over latencies) must not grow memory; a miss costs ~10 us
+# links per (accelerator, link, network bandwidth, devices on the smallest node): a fleet has a few networks, and a
+# stream of bodies naming new ones must not grow memory; a miss costs ~10 us
 LINKS_CACHE_SIZE = 1024
 
 
@@ -415,19 +415,21 @@ class PlacementPredictor:
         return spec
 
     def links(self, placement: PlacementSpec, hardware: HardwareSpec) -> _Links:
-        """`placement_links`, cached per (accelerator, link override, network, latency, fewest devices on a node)."""
+        """`placement_links`, cached per (accelerator, link override, network, fewest devices on a node): the
+        network's latency is its α only (`LinkModel.at_latency`), so a new latency costs no new links."""
         if placement.devices == 1:
             return _NO_LINKS
         key = (hardware.name, placement.intra_node_link, placement.inter_node_bandwidth_gbit_s,
-               placement.inter_node_latency_us, min(placement.devices_per_node))
+               min(placement.devices_per_node))
         found = self._links.get(key)
         if found is None:
             intra_key = (hardware.name, placement.intra_node_link)
             intra = self._intra.get(intra_key)  # a device's own link: not redone for every network asked
-            if intra is None and placement.devices > 1 and hardware.kind == "gpu":
+            if intra is None and hardware.kind == "gpu":
                 intra = self._intra.put(intra_key, intra_link(hardware, placement.intra_node_link))
             found = self._links.put(key, placement_links(placement, hardware, intra))
-        return found
+        inter = found.inter.at_latency(placement.inter_node_latency_us)
+        return found if inter is found.inter else _Links(found.intra, inter, found.host_staged)
 
     def matrix_arrays(self, specs: Sequence[JobSpec], placements: Sequence[PlacementSpec], *,
                       graphs: Sequence[Graph | None] | None = None) -> dict[str, np.ndarray]:

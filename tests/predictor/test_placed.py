@@ -200,6 +200,23 @@ def test_the_network_defaults_to_the_catalog_and_16_h100s_beat_8(predictor):
     assert slow.iter_time_ms > sixteen.iter_time_ms
 
 
+def test_links_at_any_latency_equal_fresh_links_and_share_one_cache_entry(predictor):
+    """A network latency is the inter-node α only: links asked at many latencies equal `placement_links` at each
+    latency, and the cache keeps one entry for them all."""
+    from perfmodel.predictor.placed import placement_links
+
+    local = PlacementPredictor(predictor.cpu, predictor.device, predictor.params)
+    hardware = local.hardware("a100-sxm4-80gb")
+    for latency_us in (0.0, 1.5, 5.0, 7.25, 300.0):
+        placement = PlacementSpec.grid("a100-sxm4-80gb", nodes=2, per_node=4, global_batch_size=64,
+                                       inter_node_latency_us=latency_us)
+        cached, fresh = local.links(placement, hardware), placement_links(placement, hardware)
+        assert cached.inter.alpha_ms == pytest.approx(latency_us * 1e-3) == fresh.inter.alpha_ms
+        assert cached.inter.beta_ms_per_byte == fresh.inter.beta_ms_per_byte
+        assert cached.intra == fresh.intra and cached.host_staged == fresh.host_staged
+    assert len(local._links) == 1
+
+
 def test_gpus_without_peer_to_peer_scale_below_p2p_ones(predictor):
     """2 x RTX 4090 (no P2P) on BERT-large fp32: a user measured 1.25x one GPU; the same GPU with PCIe P2P
     scales better."""
