@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Mapping
 from enum import Enum
@@ -11,6 +10,7 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationInfo, field_validator, model_validator
 
+from perfmodel.core.canonical import canonical_sha256
 from perfmodel.core.errors import PerfmodelError
 
 
@@ -215,9 +215,21 @@ class JobSpec(BaseModel):
         per spec (an IR source makes it a hash of megabytes); kept outside the fields, so equality ignores it."""
         cached = self.__dict__.get(_KEY_ATTR)
         if cached is None:
-            canonical = json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
-            cached = self.__dict__[_KEY_ATTR] = hashlib.sha256(canonical.encode()).hexdigest()[:24]
+            cached = self.__dict__[_KEY_ATTR] = self._content_hash()[:24]
         return cached
+
+    def _content_hash(self) -> str:
+        """sha256 of the canonical JSON of `model_dump(mode="json")`, written in pieces (`core.canonical`). An IR's
+        graph is hashed as given: it came from JSON, and dumping it would copy megabytes unchanged in one C call
+        that holds the GIL. A graph holding what JSON cannot (TypeError) is dumped first, as any other field."""
+        if isinstance(self.source, GraphSource):
+            fields = self.model_dump(mode="json", exclude={"source": {"graph"}})
+            fields["source"]["graph"] = self.source.graph
+            try:
+                return canonical_sha256(fields)
+            except TypeError:
+                pass
+        return canonical_sha256(self.model_dump(mode="json"))
 
     def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> JobSpec:
         copied = super().model_copy(update=update, deep=deep)

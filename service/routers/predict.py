@@ -31,7 +31,7 @@ from service.schemas import (
     PredictRequest,
     PredictResponse,
 )
-from service.state import settle_heap
+from service.state import growing_heap
 
 router = APIRouter(prefix="/v1/predict", tags=["predict"])
 _ERRORS: dict[int | str, dict[str, Any]] = {404: {"model": ErrorOut}, 422: {"model": ErrorOut}}
@@ -50,8 +50,8 @@ async def predict(body: PredictRequest, engine: Reader, state: State) -> Respons
     else:
         data = engine.predict_cached(body.job, body.placement)
         if data is None:
-            data = await run_in_threadpool(engine.predict, body.job, body.placement)
-            settle_heap()  # a job loaded, a device compute made: long-lived
+            with growing_heap():  # a job loaded, a device compute made: long-lived
+                data = await run_in_threadpool(engine.predict, body.job, body.placement)
         encoded, calibrated = encode_json(data), bool(data["calibrated"])
         if key is not None:
             state.responses.offer(key, (encoded, calibrated))
@@ -68,8 +68,8 @@ async def predict_matrix(body: MatrixRequest, engine: Reader, metrics: MetricsDe
         data, cells = await run_in_threadpool(gavel, engine, entries, body)
         metrics.count_predictions("matrix", cells, 0)
         return json_response(data)
-    data, cells, calibrated = await run_in_threadpool(matrix, engine, entries, body)
-    settle_heap()
+    with growing_heap():  # the computes it made are long-lived
+        data, cells, calibrated = await run_in_threadpool(matrix, engine, entries, body)
     metrics.count_predictions("matrix", cells, calibrated)
     return json_response(data)
 

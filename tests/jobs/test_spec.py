@@ -74,3 +74,24 @@ def test_unknown_zoo_name_lists_close_matches():
         get_entry("resnet15")
     assert "resnet152" in str(info.value) or "resnet18" in str(info.value)
     assert info.value.close_matches
+
+
+def test_an_ir_job_key_is_the_hash_of_its_whole_canonical_dump():
+    """An IR's graph is hashed as given (not dumped first): the key is still that of the whole spec's canonical
+    JSON, so ids of IR jobs registered before stay the same."""
+    import hashlib
+
+    from perfmodel.graph import graph_for_job
+
+    graph = json.loads(graph_for_job(JobSpec(source=ZooSource(name="resnet18"), batch_size=2)).to_json())
+    spec = JobSpec.model_validate({"source": {"kind": "ir", "graph": graph},
+                                   "batch_size": 2})
+
+    def whole(s: JobSpec) -> str:
+        text = json.dumps(s.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(text.encode()).hexdigest()[:24]
+
+    assert spec.key() == whole(spec)
+    tupled = {**graph, "nodes": [{**node, "inputs": tuple(node.get("inputs", ()))} for node in graph["nodes"]]}
+    as_tuples = JobSpec.model_validate({"source": {"kind": "ir", "graph": tupled}, "batch_size": 2})
+    assert as_tuples.key() == whole(as_tuples) == spec.key()  # a graph built in Python: tuples hash as lists
