@@ -8,7 +8,7 @@ export PERFMODEL_VENV := $(VENV)
 # every process compile whatever it imports, every time.
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: setup setup-ray run test bench
+.PHONY: setup setup-ray run test bench docs
 
 setup:
 	@bash scripts/setup.sh
@@ -45,3 +45,8 @@ test: setup
 
 bench: setup
 	$(VENV)/bin/python bench/service.py
+
+# docs/accuracy.md, rendered from its template (docs/accuracy.md.in) and the figures the benches recorded
+# (docs/figures/*.json: a bench run with `--record` rewrites its file); tests/docs fails while the two differ
+docs: setup
+	$(VENV)/bin/python scripts/render_accuracy.py

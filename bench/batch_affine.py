@@ -9,7 +9,8 @@ bytes read and written, activation and saved-activation bytes) and of the predic
 per-op model), of the step a batch sweep serves (`perfmodel.predictor.batch_sweep`: the kernel rows on the line
 through the two captures, checked at the first `--check` batch, "no row line" where the check refuses them), and the
 time of `BatchAffine.at` against a capture; whether the engine's check (a third capture agreeing within 0.5 %,
-`batch_affine.agrees`) would trust the model. Prints one line per model and the worst.
+`batch_affine.agrees`) would trust the model. Prints one line per model and the worst. `--record [RUN]` records the
+worst errors and the models' counts for docs/accuracy.md (bench/_figures.py).
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+
+from _figures import add_record_option, record_if_asked
 
 TOTALS = ("flops_fwd", "flops_bwd", "bytes_read_fwd", "bytes_written_fwd", "bytes_read_bwd", "bytes_written_bwd",
           "activation_bytes", "saved_activation_bytes", "saved_activation_bytes_amp")
@@ -42,6 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batches", default="2,4")
     parser.add_argument("--check", default="8,32")
     parser.add_argument("--accelerator", default="t4")
+    add_record_option(parser)
     args = parser.parse_args(argv)
     names = args.models.split(",") if args.models else list(ZOO)
     b1, b2 = (int(x) for x in args.batches.split(","))
@@ -104,6 +108,12 @@ def main(argv: list[str] | None = None) -> int:
           f"predicted step {100 * worst_step:.3f} %, from the lines {100 * worst_sweep:.3f} % (target 0.5 %); other "
           f"structures: {', '.join(structural) or 'none'}; refused by the third-capture check: "
           f"{', '.join(untrusted) or 'none'}; no row line (composed per batch): {', '.join(no_rows) or 'none'}")
+    record_if_asked(args, "batch_affine", {
+        "models": len(names), "trusted_models": trusted_models,
+        "swept_models": trusted_models - len(set(no_rows) - set(untrusted)),
+        "worst_totals_pct": 100 * worst_graph, "worst_step_pct": 100 * worst_step,
+        "worst_totals_and_step_pct": 100 * max(worst_graph, worst_step), "worst_sweep_pct": 100 * worst_sweep,
+        "other_structures": structural, "refused": untrusted, "no_row_line": no_rows})
     return 0
 
 

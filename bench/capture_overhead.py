@@ -1,7 +1,9 @@
 """What the bounded capture (`perfmodel.graph.capture.capture_graph`: a child process forked from a preloaded fork
 server) costs over capturing in-process (`perfmodel.graph.from_torch.capture_graph`), warm, on one zoo model.
 
-    .venv/bin/python bench/capture_overhead.py [--model resnet18] [--batch-size 32] [--repeats 5]
+    .venv/bin/python bench/capture_overhead.py [--model resnet18] [--batch-size 32] [--repeats 5] [--record [RUN]]
+
+`--record` records the medians and the overhead for docs/accuracy.md (bench/_figures.py).
 """
 
 from __future__ import annotations
@@ -10,12 +12,15 @@ import argparse
 import statistics
 import time
 
+from _figures import add_record_option, record_if_asked
+
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="resnet18")
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=5)
+    add_record_option(parser)
     args = parser.parse_args()
 
     from perfmodel.graph.capture import capture_graph, prestart
@@ -41,6 +46,7 @@ def main() -> None:
     a, b = statistics.median(here), statistics.median(child)
     print(f"{args.model} b{args.batch_size}, median of {args.repeats}: in-process {a:.2f} s, child process {b:.2f} s "
           f"(overhead {b - a:+.2f} s)")
+    record_if_asked(args, "capture_overhead", {"in_process_s": a, "child_process_s": b, "overhead_s": b - a})
 
 
 if __name__ == "__main__":

@@ -20,7 +20,8 @@ world sizes, fit on all but the largest and predict the largest; with one, fit o
 and predict the largest 25 %. Then the DGX A100 cross-node all-reduces (2 nodes x 2/4/8 GPUs) are predicted by the
 hierarchical formula from the intra-node NVSwitch and inter-node fits (never fitted on those rows).
 
-`--write` saves the table as perfmodel/placement/links.json.
+`--write` saves the table as perfmodel/placement/links.json. `--record [RUN]` records each link's fit and held-out
+MAPE, and the ranges of the hierarchical check and the spec rule, for docs/accuracy.md (bench/_figures.py).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from _figures import add_record_option, record_if_asked
 
 from perfmodel.core.accuracy import mape_pct
 from perfmodel.hardware.catalog import get_accelerator, load_catalog
@@ -181,6 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--datasets", type=Path, default=DEFAULT_DATASETS)
     parser.add_argument("--write", action="store_true", help="save perfmodel/placement/links.json")
+    add_record_option(parser)
     args = parser.parse_args(argv)
     root = args.datasets
     if not (root / "vidur").is_dir():
@@ -224,6 +227,7 @@ def main(argv: list[str] | None = None) -> int:
             "heldout": {"what": label, "mape_pct": None if held is None else round(held, 2)}, "note": grp.note})
 
     # hierarchical check: DGX A100 2-node all-reduces predicted from the intra- and inter-node fits
+    hierarchical, spec_rule = [], []
     cross = data[(data.dataset == "vidur") & (data.group == "a100_dgx") & (data.algorithm == "ring")
                  & (data.nodes == 2) & (data.devices_per_node > 1)]
     if not cross.empty and {"nvswitch-a100-dgx", "net-a100-dgx"} <= fitted.keys():
@@ -234,6 +238,7 @@ def main(argv: list[str] | None = None) -> int:
                 pred = hierarchical_allreduce_ms(fitted["nvswitch-a100-dgx"], fitted["net-a100-dgx"],
                                                  rows.message_bytes, rows.nodes, rows.devices_per_node, rails)
                 ratio = np.median(pred / rows.latency_ms)
+                hierarchical.append(mape_pct(pred, rows.latency_ms))
                 print(f"  {rails_label:24s} 2x{int(g)}: rows {len(rows)}, MAPE {mape_pct(pred, rows.latency_ms):6.1f}%,"
                       f" median predicted/measured {ratio:.2f}")
     # the spec rule, leave-one-link-out: each usable link's bandwidth and α from the others of its family
@@ -250,8 +255,14 @@ def main(argv: list[str] | None = None) -> int:
             rows = data[(data.dataset == grp.dataset) & grp.select(data)]
             err = mape_pct(predict(spec_link, rows.message_bytes, rows.world_size, rows.algorithm.to_numpy()),
                        rows.latency_ms)
+            spec_rule.append(err)
             print(f"  {entry['name']:32s} predicted {spec_link.bandwidth_per_dir_gb_s:7.1f} GB/s vs fitted "
                   f"{entry['bandwidth_per_dir_gb_s']:7.1f}; MAPE on its rows {err:6.1f}%")
+    record_if_asked(args, "collectives", {
+        "links": {e["name"]: {"rows": e["rows"], "fit_mape_pct": e["fit_mape_pct"],
+                              "heldout_mape_pct": e["heldout"]["mape_pct"]} for e in entries},
+        "hierarchical_mape_pct": {"min": min(hierarchical), "max": max(hierarchical)} if hierarchical else None,
+        "spec_rule_mape_pct": {"min": min(spec_rule), "max": max(spec_rule)} if spec_rule else None})
     print("\nsources: vidur (microsoft/vidur, MIT), vTrain (VIA-Research/vTrain, MIT), DeepBench "
           "(baidu-research/DeepBench, Apache-2.0)")
     if args.write:

@@ -7,6 +7,8 @@ Prints MAPE per op class × held-out GPU (fp32 NeuSight sweeps: bmm, linear, con
 layernorm), and per op class averaged over GPUs. A GPU is held out with its chip (`chip_of`: every A100 variant,
 every source). Data: NeuSight (sitar-lab/NeuSight, MIT). Tensor-core rows: `--dtype fp16 --holdout-source vidur`
 (A100, A40), `--dtype fp16|bf16 --holdout-source llmservingsim` (RTX 3090, A6000 | RTX 4090, RTX PRO 6000).
+`--record [RUN]` records the printed tables for docs/accuracy.md (bench/_figures.py; the doc quotes several runs:
+docs/figures/device_ops_logo-*.json name each run's command).
 """
 
 from __future__ import annotations
@@ -15,12 +17,21 @@ import argparse
 import time
 
 import pandas as pd
+from _figures import add_record_option, figure_key, record_if_asked
 
 from perfmodel.evaluation.device_ops import error_table, leave_one_device_out, op_class_mape, training_rows
 from perfmodel.hardware.catalog import load_catalog
 from perfmodel.lowering.ops import OP_CLASSES
 from perfmodel.regressors.device_ops import DeviceOpRegressor
 from perfmodel.store import ProfileStore
+
+
+def by_class_and_device(column: pd.Series) -> dict:
+    """An `error_table` column (op class x held-out GPU), for docs/figures."""
+    out: dict = {}
+    for (op_class, device), value in column.items():
+        out.setdefault(figure_key(op_class), {})[figure_key(device)] = value
+    return out
 
 
 def main() -> None:
@@ -37,6 +48,7 @@ def main() -> None:
     parser.add_argument("--calibration-rows", type=int, default=2000,
                         help="rows per class of the inner leave-one-GPU-out fit that sets the interval")
     parser.add_argument("--devices", help="comma-separated GPUs to hold out (default: every GPU of the source)")
+    add_record_option(parser)
     args = parser.parse_args()
 
     catalog = load_catalog()
@@ -66,6 +78,9 @@ def main() -> None:
     print(table["coverage"].unstack().round(2).to_string())
     print("\nMAPE % per op class (mean over held-out GPUs):")
     print(op_class_mape(predictions).round(1).to_string())
+    record_if_asked(args, "device_ops_logo", {
+        "mape_pct": by_class_and_device(table["mape_pct"]), "coverage": by_class_and_device(table["coverage"]),
+        "op_class_mape_pct": {figure_key(k): v for k, v in op_class_mape(predictions).items()}})
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ this CPU by `perfmodel hw bench --device cpu` (the adaptation in PERFMODEL_HOME)
 model (xgb-ops, trained on this host's corpus).
 
 `--quick`: one GPU (T4), two op classes, n = 0 and 25, one seed, 300 evaluated rows (a smoke test, ~1 min with a
-cached model).
+cached model). `--record [RUN]` records the printed tables for docs/accuracy.md (bench/_figures.py).
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from _figures import add_record_option, figure_key, record_if_asked
 
 from perfmodel.evaluation.device_ops import chip_of, training_rows
 from perfmodel.hardware.catalog import load_catalog
@@ -124,6 +125,14 @@ def cpu_steps(store_url: str) -> None:
           f"CPU iteration model {frame['cpu_model_err_pct'].abs().mean():.1f} % ({len(frame)} steps)")
 
 
+def by_class_and_n(table: pd.Series) -> dict:
+    """A (op class, n) -> value table as printed, for docs/figures: {op class: {"n25": value, ...}}."""
+    out: dict = {}
+    for (op_class, n), value in table.items():
+        out.setdefault(figure_key(op_class), {})[f"n{n}"] = value
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--store", help="store URL holding the five public sources")
@@ -139,6 +148,7 @@ def main() -> None:
     parser.add_argument("--fit-only", action="store_true", help="fit (and cache) the held-out models, no table")
     parser.add_argument("--quick", action="store_true", help="smoke test: T4, bmm and linear, n = 0, 25")
     parser.add_argument("--cpu-steps", metavar="STORE", help="compare CPU steps profiled into STORE instead")
+    add_record_option(parser)
     args = parser.parse_args()
     if args.cpu_steps:
         cpu_steps(args.cpu_steps)
@@ -176,6 +186,14 @@ def main() -> None:
     print(per_device["coverage"].groupby(["op_class", "n"]).mean().unstack().round(2).to_string())
     print("\ninterval width p90/p10 (geometric mean):")
     print(per_device["width"].groupby(["op_class", "n"]).mean().unstack().round(2).to_string())
+    per_gpu: dict = {}
+    for (op_class, n, device), value in per_device["mape_pct"].items():
+        per_gpu.setdefault(figure_key(device), {}).setdefault(figure_key(op_class), {})[f"n{n}"] = value
+    record_if_asked(args, "few_shot", {
+        "mape_pct": by_class_and_n(per_device["mape_pct"].groupby(["op_class", "n"]).mean()),
+        "worst_gpu_mape_pct": by_class_and_n(per_device["mape_pct"].groupby(["op_class", "n"]).max()),
+        "coverage": by_class_and_n(per_device["coverage"].groupby(["op_class", "n"]).mean()),
+        "per_gpu_mape_pct": per_gpu})
 
 
 if __name__ == "__main__":

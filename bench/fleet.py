@@ -11,6 +11,7 @@ Two protocols (`perfmodel.evaluation.fleet`), every prediction of a run whose ow
 Prints MAPE against k (one GPU, 2-16 GPUs), the fleet's 80 % interval coverage, and the same-GPU table per GPU and
 math mode. The composed frame (`--cache`) is shared with bench/real_runs.py: composing every run takes ~40 min.
 The fleet's priors were set by looking at these runs: the figures are not a hold-out of that choice.
+`--record [RUN]` records both protocols' MAPE against k for docs/accuracy.md (bench/_figures.py).
 Data: Lambda, lambdal/deeplearning-benchmark (read in place, never copied).
 """
 
@@ -22,6 +23,7 @@ import time
 from pathlib import Path
 
 import pandas as pd
+from _figures import add_record_option, record_if_asked
 
 from perfmodel.evaluation.fleet import fleet_frame, job_elsewhere, same_gpu, summary
 from perfmodel.hardware.catalog import load_catalog
@@ -43,12 +45,19 @@ def composed(datasets: Path, cache: Path | None, graph_cache: Path | None) -> pd
     return frame
 
 
+def by_k(table: pd.DataFrame) -> dict:
+    """`summary(rows)` (per k), for docs/figures."""
+    return {f"k{k}": {"one_gpu_mape_pct": r.mape_1gpu_pct, "multi_gpu_mape_pct": r.mape_ngpu_pct,
+                      "coverage_80_pct": r.coverage_80_pct, "runs": int(r.runs)} for k, r in table.iterrows()}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--datasets", type=Path, default=get_settings().datasets_dir)
     parser.add_argument("--cache", type=Path, help="the composed runs' Parquet file (bench/real_runs.py --cache)")
     parser.add_argument("--graph-cache", type=Path, help="keep captured graphs (IR JSON) in this folder")
     parser.add_argument("--draws", type=int, default=20, help="random choices of k observed models per GPU")
+    add_record_option(parser)
     args = parser.parse_args(argv)
     if not (args.datasets / "lambda").is_dir() and not (args.cache and args.cache.is_file()):
         print(f"no Lambda runs at {args.datasets / 'lambda'}: nothing to judge", file=sys.stderr)
@@ -60,7 +69,8 @@ def main(argv: list[str] | None = None) -> int:
 
     rows = same_gpu(frame, draws=args.draws)
     print("\n## Same GPU: k other models observed on it, the rest predicted\n")
-    print(summary(rows).round(1).to_string())
+    recorded = {"same_gpu": summary(rows)}
+    print(recorded["same_gpu"].round(1).to_string())
     print("\nper math mode:\n")
     print(summary(rows, ("precision", "k")).round(1).to_string())
     table = summary(rows, ("accelerator", "precision", "k")).mape_1gpu_pct.unstack("k").round(1)
@@ -69,9 +79,13 @@ def main(argv: list[str] | None = None) -> int:
 
     rows = job_elsewhere(frame)
     print("\n## The job elsewhere: every other model observed everywhere, the asked one on k other GPUs\n")
-    print(summary(rows).round(1).to_string())
+    recorded["job_elsewhere"] = summary(rows)
+    print(recorded["job_elsewhere"].round(1).to_string())
     print("\nper math mode:\n")
     print(summary(rows, ("precision", "k")).round(1).to_string())
+    coverage = pd.concat(list(recorded.values())).coverage_80_pct
+    record_if_asked(args, "fleet", {**{name: by_k(table) for name, table in recorded.items()},
+                                    "coverage_80_pct": {"min": coverage.min(), "max": coverage.max()}})
     print(f"\ndone in {time.perf_counter() - started:.0f} s")
     return 0
 

@@ -7,7 +7,8 @@ the other job families ran on that GPU (the fleet calibration from their measure
 Every job type of Gavel's file is predicted through the prediction engine (`perfmodel.evaluation.gavel`). The
 co-location model's constants (the host share of a measured step's unexplained time, the time-slicing switch
 overhead) are fitted on one GPU's pairs and scored on the other's, and on the pairs of job families left out of the
-fit; `--write` fits them on every pair and saves `perfmodel/placement/colocation_params.json`.
+fit; `--write` fits them on every pair and saves `perfmodel/placement/colocation_params.json`. `--record [RUN]`
+records the printed MAPEs and rank correlations for docs/accuracy.md (bench/_figures.py).
 Data: Gavel (Narayanan et al., OSDI'20), stanford-futuredata/gavel, read in place, never copied.
 """
 
@@ -19,6 +20,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from _figures import add_record_option, record_if_asked
 
 from perfmodel.evaluation.gavel import (
     GAVEL_FILE,
@@ -44,6 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--datasets", type=Path, default=get_settings().datasets_dir)
     parser.add_argument("--write", action="store_true", help="fit the co-location constants on every pair, save")
+    add_record_option(parser)
     args = parser.parse_args(argv)
     path = args.datasets / "gavel" / GAVEL_FILE
     if not path.is_file():
@@ -60,8 +63,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nhost-bound likely (measured step > 2x the predicted device time on both GPUs): {', '.join(hosts)}")
     print("\n## Isolated steps/s, MAPE % (all job types | without the host-bound ones)\n")
     frame = frame.assign(host=frame.job_type.isin(hosts))
+    recorded: dict = {"isolated_mape_pct": {}, "isolated_without_host_bound_mape_pct": {}}
     for (worker, sf), group in frame.groupby(["worker", "scale_factor"]):
         rest = group[~group.host]
+        recorded["isolated_mape_pct"].setdefault(worker, {})[f"x{sf}"] = group.ape.mean()
+        recorded["isolated_without_host_bound_mape_pct"].setdefault(worker, {})[f"x{sf}"] = rest.ape.mean()
         print(f"  {worker:<20} x{sf}: {group.ape.mean():6.1f} | {rest.ape.mean():6.1f}   ({len(group)} job types)")
     one = frame[frame.scale_factor == 1]
     print("\nper job type, one GPU (measured -> predicted steps/s):")
@@ -72,42 +78,54 @@ def main(argv: list[str] | None = None) -> int:
     observed = observed_on_the_gpu(frame, engine.catalog)
     print("\n## One GPU, once the other job families ran there (their measured steps/s posted as observations;"
           " the fleet calibration, never the job's own), MAPE %: as served -> calibrated\n")
+    recorded["observed"] = {}
     for worker, group in observed.groupby("worker"):
         rest = group[~group.host]
+        recorded["observed"][worker] = {"mape_pct": group.ape.mean(),
+                                        "calibrated_mape_pct": group.calibrated_ape.mean()}
         print(f"  {worker:<20} {group.ape.mean():6.1f} -> {group.calibrated_ape.mean():6.1f}   without the host-bound: "
               f"{rest.ape.mean():6.1f} -> {rest.calibrated_ape.mean():6.1f}   ({len(group)} job types)")
     both = observed.pivot_table(index="job_type", columns="worker", values=["measured", "calibrated"]).dropna()
     if {"k80", "p100"} <= set(both.columns.get_level_values(1)):
         measured_up = both[("measured", "p100")] / both[("measured", "k80")]
         calibrated_up = both[("calibrated", "p100")] / both[("calibrated", "k80")]
+        recorded["observed"]["speedup"] = {"spearman": measured_up.rank().corr(calibrated_up.rank()),
+                                           "mape_pct": float(np.mean(np.abs(calibrated_up / measured_up - 1)) * 100)}
         print(f"  P100 / K80 speed-up from the calibrated answers: Spearman "
-              f"{measured_up.rank().corr(calibrated_up.rank()):.2f}, MAPE "
-              f"{float(np.mean(np.abs(calibrated_up / measured_up - 1)) * 100):.1f} % ({len(both)} job types)")
+              f"{recorded['observed']['speedup']['spearman']:.2f}, MAPE "
+              f"{recorded['observed']['speedup']['mape_pct']:.1f} % ({len(both)} job types)")
 
     ratio = speedups(frame)
     rho = ratio.measured.rank().corr(ratio.predicted.rank())
     mape = float(np.mean(np.abs(ratio.predicted / ratio.measured - 1)) * 100)
+    recorded["speedup"] = {"spearman": rho, "mape_pct": mape, "job_types": len(ratio)}
     print(f"\n## P100 / K80 speed-up per job type: Spearman {rho:.2f}, MAPE {mape:.1f} % ({len(ratio)} job types)")
     for job, r in ratio.iterrows():
         print(f"  {job:<34} measured {r.measured:5.2f}  predicted {r.predicted:5.2f}")
     scaled = scaling(frame)
     scaled = scaled.assign(ape=(scaled.predicted / scaled.measured - 1).abs() * 100)
     print("\n## n-GPU / 1-GPU scaling ratio, MAPE %\n")
-    print(scaled.groupby(["worker", "scale_factor"]).ape.mean().round(1).to_string())
+    by_scale = scaled.groupby(["worker", "scale_factor"]).ape.mean()
+    print(by_scale.round(1).to_string())
+    recorded["scaling_mape_pct"] = {worker: {"min": part.min(), "max": part.max()}
+                                    for worker, part in by_scale.groupby(level="worker")}
 
     pairs = pairs_of(measured, predicted)
     print(f"\n## Co-location: {len(pairs)} one-GPU pairs (from the measured isolated steps)\n")
     default = ColocationParams()
+    colocation: dict = {"pairs": len(pairs), "as_served_mape_pct": kept_as_served(pairs, default)}
     print(f"  as served (defaults; each job's share of its isolated throughput from the predicted device and host "
-          f"time alone): MAPE {kept_as_served(pairs, default):.1f} % on the share kept")
+          f"time alone): MAPE {colocation['as_served_mape_pct']:.1f} % on the share kept")
     print(f"  defaults (host share 0.5, no switch overhead): MAPE {pair_mape(pairs, default):.1f} %, partner "
           f"ranking {partner_ranking(pairs, default):.2f}")
     for train, test in (("k80", "p100"), ("p100", "k80")):
         fitted = fit_params([p for p in pairs if p.worker == train], f"gavel {train}")
         held = [p for p in pairs if p.worker == test]
+        colocation[f"{train}_to_{test}"] = {"mape_pct": pair_mape(held, fitted),
+                                            "partner_ranking": partner_ranking(held, fitted)}
         print(f"  fit on {train} (host share {fitted.host_share_of_gap:.2f}, switch {fitted.switch_overhead:.2f}), "
-              f"test on {test}: MAPE {pair_mape(held, fitted):.1f} %, partner ranking "
-              f"{partner_ranking(held, fitted):.2f}")
+              f"test on {test}: MAPE {colocation[f'{train}_to_{test}']['mape_pct']:.1f} %, partner ranking "
+              f"{colocation[f'{train}_to_{test}']['partner_ranking']:.2f}")
     families = sorted({family(p.a) for p in pairs} | {family(p.b) for p in pairs})
     errors, ranks = [], []
     for held_family in families:
@@ -118,12 +136,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  without {held_family:<15} (host {fitted.host_share_of_gap:.2f}, switch "
               f"{fitted.switch_overhead:.2f}): its pairs MAPE {errors[-1]:.1f} %")
     print(f"  leave one family out: mean MAPE {np.mean(errors):.1f} %")
+    colocation["leave_one_family_out_mape_pct"] = np.mean(errors)
     if args.write:
         fitted = fit_params(pairs, "gavel k80+p100 pairs (bench/gavel.py --write)")
         params_path().write_text(dump_colocation_params(fitted))
         print(f"\nwrote {params_path()}: host share {fitted.host_share_of_gap:.2f}, switch "
               f"{fitted.switch_overhead:.2f} (MAPE on every pair {pair_mape(pairs, fitted):.1f} %)")
-    print(f"\ndone in {time.perf_counter() - started:.0f} s")
+    elapsed = time.perf_counter() - started
+    print(f"\ndone in {elapsed:.0f} s")
+    record_if_asked(args, "gavel", {**recorded, "colocation": colocation, "run_s": elapsed})
     return 0
 
 

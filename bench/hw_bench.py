@@ -7,18 +7,27 @@ In a fresh PERFMODEL_HOME (`--home`, default a temporary folder): times 16 held-
 which `hw bench` runs, at two batch sizes each; warm-up, then the median of timed repeats), predicts each with the
 prediction engine as shipped, runs `perfmodel hw bench --device cpu` (op sweep + whole reference steps + the held-out
 judgement of what to keep), predicts again with a new engine, and prints the MAPE and worst case before and after,
-per case and overall. The judged target: after, within 15 % and never worse than before.
+per case and overall. The judged target: after, within 15 % and never worse than before. `--record [RUN]` records
+hw bench's held-out verdict and the MAPE before and after for docs/accuracy.md (bench/_figures.py).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
 import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from _figures import add_record_option, record_if_asked
+
+# `perfmodel hw bench`'s verdict lines (`perfmodel.evaluation.device_steps.Verdict.lines`), by figure name
+VERDICT = {"as shipped": "as_shipped", "op-sweep adaptation": "adaptation",
+           "calibrated by the other steps": "calibrated", "adaptation + calibrated": "adaptation_calibrated"}
+VERDICT_LINE = re.compile(r"^\s+(?P<way>.+?)\s+(?P<mape>[\d.]+) % MAPE on held-out steps(?P<applied>  <- applied)?$")
 
 HELD_OUT = (  # (zoo model, batch sizes, seq_len, optimizer): none of them in `device_steps.STEP_JOBS`
     ("squeezenet1_1", (4, 8), None, "sgd"),
@@ -63,6 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps-budget-s", type=float, default=150.0, help="hw bench's whole-step budget")
     parser.add_argument("--repeats", type=int, default=5, help="timed repeats of each held-out step")
     parser.add_argument("--home", type=Path, help="PERFMODEL_HOME to bench in (default: a new temporary one)")
+    add_record_option(parser)
     args = parser.parse_args(argv)
     home = args.home or Path(tempfile.mkdtemp(prefix="perfmodel-hw-bench-"))
     os.environ["PERFMODEL_HOME"] = str(home)
@@ -97,6 +107,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{case:<34} {m:>12.1f} {b:>10.1f} {eb:>+7.1f} {a:>10.1f} {ea:>+7.1f}")
     print(f"\nMAPE before hw bench: {statistics.fmean(errors_before):.1f} % (worst {max(errors_before):.0f} %)")
     print(f"MAPE after hw bench:  {statistics.fmean(errors_after):.1f} % (worst {max(errors_after):.0f} %)")
+    verdict = [m for m in map(VERDICT_LINE.match, result.output.splitlines()) if m and m["way"] in VERDICT]
+    record_if_asked(args, "hw_bench", {
+        "cases": len(cases),
+        "held_out_steps_mape_pct": {VERDICT[m["way"]]: float(m["mape"]) for m in verdict},
+        "applied": next((VERDICT[m["way"]] for m in verdict if m["applied"]), None),
+        "before": {"mape_pct": statistics.fmean(errors_before), "worst_pct": max(errors_before)},
+        "after": {"mape_pct": statistics.fmean(errors_after), "worst_pct": max(errors_after)}})
     return 0
 
 

@@ -22,7 +22,7 @@ counted as all alive at once with all activations), while the allocator frees sa
 the error is signed (estimate - measured) / measured so the direction is visible. No constant is fitted here.
 
 Prints per run (with --per-run) measured vs estimated, then the MAPE and the fraction within 15 % overall, per
-mode and per family.
+mode and per family. `--record [RUN]` records them for docs/accuracy.md (bench/_figures.py).
 """
 
 from __future__ import annotations
@@ -36,6 +36,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from _figures import add_record_option, figure_key, record_if_asked  # noqa: E402
 
 from perfmodel.features.dataset import cached_graph  # noqa: E402
 from perfmodel.jobs.spec import Mode, OnnxSource  # noqa: E402
@@ -53,12 +55,17 @@ def comparable_bytes(mode: Mode, estimate) -> int:
     return estimate.activations_bytes
 
 
-def summary(errors: list[float]) -> str:
+def figures(errors: list[float]) -> dict:
     ape = [abs(e) for e in errors]
-    within = sum(a <= WITHIN for a in ape) / len(ape)
-    return (f"n={len(errors):3d}  MAPE {100 * statistics.fmean(ape):6.1f} %  median APE "
-            f"{100 * statistics.median(ape):6.1f} %  median signed {100 * statistics.median(errors):+6.1f} %  "
-            f"within 15 % {100 * within:5.1f} %")
+    return {"runs": len(errors), "mape_pct": 100 * statistics.fmean(ape),
+            "median_ape_pct": 100 * statistics.median(ape), "median_signed_pct": 100 * statistics.median(errors),
+            "within_15_pct": 100 * sum(a <= WITHIN for a in ape) / len(ape)}
+
+
+def summary(errors: list[float]) -> str:
+    f = figures(errors)
+    return (f"n={f['runs']:3d}  MAPE {f['mape_pct']:6.1f} %  median APE {f['median_ape_pct']:6.1f} %  median signed "
+            f"{f['median_signed_pct']:+6.1f} %  within 15 % {f['within_15_pct']:5.1f} %")
 
 
 def main() -> None:
@@ -66,6 +73,7 @@ def main() -> None:
     parser.add_argument("--corpus", type=Path, default=ROOT / "profiles" / "cpu-corpus")
     parser.add_argument("--graph-cache", type=Path, default=None, help="default: the perfmodel graph cache")
     parser.add_argument("--per-run", action="store_true", help="print every run")
+    add_record_option(parser)
     args = parser.parse_args()
 
     rows = []
@@ -105,6 +113,10 @@ def main() -> None:
     print("\nper family:")
     for family, errors in sorted(by_family.items(), key=lambda kv: -statistics.fmean(abs(e) for e in kv[1])):
         print(f"  {family:14s} {summary(errors)}")
+    record_if_asked(args, "memory_check", {
+        "overall": figures([r[6] for r in rows]),
+        "mode": {figure_key(mode): figures(errors) for mode, errors in sorted(by_mode.items())},
+        "family": {figure_key(family): figures(errors) for family, errors in sorted(by_family.items())}})
 
 
 if __name__ == "__main__":

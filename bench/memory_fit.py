@@ -44,6 +44,8 @@ models it runs real fp32 training steps (SGD) and prints what a real forward sav
 meta-device measurement with the CPU's kernels, the step's allocator high-water above its start (what
 `perfmodel.profilers.iteration` measures: activations, gradients, temporaries; weights and optimizer state exist
 before the step), the estimate's gradients + activations from that measurement, and from the old outputs rule.
+
+`--record [RUN]` records the confusion table's counts for docs/accuracy.md (bench/_figures.py).
 """
 
 from __future__ import annotations
@@ -61,6 +63,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from _figures import add_record_option, record_if_asked  # noqa: E402
 
 from perfmodel.core.errors import PerfmodelError  # noqa: E402
 from perfmodel.core.ir import Graph  # noqa: E402
@@ -258,6 +262,16 @@ def report(verdicts: list[Verdict], skipped: Counter[str]) -> None:
               + (f"   OOM min {min(oom):5.2f} (n={len(oom)})" if oom else ""))
 
 
+def figures(verdicts: list[Verdict]) -> dict:
+    """The confusion table's first line (`report`), for docs/figures."""
+    counts = Counter(v.outcome for v in verdicts)
+    ran, oom = counts[OUTCOMES[0]] + counts[OUTCOMES[1]], counts[OUTCOMES[2]] + counts[OUTCOMES[3]]
+    return {"ran_fits": counts[OUTCOMES[0]], "ran_unfit": counts[OUTCOMES[1]], "oom_unfit": counts[OUTCOMES[2]],
+            "oom_fits": counts[OUTCOMES[3]], "ran": ran, "oom": oom,
+            "ran_fits_pct": 100 * counts[OUTCOMES[0]] / ran if ran else None,
+            "oom_unfit_pct": 100 * counts[OUTCOMES[2]] / oom if oom else None}
+
+
 def write_rows(verdicts: list[Verdict], path: Path) -> None:
     with path.open("w", newline="", encoding="utf-8") as handle:
         writer = csv.writer(handle)
@@ -355,6 +369,7 @@ def main() -> None:
     parser.add_argument("--cpu-check", action="store_true",
                         help="instead: run real fp32 training steps of small zoo models on the CPU and compare what "
                              "they save and their allocator peak with the measurement and the estimate")
+    add_record_option(parser)
     args = parser.parse_args()
     if args.cpu_check:
         cpu_check()
@@ -366,6 +381,7 @@ def main() -> None:
         verdicts, unresolved = evaluate(rows, graphs)
     skipped.update(unresolved)
     report(verdicts, skipped)
+    record_if_asked(args, "memory_fit", figures(verdicts))
     if args.rows is not None:
         write_rows(verdicts, args.rows)
 

@@ -12,7 +12,8 @@ neusight ...` into that store first), or `--predictor roofline`: max(FLOPs / pea
     .venv/bin/python bench/neusight_models.py --store sqlite:////tmp/gpu-ops.db
 
 Prints the graph capture times, a table per (model, mode, GPU) with measured and predicted forward / backward /
-total ms and APE, and MAPE per device and overall.
+total ms and APE, and MAPE per device and overall. `--record [RUN]` records the MAPE per device, per model and mode
+and overall for docs/accuracy.md (bench/_figures.py; `--record roofline` for `--predictor roofline`).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import time
 from pathlib import Path
 
 import pandas as pd
+from _figures import add_record_option, figure_key, record_if_asked
 
 from perfmodel.evaluation.device_ops import training_rows
 from perfmodel.evaluation.neusight_models import GraphCache, evaluate_models, mape_by, scan_labels
@@ -35,6 +37,11 @@ from perfmodel.store import ProfileStore
 DEFAULT_DATASETS = get_settings().datasets_dir
 
 
+def mape_figures(table: pd.DataFrame) -> dict:
+    """One `mape_by` row, for docs/figures."""
+    return {"labels": int(table["labels"]), **{f"{c}_pct": table[c] for c in ("mape_fw", "mape_bw", "mape_total")}}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--datasets", type=Path, default=DEFAULT_DATASETS,
@@ -44,6 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--store", help="store URL with imported op measurements (for --predictor xgb)")
     parser.add_argument("--max-rows-per-class", type=int, default=30000)
     parser.add_argument("--nthread", type=int, default=1, help="XGBoost threads (default 1)")
+    add_record_option(parser)
     args = parser.parse_args(argv)
 
     catalog = load_catalog()
@@ -110,6 +118,13 @@ def main(argv: list[str] | None = None) -> int:
           .to_string(float_format=lambda x: f"{x:.1f}"))
     print("\n== MAPE (%) overall")
     print(mape_by(results, None).to_string(float_format=lambda x: f"{x:.1f}"))
+    model_mode: dict = {}
+    for (model, mode), part in results[results["error"].isna()].groupby(["model", "mode"]):
+        model_mode.setdefault(figure_key(model), {})[figure_key(mode)] = mape_figures(mape_by(part, None).iloc[0])
+    record_if_asked(args, "neusight_models", {
+        "overall": mape_figures(mape_by(results, None).iloc[0]),
+        "device": {figure_key(device): mape_figures(row) for device, row in mape_by(results, "device").iterrows()},
+        "model_mode": model_mode})
     return 0
 
 

@@ -7,7 +7,8 @@ worst relative difference of the iteration time.
 
 Models are exported the way the README's training example says: `torch.onnx.export(model, args, path,
 dynamo=True, optimize=False)` (`optimize=True`, the default, folds batch norms into the convolutions, which a
-training step does not), in eval mode (the exporter's usual form: no dropout).
+training step does not), in eval mode (the exporter's usual form: no dropout). `--record [RUN]` records every
+difference for docs/accuracy.md (bench/_figures.py).
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from _figures import add_record_option, figure_key, record_if_asked  # noqa: E402
 
 MODELS = ("resnet18", "resnet50", "mobilenet_v2", "vgg11", "bert-small", "gpt2")
 ACCELERATORS = ("a100-sxm4-80gb", "h100-sxm5", "rtx-4090")
@@ -60,12 +63,14 @@ def main() -> None:
     parser.add_argument("--seq-len", type=int, default=128)
     parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--accelerators", default=",".join(ACCELERATORS))
+    add_record_option(parser)
     args = parser.parse_args()
 
     from perfmodel.predictor.gpu_iteration import DevicePredictor
 
     predictor = DevicePredictor.load()
     worst = 0.0
+    rows = []
     print(f"{'model':14} {'accelerator':16} {'torch ms':>10} {'onnx ms':>10} {'diff':>7}   fwd/bwd/opt torch | onnx")
     with tempfile.TemporaryDirectory(prefix="perfmodel-onnx-train-") as folder:
         for name in args.models.split(","):
@@ -74,11 +79,19 @@ def main() -> None:
                                predictor):
                 t, o = row["torch"], row["onnx"]
                 worst = max(worst, abs(row["diff_pct"]))
+                rows.append(row)
                 print(f"{row['model']:14} {row['accelerator']:16} {row['torch_ms']:10.3f} {row['onnx_ms']:10.3f} "
                       f"{row['diff_pct']:+6.2f}%   {t['forward']:.2f}/{t['backward']:.2f}/{t['optimizer']:.2f} | "
                       f"{o['forward']:.2f}/{o['backward']:.2f}/{o['optimizer']:.2f}", flush=True)
             print(f"  ({time.perf_counter() - started:.1f} s)", flush=True)
     print(f"worst |difference|: {worst:.2f} %")
+    diff_pct: dict = {}
+    for row in rows:
+        diff_pct.setdefault(figure_key(row["model"]), {})[figure_key(row["accelerator"])] = row["diff_pct"]
+    largest = max(rows, key=lambda row: abs(row["diff_pct"]))
+    record_if_asked(args, "onnx_train", {
+        "diff_pct": diff_pct, "worst_abs_diff_pct": worst,
+        "worst": {"model": largest["model"], "accelerator": largest["accelerator"], "diff_pct": largest["diff_pct"]}})
 
 
 if __name__ == "__main__":

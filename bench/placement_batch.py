@@ -5,7 +5,8 @@ Run: .venv/bin/python bench/placement_batch.py [--jobs 20] [--placements 500] [-
 Builds `--jobs` jobs (zoo models x batch sizes) and `--placements` placements (2 accelerators, 1-4 nodes of 1-8
 devices, data / tensor / pipeline splits, micro-batches, ZeRO, checkpointing) sharing one micro-batch size per job,
 warms the compute cache (one device-model prediction per job x accelerator: the slow part, printed), then times
-`PlacementPredictor.matrix_arrays` over all jobs x placements. Target: 10,000 pairs in <= 100 ms.
+`PlacementPredictor.matrix_arrays` over all jobs x placements. Target: 10,000 pairs in <= 100 ms. `--record [RUN]`
+records the timings for docs/accuracy.md (bench/_figures.py).
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import itertools
 import statistics
 import sys
 import time
+
+from _figures import add_record_option, record_if_asked
 
 from perfmodel.jobs.spec import JobSpec
 from perfmodel.placement.spec import Parallelism, PlacementSpec
@@ -46,6 +49,7 @@ def main() -> int:
     parser.add_argument("--jobs", type=int, default=20)
     parser.add_argument("--placements", type=int, default=500)
     parser.add_argument("--repeats", type=int, default=20)
+    add_record_option(parser)
     args = parser.parse_args()
     specs = [JobSpec.from_options(zoo=name, batch_size=MICRO * k, seq_len=128)
              for k, name in zip(itertools.cycle((1, 2)), itertools.islice(itertools.cycle(MODELS), args.jobs))]
@@ -66,6 +70,10 @@ def main() -> int:
           f"max {max(times):.1f} ms over {args.repeats} runs (target <= 100 ms for 10,000)")
     print(f"throughput range {out['throughput_samples_per_s'].min():.1f}-{out['throughput_samples_per_s'].max():.1f}"
           f" samples/s")
+    record_if_asked(args, "placement_batch", {
+        "pairs": pairs, "median_ms": statistics.median(times), "min_ms": min(times), "max_ms": max(times),
+        "warmup_s": warm_s, "distinct_jobs": len({(s.name, s.batch_size) for s in specs}),
+        "accelerators": len(ACCELERATORS)})
     return 0
 
 

@@ -11,6 +11,7 @@ scheduler sees) and the tensor-parallel sync of vtrain; no compute calibration a
 describe Megatron on the A100 as the device model predicts it; left out, a one-device placement predicts exactly
 what the single-device predictor does).
 vtrain's compute needs the per-op device model's predictions of 32 (configuration, micro-batch) pairs: ~45 s.
+`--record [RUN]` records the held-out errors and vtrain's fitted constants for docs/accuracy.md (bench/_figures.py).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from _figures import add_record_option, figure_key, record_if_asked
 
 from perfmodel.core.accuracy import mape_pct
 from perfmodel.evaluation.placement import (
@@ -44,21 +46,25 @@ DEFAULT_DATASETS = get_settings().datasets_dir
 VTRAIN_LINK = "nvswitch-a100-dgx"
 
 
-def report(name: str, results: list, frame) -> float:
+def report(name: str, results: list, frame) -> dict:
+    """Print the held-out errors; return them (for docs/figures)."""
     print(f"\n{name}: leave-one-model-out step-time error")
     print(f"  {'held-out model':<16} {'rows':>5} {'MAPE %':>7} {'median %':>8}")
     for r in results:
         print(f"  {r.held_out:<16} {r.rows:>5} {r.mape_pct:>7.1f} {r.median_ape_pct:>8.1f}")
     total = mape_pct(frame.predicted_ms.to_numpy(), frame.step_ms.to_numpy())
-    print(f"  {'all':<16} {len(frame):>5} {total:>7.1f} "
-          f"{np.median(np.abs(frame.predicted_ms - frame.step_ms) / frame.step_ms) * 100:>8.1f}")
-    return total
+    median = np.median(np.abs(frame.predicted_ms - frame.step_ms) / frame.step_ms) * 100
+    print(f"  {'all':<16} {len(frame):>5} {total:>7.1f} {median:>8.1f}")
+    return {"rows": len(frame), "mape_pct": total, "median_ape_pct": median,
+            "model": {figure_key(r.held_out): {"rows": r.rows, "mape_pct": r.mape_pct,
+                                               "median_ape_pct": r.median_ape_pct} for r in results}}
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--datasets", type=Path, default=DEFAULT_DATASETS)
     parser.add_argument("--write", action="store_true", help="store the fitted parameters (iteration_params.json)")
+    add_record_option(parser)
     args = parser.parse_args()
     if not (args.datasets / "adaptdl").is_dir() or not (args.datasets / "vtrain").is_dir():
         print(f"no adaptdl/vtrain data under {args.datasets}", file=sys.stderr)
@@ -67,7 +73,7 @@ def main() -> int:
     started = time.perf_counter()
     adaptdl = adaptdl_rows(args.datasets / "adaptdl")
     results, frame = evaluate_adaptdl(adaptdl)
-    adaptdl_mape = report("adaptdl (Pollux: 4 nodes x 4 T4, DDP; compute = the job's measured 1-GPU step)",
+    adaptdl_figures = report("adaptdl (Pollux: 4 nodes x 4 T4, DDP; compute = the job's measured 1-GPU step)",
                           results, frame)
     for kind, part in frame.groupby(frame.nodes > 1):
         print(f"  {'spread' if kind else 'one node':<16} {len(part):>5} "
@@ -87,20 +93,26 @@ def main() -> int:
     computes = vtrain_computes(vtrain, predictor)
     c, p = vtrain_arrays(vtrain, computes, load_links()[VTRAIN_LINK])
     results, frame = evaluate_vtrain(vtrain, c, p)
-    vtrain_mape = report(f"vtrain (Megatron GPT, 2/4/8 A100, every TP/DP/PP split; compute = "
+    vtrain_figures = report(f"vtrain (Megatron GPT, 2/4/8 A100, every TP/DP/PP split; compute = "
                          f"{predictor.model_versions.get('device-ops')})", results, frame)
     for column in ("tp", "pp", "dp", "micro_batch"):
         groups = frame.groupby(column)
-        print(f"  by {column:<11} " + ", ".join(
-            f"{k}: {mape_pct(g.predicted_ms.to_numpy(), g.step_ms.to_numpy()):.1f}" for k, g in groups))
+        vtrain_figures[column] = {figure_key(k): {"mape_pct": mape_pct(g.predicted_ms.to_numpy(), g.step_ms.to_numpy())}
+                                  for k, g in groups}
+        print(f"  by {column:<11} " + ", ".join(f"{k}: {v['mape_pct']:.1f}" for k, v in
+                                                vtrain_figures[column].items()))
     theta_v = fit_vtrain(c, p, vtrain.step_ms.to_numpy(float))
     fitted_v = vtrain_params(theta_v, "vtrain ground_truth_single.csv, all configurations")
     print(f"  fit on all: compute_scale {fitted_v.compute_scale:.3f}, tp_penalty {fitted_v.tp_penalty:.3f}, "
           f"tp_sync {fitted_v.tp_sync_ms * 1e3:.0f} us, dp_overlap {fitted_v.dp_overlap:.2f}, "
           f"overhead {fitted_v.overhead_ms:.1f} ms, per-block host cost {fitted_v.layer_overhead_ms:.2f} ms")
 
-    print(f"\nsummary: adaptdl {adaptdl_mape:.1f} % (target <= 8), vtrain {vtrain_mape:.1f} % (target <= 10); "
-          f"{time.perf_counter() - started:.0f} s")
+    vtrain_figures["fit"] = {"compute_scale": fitted_v.compute_scale, "tp_penalty": fitted_v.tp_penalty,
+                             "tp_sync_us": fitted_v.tp_sync_ms * 1e3, "dp_overlap": fitted_v.dp_overlap,
+                             "overhead_ms": fitted_v.overhead_ms, "layer_overhead_ms": fitted_v.layer_overhead_ms}
+    print(f"\nsummary: adaptdl {adaptdl_figures['mape_pct']:.1f} % (target <= 8), vtrain "
+          f"{vtrain_figures['mape_pct']:.1f} % (target <= 10); {time.perf_counter() - started:.0f} s")
+    record_if_asked(args, "placement_fit", {"adaptdl": adaptdl_figures, "vtrain": vtrain_figures})
     if args.write:
         default = IterationParams(dp_overlap=fitted_a.dp_overlap,
                                   multi_device_overhead_ms=fitted_a.multi_device_overhead_ms,

@@ -1,15 +1,19 @@
 """What full profiling (iteration + per-op) costs on this machine: wall time of `profile_job` with its defaults.
 
-Run: .venv/bin/python bench/profile_cost.py [zoo-name:batch[:seq] ...]
+Run: .venv/bin/python bench/profile_cost.py [zoo-name:batch[:seq] ...] [--record [RUN]]
 Default jobs: resnet50 batch 32 and bert-base seq 128 batch 8, training, on the CPU. Target: at most 60 s each.
 Prints, per job, the total wall time, the time of each stage (from the progress messages), the median step, its
-coefficient of variation, and the op coverage and IR match of the per-op profile.
+coefficient of variation, and the op coverage and IR match of the per-op profile. `--record` records them for
+docs/accuracy.md (bench/_figures.py).
 """
 
 from __future__ import annotations
 
+import argparse
 import sys
 import time
+
+from _figures import add_record_option, figure_key, record_if_asked
 
 from perfmodel.jobs.spec import JobSpec
 from perfmodel.profilers.run import profile_job
@@ -18,7 +22,8 @@ DEFAULT_JOBS = ("resnet50:32", "bert-base:8:128")
 TARGET_S = 60.0
 
 
-def bench(job: str, device: str = "cpu") -> float:
+def bench(job: str, device: str = "cpu") -> dict:
+    """Profile `job`, print what it cost; return the printed figures."""
     name, batch, *seq = job.split(":")
     spec = JobSpec.from_options(zoo=name, batch_size=int(batch), seq_len=int(seq[0]) if seq else None)
     stages: list[tuple[float, str]] = []
@@ -35,12 +40,21 @@ def bench(job: str, device: str = "cpu") -> float:
     if ops is not None:
         print(f"   per-op: {len(ops.ops)} op calls/step over {ops.steps} steps, profiled step "
               f"{ops.iter_time_ms:.1f} ms, coverage {ops.coverage:.3f}, matched to IR {ops.matched_fraction:.3f}")
-    return total_s
+    return {"total_s": total_s, "warmup_steps": it.warmup, "timed_steps": it.repeats,
+            "median_ms": it.iter_time_ms_median,
+            "cv_pct": 100 * it.iter_time_cv if it.iter_time_cv is not None else None,
+            "profiled_steps": ops.steps if ops is not None else None,
+            "coverage": ops.coverage if ops is not None else None}
 
 
 def main(argv: list[str]) -> int:
-    totals = [bench(job) for job in (argv or DEFAULT_JOBS)]
-    return 0 if all(t <= TARGET_S for t in totals) else 1
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("jobs", nargs="*", default=list(DEFAULT_JOBS), help="zoo-name:batch[:seq]")
+    add_record_option(parser)
+    args = parser.parse_args(argv)
+    jobs = {job: bench(job) for job in args.jobs}
+    record_if_asked(args, "profile_cost", {"jobs": {figure_key(job): figures for job, figures in jobs.items()}})
+    return 0 if all(figures["total_s"] <= TARGET_S for figures in jobs.values()) else 1
 
 
 if __name__ == "__main__":

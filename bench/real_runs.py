@@ -11,7 +11,8 @@ Prints MAPE per math mode and GPU count (one GPU; 2-16), the worst GPU, the 80 %
 n-GPU / 1-GPU scaling ratio's error, for the composed prediction ("before") and each hold-out. `--stage`: the
 stage to fit, `device-whole-step` (default: a spec-sheet device effect and a level per measured model) or
 `xgb-whole-step` (boosted trees over the composition features). `--write` fits the stage on every run and saves it
-as its next version in the registry; `--promote` promotes it (role whole-step).
+as its next version in the registry; `--promote` promotes it (role whole-step). `--record [RUN]` records the
+headline figures for docs/accuracy.md (bench/_figures.py).
 Data: Lambda, lambdal/deeplearning-benchmark (read in place, never copied).
 """
 
@@ -23,8 +24,16 @@ import time
 from pathlib import Path
 
 import pandas as pd
+from _figures import add_record_option, figure_key, record_if_asked
 
-from perfmodel.evaluation.gpu_report import gpu_accuracy, group_table, headline_line, mode_table, write_gpu_report
+from perfmodel.evaluation.gpu_report import (
+    gpu_accuracy,
+    group_table,
+    headline,
+    headline_line,
+    mode_table,
+    write_gpu_report,
+)
 from perfmodel.evaluation.real_runs import DEFAULT_STAGE, STAGES, fit_stage
 from perfmodel.settings import get_settings
 
@@ -32,6 +41,21 @@ from perfmodel.settings import get_settings
 def show(frame: pd.DataFrame, title: str) -> None:
     print(f"\n## {title}\n\n{headline_line(frame)}\n\n{mode_table(frame)}\n\n{group_table(frame, 'family')}\n\n"
           f"{group_table(frame, 'chip')}")
+
+
+def figures(frame: pd.DataFrame) -> dict:
+    """What `show` prints of one frame, for docs/figures: the headline and the per-family MAPE."""
+    h = headline(frame)
+    out = {"one_gpu_mape_pct": 100 * h["mape_1gpu"], "multi_gpu_mape_pct": 100 * h["mape_multi"],
+           "worst_gpu": h["worst_gpu"], "worst_gpu_mape_pct": 100 * h["worst_gpu_mape"],
+           "scaling_ratio_mape_pct": 100 * h["scaling_ratio_mape"]}
+    if "coverage" in h:
+        out["coverage"] = h["coverage"]
+    ape = (frame.predicted_ms / frame.measured_ms - 1.0).abs()
+    by_family = ape.groupby(frame.family)
+    out["family_mape_pct"] = {figure_key(k): 100 * v for k, v in by_family.mean().items()}
+    out["family_configurations"] = {figure_key(k): int(v) for k, v in by_family.size().items()}
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -46,6 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--write", action="store_true", help="fit the stage on every run and save its next version")
     parser.add_argument("--promote", action="store_true", help="with --write: promote it (role whole-step)")
     parser.add_argument("--models-dir", type=Path, help="registry root (default: the shipped models/)")
+    add_record_option(parser)
     args = parser.parse_args(argv)
 
     if not (args.datasets / "lambda").is_dir():
@@ -62,6 +87,8 @@ def main(argv: list[str] | None = None) -> int:
         show(held, titles[by])
         if args.out is not None:
             held.to_csv(args.out.with_name(f"{args.out.stem}-{by}{args.out.suffix}"), index=False)
+    record_if_asked(args, "real_runs", {"composed": figures(result.composed),
+                                        **{by: figures(held) for by, held in result.held.items()}})
     if args.report is not None:
         print(f"\nreport: {write_gpu_report(result, args.report)['report']}")
     if args.write:

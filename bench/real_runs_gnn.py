@@ -15,7 +15,8 @@ the other rows (target log(measured / single_ms), groups: model families) and pr
 - gnn: `WholeStepGNN` over the job graph + the same features.
 
 Printed: MAPE of the corrected step against the measured one (all, per math mode), median APE, the worst GPU, the
-80 % band's coverage, per held-out group, and the time to fit and predict. CPU only, one thread.
+80 % band's coverage, per held-out group, and the time to fit and predict. CPU only, one thread. `--record [RUN]`
+records each stage's MAPE and median APE per hold-out for docs/accuracy.md (bench/_figures.py).
 Data: Lambda, lambdal/deeplearning-benchmark (through the composed frame).
 """
 
@@ -31,6 +32,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from _figures import add_record_option, record_if_asked
 
 from perfmodel.core.ir import Graph
 from perfmodel.jobs.spec import Precision
@@ -183,6 +185,16 @@ def stage_table(out: pd.DataFrame, timings: Timings) -> str:
     return "\n".join(lines)
 
 
+def stage_figures(out: pd.DataFrame) -> dict:
+    """What `stage_table` prints of each stage, for docs/figures."""
+    figures = {}
+    for stage in STAGES:
+        part = out[out[f"{stage}_ms"].notna()]
+        err = _ape(part, stage)
+        figures[stage] = {"rows": len(part), "mape_pct": 100 * err.mean(), "median_ape_pct": 100 * err.median()}
+    return figures
+
+
 def group_table(out: pd.DataFrame, by: str) -> str:
     """Markdown: MAPE of each stage per held-out group."""
     lines = [f"| held-out {by} | rows | " + " | ".join(STAGES) + " |", "|---|---:|" + "---:|" * len(STAGES)]
@@ -201,6 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--hidden", type=int, help="gnn-whole-step hidden width (default: the estimator's)")
     parser.add_argument("--layers", type=int, help="gnn-whole-step message-passing layers (default: the estimator's)")
     parser.add_argument("--out", type=Path, help="write every held-out prediction to this CSV (one per hold-out)")
+    add_record_option(parser)
     args = parser.parse_args(argv)
 
     import torch
@@ -221,6 +234,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"gnn-whole-step: {', '.join(f'{k}={v}' for k, v in gnn.items() if k != 'feature_names')}; "
           f"xgb-whole-step: fit_stage defaults, nthread=1; both over the {len(COMPOSITION_FEATURES)} composition "
           f"features")
+    recorded = {}
     for by in args.holdouts:
         out, timings = held_out(rows, graphs, by, settings, progress=lambda m: print("  " + m, flush=True))
         print(f"\n## {HOLDOUTS[by]} ({timings.folds} folds; one GPU)\n\n{stage_table(out, timings)}\n\n"
@@ -228,6 +242,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.out is not None:
             out.drop(columns=[c for c in out.columns if c.startswith(("share_", "log_"))]).to_csv(
                 args.out.with_name(f"{args.out.stem}-{by}{args.out.suffix}"), index=False)
+        recorded[by] = stage_figures(out)
+    record_if_asked(args, "real_runs_gnn", recorded)
     print(f"done in {time.perf_counter() - started:.0f} s")
     return 0
 

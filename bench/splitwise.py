@@ -8,7 +8,9 @@ HF config as an fp16 inference job of `batch` sequences of `prompt` tokens, on `
 tensor parallel. One graph is captured per distinct (model, batch, prompt) shape (meta device, seconds each; the
 rows are sorted cheapest first and `--max-shapes` keeps that many shapes). These rows are a held-out check: nothing
 is fitted on them. Prints the time per shape, a table per measured point (mean of its repeats), MAPE per
-(model, tp) and overall, and the median APE.
+(model, tp) and overall, and the median APE. `--record [RUN]` records the MAPE and median APE per (model, tp) and
+overall for docs/accuracy.md (bench/_figures.py; the doc quotes `--max-shapes 6` and, as `--record all_shapes`, the
+full run).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import time
 from pathlib import Path
 
 import pandas as pd
+from _figures import add_record_option, figure_key, record_if_asked
 
 from perfmodel.evaluation.splitwise import evaluate_prompt_times, parse_perf_model, shapes, splitwise_file, summarise
 from perfmodel.predictor.placed import PlacementPredictor
@@ -32,6 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-shapes", type=int, default=None,
                         help="predict only the N cheapest (model, batch, prompt) shapes (default: all 26)")
     parser.add_argument("--models-dir", default=None, help="model registry (default: the repo's models/)")
+    add_record_option(parser)
     args = parser.parse_args(argv)
 
     rows = parse_perf_model(splitwise_file(args.datasets))
@@ -58,7 +62,16 @@ def main(argv: list[str] | None = None) -> int:
           "parts)")
     print(points.to_string(index=False, float_format=lambda x: f"{x:.1f}"))
     print("\n== MAPE and median APE (%) over rows, per (model, tp) and overall")
-    print(summarise(results).to_string(index=False, float_format=lambda x: f"{x:.1f}"))
+    table = summarise(results)
+    print(table.to_string(index=False, float_format=lambda x: f"{x:.1f}"))
+    recorded: dict = {"model_tp": {}}
+    for r in table.itertuples(index=False):
+        values = {"rows": int(r.rows), "mape_pct": r.mape, "median_ape_pct": r.median_ape}
+        if r.model == "all":
+            recorded["all"] = values
+        else:
+            recorded["model_tp"].setdefault(figure_key(r.model), {})[f"tp{int(r.tp)}"] = values
+    record_if_asked(args, "splitwise", recorded)
     return 0
 
 

@@ -1,6 +1,6 @@
 """Schedulers that search: a batch sweep and cold work over HTTP, on the real app in this process.
 
-    .venv/bin/python bench/sweep.py [--runs 3]
+    .venv/bin/python bench/sweep.py [--runs 3] [--record]
 
 1. A registered job (resnet50; registration captures it at its batch and at twice it), then one
    `POST /v1/predict/matrix` with a grid of 4 accelerators x 8 device counts x 64 per-device batch sizes (2,048 cells,
@@ -26,6 +26,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from _figures import add_record_option, record_if_asked  # imported before this folder leaves the path
 
 # bench/service.py is named like the `service` package: keep this folder off the import path
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
@@ -80,6 +82,7 @@ def cold_once() -> tuple[float, int, int]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=3)
+    add_record_option(parser)
     args = parser.parse_args(argv)
     os.environ.setdefault("PERFMODEL_HOME", tempfile.mkdtemp(prefix="perfmodel-sweep-"))
     sweeps = [sweep_once() for _ in range(args.runs)]
@@ -91,6 +94,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"cold work: {colds[-1][1]} cells (100 new jobs x 5 accelerators) in "
           f"{statistics.median(c[0] for c in colds):.2f} s (median of {args.runs}; target 5 s); captures: "
           f"{colds[-1][2]}")
+    record_if_asked(args, "sweep", {
+        "batch_sweep": {"cells": cells, "median_s": statistics.median(s[0] for s in sweeps), "captures": captures},
+        "cold_work": {"cells": colds[-1][1], "median_s": statistics.median(c[0] for c in colds),
+                      "captures": colds[-1][2]}})
     return 0
 
 

@@ -18,7 +18,8 @@ regressor never saw), on the op classes the label tables use (conv is not traine
 seen the target GPU).
 
 Prints how much of the measured time maps to regressor rows, what does not, one line per (table, source → target)
-pair, and MAPE overall, per target, per source, per op class and per vendor crossing.
+pair, and MAPE overall, per target, per source, per op class and per vendor crossing. `--record [RUN]` records the
+MAPE tables for docs/accuracy.md (bench/_figures.py).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import time
 from pathlib import Path
 
 import pandas as pd
+from _figures import add_record_option, figure_key, record_if_asked
 
 from perfmodel.evaluation.transfer import (
     evaluate_transfer,
@@ -43,6 +45,13 @@ from perfmodel.settings import get_settings
 DEFAULT_DATASETS = get_settings().datasets_dir
 
 
+def mape_figures(table: pd.DataFrame) -> dict:
+    """A `mape_table`, one group per row, for docs/figures."""
+    return {figure_key(key): {"pairs": int(r.pairs), "mape_transfer_pct": r.mape_transfer,
+                              "median_ape_transfer_pct": r.median_ape_transfer, "mape_direct_pct": r.mape_direct,
+                              "median_ape_direct_pct": r.median_ape_direct} for key, r in table.iterrows()}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--datasets", type=Path, default=DEFAULT_DATASETS,
@@ -55,6 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nthread", type=int, default=1,
                         help="XGBoost threads [1: on a shared 2-core machine, 2 threads spin against other jobs]")
     parser.add_argument("--seed", type=int, default=0)
+    add_record_option(parser)
     args = parser.parse_args(argv)
     started = time.perf_counter()
 
@@ -153,6 +163,14 @@ def main(argv: list[str] | None = None) -> int:
     print(mape_table(result.classes, "op_class").to_string(**fmt))
     print("\n== MAPE (%) per model and mode")
     print(mape_table(pairs.assign(model_mode=pairs["model"] + " " + pairs["mode"]), "model_mode").to_string(**fmt))
+    record_if_asked(args, "transfer", {
+        "overall": mape_figures(mape_table(pairs, None))["all"],
+        "whole_tables": {"mape_transfer_pct": pairs["ape_transfer_all"].mean(),
+                         "median_ape_transfer_pct": pairs["ape_transfer_all"].median()},
+        "target": mape_figures(mape_table(pairs, "target_device")),
+        "source": mape_figures(mape_table(pairs, "source_device")),
+        "crossing": mape_figures(mape_table(pairs.assign(crossing=crossing.str.replace(" -> ", "_to_")), "crossing")),
+        "op_class": mape_figures(mape_table(result.classes, "op_class"))})
     if train_s:
         print(f"\ntraining: {sum(train_s.values()):.1f} s for {len(train_s)} regressors")
     print(f"total: {time.perf_counter() - started:.1f} s")

@@ -14,7 +14,9 @@ MAPE by math mode, by chip and by source. `--before` fits as the previous model 
 only; without the tensor-core and peak-per-watt features) and charges no host dispatch time; the math modes, the
 roofline bounds and the optimizer rows are today's in both. `--whole-step` corrects every composed step with the
 promoted whole-step stage, as the service does (the stage was fitted on Lambda's runs, which include A100 and V100
-runs but none of these measurements).
+runs but none of these measurements). `--record [RUN]` records the MAPE by math mode, chip, source and model for
+docs/accuracy.md (bench/_figures.py); the doc quotes several runs (`--record before`, `--record whole_step`, ...:
+docs/figures/whole_model-*.json name each run's command).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import time
 from pathlib import Path
 
 import pandas as pd
+from _figures import add_record_option, figure_key, record_if_asked
 
 from perfmodel.evaluation.device_ops import chip_of, training_rows
 from perfmodel.evaluation.whole_model import (
@@ -48,6 +51,18 @@ HOST_US_GRID = (0, 4, 8, 12, 16, 20, 25, 30, 40)
 NEW_FEATURES = ("tensor_math", "log_peak_per_watt")  # what issue 11 added to the device model's features
 
 
+def groups(table: pd.DataFrame) -> dict:
+    """A `summary` table, one group per key (nested for two keys), for docs/figures."""
+    out: dict = {}
+    for key, r in table.iterrows():
+        keys = [figure_key(k) for k in (key if isinstance(key, tuple) else (key,))]
+        node = out
+        for k in keys[:-1]:
+            node = node.setdefault(k, {})
+        node[keys[-1]] = {"n": int(r.n), "mape_pct": r.mape, "median_ape_pct": r.median_ape, "bias": r.bias}
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--store", required=True, help="store URL holding the imported op measurements")
@@ -63,6 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fit-host", action="store_true", help="fit the host dispatch cost on vTrain's rows")
     parser.add_argument("--whole-step", action="store_true",
                         help="correct every composed step with the promoted whole-step stage, as the service does")
+    add_record_option(parser)
     args = parser.parse_args(argv)
 
     sources = args.sources or (BEFORE_SOURCES if args.before else ALL_SOURCES)
@@ -113,13 +129,20 @@ def main(argv: list[str] | None = None) -> int:
         print(failed[["source", "model", "device", "error"]].drop_duplicates("model").to_string(index=False))
     print("\nper measurement:")
     print(results[results.error.isna()].drop(columns=["error"]).round(1).to_string(index=False))
-    for by in (["precision"], ["chip"], ["source", "precision"], ["source", "model"]):
+    recorded: dict = {}
+    for name, by in (("precision", ["precision"]), ("chip", ["chip"]), ("source", ["source", "precision"]),
+                     ("model", ["source", "model"])):
         print(f"\nby {', '.join(by)}:")
         print(summary(results, by).round(3).to_string())
+        recorded[name] = groups(summary(results, by))
     ok = results[results.error.isna()]
     print(f"\nall: {len(ok)} measurements, MAPE {ok.ape.mean():.1f} %, median {ok.ape.median():.1f} %, "
           f"worst chip {summary(results, ['chip']).mape.idxmax()} "
           f"({summary(results, ['chip']).mape.max():.1f} %)")
+    recorded["all"] = {"n": len(ok), "mape_pct": ok.ape.mean(), "median_ape_pct": ok.ape.median(),
+                       "worst_chip": summary(results, ["chip"]).mape.idxmax(),
+                       "worst_chip_mape_pct": summary(results, ["chip"]).mape.max()}
+    record_if_asked(args, "whole_model", recorded)
     if args.out:
         results.to_csv(args.out, index=False)
     return 0
