@@ -350,7 +350,8 @@ def iteration_breakdown(c: ComputeArrays, p: PlacementArrays, params: IterationP
     out["expert_parallel_ms"] = m * ep_ms
     out["pipeline_p2p_ms"] = pp_ms
     out["data_parallel_ms"] = dp_ms
-    shape = np.shape(out["iter_time_ms"])
+    total = out["iter_time_ms"]
+    shape = total.shape if isinstance(total, np.ndarray) else ()  # (np.shape of a float costs ~1 us)
     if shape:  # arrays: every component over every pair, also those no pair of the batch has (0 everywhere)
         out = {k: v if np.shape(v) == shape else np.broadcast_to(v, shape).copy() for k, v in out.items()}
     return out
