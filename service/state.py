@@ -73,26 +73,32 @@ def settle_heap() -> None:
 
 _growing = 0  # `growing_heap` sections under way, in any thread
 _growing_lock = threading.Lock()
+_thresholds: tuple[int, int, int] | None = None  # the collector's thresholds outside them
+# while a section runs, a full collection waits until the oldest generation's pending count reaches this: in effect,
+# none. Young collections go on, so the cyclic garbage of requests (~180 objects per refused request: exceptions
+# and their tracebacks) is freed as usual, however long a capture runs.
+NO_FULL_COLLECTION = 1 << 30
 
 
 @contextmanager
 def growing_heap() -> Iterator[None]:
     """Blocking work that builds what the process keeps (a job registered: its IR parsed, its graph and computes
-    made, 10^5-10^6 new objects). The cyclic collector is off while any such work runs: a full collection would walk
-    every new object (70 ms for a Llama-7B IR, measured) holding the GIL, and every request would wait. When the
-    last one ends, the collector is on again and what was kept is frozen (`settle_heap`). Reference counting frees
-    garbage as usual meanwhile; only cycles wait."""
-    global _growing
+    made, 10^5-10^6 new objects). No full collection runs while any such work runs: one would walk every new object
+    (70 ms for a Llama-7B IR, measured) holding the GIL, and every request would wait. When the last one ends, the
+    collector's thresholds are restored and what was kept is frozen (`settle_heap`)."""
+    global _growing, _thresholds
     with _growing_lock:
+        if _growing == 0:
+            _thresholds = gc.get_threshold()
+            gc.set_threshold(_thresholds[0], _thresholds[1], NO_FULL_COLLECTION)
         _growing += 1
-        gc.disable()
     try:
         yield
     finally:
         with _growing_lock:
             _growing -= 1
-            if _growing == 0:
-                gc.enable()
+            if _growing == 0 and _thresholds is not None:
+                gc.set_threshold(*_thresholds)
                 settle_heap()
 
 

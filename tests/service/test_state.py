@@ -1,5 +1,5 @@
-"""The service process's heap: the cyclic collector is off while work that builds long-lived objects runs (in any
-number of threads), on again when the last ends, and what was kept is frozen; the app lowers the GIL switch
+"""The service process's heap: no full collection runs while work that builds long-lived objects runs (in any
+number of threads), young ones do, and what was kept is frozen when the last ends; the app lowers the GIL switch
 interval while it serves."""
 
 from __future__ import annotations
@@ -7,16 +7,17 @@ from __future__ import annotations
 import gc
 import sys
 import threading
+import weakref
 
 from fastapi.testclient import TestClient
 
 from service.app import GIL_SWITCH_INTERVAL_S, create_app
 from service.settings import ServiceSettings
-from service.state import growing_heap
+from service.state import NO_FULL_COLLECTION, growing_heap
 
 
-def test_the_collector_is_off_until_the_last_growing_section_ends_then_what_was_kept_is_frozen():
-    assert gc.isenabled()
+def test_no_full_collection_runs_until_the_last_growing_section_ends_then_what_was_kept_is_frozen():
+    thresholds = gc.get_threshold()
     frozen = gc.get_freeze_count()
     inside, release = threading.Event(), threading.Event()
 
@@ -31,24 +32,42 @@ def test_the_collector_is_off_until_the_last_growing_section_ends_then_what_was_
             thread.start()
             assert inside.wait(10)
             kept = [[i] for i in range(1000)]  # long-lived containers made while growing
-            assert not gc.isenabled()
-        assert not gc.isenabled()  # the other thread's section still runs
+            assert gc.isenabled() and gc.get_threshold()[:2] == thresholds[:2]
+            assert gc.get_threshold()[2] == NO_FULL_COLLECTION
+        assert gc.get_threshold()[2] == NO_FULL_COLLECTION  # the other thread's section still runs
         release.set()
         thread.join(10)
-        assert gc.isenabled() and gc.get_freeze_count() >= frozen + len(kept)
+        assert gc.get_threshold() == thresholds and gc.get_freeze_count() >= frozen + len(kept)
     finally:
         release.set()
         gc.unfreeze()
-        gc.enable()
+        gc.set_threshold(*thresholds)
 
 
-def test_a_failing_section_turns_the_collector_back_on():
+def test_young_collections_free_request_garbage_while_a_section_runs():
+    """A capture may run for minutes: the cyclic garbage requests make meanwhile is still freed."""
+
+    class Node:
+        pass
+
+    with growing_heap():
+        cycle = Node()
+        cycle.self = cycle  # type: ignore[attr-defined]
+        alive = weakref.ref(cycle)
+        del cycle
+        kept = [[] for _ in range(50_000)]  # allocations: young collections run on their own
+        assert alive() is None
+        del kept
+
+
+def test_a_failing_section_restores_the_thresholds():
+    thresholds = gc.get_threshold()
     try:
         with growing_heap():
             raise ValueError("registration refused")
     except ValueError:
         pass
-    assert gc.isenabled()
+    assert gc.get_threshold() == thresholds
 
 
 def test_the_app_serves_with_a_short_gil_switch_interval_and_restores_it(tmp_path, models_dir):
