@@ -37,6 +37,7 @@ class Metrics:
         self.jobs_cached = Gauge("perfmodel_jobs_cached", "jobs whose graph this process holds in memory",
                                  registry=self.registry)
         self._children: dict[tuple[str, str, int], tuple[Any, Any]] = {}
+        self._endpoints: dict[str, tuple[Any, Any]] = {}
 
     def set_models(self, versions: dict[str, str]) -> None:
         self.model_info.clear()
@@ -44,9 +45,13 @@ class Metrics:
             self.model_info.labels(role=role, version=version).set(1)
 
     def count_predictions(self, endpoint: str, total: int, calibrated: int) -> None:
-        self.predictions.labels(endpoint=endpoint).inc(total)
+        counters = self._endpoints.get(endpoint)
+        if counters is None:  # a label look-up costs microseconds: once per endpoint
+            counters = self._endpoints[endpoint] = (self.predictions.labels(endpoint=endpoint),
+                                                    self.calibrated.labels(endpoint=endpoint))
+        counters[0].inc(total)
         if calibrated:
-            self.calibrated.labels(endpoint=endpoint).inc(calibrated)
+            counters[1].inc(calibrated)
 
     def observe_request(self, method: str, route: str, status: int, seconds: float) -> None:
         key = (method, route, status)

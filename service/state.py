@@ -35,10 +35,14 @@ class ResponseCache:
 
     def offer(self, key: Any, answer: tuple[bytes, bool]) -> None:
         """Keep `answer` if its body was asked before (among the last `size` seen), else remember the body."""
-        if key in self._answers or self._seen.pop(hash(key)) is not None:
+        if key in self._answers:
+            self._answers.put(key, answer)
+            return
+        digest = hash(key)
+        if self._seen.pop(digest) is not None:
             self._answers.put(key, answer)
         else:
-            self._seen.put(hash(key), True)
+            self._seen.put(digest, True)
 
     def __len__(self) -> int:
         return len(self._answers)

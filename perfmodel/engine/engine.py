@@ -391,6 +391,12 @@ class PredictionEngine:
         spec = self._placements.get(cache_key)
         if spec is not None:
             return spec
+        return self._placements.put(cache_key, self._resolve_placement(given, batch_size, where))
+
+    def _resolve_placement(self, given: PlacementTemplate | PlacementSpec, batch_size: int,
+                           where: Loc) -> PlacementSpec:
+        """`placement` without its cache: a searching scheduler's bodies are new, and resolving one costs less
+        than hashing it for a cache that would not hold it."""
         self.hardware(given.accelerator, (*where, "accelerator"))
         to_spec = getattr(given, "to_spec", None)
         try:
@@ -398,7 +404,7 @@ class PredictionEngine:
         except ValidationError as exc:
             raise FieldError.from_validation(exc, where) from None
         assert isinstance(resolved, PlacementSpec)
-        return self._placements.put(cache_key, resolved)
+        return resolved
 
     def hardware(self, name: str, where: Loc = ("placement", "accelerator")) -> Any:
         """The catalog entry a name or alias names (cached); FieldError at `where` if none."""
@@ -435,7 +441,7 @@ class PredictionEngine:
         calibration, fleet = self._current_calibration(entry), self._current_fleet()
         if calibration is None or fleet is None:
             return None
-        placement = self.placement(given, entry.spec.batch_size, where)
+        placement = self._resolve_placement(given, entry.spec.batch_size, where)
         self.check_ir_batch(entry, placement, where)
         if not predictor.is_warm(entry.spec, placement):
             return None

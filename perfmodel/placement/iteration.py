@@ -67,6 +67,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields
 from importlib import resources
 from pathlib import Path
@@ -195,6 +196,19 @@ class PlacementArrays:
     pipeline_nodes: np.ndarray | float = 1.0  # nodes the pipeline spans (> 1: stage sends cross the network)
     node_devices: np.ndarray | float = 0.0  # devices on the fullest node (0: unknown)
     host_staged: np.ndarray | float = 0.0  # 1: no GPU peer-to-peer, intra-node transfers go through host memory
+
+    @classmethod
+    def of_floats(cls, values: Sequence[float]) -> PlacementArrays:
+        """One pair from every field's value in order (`predictor.placed.placement_row`), made without the frozen
+        dataclass's per-field `object.__setattr__` (0.5 us instead of 1.9: a single prediction's hot path)."""
+        if len(values) != len(_PLACEMENT_FIELDS):
+            raise ValueError(f"{len(values)} values for the {len(_PLACEMENT_FIELDS)} fields of PlacementArrays")
+        made = object.__new__(cls)
+        made.__dict__.update(zip(_PLACEMENT_FIELDS, values))
+        return made
+
+
+_PLACEMENT_FIELDS = tuple(f.name for f in fields(PlacementArrays))
 
 
 # The model is written once for arrays (many pairs) and plain floats (one pair: no numpy call overhead, ~10× faster

@@ -483,7 +483,7 @@ class PlacementPredictor:
         if c is None:
             c = self._compute_floats.put(compute, ComputeArrays(**{f.name: float(getattr(compute, f.name))
                                                                   for f in fields(ComputeArrays)}))
-        p = PlacementArrays(*placement_row(placement, self.links(placement, hw)))
+        p = PlacementArrays.of_floats(placement_row(placement, self.links(placement, hw)))
         out: dict[str, Any] = iteration_breakdown(c, p, self.params)
         out["throughput_samples_per_s"] = placement.global_batch_size * 1e3 / out["iter_time_ms"]
         memory, capacity = self.memory(spec, placement), capacity_bytes(hw)

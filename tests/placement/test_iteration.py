@@ -127,3 +127,13 @@ def test_shard_compute_stacks_into_arrays():
     one = ShardCompute(1.0, 2.0, 0.5, 0.1, 1000, 4, 12, 4096)
     arrays = ComputeArrays.stack([one, one])
     assert arrays.params.tolist() == [1000, 1000] and arrays.layers.tolist() == [12, 12]
+
+
+def test_a_pair_made_from_its_floats_equals_the_dataclass_made_field_by_field():
+    from dataclasses import fields
+
+    values = tuple(float(i + 1) for i in range(len(fields(PlacementArrays))))
+    made = PlacementArrays.of_floats(values)
+    assert made == PlacementArrays(*values) and vars(made) == vars(PlacementArrays(*values))
+    with pytest.raises(ValueError, match="fields of PlacementArrays"):
+        PlacementArrays.of_floats(values[:-1])
