@@ -9,8 +9,8 @@ ratio of the two is the figure, since these machines are shared and noisy.
 Prints:
 - `POST /v1/predict` requests/s at 16 connections for `--duration-s` (30 s), the service's and the bare
   endpoint's, and their ratio (target >= 70 %); latency p50/p99 at 1 connection (target p99 <= 5 ms); non-2xx and
-  socket errors. Every request names a registered job and one of 20 placements (5 GPUs × 1/2/4/8 devices), all
-  warmed before timing; wrk's Lua script cycles through them;
+  socket errors. Every request names a registered job and one of 56 placements (8 GPUs × 1, 2, 4 or 8 devices on one
+  node, or 2, 4 or 8 split over two), all warmed before timing; wrk's Lua script cycles through them;
 - `POST /v1/predict/matrix`: `--matrix-jobs` (1,000) job ids × 10 placements, cold (the first call predicts each
   distinct job's compute on each GPU) and warm (median of `--matrix-repeats`; target <= 150 ms). The 1,000 ids
   cycle over `--distinct-jobs` registered jobs (zoo models × batch sizes), as a queue of repeated job types does;
@@ -45,7 +45,9 @@ from perfmodel.client import Client  # noqa: E402
 from service.launch import LocalServer, free_port  # noqa: E402
 
 GPUS = ("t4", "v100-sxm2-32gb", "a100-sxm4-80gb", "h100-sxm5", "l4")
-DEVICE_COUNTS = (1, 2, 4, 8)
+# what `POST /v1/predict` is asked: 8 accelerators x 1-8 GPUs on one node or split over two
+PREDICT_GPUS = (*GPUS, "a10", "rtx-4090", "l40s")
+LAYOUTS = ((1,), (2,), (4,), (8,), (1, 1), (2, 2), (4, 4))
 PREDICT_JOBS = (("resnet50", 32), ("bert-base", 16), ("gpt2", 8), ("mobilenet_v3_small", 64))
 MATRIX_MODELS = ("resnet18", "resnet50", "mobilenet_v3_small", "bert-base", "gpt2", "mlp-recommender",
                  "vgg11", "densenet121", "distilbert-base", "efficientnet_b0")
@@ -287,7 +289,7 @@ def main() -> None:
               f"bare FastAPI on port {bare.port}")
         irs = big_irs()
         ids = [client.register_job(zoo=m, batch_size=b)["job_id"] for m, b in PREDICT_JOBS]
-        placements = [{"accelerator": g, "devices_per_node": [n]} for g in GPUS for n in DEVICE_COUNTS]
+        placements = [{"accelerator": g, "devices_per_node": list(n)} for g in PREDICT_GPUS for n in LAYOUTS]
         bodies = [{"job": j, "placement": p} for j in ids for p in placements]
         started = time.perf_counter()
         for body in bodies:  # warm: each job's compute on each GPU is predicted once, then cached
