@@ -36,9 +36,9 @@ log = logging.getLogger("perfmodel.service")
 
 # How long a thread holding the GIL runs before one waiting for it gets it (CPython's default: 5 ms). The event loop
 # waits that long each time it takes the GIL back from a worker thread doing Python work (a job's IR parsed and its
-# graph built, a matrix, a slow prediction): 1 ms keeps predictions answered while jobs are registered (predict p99
-# 83 -> 50 ms with two clients registering Llama-7B and GPT-2 IRs back to back, bench/service.py), at a few per cent
-# of the workers' speed.
+# graph built, a matrix, a slow prediction): at 1 ms predictions keep being answered while jobs are registered (with
+# two clients registering Llama-7B and GPT-2 IRs back to back, predict p99 50 ms at 1 ms against 83 ms at 5 ms, the
+# other fixes of `service.state.growing_heap` and `core.canonical` not yet in), at a few per cent of the workers' speed.
 GIL_SWITCH_INTERVAL_S = 0.001
 
 DESCRIPTION = """\

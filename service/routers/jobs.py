@@ -93,22 +93,17 @@ async def register_job(request: Request, engine: Writer) -> Response:
     an ONNX model uploaded as multipart with its run settings. Its graph is captured once and kept; the same spec
     registered again returns the same id (200 instead of 201). An IR whose inputs were captured at another batch
     than `batch_size` is refused (422 on `batch_size`)."""
-    body = None if _is_multipart(request) else await request.body()
     with growing_heap():  # its IR, graphs and computes are long-lived
-        if body is None:
+        if request.headers.get("content-type", "").lower().startswith("multipart/form-data"):
             spec, graph = await _onnx_job(request)
         else:
             try:
-                spec = ApiJobSpec.model_validate_json(body)
+                spec = ApiJobSpec.model_validate_json(await request.body())
             except ValidationError as exc:
                 raise _body_errors(exc) from None
             graph = None
         entry, created = await run_in_threadpool(engine.register, spec, graph)
     return json_response(job_out(entry, created), status_code=201 if created else 200)
-
-
-def _is_multipart(request: Request) -> bool:
-    return request.headers.get("content-type", "").lower().startswith("multipart/form-data")
 
 
 async def _onnx_job(request: Request) -> tuple[JobSpec, Graph]:
