@@ -26,13 +26,17 @@ import pandas as pd
 from _figures import add_record_option, record_if_asked
 
 from perfmodel.evaluation.fleet import fleet_frame, job_elsewhere, same_gpu, summary
+from perfmodel.evaluation.real_runs import IMPOSSIBLE_BELOW_ROOFLINE, physically_possible
 from perfmodel.hardware.catalog import load_catalog
 from perfmodel.settings import get_settings
 
 
 def composed(datasets: Path, cache: Path | None, graph_cache: Path | None) -> pd.DataFrame:
     if cache is not None and cache.is_file():
-        return pd.read_parquet(cache)
+        frame = pd.read_parquet(cache)
+        if "gradient_sync" in frame.columns:
+            return frame
+        print(f"{cache} predates runs without gradient synchronisation: composing again")
     from perfmodel.evaluation.real_runs import composed_frame, disk_graphs, lambda_runs
     from perfmodel.predictor.placed import PlacementPredictor
 
@@ -64,7 +68,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     started = time.perf_counter()
     frame = composed(args.datasets, args.cache, args.graph_cache)
-    frame = fleet_frame(frame[frame.source == "lambda"], load_catalog())
+    possible = physically_possible(frame)
+    for row in frame[~possible].itertuples(index=False):
+        print(f"left out: {row.model} on {row.devices} x {row.accelerator} ({row.precision}): its measured step is "
+              f"under {IMPOSSIBLE_BELOW_ROOFLINE:g} of the roofline of its work (not a training step)")
+    frame = fleet_frame(frame[possible & (frame.source == "lambda")], load_catalog())
     print(f"{len(frame)} configurations of {frame.model.nunique()} models on {frame.accelerator.nunique()} GPUs")
 
     rows = same_gpu(frame, draws=args.draws)

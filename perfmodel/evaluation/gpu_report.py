@@ -47,10 +47,12 @@ def gpu_accuracy(datasets_dir: str | Path | None = None, models_dir: Any = None,
     `stage`: the whole-step stage to fit (`real_runs.STAGES`, default `DEFAULT_STAGE`)."""
     from perfmodel.evaluation.real_runs import (
         DEFAULT_STAGE,
+        IMPOSSIBLE_BELOW_ROOFLINE,
         composed_frame,
         disk_graphs,
         lambda_runs,
         leave_one_out,
+        physically_possible,
     )
     from perfmodel.predictor.placed import PlacementPredictor
 
@@ -60,19 +62,26 @@ def gpu_accuracy(datasets_dir: str | Path | None = None, models_dir: Any = None,
         runs = lambda_runs(Path(datasets_dir) / "lambda")
     predictor = PlacementPredictor.load(models_dir, graphs=disk_graphs(graph_cache) if graph_cache else None)
     predictor.set_whole_step(None)
-    if cache is not None and cache.is_file():
-        frame = pd.read_parquet(cache)
-    else:
+    frame = pd.read_parquet(cache) if cache is not None and cache.is_file() else None
+    if frame is not None and "gradient_sync" not in frame.columns:
+        progress(f"{cache} predates runs without gradient synchronisation: composing again")
+        frame = None
+    if frame is None:
         frame = composed_frame(runs, predictor, progress=progress)
         if cache is not None:
             cache.parent.mkdir(parents=True, exist_ok=True)
             frame.to_parquet(cache)
-    result = GpuAccuracy(frame.assign(predicted_ms=frame.placement_ms))
+    notes = [f"{len(runs)} measured configurations ({sum(r.repeats for r in runs)} runs; repeats merged into their "
+             f"median) of {len({r.model for r in runs})} models on {len({r.accelerator for r in runs})} GPUs, "
+             f"1-{max(r.devices for r in runs)} GPUs per node"]
+    possible = physically_possible(frame)
+    notes += [f"left out: {r.model} on {r.devices} x {r.accelerator} ({r.precision}, batch {r.batch_size}): its "
+              f"measured step, {r.measured_ms:.3g} ms, is under {IMPOSSIBLE_BELOW_ROOFLINE:g} of the roofline of its "
+              f"work (a logging artefact, not a training step)" for r in frame[~possible].itertuples(index=False)]
+    frame = frame[possible]
+    result = GpuAccuracy(frame.assign(predicted_ms=frame.placement_ms), notes=notes)
     for by in HOLDOUTS:
         result.held[by] = leave_one_out(runs, frame, predictor, by, progress=progress, stage=stage or DEFAULT_STAGE)
-    result.notes.append(f"{len(runs)} measured configurations ({sum(r.repeats for r in runs)} runs; repeats "
-                        f"merged into their median) of {len({r.model for r in runs})} models on "
-                        f"{len({r.accelerator for r in runs})} GPUs, 1-{max(r.devices for r in runs)} GPUs per node")
     return result
 
 

@@ -12,6 +12,11 @@ reference implementation's optimizer) and its placement (one node, data parallel
   iteration on the run's GPUs (`placement_ms`), without the learned stage;
 - the composition features of one device's step (`COMPOSITION_FEATURES`) and the placement's communication share.
 
+A multi-GPU run that trained without gradient synchronisation (`gradient_sync` False: Lambda's Transformer-XL runs,
+`perfmodel.importers.lambda_runs.NO_GRADIENT_SYNC`) is n independent replicas: its placement is one replica on one
+GPU, its measured step the replicas' step, and it is left out of the n-GPU / 1-GPU scaling ratio (there is no
+communication in it to check).
+
 Hold-outs (`leave_one_out`): by model family (every GPU) and by chip (every SKU of one die,
 `hardware.chips.DIE_OF`), each fold fitting the stage on the rest. The per-op device model under the composition
 is the shipped one, which was fitted on kernel measurements of some of these chips (A100, V100, A40, RTX
@@ -56,6 +61,7 @@ class RealRun:
     items_per_sample: float
     repeats: int
     suite: str = ""
+    gradient_sync: bool = True  # False: each GPU trained its own replica (no all-reduce; see the module docstring)
 
     @property
     def measured_ms(self) -> float:
@@ -67,9 +73,11 @@ class RealRun:
                                     precision=self.precision, optimizer=OPTIMIZER_OF.get(self.model, "adam"))
 
     def placement(self) -> PlacementSpec:
-        return PlacementSpec(accelerator=self.accelerator, devices_per_node=(self.devices,),
-                             global_batch_size=self.batch_size * self.devices,
-                             parallelism=Parallelism(data=self.devices))
+        """Data parallel over the run's GPUs of one node; one replica on one GPU for a run without gradient
+        synchronisation (its GPUs' steps are independent)."""
+        devices = self.devices if self.gradient_sync else 1
+        return PlacementSpec(accelerator=self.accelerator, devices_per_node=(devices,),
+                             global_batch_size=self.batch_size * devices, parallelism=Parallelism(data=devices))
 
 
 def lambda_runs(folder: str | Path) -> list[RealRun]:
@@ -80,8 +88,8 @@ def lambda_runs(folder: str | Path) -> list[RealRun]:
     frame = pd.DataFrame([{"source": r.source, "model": r.model, "accelerator": r.accelerator,
                            "devices": int(r.devices), "precision": str(getattr(r.precision, "value", r.precision)),
                            "batch_size": r.batch_size, "global_batch_size": int(r.global_batch_size),
-                           "throughput_items_per_s": r.throughput, "unit": r.unit, "suite": r.suite}
-                          for r in records])
+                           "throughput_items_per_s": r.throughput, "unit": r.unit, "suite": r.suite,
+                           "gradient_sync": r.gradient_sync} for r in records])
     runs = real_runs(frame)
     if not runs:
         raise PerfmodelError(f"no successful Lambda run of a zoo model on a catalog GPU in {folder}")
@@ -93,21 +101,25 @@ def stored_runs(store: Any) -> list[RealRun]:
     frame = store.whole_job_measurements(status="ok")
     if frame.empty:
         return []
-    suites = [extra.get("suite", "") if isinstance(extra, dict) else "" for extra in frame["extra"]]
-    return real_runs(frame.assign(suite=suites))
+    extras = [extra if isinstance(extra, dict) else {} for extra in frame["extra"]]
+    return real_runs(frame.assign(suite=[extra.get("suite", "") for extra in extras],
+                                  gradient_sync=[bool(extra.get("gradient_sync", True)) for extra in extras]))
 
 
 def real_runs(frame: pd.DataFrame) -> list[RealRun]:
     """Runs of zoo models on catalog GPUs (columns source, model, accelerator, devices, precision, batch_size,
-    global_batch_size, throughput_items_per_s, unit, suite), repeats of one configuration merged into their median
-    throughput, converted to samples/s with the zoo entry's items per sample."""
+    global_batch_size, throughput_items_per_s, unit, suite, and optionally gradient_sync), repeats of one
+    configuration merged into their median throughput, converted to samples/s with the zoo entry's items per
+    sample."""
     from perfmodel.jobs.zoo import ZOO
 
     frame = frame[frame["accelerator"].notna() & frame["model"].isin(list(ZOO))
                   & (frame["throughput_items_per_s"] > 0)]
     frame = frame.assign(batch_size=frame["batch_size"].round().astype(int))
+    if "gradient_sync" not in frame.columns:
+        frame = frame.assign(gradient_sync=True)
     keys = ["source", "model", "accelerator", "devices", "precision", "batch_size", "global_batch_size", "unit",
-            "suite"]
+            "suite", "gradient_sync"]
     out = []
     for key, group in frame.groupby(keys, sort=True):
         values: dict[str, Any] = dict(zip(keys, key))
@@ -119,7 +131,7 @@ def real_runs(frame: pd.DataFrame) -> list[RealRun]:
                            global_batch_size=int(values["global_batch_size"]),
                            measured_samples_per_s=float(group["throughput_items_per_s"].median()) / per_sample,
                            unit=values["unit"], items_per_sample=per_sample, repeats=len(group),
-                           suite=values["suite"]))
+                           suite=values["suite"], gradient_sync=bool(values["gradient_sync"])))
     return out
 
 
@@ -150,7 +162,8 @@ def composed_frame(runs: Iterable[RealRun], predictor: Any,
                 continue
             records.append({
                 **{k: getattr(run, k) for k in ("source", "model", "family", "accelerator", "devices", "precision",
-                                                "batch_size", "global_batch_size", "repeats", "suite")},
+                                                "batch_size", "global_batch_size", "repeats", "suite",
+                                                "gradient_sync")},
                 "key": run_key(run), "chip": chip_of(run.accelerator), "measured_ms": run.measured_ms,
                 "measured_samples_per_s": run.measured_samples_per_s,
                 "single_ms": single.iter_time_ms, "placement_ms": placed.iter_time_ms,
@@ -173,17 +186,34 @@ def disk_graphs(folder: Path, max_size: int = 256) -> Callable[[JobSpec], Any]:
     return cache.graph
 
 
+# A measured step this many times shorter than the roofline of the work its graph counts (every kernel at the
+# GPU's peak FLOP/s or bandwidth, at the per-GPU batch) is no training step but a logging artefact: one of Lambda's
+# runs (NCF, 8 x A100 80GB SXM4, AMP: 253x its one-GPU throughput) is 17x below it. The kernel counts can be off
+# (Mask R-CNN's proposals, a laptop GPU's sustained clock: measured steps down to 0.59x the roofline), never by 4x.
+# The threshold was set by looking at these runs.
+IMPOSSIBLE_BELOW_ROOFLINE = 0.25
+
+
+def physically_possible(frame: pd.DataFrame) -> pd.Series:
+    """Per composed row: whether its measured step is at least `IMPOSSIBLE_BELOW_ROOFLINE` of one device's roofline
+    (`single_ms` x `roofline_over_composed`)."""
+    floor = frame["single_ms"] * frame["roofline_over_composed"]
+    return ~(frame["measured_ms"] < IMPOSSIBLE_BELOW_ROOFLINE * floor)
+
+
 def ape(predicted: Any, measured: Any) -> np.ndarray:
     return np.abs(np.asarray(predicted) / np.asarray(measured) - 1.0)
 
 
 def scaling_ratio_errors(frame: pd.DataFrame, column: str) -> pd.DataFrame:
-    """Per multi-GPU run: the measured and predicted n-GPU / 1-GPU throughput ratio at the same per-GPU batch and
-    math (runs whose one-GPU configuration was measured too), and the ratio's APE."""
+    """Per data-parallel multi-GPU run: the measured and predicted n-GPU / 1-GPU throughput ratio at the same
+    per-GPU batch and math (runs whose one-GPU configuration was measured too), and the ratio's APE. Runs without
+    gradient synchronisation (column `gradient_sync` False) are left out."""
     keys = ["model", "accelerator", "precision", "batch_size", "suite"]
     ones = frame[frame.devices == 1].set_index(keys)
+    synced = frame["gradient_sync"].astype(bool) if "gradient_sync" in frame.columns else True
     rows = []
-    for row in frame[frame.devices > 1].itertuples(index=False):
+    for row in frame[(frame.devices > 1) & synced].itertuples(index=False):
         key = tuple(getattr(row, k) for k in keys)
         if key not in ones.index:
             continue

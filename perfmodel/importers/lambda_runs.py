@@ -32,6 +32,8 @@ Mapping, per run (`WholeJobRun`):
 - `throughput`, `unit`: whole-job training throughput as the benchmark logged it, per second, in the model's own
   item (tokens, images, samples, mel frames, audio samples: see `UNITS`). Items are NOT converted to samples here:
   items per sample is the model's (the zoo's) to say.
+- `gradient_sync` (in `extra`): False for the multi-GPU Transformer-XL runs, which trained one replica per GPU with
+  no gradient all-reduce (`NO_GRADIENT_SYNC`); their `global_batch_size` is then the sum of the replicas' batches.
 """
 
 from __future__ import annotations
@@ -80,6 +82,13 @@ UNITS: Final[Mapping[str, str]] = {
     "transformerxllarge": "tokens/s",
     "waveglow": "audio samples/s",
 }
+
+# upstream task models whose multi-GPU runs trained without gradient synchronisation: Lambda launches DLE
+# Transformer-XL's train.py once per GPU (torch.distributed.launch) without `--multi_gpu ddp`, and that script wraps
+# the model in DistributedDataParallel only when asked (`multi_gpu` defaults to None; the runs' logs print
+# `multi_gpu : None`). Each rank trains its own replica on its own batches, and the logged throughput is the sum of
+# the ranks' own throughputs: n independent one-GPU jobs, not a data-parallel one (no all-reduce to wait for).
+NO_GRADIENT_SYNC: Final = frozenset({"transformerxlbase", "transformerxllarge"})
 
 # the task folder's precision label -> what it asks for
 LABEL_PRECISION: Final[Mapping[str, Precision]] = {
@@ -134,10 +143,17 @@ class WholeJobRun:
         return self.status == OK
 
     @property
+    def gradient_sync(self) -> bool:
+        """Whether the job's GPUs all-reduced gradients (data parallelism); False for runs of several GPUs that
+        each trained a replica of their own (`NO_GRADIENT_SYNC`)."""
+        return self.devices == 1 or self.source_model not in NO_GRADIENT_SYNC
+
+    @property
     def extra(self) -> dict[str, Any]:
         """The fields the store has no column for, JSON-ready (None left out)."""
         values = {
-            "suite": self.suite, "config": self.config, "host": self.host, "variant": self.variant,
+            "gradient_sync": self.gradient_sync, "suite": self.suite, "config": self.config, "host": self.host,
+            "variant": self.variant,
             "arch": self.arch, "source_model": self.source_model, "amp_in_log": self.amp_in_log,
             "batch_source": self.batch_source, "metric": self.metric,
             "date": self.date.isoformat() if self.date is not None else None,

@@ -23,9 +23,11 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from perfmodel.core.renamed import upgrade_names
 
-# intra-node links a placement can name instead of the catalog's; per-direction bandwidth is the comm model's job
+# intra-node links a placement can name instead of the catalog's; per-direction bandwidth is the comm model's job.
+# "host": no GPU peer-to-peer, every transfer staged through host memory (NCCL_P2P_DISABLE=1, or a driver or VM
+# without P2P), over the GPUs' own PCIe links
 IntraNodeLink = Literal["nvlink1", "nvlink2", "nvlink3", "nvlink4", "nvlink5", "infinity-fabric", "pcie3", "pcie4",
-                        "pcie5"]
+                        "pcie5", "host"]
 
 
 class Parallelism(BaseModel):
@@ -59,7 +61,8 @@ class PlacementSpec(BaseModel):
     accelerator: str = Field(description="catalog id or alias (`perfmodel hw list`)")
     devices_per_node: tuple[int, ...] = Field(default=(1,), min_length=1,
                                               description="devices on each node used, e.g. (4, 4) = 2 nodes × 4")
-    intra_node_link: IntraNodeLink | None = Field(default=None, description="override of the catalog's link")
+    intra_node_link: IntraNodeLink | None = Field(default=None, description="override of the catalog's link; "
+                                                  "\"host\": no peer-to-peer, transfers staged through host memory")
     inter_node_bandwidth_gbit_s: float | None = Field(
         default=None, gt=0, description="network of one node over all its NICs, Gb/s (1e9 bit/s, not GB/s); "
                                         "default: the catalog's node_network_gbit_s, else 100")

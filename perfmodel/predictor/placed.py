@@ -79,14 +79,19 @@ def level_key(spec: JobSpec) -> str | None:
     return job_level_key(spec.source.name, spec.precision.value) if isinstance(spec.source, ZooSource) else None
 
 
+HOST_LINK = "host"  # the intra-node link a placement names when its GPUs have no peer-to-peer
+
+
 def intra_link(hardware: HardwareSpec, override: str | None) -> LinkModel:
     """The intra-node link of `hardware` (by its `peer_to_peer`), or of the link a placement names instead (same
-    efficiency rule; naming a link says the GPUs use it peer to peer)."""
+    efficiency rule; naming a link says the GPUs use it peer to peer, except "host": staged through host memory)."""
     if override is None:
         mode = peer_to_peer_mode(hardware)
         if mode == "none":
             return host_staged_link(hardware)
         return pcie_p2p_link(hardware) if mode == "pcie" else link_for_accelerator(hardware)
+    if override == HOST_LINK:
+        return host_staged_link(hardware)
     if override.startswith("pcie"):
         spec = hardware.model_copy(update={"interconnect": "pcie", "interconnect_bidir_gb_s": None,
                                            "pcie_gen": int(override.removeprefix("pcie"))})
@@ -123,7 +128,8 @@ def placement_links(placement: PlacementSpec, hardware: HardwareSpec, intra: Lin
     if hardware.kind != "gpu":
         raise PerfmodelError(f"placement.accelerator: multi-device placements need a GPU; {hardware.name} is a "
                              f"{hardware.kind}")
-    host_staged = placement.intra_node_link is None and peer_to_peer_mode(hardware) == "none"
+    host_staged = placement.intra_node_link == HOST_LINK or (
+        placement.intra_node_link is None and peer_to_peer_mode(hardware) == "none")
     gbit_s = node_network_gbit_s(placement, hardware)
     network = node_network_link(gbit_s, placement.inter_node_latency_us,
                                 rails=network_rails(gbit_s, hardware.node_devices),

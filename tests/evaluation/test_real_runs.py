@@ -9,7 +9,14 @@ import pandas as pd
 import pytest
 
 from perfmodel.evaluation.gpu_report import GpuAccuracy, headline, write_gpu_report
-from perfmodel.evaluation.real_runs import RealRun, composed_frame, real_runs, scaling_ratio_errors
+from perfmodel.evaluation.real_runs import (
+    IMPOSSIBLE_BELOW_ROOFLINE,
+    RealRun,
+    composed_frame,
+    physically_possible,
+    real_runs,
+    scaling_ratio_errors,
+)
 from perfmodel.evaluation.retrain import RetrainSettings, retrain
 from perfmodel.importers.lambda_runs import WholeJobRun
 from perfmodel.jobs.spec import Precision
@@ -50,6 +57,33 @@ def test_the_scaling_ratio_pairs_each_multi_gpu_run_with_its_one_gpu_twin():
     ratios = scaling_ratio_errors(pd.DataFrame(rows), "pred").set_index("devices")
     assert ratios.loc[4, "measured_ratio"] == pytest.approx(3.2) and ratios.loc[4, "predicted_ratio"] == 4.0
     assert ratios.loc[8, "ape"] == pytest.approx(abs(8 / 4 - 1))
+
+
+def test_a_run_without_gradient_sync_is_one_replica_and_has_no_scaling_ratio():
+    runs = real_runs(frame_of([
+        {"model": "transformer-xl-base", "accelerator": "rtx-3090", "devices": n, "batch_size": 4.0,
+         "global_batch_size": 4 * n, "throughput_items_per_s": 1000.0 * n, "gradient_sync": n == 1}
+        for n in (1, 8)]))
+    one, eight = sorted(runs, key=lambda r: r.devices)
+    assert one.gradient_sync and not eight.gradient_sync
+    assert eight.measured_ms == pytest.approx(one.measured_ms)  # each replica steps as fast as one GPU alone
+    placement = eight.placement()
+    assert placement.devices_per_node == (1,) and placement.parallelism.data == 1
+    assert placement.global_batch_size == 4 and one.placement() == placement
+    rows = [dict(model="m", accelerator="g", precision="tf32", batch_size=8, suite="v0", family="f", chip="c",
+                 devices=n, global_batch_size=8 * n, measured_ms=10.0, pred=10.0, gradient_sync=sync)
+            for n, sync in ((1, True), (4, True), (8, False))]
+    assert list(scaling_ratio_errors(pd.DataFrame(rows), "pred").devices) == [4]
+
+
+def test_a_measured_step_far_below_the_roofline_of_its_work_is_not_a_training_step():
+    """One device's roofline is 40 ms (composed 100 ms, roofline 0.4 of it): a step of 0.25 x 40 ms or more may be
+    a real one (the graph's counts can be off), one under it is a logging artefact."""
+    floor_ms = 100.0 * 0.4
+    frame = pd.DataFrame({"single_ms": 100.0, "roofline_over_composed": 0.4,
+                          "measured_ms": [floor_ms * 2, floor_ms * 0.6, IMPOSSIBLE_BELOW_ROOFLINE * floor_ms,
+                                          IMPOSSIBLE_BELOW_ROOFLINE * floor_ms * 0.99, 0.5]})
+    assert physically_possible(frame).tolist() == [True, True, True, False, False]
 
 
 def _run(model: str, accelerator: str, precision: str, batch: int, items_per_s: float, i: int) -> WholeJobRun:

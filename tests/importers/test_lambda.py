@@ -91,6 +91,15 @@ def test_the_precision_mapping(real_runs):
                                        "2xA100_80GB_SXM4_v1", "4xA100_80GB_SXM4_v1", "8xA100_80GB_SXM4_v1"}
 
 
+def test_only_the_multi_gpu_transformer_xl_runs_trained_without_gradient_sync(real_runs):
+    unsynced = [r for r in real_runs if not r.gradient_sync]
+    assert unsynced and {r.source_model for r in unsynced} == {"transformerxlbase", "transformerxllarge"}
+    assert all(r.devices > 1 and r.extra["gradient_sync"] is False for r in unsynced)
+    assert all(r.extra["gradient_sync"] is True for r in real_runs if r.gradient_sync)
+    single_txl = [r for r in real_runs if r.source_model.startswith("transformerxl") and r.devices == 1]
+    assert single_txl and all(r.gradient_sync for r in single_txl)  # one GPU has nothing to synchronise
+
+
 def test_gpu_names_the_catalog_lacks_are_kept_and_counted(real_runs):
     unresolved = unresolved_gpus(real_runs)
     assert "A100 40GB PCIe" not in unresolved and "V100 16GB SXM2" not in unresolved
@@ -180,9 +189,9 @@ def test_a_synthetic_folder_is_parsed(tmp_path):
     assert (oom.status, oom.throughput, oom.unit, oom.metric, oom.model, oom.precision) == (
         "out of memory", None, None, None, "transformer-xl-large", Precision.amp)
     assert unresolved_gpus(runs) == {"Test GPU B": 2}
-    assert oom.extra == {"suite": "v1", "config": "4xG2", "host": "LambdaCloud", "arch": "Turing",
-                         "source_model": "transformerxllarge", "amp_in_log": True, "batch_source": "log",
-                         "date": "2022-11-03T00:00:00"}
+    assert oom.extra == {"gradient_sync": False, "suite": "v1", "config": "4xG2", "host": "LambdaCloud",
+                         "arch": "Turing", "source_model": "transformerxllarge", "amp_in_log": True,
+                         "batch_source": "log", "date": "2022-11-03T00:00:00"}
 
 
 @pytest.mark.parametrize("column,value,message", [

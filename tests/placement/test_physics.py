@@ -262,6 +262,25 @@ def test_gpus_without_peer_to_peer_scale_worse_and_share_the_host(draws):
     assert p2p_ms[2] / p2p_ms[0] < 2  # 2(g-1)/g: 1.75 / 1
 
 
+def test_a_placement_naming_the_host_link_is_the_gpu_without_peer_to_peer_and_never_faster(draws):
+    """`intra_node_link: host` (NCCL_P2P_DISABLE=1 on any GPU): the same links as a copy of the GPU whose catalog
+    says it has no peer-to-peer, and never faster than the GPU's own link."""
+    c, placements = draws
+    staged_catalog = {name: spec.model_copy(update={"peer_to_peer": "none"}) for name, spec in CATALOG.items()}
+    multi = [p for p in placements if CATALOG[p.accelerator].kind == "gpu"]
+    host = [p.model_copy(update={"intra_node_link": "host"}) for p in multi]
+    for named, p in zip(host, multi):
+        assert placement_links(named, CATALOG[p.accelerator]) == placement_links(p, staged_catalog[p.accelerator])
+    index = [placements.index(p) for p in multi]
+    sub = ComputeArrays(**{f.name: np.asarray(getattr(c, f.name))[index] for f in fields(ComputeArrays)})
+
+    def breakdown(specs: list[PlacementSpec]) -> dict[str, np.ndarray]:
+        rows = [placement_row(p, placement_links(p, CATALOG[p.accelerator])) for p in specs]
+        return iteration_breakdown(sub, PlacementArrays(*np.array(rows, dtype=float).T), load_params())
+
+    assert np.all(breakdown(host)["iter_time_ms"] >= breakdown(multi)["iter_time_ms"] * (1 - 1e-12))
+
+
 def test_every_component_has_the_shape_of_the_pairs_even_when_no_pair_uses_it():
     one_job = ComputeArrays.stack([ShardCompute(1.0, 2.0, 0.5, 0.1, 10**6, 4, 12, 4096)])
     jobs = ComputeArrays(**{f.name: np.repeat(np.asarray(getattr(one_job, f.name))[:, None], 3, axis=1)

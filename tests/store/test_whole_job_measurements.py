@@ -38,9 +38,9 @@ def test_runs_are_stored_once_and_read_back(store):
             first.source_precision, first.batch_size, first.global_batch_size, first.throughput_items_per_s,
             first.unit, first.status) == ("lambda", "ssd300", "a40", 2, 1, "amp", "AMP", 128.0, 256, 1000.0,
                                           "images/s", "ok")
-    assert first.extra == {"suite": "v0", "config": "A40", "arch": "Ampere", "source_model": "ssd",
-                           "amp_in_log": True, "batch_source": "log", "metric": "ssd_training_performance",
-                           "date": "2021-06-01T12:00:00"}
+    assert first.extra == {"gradient_sync": True, "suite": "v0", "config": "A40", "arch": "Ampere",
+                           "source_model": "ssd", "amp_in_log": True, "batch_source": "log",
+                           "metric": "ssd_training_performance", "date": "2021-06-01T12:00:00"}
     failed = store.whole_job_measurements(status="out of memory")
     assert failed.source_id.tolist() == [oom.source_id] and math.isnan(failed.throughput_items_per_s.iloc[0])
     assert len(store.whole_job_measurements(source="lambda", status=["ok"])) == 2
