@@ -34,9 +34,9 @@ from perfmodel.settings import get_settings
 def composed(datasets: Path, cache: Path | None, graph_cache: Path | None) -> pd.DataFrame:
     if cache is not None and cache.is_file():
         frame = pd.read_parquet(cache)
-        if "gradient_sync" in frame.columns:
+        if {"gradient_sync", "compute_ms", "dp_jitter"} <= set(frame.columns):
             return frame
-        print(f"{cache} predates runs without gradient synchronisation: composing again")
+        print(f"{cache} predates columns the evaluation reads: composing again")
     from perfmodel.evaluation.real_runs import composed_frame, disk_graphs, lambda_runs
     from perfmodel.predictor.placed import PlacementPredictor
 

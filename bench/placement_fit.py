@@ -39,7 +39,7 @@ from perfmodel.evaluation.placement import (
     vtrain_rows,
 )
 from perfmodel.placement.comm import load_links
-from perfmodel.placement.iteration import IterationParams, dump_params, params_path
+from perfmodel.placement.iteration import IterationParams, dump_params, load_params, params_path
 from perfmodel.settings import get_settings
 
 DEFAULT_DATASETS = get_settings().datasets_dir
@@ -114,10 +114,11 @@ def main() -> int:
           f"{vtrain_figures['mape_pct']:.1f} % (target <= 10); {time.perf_counter() - started:.0f} s")
     record_if_asked(args, "placement_fit", {"adaptdl": adaptdl_figures, "vtrain": vtrain_figures})
     if args.write:
+        kept = load_params()  # the replica jitter is fitted on Lambda's runs (bench/real_runs.py --write-jitter)
         default = IterationParams(dp_overlap=fitted_a.dp_overlap,
                                   multi_device_overhead_ms=fitted_a.multi_device_overhead_ms,
-                                  tp_sync_ms=fitted_v.tp_sync_ms,
-                                  source="adaptdl DDP overlap/overhead + vtrain TP sync")
+                                  tp_sync_ms=fitted_v.tp_sync_ms, dp_jitter=kept.dp_jitter,
+                                  source="adaptdl DDP overlap/overhead + vtrain TP sync + Lambda replica jitter")
         table = {"default": default, "adaptdl-t4": fitted_a, "vtrain-a100": fitted_v}
         params_path().write_text(dump_params(table))
         print(f"wrote {params_path()}")

@@ -11,7 +11,11 @@ Prints MAPE per math mode and GPU count (one GPU; 2-16), the worst GPU, the 80 %
 n-GPU / 1-GPU scaling ratio's error, for the composed prediction ("before") and each hold-out. `--stage`: the
 stage to fit, `device-whole-step` (default: a spec-sheet device effect and a level per measured model) or
 `xgb-whole-step` (boosted trees over the composition features). `--write` fits the stage on every run and saves it
-as its next version in the registry; `--promote` promotes it (role whole-step). `--record [RUN]` records the
+as its next version in the registry; `--promote` promotes it (role whole-step).
+The placement model's replica jitter (`IterationParams.dp_jitter`: data parallelism waits for its slowest replica)
+is fitted on the data-parallel runs' n-GPU / 1-GPU ratios, without the held-out group in each fold; the bench
+prints it fitted on every run and held out by family and by chip, and `--write-jitter` stores the one fitted on
+every run as the default (perfmodel/placement/iteration_params.json). `--record [RUN]` records the
 headline figures for docs/accuracy.md (bench/_figures.py).
 Data: Lambda, lambdal/deeplearning-benchmark (read in place, never copied).
 """
@@ -19,10 +23,13 @@ Data: Lambda, lambdal/deeplearning-benchmark (read in place, never copied).
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 from _figures import add_record_option, figure_key, record_if_asked
 
@@ -34,7 +41,15 @@ from perfmodel.evaluation.gpu_report import (
     mode_table,
     write_gpu_report,
 )
-from perfmodel.evaluation.real_runs import DEFAULT_STAGE, STAGES, fit_stage
+from perfmodel.evaluation.real_runs import (
+    DEFAULT_STAGE,
+    STAGES,
+    fit_dp_jitter,
+    fit_stage,
+    jitter_ratio_ape,
+    jitter_rows,
+)
+from perfmodel.placement.iteration import IterationParams, dump_params, params_path
 from perfmodel.settings import get_settings
 
 
@@ -58,6 +73,26 @@ def figures(frame: pd.DataFrame) -> dict:
     return out
 
 
+def replica_jitter(composed: pd.DataFrame) -> dict:
+    """The replica jitter fitted on every data-parallel run, and held out by family and by chip: the n-GPU / 1-GPU
+    ratio's MAPE of the held-out group with the jitter fitted without it, against none (printed and returned)."""
+    rows = jitter_rows(composed)
+    out: dict = {"fitted_on_all": fit_dp_jitter(rows), "runs": len(rows)}
+    print(f"\n## The wait for the slowest replica (data parallel, {len(rows)} runs with a one-GPU twin)\n\n"
+          f"dp_jitter fitted on every run: {out['fitted_on_all']:.4f}")
+    for by in ("family", "chip"):
+        held, none = [], []
+        for group in sorted(rows[by].unique()):
+            test = rows[rows[by] == group]
+            held.append(jitter_ratio_ape(test, fit_dp_jitter(rows[rows[by] != group])))
+            none.append(jitter_ratio_ape(test, 0.0))
+        out[by] = {"scaling_ratio_mape_pct": 100 * float(np.concatenate(held).mean()),
+                   "without_wait_pct": 100 * float(np.concatenate(none).mean())}
+        print(f"held out by {by}: n-GPU / 1-GPU ratio MAPE {out[by]['scaling_ratio_mape_pct']:.1f} % "
+              f"(no wait: {out[by]['without_wait_pct']:.1f} %)")
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--datasets", type=Path, default=get_settings().datasets_dir)
@@ -70,6 +105,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--write", action="store_true", help="fit the stage on every run and save its next version")
     parser.add_argument("--promote", action="store_true", help="with --write: promote it (role whole-step)")
     parser.add_argument("--models-dir", type=Path, help="registry root (default: the shipped models/)")
+    parser.add_argument("--write-jitter", action="store_true",
+                        help="store the replica jitter fitted on every run as the placement model's default")
     add_record_option(parser)
     args = parser.parse_args(argv)
 
@@ -87,8 +124,17 @@ def main(argv: list[str] | None = None) -> int:
         show(held, titles[by])
         if args.out is not None:
             held.to_csv(args.out.with_name(f"{args.out.stem}-{by}{args.out.suffix}"), index=False)
+    jitter = replica_jitter(result.composed)
     record_if_asked(args, "real_runs", {"composed": figures(result.composed),
-                                        **{by: figures(held) for by, held in result.held.items()}})
+                                        **{by: figures(held) for by, held in result.held.items()},
+                                        "replica_jitter": jitter})
+    if args.write_jitter:
+        table = json.loads(params_path().read_text())["params"]
+        default = IterationParams.from_dict(table["default"])
+        table["default"] = replace(default, dp_jitter=jitter["fitted_on_all"],
+                                   source=default.source.split(" + Lambda")[0] + " + Lambda replica jitter")
+        params_path().write_text(dump_params(table))
+        print(f"wrote dp_jitter {jitter['fitted_on_all']:.4f} into {params_path()}")
     if args.report is not None:
         print(f"\nreport: {write_gpu_report(result, args.report)['report']}")
     if args.write:

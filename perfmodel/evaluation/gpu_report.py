@@ -63,8 +63,8 @@ def gpu_accuracy(datasets_dir: str | Path | None = None, models_dir: Any = None,
     predictor = PlacementPredictor.load(models_dir, graphs=disk_graphs(graph_cache) if graph_cache else None)
     predictor.set_whole_step(None)
     frame = pd.read_parquet(cache) if cache is not None and cache.is_file() else None
-    if frame is not None and "gradient_sync" not in frame.columns:
-        progress(f"{cache} predates runs without gradient synchronisation: composing again")
+    if frame is not None and not {"gradient_sync", "compute_ms", "dp_jitter"} <= set(frame.columns):
+        progress(f"{cache} predates columns the evaluation reads: composing again")
         frame = None
     if frame is None:
         frame = composed_frame(runs, predictor, progress=progress)

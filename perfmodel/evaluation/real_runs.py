@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -138,10 +138,12 @@ def real_runs(frame: pd.DataFrame) -> list[RealRun]:
 def composed_frame(runs: Iterable[RealRun], predictor: Any,
                    progress: Callable[[str], None] = lambda _: None) -> pd.DataFrame:
     """One row per run: identity, measured and composed steps, and the composition features. `predictor`: a
-    `PlacementPredictor` without the learned stage (its `whole_step` is set aside while composing)."""
+    `PlacementPredictor`; what it learned from runs like these is set aside while composing: its whole-step stage
+    and its replica jitter (`dp_jitter`, so the composed step has no wait for the slowest replica)."""
     from perfmodel.jobs.zoo import ZOO
 
     saved, predictor.whole_step = predictor.whole_step, None
+    saved_params, predictor.params = predictor.params, replace(predictor.params, dp_jitter=0.0)
     records = []
     try:
         for i, run in enumerate(runs):
@@ -168,9 +170,11 @@ def composed_frame(runs: Iterable[RealRun], predictor: Any,
                 "measured_samples_per_s": run.measured_samples_per_s,
                 "single_ms": single.iter_time_ms, "placement_ms": placed.iter_time_ms,
                 "communication_ms": placed.breakdown_ms.get("communication", 0.0),
+                "compute_ms": placed.breakdown_ms.get("forward", 0.0) + placed.breakdown_ms.get("backward", 0.0),
+                "dp_jitter": predictor.params.dp_jitter,
                 "fits": bool(placed.fits), **(features or {})})
     finally:
-        predictor.whole_step = saved
+        predictor.whole_step, predictor.params = saved, saved_params
     return pd.DataFrame.from_records(records)
 
 
@@ -224,6 +228,49 @@ def scaling_ratio_errors(frame: pd.DataFrame, column: str) -> pd.DataFrame:
                      "measured_ratio": measured, "predicted_ratio": predicted,
                      "ape": abs(predicted / measured - 1.0)})
     return pd.DataFrame.from_records(rows)
+
+
+JITTER_GRID = np.linspace(0.0, 0.3, 121)
+
+
+def jitter_rows(frame: pd.DataFrame) -> pd.DataFrame:
+    """The data-parallel multi-GPU runs of a composed frame with their one-GPU twins (same model, GPU, math,
+    per-GPU batch, suite): the measured n-GPU / 1-GPU step ratio, the placement's step without the wait for the
+    slowest replica (`iteration.py`: dp_jitter · E[max of d normals] · compute), that wait per unit of jitter,
+    and the twin's composed step."""
+    from perfmodel.placement.iteration import expected_max_normal
+
+    keys = ["model", "accelerator", "precision", "batch_size", "suite"]
+    ones = frame[frame.devices == 1].set_index(keys)
+    synced = frame["gradient_sync"].astype(bool) if "gradient_sync" in frame.columns else True
+    rows = []
+    for row in frame[(frame.devices > 1) & synced].itertuples(index=False):
+        key = tuple(getattr(row, k) for k in keys)
+        if key not in ones.index:
+            continue
+        one = ones.loc[[key]].iloc[0]
+        per_jitter = expected_max_normal(float(row.devices)) * row.compute_ms
+        rows.append({**{k: getattr(row, k) for k in (*keys, "devices", "family", "chip")},
+                     "measured_ratio": row.measured_ms / one.measured_ms, "one_ms": one.placement_ms,
+                     "base_ms": row.placement_ms - row.dp_jitter * per_jitter, "per_jitter_ms": per_jitter})
+    return pd.DataFrame.from_records(rows)
+
+
+def fit_dp_jitter(rows: pd.DataFrame, grid: np.ndarray = JITTER_GRID) -> float:
+    """The replica jitter (`IterationParams.dp_jitter`) whose n-GPU / 1-GPU step ratios are closest to the
+    measured ones of `rows` (`jitter_rows`): the median absolute log error, so that a few broken runs do not pull
+    it; 0 without rows."""
+    if rows.empty:
+        return 0.0
+    errors = [float(np.median(np.abs(np.log((rows.base_ms + s * rows.per_jitter_ms) / rows.one_ms
+                                             / rows.measured_ratio)))) for s in grid]
+    return float(grid[int(np.argmin(errors))])
+
+
+def jitter_ratio_ape(rows: pd.DataFrame, jitter: float) -> np.ndarray:
+    """The n-GPU / 1-GPU ratio's APE of `rows` (`jitter_rows`) with the wait of `jitter`."""
+    predicted = (rows.base_ms + jitter * rows.per_jitter_ms) / rows.one_ms
+    return np.abs(rows.measured_ratio.to_numpy() / predicted.to_numpy() - 1.0)
 
 
 # the whole-step stage the benches and `perfmodel retrain` fit unless told otherwise
@@ -313,13 +360,16 @@ def leave_one_out(runs: Sequence[RealRun], frame: pd.DataFrame, predictor: Any, 
                   feature_names: Sequence[str] | None = None, progress: Callable[[str], None] = lambda _: None,
                   serving_path: bool = True, stage: str = DEFAULT_STAGE, **settings: Any) -> pd.DataFrame:
     """Every run predicted by a stage fitted without its `by` group (family or chip) of `frame` (the composed
-    frame of the same runs), through the serving path (or `predict_from_frame` with `serving_path=False`).
+    frame of the same runs), through the serving path, with the placement model's replica jitter (`dp_jitter`)
+    fitted without the group too (or `predict_from_frame` with `serving_path=False`: the stage only).
     Returns `frame` joined with `predicted_ms`, `low_ms`, `high_ms`."""
     from perfmodel.predictor.whole_step import WholeStepStage
 
     frame = frame.assign(key=[run_key(r) for r in frame.itertuples(index=False)])
     group_of = dict(zip(frame.key, frame[by]))
     saved = predictor.whole_step if predictor is not None else None
+    saved_params = predictor.params if predictor is not None else None
+    pairs = jitter_rows(frame) if serving_path and "compute_ms" in frame.columns else pd.DataFrame()
     parts = []
     try:
         for group in sorted(frame[by].unique()):
@@ -333,10 +383,13 @@ def leave_one_out(runs: Sequence[RealRun], frame: pd.DataFrame, predictor: Any, 
             test = [r for r in runs if group_of.get(run_key(r)) == group]
             progress(f"holding out {by} {group}: {len(test)} runs")
             predictor.set_whole_step(WholeStepStage(fitted, f"without-{group}"))
+            if not pairs.empty:  # the replicas' jitter too is learned without the group
+                predictor.params = replace(predictor.params, dp_jitter=fit_dp_jitter(pairs[pairs[by] != group]))
             parts.append(predict_runs(test, predictor))
     finally:
         if predictor is not None:
             predictor.set_whole_step(saved)
+            predictor.params = saved_params
     predicted = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=["key"])
     return frame.merge(predicted, on="key", how="inner")
 

@@ -24,6 +24,11 @@ expert degrees, m micro-batches, and T = 1 when training, 0 for inference:
                                                  + max(AG(G) + RS(G) - h_b,               backward gather + gradient
                                                        AG(bucket) + RS(bucket))]          reduce-scatter, every
                                                                                           micro-batch
+    data-parallel wait (T=1, d > 1) = dp_jitter · E[max of d standard normals] · m · (fwd + bwd + recompute) / (t·p)
+                                     synchronous data parallelism waits every step for its slowest replica: a
+                                     replica's compute varies from step to step by dp_jitter (relative standard
+                                     deviation), and the slowest of d is E[max] (Blom's approximation) standard
+                                     deviations above the mean; the wait shows up in the gradient all-reduce
     optimizer (T = 1)              = O/(t·p) · (share of the parameters a rank steps: 1/d with ZeRO >= 1, else
                                      dense + experts/e), never below O/(t·p) - (data- and expert-parallel
                                      communication): a rank's step never saves more than its sharding costs
@@ -37,7 +42,7 @@ less than the sharded step would save.
                                      (+ multi_device_overhead_ms if distributed)
 
     iteration = compute + pipeline_bubble + communication + optimizer + overhead,
-    communication = tensor-parallel + expert-parallel + pipeline + data-parallel.
+    communication = tensor-parallel + expert-parallel + pipeline + data-parallel + data-parallel wait.
 
 G is the gradient bytes of a rank's shard (params · grad bytes / (t·p)); the ZeRO parameter all-gathers move the
 same bytes (the working parameters and the gradients share a dtype). h_b = overlap · (backward + recompute of a
@@ -71,6 +76,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields
 from importlib import resources
 from pathlib import Path
+from statistics import NormalDist
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -113,6 +119,8 @@ class IterationParams:
     multi_device_overhead_ms: float = 0.0  # per-iteration cost of any distributed run (DDP hooks, syncs)
     tp_penalty: float = 0.0  # compute inefficiency per extra tensor-parallel rank (smaller GEMMs)
     tp_sync_ms: float = 0.0  # per tensor-parallel all-reduce, beyond α-β: the wait for the slowest rank
+    dp_jitter: float = 0.0  # relative step-to-step spread of a replica's compute (data parallelism waits for the
+    # slowest replica every step)
     layer_overhead_ms: float = 0.0  # host-side cost per block per micro-batch (Python, launches), any batch size
     compute_scale: float = 1.0  # calibration of the compute predictor for the data it was fitted on
     source: str = "defaults"
@@ -292,6 +300,19 @@ def _send(p: PlacementArrays, size: Any) -> Any:
     return _where(p.pipeline_nodes > 1, _maximum(network, one_node), one_node)
 
 
+_STANDARD_NORMAL = NormalDist()
+
+
+def expected_max_normal(n: Any) -> Any:
+    """E[max of n independent standard normals] by Blom's approximation, Φ⁻¹((n - 0.375) / (n + 0.25)): 0.59 for
+    2 (exact 0.56), 1.42 for 8, 3.2 for 1,024; 0 for n <= 1. Arrays in, arrays out (one inverse per distinct n)."""
+    if isinstance(n, np.ndarray):
+        values, inverse = np.unique(n, return_inverse=True)
+        return np.array([expected_max_normal(float(v)) for v in values])[inverse].reshape(n.shape)
+    n = float(n)
+    return _STANDARD_NORMAL.inv_cdf((n - 0.375) / (n + 0.25)) if n > 1 else 0.0
+
+
 def iteration_breakdown(c: ComputeArrays, p: PlacementArrays, params: IterationParams) -> dict[str, np.ndarray]:
     """Per-pair components (ms); `iter_time_ms` is their explicit sum. Arrays in, arrays out; floats (one pair)
     in, floats out."""
@@ -342,6 +363,8 @@ def iteration_breakdown(c: ComputeArrays, p: PlacementArrays, params: IterationP
         return _where(p.zero_stage >= 3, zero3, _where(p.zero_stage >= 1, zero12, zero0))
 
     dp_ms = _when((d > 1) & (train > 0), data_parallel)
+    dp_wait = _when((d > 1) & (train > 0) & (params.dp_jitter > 0),
+                    lambda: params.dp_jitter * expected_max_normal(d) * m * (fwd + bwd + recompute))
 
     # optimizer: a rank steps its share of the parameters, never saving more than the sharding's communication
     full_step = c.optimizer_ms * train / split
@@ -355,7 +378,7 @@ def iteration_breakdown(c: ComputeArrays, p: PlacementArrays, params: IterationP
         "forward": m * fwd,
         "backward": m * (bwd + recompute),
         "optimizer": optimizer,
-        "communication": m * tp_ms + m * ep_ms + pp_ms + dp_ms,
+        "communication": m * tp_ms + m * ep_ms + pp_ms + dp_ms + dp_wait,
         "pipeline_bubble": (pp - 1) * stage_ms,
         "overhead": overhead + m * (launch + host_exposed),
     }
@@ -364,6 +387,7 @@ def iteration_breakdown(c: ComputeArrays, p: PlacementArrays, params: IterationP
     out["expert_parallel_ms"] = m * ep_ms
     out["pipeline_p2p_ms"] = pp_ms
     out["data_parallel_ms"] = dp_ms
+    out["data_parallel_wait_ms"] = dp_wait
     total = out["iter_time_ms"]
     shape = total.shape if isinstance(total, np.ndarray) else ()  # (np.shape of a float costs ~1 us)
     if shape:  # arrays: every component over every pair, also those no pair of the batch has (0 everywhere)

@@ -517,11 +517,16 @@ class PlacementPredictor:
         iter_time_ms = out["iter_time_ms"]
         breakdown = {k: out[k] for k in BREAKDOWN_KEYS}
         ratio = iter_time_ms / single.iter_time_ms if single.iter_time_ms > 0 else 1.0
+        # the band of one device's step, scaled to the placement's; the wait for the slowest replica spans from
+        # none (replicas in step) to twice the fitted one
+        wait = out.get("data_parallel_wait_ms", 0.0)
+        spread = wait / single.iter_time_ms if single.iter_time_ms > 0 else 0.0
+        interval = (single.interval_ms[0] * (ratio - spread), single.interval_ms[1] * (ratio + spread))
         unit, items_per_sample = items_of(spec)
         return Prediction(
             job_name=spec.name, job_id=spec.key(), accelerator=hardware.name, model_version=single.model_version,
             iter_time_ms=iter_time_ms, throughput_samples_per_s=out["throughput_samples_per_s"],
-            interval_ms=(single.interval_ms[0] * ratio, single.interval_ms[1] * ratio), breakdown_ms=breakdown,
+            interval_ms=interval, breakdown_ms=breakdown,
             peak_memory_bytes=out["peak_memory_bytes"], extrapolated=single.extrapolated,
             extrapolation_reasons=single.extrapolation_reasons,
             math_by_op_group=single.math_by_op_group, devices=placement.devices, nodes=placement.nodes,

@@ -10,6 +10,7 @@ from perfmodel.placement.iteration import (
     IterationParams,
     PlacementArrays,
     ShardCompute,
+    expected_max_normal,
     iteration_breakdown,
     load_params,
 )
@@ -17,7 +18,7 @@ from perfmodel.placement.iteration import (
 RNG = np.random.default_rng(7)
 N = 400
 PARAMS = [IterationParams(), load_params(), IterationParams(dp_overlap=1.0, multi_device_overhead_ms=3.0,
-                                                            tp_sync_ms=0.1, layer_overhead_ms=1.0)]
+                                                            tp_sync_ms=0.1, layer_overhead_ms=1.0, dp_jitter=0.2)]
 
 
 def computes(n: int = N, *, batch_scale: np.ndarray | None = None, params_scale: float = 1.0) -> ComputeArrays:
@@ -53,9 +54,26 @@ def test_the_iteration_is_the_explicit_sum_of_its_parts(params):
     out = iteration_breakdown(c, p, params)
     parts = ["forward", "backward", "optimizer", "communication", "pipeline_bubble", "overhead"]
     np.testing.assert_allclose(out["iter_time_ms"], sum(out[k] for k in parts))
-    np.testing.assert_allclose(out["communication"],
-                               out["tensor_parallel_ms"] + out["pipeline_p2p_ms"] + out["data_parallel_ms"])
+    np.testing.assert_allclose(out["communication"], out["tensor_parallel_ms"] + out["pipeline_p2p_ms"]
+                               + out["data_parallel_ms"] + out["data_parallel_wait_ms"])
     assert all(np.all(out[k] >= 0) for k in parts)
+
+
+def test_the_wait_for_the_slowest_replica_grows_with_the_replicas_and_is_its_share_of_compute():
+    c = computes(6)
+    jitter = IterationParams(dp_jitter=0.05)
+    data = np.array([1.0, 2.0, 4.0, 8.0, 16.0, 64.0])
+    out = iteration_breakdown(c, placements(6, data=data, nodes=np.ones(6)), jitter)
+    wait = out["data_parallel_wait_ms"]
+    assert wait[0] == 0 and np.all(np.diff(wait / (out["forward"] + out["backward"])) > 0)
+    np.testing.assert_allclose(wait, 0.05 * expected_max_normal(data) * (out["forward"] + out["backward"]))
+    assert expected_max_normal(2.0) == pytest.approx(0.564, abs=0.03)  # E[max of 2] = 1/sqrt(pi)
+    assert expected_max_normal(8.0) == pytest.approx(1.424, abs=0.03) and expected_max_normal(1.0) == 0.0
+    without = iteration_breakdown(c, placements(6, data=data, nodes=np.ones(6)), IterationParams())
+    np.testing.assert_allclose(out["iter_time_ms"], without["iter_time_ms"] + wait)
+    one = iteration_breakdown(with_compute(c, gradient_bytes_per_param=np.zeros(6)),  # inference: nothing to wait for
+                              placements(6, data=data, nodes=np.ones(6)), jitter)
+    assert np.all(one["data_parallel_wait_ms"] == 0)
 
 
 def test_one_device_is_the_device_compute():

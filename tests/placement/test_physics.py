@@ -26,10 +26,10 @@ from perfmodel.placement.spec import Parallelism, PlacementSpec
 from perfmodel.predictor.placed import placement_links, placement_row
 
 PARTS = ("forward", "backward", "optimizer", "communication", "pipeline_bubble", "overhead")
-COMMS = ("tensor_parallel_ms", "expert_parallel_ms", "pipeline_p2p_ms", "data_parallel_ms")
+COMMS = ("tensor_parallel_ms", "expert_parallel_ms", "pipeline_p2p_ms", "data_parallel_ms", "data_parallel_wait_ms")
 PARAMS = [IterationParams(), load_params(),
           IterationParams(dp_overlap=1.0, overhead_ms=2.0, multi_device_overhead_ms=3.0, tp_penalty=0.05,
-                          tp_sync_ms=0.1, layer_overhead_ms=1.0, compute_scale=0.7)]
+                          tp_sync_ms=0.1, layer_overhead_ms=1.0, compute_scale=0.7, dp_jitter=0.2)]
 DRAWS = 600
 CATALOG = load_catalog()
 GPUS = sorted(name for name, spec in CATALOG.items() if spec.kind == "gpu")

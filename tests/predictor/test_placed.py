@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -267,3 +269,20 @@ def test_expert_parallelism_on_a_real_mixture_of_experts_graph(predictor, spec):
     with pytest.raises(PerfmodelError, match="parallelism.expert.*dense"):
         predictor.predict(spec, PlacementSpec(accelerator="h100-sxm5", devices_per_node=(4,), global_batch_size=64,
                                               parallelism=Parallelism(data=4, expert=2)))
+
+
+def test_the_band_of_a_data_parallel_step_spans_no_wait_to_twice_the_wait_for_the_slowest_replica(predictor, spec):
+    """8 data-parallel replicas wait for the slowest (`dp_jitter`): the band goes from the step without that wait to
+    the step with twice it, each scaled by one device's band; one device has no wait and its own band."""
+    jittery = PlacementPredictor(predictor.cpu, predictor.device, replace(predictor.params, dp_jitter=0.05))
+    steady = PlacementPredictor(predictor.cpu, predictor.device, replace(predictor.params, dp_jitter=0.0))
+    one = steady.predict(spec, PlacementSpec(accelerator="a100-sxm4-80gb", global_batch_size=16))
+    eight = PlacementSpec.grid("a100-sxm4-80gb", per_node=8, global_batch_size=128)
+    waiting, in_step = jittery.predict(spec, eight), steady.predict(spec, eight)
+    wait = waiting.iter_time_ms - in_step.iter_time_ms
+    assert wait > 0 and waiting.breakdown_ms["communication"] - in_step.breakdown_ms["communication"] == \
+        pytest.approx(wait)
+    low, high = one.interval_ms[0] / one.iter_time_ms, one.interval_ms[1] / one.iter_time_ms
+    assert waiting.interval_ms[0] == pytest.approx(low * (waiting.iter_time_ms - wait))
+    assert waiting.interval_ms[1] == pytest.approx(high * (waiting.iter_time_ms + wait))
+    assert in_step.interval_ms == pytest.approx((low * in_step.iter_time_ms, high * in_step.iter_time_ms))
