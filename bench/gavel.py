@@ -38,7 +38,12 @@ from perfmodel.evaluation.gavel import (
     scaling,
     speedups,
 )
-from perfmodel.placement.colocation import ColocationParams, dump_colocation_params, params_path
+from perfmodel.placement.colocation import (
+    ColocationParams,
+    dump_colocation_params,
+    load_colocation_params,
+    params_path,
+)
 from perfmodel.settings import get_settings
 
 
@@ -112,20 +117,24 @@ def main(argv: list[str] | None = None) -> int:
 
     pairs = pairs_of(measured, predicted)
     print(f"\n## Co-location: {len(pairs)} one-GPU pairs (from the measured isolated steps)\n")
-    default = ColocationParams()
-    colocation: dict = {"pairs": len(pairs), "as_served_mape_pct": kept_as_served(pairs, default)}
-    print(f"  as served (defaults; each job's share of its isolated throughput from the predicted device and host "
-          f"time alone): MAPE {colocation['as_served_mape_pct']:.1f} % on the share kept")
-    print(f"  defaults (host share 0.5, no switch overhead): MAPE {pair_mape(pairs, default):.1f} %, partner "
-          f"ranking {partner_ranking(pairs, default):.2f}")
+    default, shipped = ColocationParams(), load_colocation_params()
+    colocation: dict = {"pairs": len(pairs), "as_served_mape_pct": kept_as_served(pairs, shipped),
+                        "defaults": {"mape_pct": pair_mape(pairs, default),
+                                     "partner_ranking": partner_ranking(pairs, default)}}
+    print(f"  as served (the shipped constants, {shipped.source}; each job's share of its isolated throughput from "
+          f"the predicted device and host time alone): MAPE {colocation['as_served_mape_pct']:.1f} % on the share "
+          f"kept")
+    print(f"  defaults (host share 0.5, no switch overhead, no wait): MAPE {colocation['defaults']['mape_pct']:.1f} "
+          f"%, partner ranking {colocation['defaults']['partner_ranking']:.2f}")
     for train, test in (("k80", "p100"), ("p100", "k80")):
         fitted = fit_params([p for p in pairs if p.worker == train], f"gavel {train}")
         held = [p for p in pairs if p.worker == test]
-        colocation[f"{train}_to_{test}"] = {"mape_pct": pair_mape(held, fitted),
-                                            "partner_ranking": partner_ranking(held, fitted)}
-        print(f"  fit on {train} (host share {fitted.host_share_of_gap:.2f}, switch {fitted.switch_overhead:.2f}), "
-              f"test on {test}: MAPE {colocation[f'{train}_to_{test}']['mape_pct']:.1f} %, partner ranking "
-              f"{colocation[f'{train}_to_{test}']['partner_ranking']:.2f}")
+        result = {"mape_pct": pair_mape(held, fitted), "partner_ranking": partner_ranking(held, fitted),
+                  "sync_wait_ms": fitted.sync_wait_ms}
+        colocation[f"{train}_to_{test}"] = result
+        print(f"  fit on {train} (host share {fitted.host_share_of_gap:.2f}, switch {fitted.switch_overhead:.2f}, "
+              f"wait {fitted.sync_wait_ms:.0f} ms), test on {test}: MAPE {result['mape_pct']:.1f} %, partner "
+              f"ranking {result['partner_ranking']:.2f}")
     families = sorted({family(p.a) for p in pairs} | {family(p.b) for p in pairs})
     errors, ranks = [], []
     for held_family in families:
@@ -134,14 +143,17 @@ def main(argv: list[str] | None = None) -> int:
         errors.append(pair_mape(inside, fitted))
         ranks.append(partner_ranking(inside, fitted))
         print(f"  without {held_family:<15} (host {fitted.host_share_of_gap:.2f}, switch "
-              f"{fitted.switch_overhead:.2f}): its pairs MAPE {errors[-1]:.1f} %")
-    print(f"  leave one family out: mean MAPE {np.mean(errors):.1f} %")
+              f"{fitted.switch_overhead:.2f}, wait {fitted.sync_wait_ms:.0f} ms): its pairs MAPE {errors[-1]:.1f} %, "
+              f"partner ranking {ranks[-1]:.2f}")
+    print(f"  leave one family out: mean MAPE {np.mean(errors):.1f} %, partner ranking {np.nanmean(ranks):.2f}")
     colocation["leave_one_family_out_mape_pct"] = np.mean(errors)
+    colocation["leave_one_family_out_partner_ranking"] = float(np.nanmean(ranks))
     if args.write:
         fitted = fit_params(pairs, "gavel k80+p100 pairs (bench/gavel.py --write)")
         params_path().write_text(dump_colocation_params(fitted))
         print(f"\nwrote {params_path()}: host share {fitted.host_share_of_gap:.2f}, switch "
-              f"{fitted.switch_overhead:.2f} (MAPE on every pair {pair_mape(pairs, fitted):.1f} %)")
+              f"{fitted.switch_overhead:.2f}, wait {fitted.sync_wait_ms:.0f} ms (MAPE on every pair "
+              f"{pair_mape(pairs, fitted):.1f} %)")
     elapsed = time.perf_counter() - started
     print(f"\ndone in {elapsed:.0f} s")
     record_if_asked(args, "gavel", {**recorded, "colocation": colocation, "run_s": elapsed})

@@ -246,15 +246,18 @@ def pair_mape(pairs: Sequence[Pair], params: ColocationParams) -> float:
     return float(np.mean(np.abs(predicted / measured - 1)) * 100)
 
 
-GRID_HOST = np.linspace(0.0, 1.0, 21)
-GRID_SWITCH = np.linspace(0.0, 1.5, 16)
+GRID_HOST = np.linspace(0.0, 1.0, 11)
+GRID_SWITCH = np.linspace(0.0, 1.5, 7)
+GRID_WAIT_MS = (0.0, 10.0, 20.0, 40.0, 60.0, 80.0)
 
 
 def fit_params(pairs: Sequence[Pair], source: str) -> ColocationParams:
-    """The (host share of the gap, switch overhead) minimising co-located MAPE on `pairs` (a grid search)."""
-    best = min(itertools.product(GRID_HOST, GRID_SWITCH),
-               key=lambda hs: pair_mape(pairs, ColocationParams(float(hs[1]), float(hs[0]))))
-    return ColocationParams(switch_overhead=float(best[1]), host_share_of_gap=float(best[0]), source=source)
+    """The (host share of the gap, switch overhead, wait per step for the other's time slice) minimising
+    co-located MAPE on `pairs` (a grid search)."""
+    best = min(itertools.product(GRID_HOST, GRID_SWITCH, GRID_WAIT_MS),
+               key=lambda hsw: pair_mape(pairs, ColocationParams(float(hsw[1]), float(hsw[0]), float(hsw[2]))))
+    return ColocationParams(switch_overhead=float(best[1]), host_share_of_gap=float(best[0]),
+                            sync_wait_ms=float(best[2]), source=source)
 
 
 def partner_ranking(pairs: Sequence[Pair], params: ColocationParams) -> float:

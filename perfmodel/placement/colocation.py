@@ -6,19 +6,25 @@ pipeline bubble, and input pipelines the graph does not show). While one job wai
 alone; while both have work on the device, they share it:
 
 - `time-slicing` (the default: two processes, no MPS): the device runs one context at a time, so two busy jobs
-  each progress at half speed, and every switch costs a little more (`switch_overhead`);
+  each progress at half speed, and every switch costs a little more (`switch_overhead`). Besides, a job waits its
+  turn each time it hands the device back to its host (the input copy, the loss read back, the optimizer): per
+  step, `sync_wait_ms` times the share of time the other job holds the device. That is what makes a job with short
+  steps lose most of its speed next to one with long steps, while the long-step job barely notices it (Gavel's
+  K80 and P100 pairs);
 - `mps` (CUDA MPS): kernels of both run at once on different SMs, so two busy jobs slow each other only as far as
   their kernels together need more than the device has: by max(1, u_a + u_b), where u is the share of the device's
   peak (compute or bandwidth, the larger) a job's kernels use while they run.
 
-The steady state is a fixed point (processor sharing): job a's step is host_a + device_a · (1 + g_b · (s - 1)),
-where g_b is the share of time job b has work on the device and s the slowdown of work that overlaps. Physically
+The steady state is a fixed point (processor sharing): job a's step is host_a + device_a · (1 + g_b · (s - 1))
+(+ g_b · sync_wait_ms when time-slicing), where g_b is the share of time job b has work on the device and s the
+slowdown of work that overlaps. Physically
 possible by construction: no job is faster than alone, and the pair's device time per second never exceeds the
 device (`combined_device_share` <= 1; the steps are stretched where the approximation would exceed it).
 
 What the graph cannot see (an input pipeline on the host, the Atari environment of A3C) is the gap between a measured
-isolated step and the predicted device time; `host_share_of_gap` says how much of such a gap is host time (fitted
-on Gavel's measured K80 and P100 pairs: `bench/gavel.py --write`).
+isolated step and the predicted device time; `host_share_of_gap` says how much of such a gap is host time. The
+three constants are fitted on Gavel's measured K80 and P100 pairs (`bench/gavel.py --write`, held out by GPU and
+by job family there).
 """
 
 from __future__ import annotations
@@ -40,6 +46,7 @@ class ColocationParams:
 
     switch_overhead: float = 0.0  # time-slicing: extra slowdown of overlapping work per switch (0: ideal halving)
     host_share_of_gap: float = 0.5  # of (measured step - predicted device time), the share that is host time
+    sync_wait_ms: float = 0.0  # time-slicing: per step, what a job waits for the other's time slice while it is busy
     source: str = "default"
 
     @classmethod
@@ -97,8 +104,10 @@ def share(a: SharingJob, b: SharingJob, sharing: Sharing = "time-slicing",
     busy = [1.0 if a.device_ms > 0 else 0.0, 1.0 if b.device_ms > 0 else 0.0]
     steps = [a.step_ms, b.step_ms]
     jobs = (a, b)
+    wait = params.sync_wait_ms if sharing == "time-slicing" else 0.0
     for _ in range(ITERATIONS):
-        new = [jobs[i].host_ms + jobs[i].device_ms * (1.0 + busy[1 - i] * (slow - 1.0)) for i in (0, 1)]
+        new = [jobs[i].host_ms + jobs[i].device_ms * (1.0 + busy[1 - i] * (slow - 1.0)) + wait * busy[1 - i]
+               for i in (0, 1)]
         shares = [jobs[i].device_ms * (1.0 + busy[1 - i] * (slow - 1.0)) / new[i] if new[i] > 0 else 0.0
                   for i in (0, 1)]
         done = max(abs(new[i] - steps[i]) for i in (0, 1)) <= TOLERANCE * max(max(new), 1.0)

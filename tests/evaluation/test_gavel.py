@@ -42,7 +42,7 @@ def test_every_measured_job_type_is_a_zoo_job_at_its_batch(measured):
 
 
 def test_the_fit_recovers_the_constants_pairs_were_made_with():
-    truth = ColocationParams(switch_overhead=0.2, host_share_of_gap=0.6)
+    truth = ColocationParams(switch_overhead=0.25, host_share_of_gap=0.6, sync_wait_ms=20.0)
     jobs = [(10.0, 60.0), (20.0, 30.0), (5.0, 200.0), (40.0, 45.0)]  # (isolated steps/s, predicted device ms)
     pairs = []
     for i, (iso_a, dev_a) in enumerate(jobs):
@@ -53,7 +53,7 @@ def test_the_fit_recovers_the_constants_pairs_were_made_with():
                               pair.device_ms, pair.utilization))
     fitted = fit_params(pairs, "test")
     assert pair_mape(pairs, fitted) < 1e-6
-    assert (fitted.switch_overhead, fitted.host_share_of_gap) == pytest.approx((0.2, 0.6))
+    assert (fitted.switch_overhead, fitted.host_share_of_gap, fitted.sync_wait_ms) == pytest.approx((0.25, 0.6, 20))
     assert partner_ranking(pairs, fitted) > 0.9  # each job's partners in the order they were made
 
 

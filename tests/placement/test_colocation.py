@@ -1,0 +1,40 @@
+"""The co-location model's invariants on random pairs of jobs and constants (no predictor needed)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from perfmodel.placement.colocation import SHARING_MODES, ColocationParams, SharingJob, share
+
+RNG = np.random.default_rng(11)
+
+
+def random_job() -> SharingJob:
+    return SharingJob(device_ms=float(RNG.uniform(0.1, 500)), host_ms=float(RNG.choice([0.0, RNG.uniform(0, 300)])),
+                      utilization=float(RNG.uniform(0.05, 1.0)))
+
+
+@pytest.mark.parametrize("sharing", SHARING_MODES)
+def test_no_job_beats_its_isolated_step_and_the_pair_never_exceeds_the_device(sharing):
+    for _ in range(300):
+        a, b = random_job(), random_job()
+        params = ColocationParams(switch_overhead=float(RNG.uniform(0, 1.5)),
+                                  sync_wait_ms=float(RNG.choice([0.0, RNG.uniform(0, 80)])))
+        shared = share(a, b, sharing, params)
+        assert shared.step_ms[0] >= a.step_ms * (1 - 1e-12) and shared.step_ms[1] >= b.step_ms * (1 - 1e-12)
+        assert shared.combined_device_share <= 1 + 1e-9
+
+
+def test_a_short_step_job_waits_its_turn_and_its_long_step_partner_barely_notices():
+    """Time-slicing with a wait per step: a 5 ms job next to a 400 ms one loses most of its speed, the 400 ms job
+    little (the more the short job waits, the less it holds the device); MPS (kernels of both at once) has no turns
+    to wait."""
+    short, long = SharingJob(5.0, 0.0), SharingJob(400.0, 0.0)
+    params = ColocationParams(sync_wait_ms=40.0)
+    shared = share(short, long, "time-slicing", params)
+    kept = [alone.step_ms / step for alone, step in zip((short, long), shared.step_ms)]
+    assert kept[0] < 0.15 and kept[1] > 0.8
+    no_wait = share(short, long, "time-slicing", ColocationParams())
+    assert shared.step_ms[0] > no_wait.step_ms[0] + 30
+    assert share(short, long, "mps", params).step_ms == share(short, long, "mps", ColocationParams()).step_ms
