@@ -52,7 +52,8 @@ def predict(model: ModelArg = None, hf_config: HFConfigOpt = None, task: TaskOpt
             zero: Annotated[int, typer.Option(help="ZeRO stage 0-3 (3 = FSDP)")] = 0,
             checkpointing: Annotated[bool, typer.Option(help="activation checkpointing")] = False,
             intra_link: Annotated[Optional[str], typer.Option(
-                help="override the catalog's intra-node link: nvlink1..5, infinity-fabric, pcie3..5")] = None,
+                help="override the catalog's intra-node link: nvlink1..5, infinity-fabric, pcie3..5, or host "
+                     "(no peer-to-peer, as with NCCL_P2P_DISABLE=1)")] = None,
             ep: Annotated[int, typer.Option(help="expert-parallel degree (mixture of experts; divides the "
                                                  "data-parallel degree)")] = 1,
             inter_node_gbit_s: Annotated[Optional[float], typer.Option(
