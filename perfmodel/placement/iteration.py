@@ -70,6 +70,7 @@ thousand pairs is a handful of array operations (`bench/placement_batch.py`); pl
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from collections.abc import Sequence
@@ -309,8 +310,12 @@ def expected_max_normal(n: Any) -> Any:
     per distinct n)."""
     if isinstance(n, np.ndarray):
         values, inverse = np.unique(n, return_inverse=True)
-        return np.array([expected_max_normal(float(v)) for v in values])[inverse].reshape(n.shape)
-    n = float(n)
+        return np.array([_expected_max(float(v)) for v in values])[inverse].reshape(n.shape)
+    return _expected_max(float(n))
+
+
+@functools.lru_cache(maxsize=4096)
+def _expected_max(n: float) -> float:
     return _STANDARD_NORMAL.inv_cdf((n - 0.375) / (n + 0.25)) if n > 1 else 0.0
 
 
