@@ -26,17 +26,15 @@ import pandas as pd
 from _figures import add_record_option, record_if_asked
 
 from perfmodel.evaluation.fleet import fleet_frame, job_elsewhere, same_gpu, summary
-from perfmodel.evaluation.real_runs import IMPOSSIBLE_BELOW_ROOFLINE, physically_possible
+from perfmodel.evaluation.real_runs import IMPOSSIBLE_BELOW_ROOFLINE, physically_possible, read_composed
 from perfmodel.hardware.catalog import load_catalog
 from perfmodel.settings import get_settings
 
 
 def composed(datasets: Path, cache: Path | None, graph_cache: Path | None) -> pd.DataFrame:
-    if cache is not None and cache.is_file():
-        frame = pd.read_parquet(cache)
-        if {"gradient_sync", "compute_ms", "dp_jitter"} <= set(frame.columns):
-            return frame
-        print(f"{cache} predates columns the evaluation reads: composing again")
+    cached = read_composed(cache)
+    if cached is not None:
+        return cached
     from perfmodel.evaluation.real_runs import composed_frame, disk_graphs, lambda_runs
     from perfmodel.predictor.placed import PlacementPredictor
 

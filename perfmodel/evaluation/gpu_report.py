@@ -53,6 +53,7 @@ def gpu_accuracy(datasets_dir: str | Path | None = None, models_dir: Any = None,
         lambda_runs,
         leave_one_out,
         physically_possible,
+        read_composed,
     )
     from perfmodel.predictor.placed import PlacementPredictor
 
@@ -62,10 +63,7 @@ def gpu_accuracy(datasets_dir: str | Path | None = None, models_dir: Any = None,
         runs = lambda_runs(Path(datasets_dir) / "lambda")
     predictor = PlacementPredictor.load(models_dir, graphs=disk_graphs(graph_cache) if graph_cache else None)
     predictor.set_whole_step(None)
-    frame = pd.read_parquet(cache) if cache is not None and cache.is_file() else None
-    if frame is not None and not {"gradient_sync", "compute_ms", "dp_jitter"} <= set(frame.columns):
-        progress(f"{cache} predates columns the evaluation reads: composing again")
-        frame = None
+    frame = read_composed(cache)
     if frame is None:
         frame = composed_frame(runs, predictor, progress=progress)
         if cache is not None:

@@ -27,7 +27,7 @@ and says so.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -171,11 +171,23 @@ def composed_frame(runs: Iterable[RealRun], predictor: Any,
                 "single_ms": single.iter_time_ms, "placement_ms": placed.iter_time_ms,
                 "communication_ms": placed.breakdown_ms.get("communication", 0.0),
                 "compute_ms": placed.breakdown_ms.get("forward", 0.0) + placed.breakdown_ms.get("backward", 0.0),
-                "dp_jitter": predictor.params.dp_jitter,
                 "fits": bool(placed.fits), **(features or {})})
     finally:
         predictor.whole_step, predictor.params = saved, saved_params
     return pd.DataFrame.from_records(records)
+
+
+# the columns of a composed frame the evaluation reads beyond identity, steps and features (a cached frame without
+# them was composed by an older build: compose again)
+COMPOSED_COLUMNS = frozenset({"gradient_sync", "compute_ms"})
+
+
+def read_composed(cache: Path | None) -> pd.DataFrame | None:
+    """The composed frame kept in `cache` (Parquet), or None where there is none or it lacks `COMPOSED_COLUMNS`."""
+    if cache is None or not cache.is_file():
+        return None
+    frame = pd.read_parquet(cache)
+    return frame if COMPOSED_COLUMNS <= set(frame.columns) else None
 
 
 def disk_graphs(folder: Path, max_size: int = 256) -> Callable[[JobSpec], Any]:
@@ -209,23 +221,29 @@ def ape(predicted: Any, measured: Any) -> np.ndarray:
     return np.abs(np.asarray(predicted) / np.asarray(measured) - 1.0)
 
 
-def scaling_ratio_errors(frame: pd.DataFrame, column: str) -> pd.DataFrame:
-    """Per data-parallel multi-GPU run: the measured and predicted n-GPU / 1-GPU throughput ratio at the same
-    per-GPU batch and math (runs whose one-GPU configuration was measured too), and the ratio's APE. Runs without
-    gradient synchronisation (column `gradient_sync` False) are left out."""
-    keys = ["model", "accelerator", "precision", "batch_size", "suite"]
-    ones = frame[frame.devices == 1].set_index(keys)
+TWIN_KEYS = ("model", "accelerator", "precision", "batch_size", "suite")
+
+
+def data_parallel_twins(frame: pd.DataFrame) -> Iterator[tuple[Any, pd.Series, dict[str, Any]]]:
+    """(row, its one-GPU twin, the pair's identity) for every data-parallel multi-GPU run of `frame` whose one-GPU
+    configuration (same model, GPU, math, per-GPU batch, suite) was measured too. Runs without gradient
+    synchronisation (column `gradient_sync` False) are left out."""
+    ones = frame[frame.devices == 1].set_index(list(TWIN_KEYS))
     synced = frame["gradient_sync"].astype(bool) if "gradient_sync" in frame.columns else True
-    rows = []
     for row in frame[(frame.devices > 1) & synced].itertuples(index=False):
-        key = tuple(getattr(row, k) for k in keys)
-        if key not in ones.index:
-            continue
-        one = ones.loc[[key]].iloc[0]
+        key = tuple(getattr(row, k) for k in TWIN_KEYS)
+        if key in ones.index:
+            yield row, ones.loc[[key]].iloc[0], {k: getattr(row, k) for k in (*TWIN_KEYS, "devices", "family", "chip")}
+
+
+def scaling_ratio_errors(frame: pd.DataFrame, column: str) -> pd.DataFrame:
+    """Per data-parallel multi-GPU run with a one-GPU twin (`data_parallel_twins`): the measured and predicted
+    n-GPU / 1-GPU throughput ratio at the same per-GPU batch and math, and the ratio's APE."""
+    rows = []
+    for row, one, identity in data_parallel_twins(frame):
         measured = (row.global_batch_size / row.measured_ms) / (one.global_batch_size / one.measured_ms)
         predicted = (row.global_batch_size / getattr(row, column)) / (one.global_batch_size / one[column])
-        rows.append({**{k: getattr(row, k) for k in (*keys, "devices", "family", "chip")},
-                     "measured_ratio": measured, "predicted_ratio": predicted,
+        rows.append({**identity, "measured_ratio": measured, "predicted_ratio": predicted,
                      "ape": abs(predicted / measured - 1.0)})
     return pd.DataFrame.from_records(rows)
 
@@ -234,26 +252,16 @@ JITTER_GRID = np.linspace(0.0, 0.3, 121)
 
 
 def jitter_rows(frame: pd.DataFrame) -> pd.DataFrame:
-    """The data-parallel multi-GPU runs of a composed frame with their one-GPU twins (same model, GPU, math,
-    per-GPU batch, suite): the measured n-GPU / 1-GPU step ratio, the placement's step without the wait for the
-    slowest replica (`iteration.py`: dp_jitter · E[max of d normals] · compute), that wait per unit of jitter,
-    and the twin's composed step."""
+    """The data-parallel multi-GPU runs of a composed frame with their one-GPU twins (`data_parallel_twins`): the
+    measured n-GPU / 1-GPU step ratio, the placement's composed step (`composed_frame` composes it without the wait
+    for the slowest replica), that wait per unit of jitter (`iteration.py`: E[max of d normals] · compute) and the
+    twin's composed step."""
     from perfmodel.placement.iteration import expected_max_normal
 
-    keys = ["model", "accelerator", "precision", "batch_size", "suite"]
-    ones = frame[frame.devices == 1].set_index(keys)
-    synced = frame["gradient_sync"].astype(bool) if "gradient_sync" in frame.columns else True
-    rows = []
-    for row in frame[(frame.devices > 1) & synced].itertuples(index=False):
-        key = tuple(getattr(row, k) for k in keys)
-        if key not in ones.index:
-            continue
-        one = ones.loc[[key]].iloc[0]
-        per_jitter = expected_max_normal(float(row.devices)) * row.compute_ms
-        rows.append({**{k: getattr(row, k) for k in (*keys, "devices", "family", "chip")},
-                     "measured_ratio": row.measured_ms / one.measured_ms, "one_ms": one.placement_ms,
-                     "base_ms": row.placement_ms - row.dp_jitter * per_jitter, "per_jitter_ms": per_jitter})
-    return pd.DataFrame.from_records(rows)
+    return pd.DataFrame.from_records([
+        {**identity, "measured_ratio": row.measured_ms / one.measured_ms, "one_ms": one.placement_ms,
+         "base_ms": row.placement_ms, "per_jitter_ms": expected_max_normal(float(row.devices)) * row.compute_ms}
+        for row, one, identity in data_parallel_twins(frame)])
 
 
 def fit_dp_jitter(rows: pd.DataFrame, grid: np.ndarray = JITTER_GRID) -> float:
