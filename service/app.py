@@ -104,8 +104,10 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
             state.store.close()
             sys.setswitchinterval(switch_interval_s)
 
+    telemetry = settings.opentelemetry
     app = FastAPI(title="perfmodel", version=perfmodel.__version__, description=DESCRIPTION, lifespan=lifespan,
-                  docs_url=None, redoc_url=None)
+                  docs_url=None, redoc_url=None,
+                  telemetry={"tracing": telemetry, "metrics": telemetry, "logs": telemetry})
     errors.install(app)
     for module in (jobs, predict, observations, accelerators, models, health):
         app.include_router(module.router)

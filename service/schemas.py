@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_val
 from perfmodel.core.renamed import upgrade_names
 from perfmodel.jobs.limits import JobLimitError, check_graph_nodes, check_spec
 from perfmodel.jobs.spec import GraphSource, HFConfigSource, JobSpec, ZooSource
-from perfmodel.placement.spec import Parallelism, PlacementSpec
+from perfmodel.placement.spec import Parallelism, PlacementSpec, data_parallel
 from perfmodel.predictor.predict import Prediction
 from service.limits import current_limits
 
@@ -136,7 +136,7 @@ class PlacementIn(PlacementSpec):
     @model_validator(mode="after")
     def _consistent(self) -> PlacementIn:  # the rest is checked in `to_spec`, once the batch is known
         if "parallelism" not in self.model_fields_set:
-            self.__dict__["parallelism"] = Parallelism(data=self.devices)
+            self.__dict__["parallelism"] = data_parallel(self.devices)
         return self
 
     def to_spec(self, batch_size: int) -> PlacementSpec:

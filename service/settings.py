@@ -74,6 +74,9 @@ class ServiceSettings(Settings):
     max_cached_jobs: int = Field(default=20_000, ge=1, description="jobs whose graph stays in memory")
     max_cached_computes: int = Field(default=20_000, ge=1, description="per-device computes (job x accelerator x "
                                                                        "micro-batch) and memory estimates kept")
+    opentelemetry: bool = Field(default=False, description="FastAPI's native OpenTelemetry tracing, metrics and "
+                                "logs, through the globally configured providers (off: the service's metrics are "
+                                "Prometheus, GET /metrics; on, every request looks the providers up)")
     sync_interval_s: float = Field(default=2.0, ge=0, description="how often a worker picks up what other workers "
                                                                    "wrote (observations, deleted jobs, promotions); "
                                                                    "0: never")

@@ -49,12 +49,17 @@ Values = Any  # a float, an int or an ndarray: the functions below work on any o
 
 
 def maximum(a: Values, b: Values) -> Values:
-    """max(a, b) elementwise: numpy's for arrays, Python's for numbers (one pair: no numpy overhead)."""
+    """max(a, b) elementwise: numpy's for arrays, Python's for numbers (one pair: no numpy overhead; two floats,
+    the placement model's float path, without even a call of `max`: same result, NaN included)."""
+    if a.__class__ is float and b.__class__ is float:
+        return b if b > a else a  # max(a, b)
     return np.maximum(a, b) if isinstance(a, np.ndarray) or isinstance(b, np.ndarray) else max(a, b)
 
 
 def minimum(a: Values, b: Values) -> Values:
     """min(a, b) elementwise, as `maximum`."""
+    if a.__class__ is float and b.__class__ is float:
+        return b if b < a else a  # min(a, b)
     return np.minimum(a, b) if isinstance(a, np.ndarray) or isinstance(b, np.ndarray) else min(a, b)
 
 

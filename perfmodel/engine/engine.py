@@ -57,7 +57,7 @@ from perfmodel.hardware.spec import HardwareSpec
 from perfmodel.jobs.spec import GraphSource, JobSpec
 from perfmodel.placement.colocation import Sharing, SharingJob
 from perfmodel.placement.spec import PlacementSpec
-from perfmodel.predictor.predict import Prediction
+from perfmodel.predictor.predict import Prediction, prediction_json
 from perfmodel.records import utc_now
 
 log = logging.getLogger("perfmodel.engine")
@@ -107,6 +107,9 @@ class Placements(Protocol):
     def model_versions(self) -> dict[str, str]: ...
 
     def predict(self, spec: JobSpec, placement: PlacementSpec, *, graph: Graph | None = None) -> Prediction: ...
+
+    def prediction_fields(self, spec: JobSpec, placement: PlacementSpec, *,
+                          graph: Graph | None = None) -> dict[str, Any]: ...
 
     def matrix_arrays(self, specs: Sequence[JobSpec], placements: Sequence[PlacementSpec], *,
                       graphs: Sequence[Graph | None] | None = None) -> dict[str, Any]: ...
@@ -445,7 +448,9 @@ class PredictionEngine:
         self.check_ir_batch(entry, placement, where)
         if not predictor.is_warm(entry.spec, placement):
             return None
-        return self.respond(entry, self._raw(predictor, entry, placement, where), calibration, fleet)
+        with _model_refusals_at(where):
+            fields = predictor.prediction_fields(entry.spec, placement, graph=entry.graph)
+        return self._respond_json(entry, prediction_json(fields), placement, calibration, fleet)
 
     def response_token(self, ref: str | JobSpec) -> tuple[str, int, int] | None:
         """What a cached prediction of a registered job depends on besides its placement: (job id, model
@@ -503,22 +508,28 @@ class PredictionEngine:
         """The predict response: the prediction, calibrated by what the job observed on the accelerator (and on
         that device count, where it differs), else by what the fleet observed (`applied`); `calibration` says
         which level applied, what is behind it and the factor."""
-        applied = self.applied(entry, prediction.accelerator, prediction.devices, _communication_share(prediction),
-                               calibration, fleet)
-        if prediction.placement is not None:
-            applied = self.within_physics(entry, prediction.placement, prediction.throughput_samples_per_s, applied)
+        return self._respond_json(entry, prediction.model_dump(mode="json"), prediction.placement, calibration,
+                                  fleet)
+
+    def _respond_json(self, entry: JobEntry, data: dict[str, Any], placement: PlacementSpec | None,
+                      calibration: Calibration | None, fleet: FleetCalibration | None) -> dict[str, Any]:
+        """`respond` of a prediction already in its JSON form (`Prediction.model_dump(mode="json")`, or
+        `prediction_json`), completed in place."""
+        iter_time_ms, throughput = data["iter_time_ms"], data["throughput_samples_per_s"]
+        applied = self.applied(entry, data["accelerator"], data["devices"],
+                               _communication_share(data["breakdown_ms"], iter_time_ms), calibration, fleet)
+        if placement is not None:
+            applied = self.within_physics(entry, placement, throughput, applied)
         factor = applied.throughput_factor
-        data = prediction.model_dump(mode="json")
         data.update(job_id=entry.key, calibrated=applied.level != "none", calibration_factor=factor,
                     observations=applied.observations, calibration=applied.as_dict(),
-                    uncalibrated_iter_time_ms=prediction.iter_time_ms,
-                    uncalibrated_throughput_samples_per_s=prediction.throughput_samples_per_s)
+                    uncalibrated_iter_time_ms=iter_time_ms, uncalibrated_throughput_samples_per_s=throughput)
         if applied.level != "none":
-            iter_time_ms = prediction.iter_time_ms / factor
-            data["throughput_samples_per_s"] *= factor
-            data["iter_time_ms"] = iter_time_ms
-            data["interval_ms"] = [iter_time_ms * (bound / prediction.iter_time_ms) ** applied.interval_scale
-                                   for bound in prediction.interval_ms]
+            calibrated_ms = iter_time_ms / factor
+            data["throughput_samples_per_s"] = throughput * factor
+            data["iter_time_ms"] = calibrated_ms
+            data["interval_ms"] = [calibrated_ms * (bound / iter_time_ms) ** applied.interval_scale
+                                   for bound in data["interval_ms"]]
             data["breakdown_ms"] = {k: v / factor for k, v in data["breakdown_ms"].items()}
             data["throughput_items_per_s"] = data["throughput_samples_per_s"] * data["items_per_sample"]
         return data
@@ -659,7 +670,8 @@ class PredictionEngine:
                        log_ratio=math.log(predicted[p].throughput_samples_per_s / o.throughput_samples_per_s),
                        communication_share=q.communication_share, weight=weights[o.id])
             for o, p in zip(observations, placements) if p in predicted
-            for q in [self._query(entry, predicted[p].accelerator, _communication_share(predicted[p]))])
+            for q in [self._query(entry, predicted[p].accelerator, _communication_share(predicted[p].breakdown_ms,
+                                                                                 predicted[p].iter_time_ms))])
         with self._lock:
             if entry.revision == revision:
                 entry.calibration, entry.calibrated_at = calibration, (generation, revision)
@@ -956,10 +968,9 @@ class PredictionEngine:
             log.info("now serving %s (promoted elsewhere)", loaded.model_versions)
 
 
-def _communication_share(prediction: Prediction) -> float:
+def _communication_share(breakdown_ms: Mapping[str, float], iter_time_ms: float) -> float:
     """Communication's share of a predicted step (0 on one device)."""
-    communication = prediction.breakdown_ms.get("communication", 0.0)
-    return communication / prediction.iter_time_ms if prediction.iter_time_ms > 0 else 0.0
+    return breakdown_ms.get("communication", 0.0) / iter_time_ms if iter_time_ms > 0 else 0.0
 
 
 def sharing_job(raw: Prediction, calibrated_ms: float, host_share_of_gap: float, utilization: float) -> SharingJob:

@@ -14,6 +14,7 @@ from typing import Any
 
 from perfmodel.compat import ensure_torchvision
 from perfmodel.core.errors import PerfmodelError, UnknownNameError
+from perfmodel.jobs.spec import ZooSource
 
 
 class InputKind(str, Enum):
@@ -306,8 +307,6 @@ def get_entry(name: str) -> ZooEntry:
 def items_of(spec: Any) -> tuple[str, float]:
     """(unit, items per sample) of a job: its zoo entry's benchmark unit at the job's sequence length, else one
     sample per sample."""
-    from perfmodel.jobs.spec import ZooSource
-
     source = getattr(spec, "source", None)
     if isinstance(source, ZooSource) and source.name in ZOO:
         entry = ZOO[source.name]

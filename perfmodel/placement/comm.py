@@ -89,7 +89,7 @@ import numpy as np
 
 from perfmodel.core import cost
 from perfmodel.core.renamed import upgrade_names
-from perfmodel.core.units import gbit_s_to_gb_s
+from perfmodel.core.units import gbit_s_to_gb_s, us_to_ms
 from perfmodel.hardware.spec import HardwareSpec
 
 ALGORITHMS = ("ring", "tree", "send_recv", "allgather", "reduce_scatter")
@@ -141,9 +141,10 @@ class LinkModel:
 
     def at_latency(self, latency_us: float) -> LinkModel:
         """This link with α = `latency_us` (a network's one-way latency; its β and name unchanged)."""
-        if latency_us * 1e-3 == self.alpha_ms:
+        alpha_ms = us_to_ms(latency_us)
+        if alpha_ms == self.alpha_ms:
             return self
-        return LinkModel(alpha_ms=latency_us * 1e-3, beta_ms_per_byte=self.beta_ms_per_byte, name=self.name,
+        return LinkModel(alpha_ms=alpha_ms, beta_ms_per_byte=self.beta_ms_per_byte, name=self.name,
                          source=self.source)
 
 
@@ -374,7 +375,7 @@ def network_link(gbit_s: float, latency_us: float, *, efficiency: float = DEFAUL
     if not (gbit_s > 0 and efficiency > 0 and latency_us >= 0):
         raise ValueError("gbit_s and efficiency must be > 0, latency_us >= 0")
     gb_s = gbit_s_to_gb_s(gbit_s) * efficiency
-    return LinkModel(alpha_ms=latency_us * 1e-3, beta_ms_per_byte=1e-6 / gb_s,
+    return LinkModel(alpha_ms=us_to_ms(latency_us), beta_ms_per_byte=1e-6 / gb_s,
                      name=name or f"network-{gbit_s:g}gbit_s", source=f"spec:{gbit_s:g} Gb/s x {efficiency:g}")
 
 

@@ -224,6 +224,8 @@ _PLACEMENT_FIELDS = tuple(f.name for f in fields(PlacementArrays))
 # for a single prediction). Arithmetic works on both; `_where`, `_when` and core.cost's maximum / minimum (which the
 # cost formulas use too) are the only functions it needs.
 def _where(condition: Any, yes: Any, no: Any) -> Any:
+    if condition.__class__ is bool:  # one pair (checked first: the float path is the one that counts microseconds)
+        return yes if condition else no
     return np.where(condition, yes, no) if isinstance(condition, np.ndarray) else (yes if condition else no)
 
 
@@ -234,6 +236,8 @@ _minimum = cost.minimum
 def _when(condition: Any, price: Any) -> Any:
     """`price()` where `condition` holds, else 0; not evaluated at all where it holds nowhere (one pair, or a batch
     with no such pair)."""
+    if condition.__class__ is bool:
+        return price() if condition else 0.0
     if isinstance(condition, np.ndarray):
         return np.where(condition, price(), 0.0) if condition.any() else 0.0
     return price() if condition else 0.0

@@ -33,7 +33,7 @@ import numpy as np
 from perfmodel.core.errors import PerfmodelError
 from perfmodel.core.ir import Graph, MoEInfo
 from perfmodel.core.lru import LRU
-from perfmodel.core.units import GIGA
+from perfmodel.core.units import GIGA, us_to_ms
 from perfmodel.graph.batch_affine import BatchAffine
 from perfmodel.hardware.spec import HardwareSpec
 from perfmodel.jobs.spec import JobSpec, Precision, ZooSource
@@ -421,8 +421,15 @@ class PlacementPredictor:
         return spec
 
     def links(self, placement: PlacementSpec, hardware: HardwareSpec) -> _Links:
-        """`placement_links`, cached per (accelerator, link override, network, fewest devices on a node): the
-        network's latency is its α only (`LinkModel.at_latency`), so a new latency costs no new links."""
+        """`placement_links`, from the cache of `_network_links`: a new latency costs no new links."""
+        found = self._network_links(placement, hardware)
+        inter = found.inter.at_latency(placement.inter_node_latency_us) if placement.devices > 1 else found.inter
+        return found if inter is found.inter else _Links(found.intra, inter, found.host_staged)
+
+    def _network_links(self, placement: PlacementSpec, hardware: HardwareSpec) -> _Links:
+        """`placement_links` at some network latency, cached per (accelerator, link override, network, fewest
+        devices on a node): the network's latency is its α only (`LinkModel.at_latency`), which `placement_row`
+        takes from the placement."""
         if placement.devices == 1:
             return _NO_LINKS
         key = (hardware.name, placement.intra_node_link, placement.inter_node_bandwidth_gbit_s,
@@ -434,8 +441,7 @@ class PlacementPredictor:
             if intra is None and hardware.kind == "gpu":
                 intra = self._intra.put(intra_key, intra_link(hardware, placement.intra_node_link))
             found = self._links.put(key, placement_links(placement, hardware, intra))
-        inter = found.inter.at_latency(placement.inter_node_latency_us)
-        return found if inter is found.inter else _Links(found.intra, inter, found.host_staged)
+        return found
 
     def matrix_arrays(self, specs: Sequence[JobSpec], placements: Sequence[PlacementSpec], *,
                       graphs: Sequence[Graph | None] | None = None) -> dict[str, np.ndarray]:
@@ -460,7 +466,7 @@ class PlacementPredictor:
         computes = [self.compute(spec, hw, micro, graph=graph)[0] for spec, hw, micro, graph in needed]
         c = ComputeArrays.stack(computes)
         c = ComputeArrays(**{name: value[index] for name, value in vars(c).items()})  # (jobs, placements)
-        p = placement_arrays(placements, [self.links(pl, hw) for pl, hw in zip(placements, hardware)])
+        p = placement_arrays(placements, [self._network_links(pl, hw) for pl, hw in zip(placements, hardware)])
         p = PlacementArrays(**{name: value[None, :] for name, value in vars(p).items()})  # broadcast over jobs
         shape = (len(specs), len(placements))
         result = {name: value.reshape(shape) for name, value in iteration_breakdown(c, p, self.params).items()}
@@ -483,18 +489,24 @@ class PlacementPredictor:
 
     def predict(self, spec: JobSpec, placement: PlacementSpec, *, graph: Graph | None = None) -> Prediction:
         """One job on one placement: the same model as `matrix_arrays`, evaluated in floats."""
+        return Prediction(**self.prediction_fields(spec, placement, graph=graph))
+
+    def prediction_fields(self, spec: JobSpec, placement: PlacementSpec, *,
+                          graph: Graph | None = None) -> dict[str, Any]:
+        """`predict`'s `Prediction` as its keyword arguments (plain numbers, tuples, the placement), without
+        building the model: a served answer goes straight to JSON (`predictor.predict.prediction_json`)."""
         hw = self.hardware(placement.accelerator)
         compute, single = self.compute(spec, hw, placement.micro_batch_size, graph=graph)
         c = self._compute_floats.get(compute)
         if c is None:
             c = self._compute_floats.put(compute, ComputeArrays(**{f.name: float(getattr(compute, f.name))
                                                                   for f in fields(ComputeArrays)}))
-        p = PlacementArrays.of_floats(placement_row(placement, self.links(placement, hw)))
+        p = PlacementArrays.of_floats(placement_row(placement, self._network_links(placement, hw)))
         out: dict[str, Any] = iteration_breakdown(c, p, self.params)
         out["throughput_samples_per_s"] = placement.global_batch_size * 1e3 / out["iter_time_ms"]
         memory, capacity = self.memory(spec, placement), capacity_bytes(hw)
         out.update(peak_memory_bytes=memory, memory_capacity_bytes=capacity, fits=memory <= capacity)
-        return self._prediction(spec, placement, hw, single, out)
+        return self._fields(spec, placement, hw, single, out)
 
     def predict_matrix(self, specs: Sequence[JobSpec], placements: Sequence[PlacementSpec], *,
                        graphs: Sequence[Graph | None] | None = None) -> list[list[Prediction]]:
@@ -507,13 +519,15 @@ class PlacementPredictor:
             for j, placement in enumerate(placements):
                 hw = self.hardware(placement.accelerator)
                 single = self.compute(spec, hw, placement.micro_batch_size, graph=graphs[i])[1]
-                row.append(self._prediction(spec, placement, hw, single,
-                                            {name: v[i, j].item() for name, v in arrays.items()}))
+                row.append(Prediction(**self._fields(spec, placement, hw, single,
+                                                     {name: v[i, j].item() for name, v in arrays.items()})))
             rows.append(row)
         return rows
 
-    def _prediction(self, spec: JobSpec, placement: PlacementSpec, hardware: HardwareSpec, single: Prediction,
-                    out: dict[str, Any]) -> Prediction:
+    @staticmethod
+    def _fields(spec: JobSpec, placement: PlacementSpec, hardware: HardwareSpec, single: Prediction,
+                out: dict[str, Any]) -> dict[str, Any]:
+        """The `Prediction` of `out` (the placement model's floats) as keyword arguments."""
         iter_time_ms = out["iter_time_ms"]
         breakdown = {k: out[k] for k in BREAKDOWN_KEYS}
         ratio = iter_time_ms / single.iter_time_ms if single.iter_time_ms > 0 else 1.0
@@ -523,7 +537,7 @@ class PlacementPredictor:
         spread = wait / single.iter_time_ms if single.iter_time_ms > 0 else 0.0
         interval = (single.interval_ms[0] * (ratio - spread), single.interval_ms[1] * (ratio + spread))
         unit, items_per_sample = items_of(spec)
-        return Prediction(
+        return dict(
             job_name=spec.name, job_id=spec.key(), accelerator=hardware.name, model_version=single.model_version,
             iter_time_ms=iter_time_ms, throughput_samples_per_s=out["throughput_samples_per_s"],
             interval_ms=interval, breakdown_ms=breakdown,
@@ -563,21 +577,24 @@ def _memory_key(spec: JobSpec, placement: PlacementSpec) -> tuple[Any, ...]:
 
 
 def placement_row(placement: PlacementSpec, links: _Links) -> tuple[float, ...]:
-    """A placement's `PlacementArrays` fields, in order, as floats. Ranks are laid out as Megatron does (tensor
-    innermost, then data with expert-parallel groups inside it, pipeline outermost) on the nodes in order; a
-    group over consecutive ranks spans as many nodes as its ranks fill (uneven nodes: their average size)."""
+    """A placement's `PlacementArrays` fields, in order, as floats, with `links` at any network latency (the
+    network's α is the placement's `inter_node_latency_us`: `PlacementPredictor.links`). Ranks are laid out as
+    Megatron does (tensor innermost, then data with expert-parallel groups inside it, pipeline outermost) on the
+    nodes in order; a group over consecutive ranks spans as many nodes as its ranks fill (uneven nodes: their average
+    size)."""
     par = placement.parallelism
     t, pp, d, e = par.tensor, par.pipeline, par.data, par.expert
-    per_node = placement.devices / placement.nodes
-
-    def nodes(span: int, members: int) -> float:  # a group of `members` ranks over `span` consecutive ranks
-        return float(min(max(span / per_node, 1.0), members))
-
+    layout = placement.devices_per_node
+    devices, node_count = sum(layout), len(layout)
+    per_node = devices / node_count
+    # nodes a group of `members` ranks over `span` consecutive ranks spans: min(max(span / per_node, 1), members)
+    data_nodes = float(min(max(t * d / per_node, 1.0), d))
+    inter_alpha_ms = us_to_ms(placement.inter_node_latency_us) if devices > 1 else links.inter.alpha_ms
     return (float(t), float(pp), float(d), float(par.micro_batches), float(par.zero_stage),
-            float(par.activation_checkpointing), nodes(t * d, d), links.intra.alpha_ms, links.intra.beta_ms_per_byte,
-            links.inter.alpha_ms, links.inter.beta_ms_per_byte, float(e), nodes(t, t), nodes(t * e, e),
-            nodes(t * d, d // e), float(placement.nodes if pp > 1 else 1), float(max(placement.devices_per_node)),
-            float(links.host_staged))
+            float(par.activation_checkpointing), data_nodes, links.intra.alpha_ms, links.intra.beta_ms_per_byte,
+            inter_alpha_ms, links.inter.beta_ms_per_byte, float(e), float(min(max(t / per_node, 1.0), t)),
+            float(min(max(t * e / per_node, 1.0), e)), float(min(max(t * d / per_node, 1.0), d // e)),
+            float(node_count if pp > 1 else 1), float(max(layout)), float(links.host_staged))
 
 
 def placement_arrays(placements: Sequence[PlacementSpec], links: Sequence[_Links]) -> PlacementArrays:

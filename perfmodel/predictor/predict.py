@@ -50,6 +50,29 @@ class Prediction(BaseModel):
         return self.throughput_samples_per_s * self.items_per_sample
 
 
+# every field of `Prediction` in declaration order, at its default (None where it has none): the key order of
+# `Prediction.model_dump`, which `prediction_json` keeps
+_JSON_TEMPLATE: dict[str, Any] = {name: None if field.is_required() else field.get_default(call_default_factory=True)
+                                  for name, field in Prediction.model_fields.items()}
+
+
+def prediction_json(fields: dict[str, Any]) -> dict[str, Any]:
+    """`Prediction(**fields).model_dump(mode="json")` without building the model (a served answer's hot path:
+    ~1 us instead of ~9), for fields as `PlacementPredictor.prediction_fields` gives them: plain floats, ints and
+    bools, tuples, dicts of those, a `PlacementSpec`. `tests/predictor/test_placed.py` checks the two agree."""
+    out = {**_JSON_TEMPLATE, **fields}
+    out["interval_ms"] = list(out["interval_ms"])
+    out["extrapolation_reasons"] = list(out["extrapolation_reasons"])
+    out["breakdown_ms"] = dict(out["breakdown_ms"])
+    for name in ("math_by_op_group", "host_issue_ms"):
+        if out[name] is not None:
+            out[name] = dict(out[name])
+    if out["placement"] is not None:
+        out["placement"] = out["placement"].model_dump(mode="json")
+    out["throughput_items_per_s"] = out["throughput_samples_per_s"] * out["items_per_sample"]
+    return out
+
+
 class Predictor:
     """A loaded model plus what it was trained on. `Predictor.load()` reads the promoted model of the registry."""
 

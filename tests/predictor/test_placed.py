@@ -183,6 +183,25 @@ def test_real_predictions_obey_the_physics_over_random_placements(predictor, job
     assert np.all(served["data_parallel_ms"][0] == 0) and np.all(served["optimizer"][0] == 0)
 
 
+def test_a_served_answer_is_the_prediction_as_json_over_random_placements(predictor, spec):
+    """The served hot path skips building a `Prediction`: its JSON (`prediction_json` of `prediction_fields`)
+    equals the model's `model_dump(mode="json")`, key order included, and its network α is the placement's latency
+    as fresh links have it."""
+    from perfmodel.predictor.placed import placement_links, placement_row
+    from perfmodel.predictor.predict import prediction_json
+
+    rng = np.random.default_rng(7)
+    placements = [p.model_copy(update={"inter_node_latency_us": float(rng.uniform(0, 50))})
+                  for p in _random_placements(rng, spec.batch_size, 25)]
+    for placement in [*placements, PlacementSpec(accelerator="t4", global_batch_size=16)]:
+        served = prediction_json(predictor.prediction_fields(spec, placement))
+        dumped = predictor.predict(spec, placement).model_dump(mode="json")
+        assert served == dumped and list(served) == list(dumped)
+        hardware = predictor.hardware(placement.accelerator)
+        assert (placement_row(placement, predictor._network_links(placement, hardware))
+                == placement_row(placement, placement_links(placement, hardware)))
+
+
 BERT_LARGE = JobSpec.from_options(zoo="bert-large", batch_size=8, seq_len=128, optimizer="adam")  # fp32
 
 
