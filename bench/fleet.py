@@ -25,7 +25,7 @@ from pathlib import Path
 import pandas as pd
 from _figures import add_record_option, record_if_asked
 
-from perfmodel.evaluation.fleet import fleet_frame, job_elsewhere, same_gpu, summary
+from perfmodel.evaluation.fleet import error_floors, fleet_frame, job_elsewhere, same_gpu, summary
 from perfmodel.evaluation.real_runs import IMPOSSIBLE_BELOW_ROOFLINE, physically_possible, read_composed
 from perfmodel.hardware.catalog import load_catalog
 from perfmodel.settings import get_settings
@@ -83,6 +83,14 @@ def main(argv: list[str] | None = None) -> int:
     print("\none-GPU MAPE per GPU and math mode against k:\n")
     print(table.to_string())
 
+    floors = error_floors(frame)
+    print("\n## How far per-device factors can go (one GPU, fitted in sample: a floor, not a hold-out)\n")
+    print(f"  none: {summary(rows[rows.k == 0]).mape_1gpu_pct.iloc[0]:.1f} %; a factor per (GPU, math) and per "
+          f"(model, math), the asked model's own included: {floors['gpu_and_model']:.1f} %; per (GPU, math) one "
+          f"factor per op group, the asked model included: {floors['op_groups_per_gpu']:.1f} %; the mean error of "
+          f"every other model on the GPU, no prior: {floors['other_models_mean']:.1f} %")
+    recorded_floors = floors
+
     rows = job_elsewhere(frame)
     print("\n## The job elsewhere: every other model observed everywhere, the asked one on k other GPUs\n")
     recorded["job_elsewhere"] = summary(rows)
@@ -91,7 +99,8 @@ def main(argv: list[str] | None = None) -> int:
     print(summary(rows, ("precision", "k")).round(1).to_string())
     coverage = pd.concat(list(recorded.values())).coverage_80_pct
     record_if_asked(args, "fleet", {**{name: by_k(table) for name, table in recorded.items()},
-                                    "coverage_80_pct": {"min": coverage.min(), "max": coverage.max()}})
+                                    "coverage_80_pct": {"min": coverage.min(), "max": coverage.max()},
+                                    "one_gpu_floor_mape_pct": recorded_floors})
     print(f"\ndone in {time.perf_counter() - started:.0f} s")
     return 0
 

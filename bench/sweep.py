@@ -27,9 +27,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from _figures import add_record_option, record_if_asked  # imported before this folder leaves the path
+if __name__ == "__main__":  # the graph-capture fork server's children re-import this file, as __mp_main__
+    from _figures import add_record_option, record_if_asked  # before this folder leaves the path
 
-# bench/service.py is named like the `service` package: keep this folder off the import path
+# bench/service.py is named like the `service` package (a namespace package, which a module shadows): keep this
+# folder off the import path
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 
 ACCELERATORS = ["t4", "a100-sxm4-80gb", "h100-sxm5", "v100-sxm2-32gb"]

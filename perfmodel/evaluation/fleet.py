@@ -121,3 +121,38 @@ def summary(rows: pd.DataFrame, by: Sequence[str] = ("k",)) -> pd.DataFrame:
         "coverage_80_pct": grouped.covered.mean() * 100,
         "runs": grouped.size(),
     })
+
+
+OP_GROUP_SHARES = ("share_matmul", "share_conv", "share_autocast_fp32", "share_vector", "share_optimizer",
+                   "share_overhead")  # of the composed step; the rest is one more column
+
+
+def error_floors(frame: pd.DataFrame, sweeps: int = 50) -> dict[str, float]:
+    """How far per-device factors can take the one-GPU answers, whatever the fit (MAPE %, fitted in sample):
+    - `gpu_and_model`: one factor per (GPU, math) and one per (model, math), fitted on every run: the floor of any
+      calibration by a device factor and a model factor, the asked model's own included;
+    - `op_groups_per_gpu`: per (GPU, math), one factor per op group of the composed step (its shares), fitted on every
+      model there, the asked one included: the floor of op-group device factors;
+    - `other_models_mean`: per (GPU, math), the asked model corrected by the mean log error of every other model
+      observed there (no prior): what "the GPU's factor" says of a new model."""
+    one = frame[frame.devices == 1].reset_index(drop=True)
+    r = one.log_ratio.to_numpy()
+    gpu, model = one.accelerator + ":" + one.precision, one.job
+    a = b = np.zeros(len(one))
+    for _ in range(sweeps):  # alternating means: the least-squares two-way additive fit
+        a = pd.Series(r - b).groupby(gpu).transform("mean").to_numpy()
+        b = pd.Series(r - a).groupby(model).transform("mean").to_numpy()
+    residual = {"gpu_and_model": r - a - b}
+    shares = one[list(OP_GROUP_SHARES)].to_numpy()
+    columns = np.c_[shares, 1.0 - shares.sum(axis=1)]
+    op_groups, others = np.empty(len(one)), np.empty(len(one))
+    for _, rows in one.groupby(gpu).groups.items():
+        idx = np.asarray(rows)
+        weights, *_ = np.linalg.lstsq(columns[idx], r[idx], rcond=None)
+        op_groups[idx] = r[idx] - columns[idx] @ weights
+        for i in idx:
+            rest = idx[one.job.to_numpy()[idx] != one.job[i]]
+            others[i] = r[i] - r[rest].mean() if len(rest) else r[i]
+    residual.update(op_groups_per_gpu=op_groups, other_models_mean=others)
+    return {name: float(np.mean(np.abs(np.exp(-e) - 1.0)) * 100) for name, e in residual.items()}
+

@@ -7,7 +7,7 @@ import math
 
 import pandas as pd
 
-from perfmodel.evaluation.fleet import fleet_frame, job_elsewhere, same_gpu, summary
+from perfmodel.evaluation.fleet import OP_GROUP_SHARES, error_floors, fleet_frame, job_elsewhere, same_gpu, summary
 from perfmodel.hardware.catalog import load_catalog
 
 GPUS = ("a100-sxm4-80gb", "a100-pcie-40gb", "v100-sxm2-32gb", "rtx-3090", "t4")
@@ -37,3 +37,19 @@ def test_protocols_predict_only_unobserved_runs_and_the_model_elsewhere_helps():
     assert table.loc[1, "mape_1gpu_pct"] < table.loc[0, "mape_1gpu_pct"] / 2
     assert table.loc[2, "mape_ngpu_pct"] < table.loc[0, "mape_ngpu_pct"] / 2
     assert ((table.coverage_80_pct >= 0) & (table.coverage_80_pct <= 100)).all()
+
+
+def test_error_floors_are_zero_where_the_factors_explain_the_errors_and_other_models_say_what_they_say():
+    """Errors that are a model part plus a GPU part: the two-way fit explains them all; each model's time all in one
+    op group of its own: per-GPU op-group factors explain them all; the other models' mean misses by the model's
+    difference from them."""
+    composed = _composed()
+    for share in OP_GROUP_SHARES:
+        composed[share] = 0.0
+    for model, share in zip(MODELS, OP_GROUP_SHARES):
+        composed.loc[composed.model == model, share] = 1.0
+    floors = error_floors(fleet_frame(composed, load_catalog()))
+    assert floors["gpu_and_model"] < 1e-6 and floors["op_groups_per_gpu"] < 1e-6
+    errors = list(MODELS.values())
+    want = sum(abs(math.exp(-(e - (sum(errors) - e) / (len(errors) - 1))) - 1) for e in errors) / len(errors) * 100
+    assert math.isclose(floors["other_models_mean"], want, rel_tol=1e-9)
