@@ -117,7 +117,7 @@ class Placements(Protocol):
     def predict_matrix(self, specs: Sequence[JobSpec], placements: Sequence[PlacementSpec], *,
                        graphs: Sequence[Graph | None] | None = None) -> list[list[Prediction]]: ...
 
-    def is_warm(self, spec: JobSpec, placement: PlacementSpec) -> bool: ...
+    def cached_fields(self, spec: JobSpec, placement: PlacementSpec) -> dict[str, Any] | None: ...
 
     def hardware(self, name: str) -> HardwareSpec: ...
 
@@ -446,10 +446,10 @@ class PredictionEngine:
             return None
         placement = self._resolve_placement(given, entry.spec.batch_size, where)
         self.check_ir_batch(entry, placement, where)
-        if not predictor.is_warm(entry.spec, placement):
-            return None
         with _model_refusals_at(where):
-            fields = predictor.prediction_fields(entry.spec, placement, graph=entry.graph)
+            fields = predictor.cached_fields(entry.spec, placement)
+        if fields is None:
+            return None
         return self._respond_json(entry, prediction_json(fields), placement, calibration, fleet)
 
     def response_token(self, ref: str | JobSpec) -> tuple[str, int, int] | None:

@@ -203,16 +203,6 @@ class PlacementPredictor:
         return {"computes": len(self._computes), "graphs": len(self._graphs), "memory": len(self._memory),
                 "links": len(self._links), "graph_lines": len(self._graph_lines)}
 
-    def is_warm(self, spec: JobSpec, placement: PlacementSpec) -> bool:
-        """Whether `predict(spec, placement)` is only array arithmetic: the device compute and the memory estimate
-        of its micro-batch are cached (no model, no capture). Cheap: dictionary look-ups."""
-        hardware = self._hardware.get(placement.accelerator)
-        if hardware is None:
-            return False
-        if (spec.key(), hardware.name, placement.micro_batch_size) not in self._computes:
-            return False
-        return _memory_key(spec, placement) in self._memory
-
     @property
     def model_versions(self) -> dict[str, str]:
         out = {}
@@ -497,6 +487,21 @@ class PlacementPredictor:
         building the model: a served answer goes straight to JSON (`predictor.predict.prediction_json`)."""
         hw = self.hardware(placement.accelerator)
         compute, single = self.compute(spec, hw, placement.micro_batch_size, graph=graph)
+        return self._priced(spec, placement, hw, compute, single, self.memory(spec, placement))
+
+    def cached_fields(self, spec: JobSpec, placement: PlacementSpec) -> dict[str, Any] | None:
+        """`prediction_fields` when the device compute and the memory estimate of its micro-batch are cached (then it
+        is arithmetic: no model, no capture, safe on an event loop), else None. Dictionary look-ups first."""
+        hw = self._hardware.get(placement.accelerator)
+        cached = self._computes.get((spec.key(), hw.name, placement.micro_batch_size)) if hw is not None else None
+        memory = self._memory.get(_memory_key(spec, placement)) if cached is not None else None
+        if hw is None or cached is None or memory is None:
+            return None
+        return self._priced(spec, placement, hw, *cached, memory)
+
+    def _priced(self, spec: JobSpec, placement: PlacementSpec, hw: HardwareSpec, compute: ShardCompute,
+                single: Prediction, memory: int) -> dict[str, Any]:
+        """The placement model in floats on one device's compute: `prediction_fields`."""
         c = self._compute_floats.get(compute)
         if c is None:
             c = self._compute_floats.put(compute, ComputeArrays(**{f.name: float(getattr(compute, f.name))
@@ -504,7 +509,7 @@ class PlacementPredictor:
         p = PlacementArrays.of_floats(placement_row(placement, self._network_links(placement, hw)))
         out: dict[str, Any] = iteration_breakdown(c, p, self.params)
         out["throughput_samples_per_s"] = placement.global_batch_size * 1e3 / out["iter_time_ms"]
-        memory, capacity = self.memory(spec, placement), capacity_bytes(hw)
+        capacity = capacity_bytes(hw)
         out.update(peak_memory_bytes=memory, memory_capacity_bytes=capacity, fits=memory <= capacity)
         return self._fields(spec, placement, hw, single, out)
 
