@@ -24,6 +24,7 @@ from _figures import add_record_option, record_if_asked
 
 from perfmodel.evaluation.gavel import (
     GAVEL_FILE,
+    GAVEL_INTRA_LINK,
     family,
     fit_params,
     host_bound,
@@ -114,6 +115,14 @@ def main(argv: list[str] | None = None) -> int:
     print(by_scale.round(1).to_string())
     recorded["scaling_mape_pct"] = {worker: {"min": part.min(), "max": part.max()}
                                     for worker, part in by_scale.groupby(level="worker")}
+    catalog_links = predict_all(engine, measured, intra_node_link=None)  # GPU peer-to-peer as the catalog has it
+    as_catalogued = scaling(isolated_frame(measured, catalog_links))
+    as_catalogued = as_catalogued.assign(ape=(as_catalogued.predicted / as_catalogued.measured - 1).abs() * 100)
+    by_scale = as_catalogued.groupby(["worker", "scale_factor"]).ape.mean()
+    print(f"\nthe same with the catalog's GPU peer-to-peer links instead of {GAVEL_INTRA_LINK!r} (servers without it):")
+    print(by_scale.round(1).to_string())
+    recorded["scaling_catalog_links_mape_pct"] = {worker: {"min": part.min(), "max": part.max()}
+                                                  for worker, part in by_scale.groupby(level="worker")}
 
     pairs = pairs_of(measured, predicted)
     print(f"\n## Co-location: {len(pairs)} one-GPU pairs (from the measured isolated steps)\n")

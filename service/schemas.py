@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_val
 from perfmodel.core.renamed import upgrade_names
 from perfmodel.jobs.limits import JobLimitError, check_graph_nodes, check_spec
 from perfmodel.jobs.spec import GraphSource, HFConfigSource, JobSpec, ZooSource
-from perfmodel.placement.spec import Parallelism, PlacementSpec, data_parallel
+from perfmodel.placement.spec import IntraNodeLink, Parallelism, PlacementSpec, data_parallel
 from perfmodel.predictor.predict import Prediction
 from service.limits import current_limits
 
@@ -276,6 +276,9 @@ class MatrixGrid(_In):
                                         "default: each accelerator's node_network_gbit_s in the catalog, else 100")
     inter_node_latency_us: float | None = Field(default=None, ge=0, description="one-way network latency, µs; "
                                                 "default: the placement's (5)")
+    intra_node_link: IntraNodeLink | None = Field(default=None, description="every node's link instead of the "
+                                                  "catalog's; \"host\": no GPU peer-to-peer, transfers staged "
+                                                  "through host memory (cloud VMs, NCCL_P2P_DISABLE=1)")
     batch_sizes: list[Annotated[int, Field(ge=1)]] | None = Field(
         default=None, min_length=1, max_length=256, description="a batch axis: every placement at each of these "
                                                                 "batch sizes per device (data parallel)")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Optional, get_args
 
 import typer
 
@@ -36,6 +36,9 @@ def export_gavel(
     inter_node_gbit_s: Annotated[Optional[float], typer.Option(
         "--inter-node-gbit-s", "--inter-node-gbps",
         help="network of one node over all its NICs, Gb/s [the catalog's node_network_gbit_s, else 100]")] = None,
+    intra_link: Annotated[Optional[str], typer.Option(
+        help="every server's intra-node link instead of the catalog's: nvlink1..5, infinity-fabric, pcie3..5, or "
+             "host (no GPU peer-to-peer: cloud VMs, NCCL_P2P_DISABLE=1)")] = None,
 ) -> None:
     """Gavel's throughputs file: {worker_type: {"(JOB_TYPE, SCALE_FACTOR)": {"null": steps/s, "(OTHER, SF)":
     [this, other]}}} for every job x worker type x scale factor, data parallel with the job's batch on every worker,
@@ -46,9 +49,13 @@ def export_gavel(
     from perfmodel.engine.gavel import expand_batches, gavel_throughputs, grid_columns
     from perfmodel.placement.colocation import SHARING_MODES
     from perfmodel.placement.gavel import job_type_names
+    from perfmodel.placement.spec import IntraNodeLink
 
     if sharing not in SHARING_MODES:
         raise PerfmodelError(f"--sharing: expected one of {', '.join(SHARING_MODES)}, got {sharing!r}")
+    links = get_args(IntraNodeLink)
+    if intra_link is not None and intra_link not in links:
+        raise PerfmodelError(f"--intra-link: expected one of {', '.join(links)}, got {intra_link!r}")
     factors = _int_list(scale_factors, "--scale-factors")
     workers = _worker_types(worker_type or [], accelerators)
     names: list[str | None] = []
@@ -71,7 +78,8 @@ def export_gavel(
         for entry in entries:
             engine.graphs.prepare_batches(entry.spec, entry.graph)  # every other batch without a capture
         entries, job_types = expand_batches(engine, entries, job_types, _int_list(batch_sizes, "--batch-sizes"))
-    columns = grid_columns(engine, workers, factors, inter_node_gbit_s=inter_node_gbit_s)
+    columns = grid_columns(engine, workers, factors, inter_node_gbit_s=inter_node_gbit_s,
+                           intra_node_link=intra_link)  # type: ignore[arg-type]  # one of `links`, checked above
     throughputs = gavel_throughputs(engine, entries, job_types, columns, colocation=colocation,
                                     sharing=sharing)
     write_text_atomically(output, json.dumps(throughputs, indent=2, sort_keys=True) + "\n", make_parents=False)

@@ -14,7 +14,7 @@ from typing import Any
 
 from perfmodel.placement.colocation import Sharing, load_colocation_params, share
 from perfmodel.placement.gavel import Layout, gavel_file, grid_layouts
-from perfmodel.placement.spec import Parallelism, PlacementSpec
+from perfmodel.placement.spec import IntraNodeLink, Parallelism, PlacementSpec
 
 
 @dataclass(frozen=True)
@@ -27,10 +27,11 @@ class GavelColumn:
     consolidated: bool
     inter_node_bandwidth_gbit_s: float | None = None
     inter_node_latency_us: float | None = None
+    intra_node_link: IntraNodeLink | None = None  # e.g. "host": servers without GPU peer-to-peer (cloud VMs)
 
     def placement(self, batch_size: int) -> PlacementSpec:
         devices = sum(self.layout)
-        network = {name: value for name in ("inter_node_bandwidth_gbit_s", "inter_node_latency_us")
+        network = {name: value for name in ("inter_node_bandwidth_gbit_s", "inter_node_latency_us", "intra_node_link")
                    if (value := getattr(self, name)) is not None}
         return PlacementSpec(accelerator=self.accelerator, devices_per_node=self.layout,
                              global_batch_size=batch_size * devices, parallelism=Parallelism(data=devices), **network)
@@ -38,9 +39,11 @@ class GavelColumn:
 
 def grid_columns(engine: Any, worker_types: Mapping[str, str], scale_factors: Sequence[int], *,
                  per_node: int | None = None, inter_node_gbit_s: float | None = None,
-                 inter_node_latency_us: float | None = None) -> list[GavelColumn]:
+                 inter_node_latency_us: float | None = None,
+                 intra_node_link: IntraNodeLink | None = None) -> list[GavelColumn]:
     """Every worker type ({name: catalog accelerator or alias}) at every scale factor, consolidated and one device
-    per server (multi-device placements on GPUs only)."""
+    per server (multi-device placements on GPUs only); `intra_node_link` overrides the catalog's link in every
+    server (e.g. "host" for cloud VMs without GPU peer-to-peer)."""
     from perfmodel.hardware.catalog import get_accelerator
 
     columns = []
@@ -50,7 +53,7 @@ def grid_columns(engine: Any, worker_types: Mapping[str, str], scale_factors: Se
             if scale_factor > 1 and hardware.kind != "gpu":
                 continue
             columns += [GavelColumn(worker_type, hardware.name, layout, consolidated, inter_node_gbit_s,
-                                    inter_node_latency_us)
+                                    inter_node_latency_us, intra_node_link)
                         for layout, consolidated in grid_layouts(scale_factor, per_node or hardware.node_devices)]
     return columns
 

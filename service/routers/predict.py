@@ -89,7 +89,7 @@ def grid_placements(engine: PredictionEngine, grid: MatrixGrid) -> tuple[list[Pl
     """The placements of a grid and whether each is consolidated (as few nodes as possible)."""
     placements: list[PlacementIn] = []
     consolidated: list[bool] = []
-    network = {name: value for name in ("inter_node_bandwidth_gbit_s", "inter_node_latency_us")
+    network = {name: value for name in ("inter_node_bandwidth_gbit_s", "inter_node_latency_us", "intra_node_link")
                if (value := getattr(grid, name)) is not None}
     for i, name in enumerate(grid.accelerators):
         try:
@@ -197,7 +197,8 @@ def gavel(engine: PredictionEngine, entries: Sequence[JobEntry], body: MatrixReq
         try:
             columns = grid_columns(engine, workers, grid.device_counts, per_node=grid.per_node,
                                    inter_node_gbit_s=grid.inter_node_bandwidth_gbit_s,
-                                   inter_node_latency_us=grid.inter_node_latency_us)
+                                   inter_node_latency_us=grid.inter_node_latency_us,
+                                   intra_node_link=grid.intra_node_link)
         except PerfmodelError as exc:
             raise FieldError(("grid", "accelerators"), str(exc)) from None
         if not grid.spread:

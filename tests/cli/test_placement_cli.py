@@ -125,3 +125,22 @@ def test_export_gavel_has_a_batch_axis(tmp_path):
     steps = {b: raw["t4"][str((f"MLP (batch size {b})", 1))]["null"] for b in (8, 32, 100)}
     assert all(v > 0 for v in steps.values())
     assert steps[8] * 8 < steps[100] * 100  # more samples per second at the larger batch
+
+
+def test_export_gavel_on_servers_without_peer_to_peer(tmp_path):
+    """`--intra-link host` (cloud VMs: no GPU peer-to-peer): consolidated multi-GPU steps/s at most those over the
+    catalog's PCIe peer-to-peer, one GPU unchanged; an unknown link is exit 2 naming the choices."""
+    files = {}
+    for name, extra in (("p2p", ()), ("host", ("--intra-link", "host"))):
+        files[name] = tmp_path / f"{name}.json"
+        result = run("export", "gavel", files[name], "--job", "LM (batch size 8)=gavel-lm:8", "--worker-type",
+                     "p100=p100-pcie-16gb", "--scale-factors", "1,4", *extra)
+        assert result.exit_code == 0, result.output
+    p2p, host = (json.loads(files[name].read_text())["p100"] for name in ("p2p", "host"))
+    one, four = (str(("LM (batch size 8)", sf)) for sf in (1, 4))
+    assert host[one]["null"] == p2p[one]["null"]
+    assert 0 < host[four]["null"] < p2p[four]["null"]
+    bad = run("export", "gavel", tmp_path / "x.json", "--job", "gavel-lm:8", "--accelerators", "t4",
+              "--intra-link", "nvlink9")
+    assert bad.exit_code == 2 and "--intra-link" in bad.output and "host" in bad.output
+    assert not (tmp_path / "x.json").exists()

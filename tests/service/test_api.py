@@ -189,7 +189,11 @@ def test_the_matrix_grid_fills_catalog_nodes_and_takes_the_network(client):
     assert slow["iter_time_ms"][0][0] == pytest.approx(default["iter_time_ms"][0][0])  # one node
     if default["placements"][1]["nodes"] > 1:
         assert slow["iter_time_ms"][0][1] > default["iter_time_ms"][0][1]
-    for field, value in (("inter_node_bandwidth_gbit_s", 0), ("inter_node_latency_us", -1)):
+    staged = client.post("/v1/predict/matrix", json={"jobs": [job], "grid": {**grid, "intra_node_link": "host"}})
+    assert staged.json()["placements"][0]["placement"]["intra_node_link"] == "host"
+    assert staged.json()["iter_time_ms"][0][0] > default["iter_time_ms"][0][0]  # no NVLink: staged through the host
+    for field, value in (("inter_node_bandwidth_gbit_s", 0), ("inter_node_latency_us", -1),
+                         ("intra_node_link", "nvlink9")):
         bad = client.post("/v1/predict/matrix", json={"jobs": [job], "grid": {**grid, field: value}})
         assert bad.status_code == 422
         assert any(d["loc"][:3] == ["body", "grid", field] for d in bad.json()["detail"]), bad.text
