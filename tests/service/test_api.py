@@ -348,6 +348,8 @@ def test_health_readiness_and_metrics(client):
     ({"job": {"source": {"kind": "zoo", "name": "resnet-9000"}, "batch_size": 1}, "placement": {"accelerator": "t4"}},
      ["body", "job"]),
     ({"placement": {"accelerator": "t4"}}, ["body", "job"]),
+    ({"job": SMALL_JOB, "placement": {"accelerator": "t4", "devices_per_node": [2, 0]}},
+     ["body", "placement", "devices_per_node"]),
 ])
 def test_validation_errors_are_422_naming_the_field(client, body, loc):
     response = client.post("/v1/predict", json=body)
