@@ -110,8 +110,6 @@ class PlacementIn(PlacementSpec):
     @field_validator("devices_per_node")
     @classmethod
     def _bounded_devices(cls, value: tuple[int, ...]) -> tuple[int, ...]:
-        if any(n < 1 for n in value):
-            raise ValueError(f"every node needs ≥ 1 device, got {list(value)}")
         limit = current_limits().job.max_devices
         if len(value) > limit or sum(value) > limit:
             raise ValueError(f"{sum(value):.3g} devices on {len(value):,} nodes is over the limit max_devices = "

@@ -108,9 +108,6 @@ class Placements(Protocol):
 
     def predict(self, spec: JobSpec, placement: PlacementSpec, *, graph: Graph | None = None) -> Prediction: ...
 
-    def prediction_fields(self, spec: JobSpec, placement: PlacementSpec, *,
-                          graph: Graph | None = None) -> dict[str, Any]: ...
-
     def matrix_arrays(self, specs: Sequence[JobSpec], placements: Sequence[PlacementSpec], *,
                       graphs: Sequence[Graph | None] | None = None) -> dict[str, Any]: ...
 

@@ -31,10 +31,10 @@ class GavelColumn:
 
     def placement(self, batch_size: int) -> PlacementSpec:
         devices = sum(self.layout)
-        network = {name: value for name in ("inter_node_bandwidth_gbit_s", "inter_node_latency_us", "intra_node_link")
-                   if (value := getattr(self, name)) is not None}
+        links = {name: value for name in ("inter_node_bandwidth_gbit_s", "inter_node_latency_us", "intra_node_link")
+                 if (value := getattr(self, name)) is not None}
         return PlacementSpec(accelerator=self.accelerator, devices_per_node=self.layout,
-                             global_batch_size=batch_size * devices, parallelism=Parallelism(data=devices), **network)
+                             global_batch_size=batch_size * devices, parallelism=Parallelism(data=devices), **links)
 
 
 def grid_columns(engine: Any, worker_types: Mapping[str, str], scale_factors: Sequence[int], *,

@@ -146,12 +146,13 @@ def error_floors(frame: pd.DataFrame, sweeps: int = 50) -> dict[str, float]:
     shares = one[list(OP_GROUP_SHARES)].to_numpy()
     columns = np.c_[shares, 1.0 - shares.sum(axis=1)]
     op_groups, others = np.empty(len(one)), np.empty(len(one))
+    jobs = one.job.to_numpy()
     for _, rows in one.groupby(gpu).groups.items():
         idx = np.asarray(rows)
         weights, *_ = np.linalg.lstsq(columns[idx], r[idx], rcond=None)
         op_groups[idx] = r[idx] - columns[idx] @ weights
         for i in idx:
-            rest = idx[one.job.to_numpy()[idx] != one.job[i]]
+            rest = idx[jobs[idx] != jobs[i]]
             others[i] = r[i] - r[rest].mean() if len(rest) else r[i]
     residual.update(op_groups_per_gpu=op_groups, other_models_mean=others)
     return {name: float(np.mean(np.abs(np.exp(-e) - 1.0)) * 100) for name, e in residual.items()}

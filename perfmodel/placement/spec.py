@@ -20,7 +20,7 @@ from __future__ import annotations
 import functools
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from perfmodel.core.renamed import upgrade_names
 
@@ -106,11 +106,16 @@ class PlacementSpec(BaseModel):
     def micro_batch_size(self) -> int:
         return self.per_replica_batch_size // self.parallelism.micro_batches
 
+    @field_validator("devices_per_node")
+    @classmethod
+    def _nodes_hold_devices(cls, value: tuple[int, ...]) -> tuple[int, ...]:
+        if any(n < 1 for n in value):
+            raise ValueError(f"every node needs ≥ 1 device, got {list(value)}")
+        return value
+
     @model_validator(mode="after")
     def _consistent(self) -> PlacementSpec:
         p = self.parallelism
-        if any(n < 1 for n in self.devices_per_node):
-            raise ValueError(f"devices_per_node: every node needs ≥ 1 device, got {list(self.devices_per_node)}")
         if p.devices != self.devices:
             raise ValueError(f"parallelism: data {p.data} × tensor {p.tensor} × pipeline {p.pipeline} = "
                              f"{p.devices} devices, but the placement has {self.devices}")

@@ -590,16 +590,19 @@ def placement_row(placement: PlacementSpec, links: _Links) -> tuple[float, ...]:
     par = placement.parallelism
     t, pp, d, e = par.tensor, par.pipeline, par.data, par.expert
     layout = placement.devices_per_node
-    devices, node_count = sum(layout), len(layout)
-    per_node = devices / node_count
-    # nodes a group of `members` ranks over `span` consecutive ranks spans: min(max(span / per_node, 1), members)
-    data_nodes = float(min(max(t * d / per_node, 1.0), d))
+    devices = sum(layout)
+    per_node = devices / len(layout)
     inter_alpha_ms = us_to_ms(placement.inter_node_latency_us) if devices > 1 else links.inter.alpha_ms
     return (float(t), float(pp), float(d), float(par.micro_batches), float(par.zero_stage),
-            float(par.activation_checkpointing), data_nodes, links.intra.alpha_ms, links.intra.beta_ms_per_byte,
-            inter_alpha_ms, links.inter.beta_ms_per_byte, float(e), float(min(max(t / per_node, 1.0), t)),
-            float(min(max(t * e / per_node, 1.0), e)), float(min(max(t * d / per_node, 1.0), d // e)),
-            float(node_count if pp > 1 else 1), float(max(layout)), float(links.host_staged))
+            float(par.activation_checkpointing), _group_nodes(t * d, d, per_node), links.intra.alpha_ms,
+            links.intra.beta_ms_per_byte, inter_alpha_ms, links.inter.beta_ms_per_byte, float(e),
+            _group_nodes(t, t, per_node), _group_nodes(t * e, e, per_node), _group_nodes(t * d, d // e, per_node),
+            float(len(layout) if pp > 1 else 1), float(max(layout)), float(links.host_staged))
+
+
+def _group_nodes(span: int, members: int, per_node: float) -> float:
+    """Nodes a group of `members` ranks over `span` consecutive ranks spans, on nodes of `per_node` devices."""
+    return float(min(max(span / per_node, 1.0), members))
 
 
 def placement_arrays(placements: Sequence[PlacementSpec], links: Sequence[_Links]) -> PlacementArrays:

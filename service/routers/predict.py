@@ -89,8 +89,8 @@ def grid_placements(engine: PredictionEngine, grid: MatrixGrid) -> tuple[list[Pl
     """The placements of a grid and whether each is consolidated (as few nodes as possible)."""
     placements: list[PlacementIn] = []
     consolidated: list[bool] = []
-    network = {name: value for name in ("inter_node_bandwidth_gbit_s", "inter_node_latency_us", "intra_node_link")
-               if (value := getattr(grid, name)) is not None}
+    links = {name: value for name in ("inter_node_bandwidth_gbit_s", "inter_node_latency_us", "intra_node_link")
+             if (value := getattr(grid, name)) is not None}
     for i, name in enumerate(grid.accelerators):
         try:
             hardware = get_accelerator(name, engine.catalog)
@@ -101,7 +101,7 @@ def grid_placements(engine: PredictionEngine, grid: MatrixGrid) -> tuple[list[Pl
                 continue  # multi-device placements are GPU placements
             for layout, packed in grid_layouts(count, grid.per_node or hardware.node_devices, spread=grid.spread):
                 for global_batch in grid.global_batches(count):
-                    fields: dict[str, Any] = {**network, "accelerator": hardware.name, "devices_per_node": layout}
+                    fields: dict[str, Any] = {**links, "accelerator": hardware.name, "devices_per_node": layout}
                     if global_batch is not None:
                         fields["global_batch_size"] = global_batch
                     placements.append(PlacementIn(**fields))
