@@ -17,6 +17,10 @@ is fitted on the data-parallel runs' n-GPU / 1-GPU ratios, without the held-out 
 prints it fitted on every run and held out by family and by chip, and `--write-jitter` stores the one fitted on
 every run as the default (perfmodel/placement/iteration_params.json). `--record [RUN]` records the
 headline figures for docs/accuracy.md (bench/_figures.py).
+`--no-p2p-suite v1` also composes that suite's data-parallel runs again as if their GPUs had no peer-to-peer (later
+versions of Lambda's script export NCCL_P2P_DISABLE=1; the runs do not record which version ran them) and prints
+the n-GPU / 1-GPU ratio's MAPE per suite both ways, the jitter held out by family as above (a sensitivity, not a
+headline figure: which runs had P2P off is not known).
 Data: Lambda, lambdal/deeplearning-benchmark (read in place, never copied).
 """
 
@@ -44,10 +48,13 @@ from perfmodel.evaluation.gpu_report import (
 from perfmodel.evaluation.real_runs import (
     DEFAULT_STAGE,
     STAGES,
+    disk_graphs,
     fit_dp_jitter,
     fit_stage,
     jitter_ratio_ape,
     jitter_rows,
+    lambda_runs,
+    recomposed_without_p2p,
 )
 from perfmodel.placement.iteration import IterationParams, dump_params, params_path
 from perfmodel.settings import get_settings
@@ -93,6 +100,39 @@ def replica_jitter(composed: pd.DataFrame) -> dict:
     return out
 
 
+def family_held_ratio_ape(composed: pd.DataFrame) -> pd.DataFrame:
+    """Per data-parallel run with a one-GPU twin: suite and the n-GPU / 1-GPU ratio's APE, the replica jitter
+    fitted without the run's family."""
+    rows = jitter_rows(composed)
+    parts = [rows[rows.family == family].assign(ape=jitter_ratio_ape(rows[rows.family == family],
+                                                                     fit_dp_jitter(rows[rows.family != family])))
+             for family in sorted(rows.family.unique())]
+    return pd.concat(parts, ignore_index=True)
+
+
+def without_p2p(args: argparse.Namespace, composed: pd.DataFrame) -> dict:
+    """Print and return the n-GPU / 1-GPU ratio's MAPE per suite with the catalog's links and with suite
+    `args.no_p2p_suite` composed without peer-to-peer."""
+    from perfmodel.predictor.placed import PlacementPredictor
+
+    predictor = PlacementPredictor.load(args.models_dir,
+                                        graphs=disk_graphs(args.graph_cache) if args.graph_cache else None)
+    runs = lambda_runs(args.datasets / "lambda")
+    recomposed = recomposed_without_p2p(composed, runs, predictor, args.no_p2p_suite)
+    print(f"\n## If the {args.no_p2p_suite} runs had no peer-to-peer (NCCL_P2P_DISABLE=1; not recorded)\n\n"
+          "n-GPU / 1-GPU ratio MAPE %, replica jitter held out by family\n\n| links | all | "
+          + " | ".join(sorted(composed.suite.unique())) + " |\n|---|---:|" + "---:|" * composed.suite.nunique())
+    out: dict = {"suite": args.no_p2p_suite}
+    for label, frame in (("catalog", composed), ("host", recomposed)):
+        ape = family_held_ratio_ape(frame)
+        by_suite = ape.groupby("suite").ape.mean()
+        out[label] = {"scaling_ratio_mape_pct": 100 * float(ape.ape.mean()),
+                      **{f"{suite}_pct": 100 * float(v) for suite, v in by_suite.items()}}
+        print(f"| {label if label == 'catalog' else args.no_p2p_suite + ': host'} | {100 * ape.ape.mean():.1f} | "
+              + " | ".join(f"{100 * by_suite[s]:.1f}" for s in sorted(composed.suite.unique())) + " |")
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--datasets", type=Path, default=get_settings().datasets_dir)
@@ -107,6 +147,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--models-dir", type=Path, help="registry root (default: the shipped models/)")
     parser.add_argument("--write-jitter", action="store_true",
                         help="store the replica jitter fitted on every run as the placement model's default")
+    parser.add_argument("--no-p2p-suite", metavar="SUITE",
+                        help="also print the scaling ratio with this suite's runs composed without peer-to-peer")
     add_record_option(parser)
     args = parser.parse_args(argv)
 
@@ -125,9 +167,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.out is not None:
             held.to_csv(args.out.with_name(f"{args.out.stem}-{by}{args.out.suffix}"), index=False)
     jitter = replica_jitter(result.composed)
+    p2p = {"without_p2p": without_p2p(args, result.composed)} if args.no_p2p_suite else {}
     record_if_asked(args, "real_runs", {"composed": figures(result.composed),
                                         **{by: figures(held) for by, held in result.held.items()},
-                                        "replica_jitter": jitter})
+                                        "replica_jitter": jitter, **p2p})
     if args.write_jitter:
         table = json.loads(params_path().read_text())["params"]
         default = IterationParams.from_dict(table["default"])

@@ -38,7 +38,7 @@ import pandas as pd
 from perfmodel.core.errors import PerfmodelError
 from perfmodel.hardware.chips import die_of as chip_of
 from perfmodel.jobs.spec import JobSpec
-from perfmodel.placement.spec import Parallelism, PlacementSpec
+from perfmodel.placement.spec import IntraNodeLink, Parallelism, PlacementSpec
 
 # the optimizer each reference implementation trains with (NVIDIA DeepLearningExamples defaults)
 OPTIMIZER_OF = {"ssd300": "sgd", "maskrcnn": "sgd", "gnmt": "adam", "ncf": "adam", "tacotron2": "adam",
@@ -72,12 +72,14 @@ class RealRun:
         return JobSpec.from_options(zoo=self.model, batch_size=self.batch_size, seq_len=seq_len,
                                     precision=self.precision, optimizer=OPTIMIZER_OF.get(self.model, "adam"))
 
-    def placement(self) -> PlacementSpec:
+    def placement(self, intra_node_link: IntraNodeLink | None = None) -> PlacementSpec:
         """Data parallel over the run's GPUs of one node; one replica on one GPU for a run without gradient
-        synchronisation (its GPUs' steps are independent)."""
+        synchronisation (its GPUs' steps are independent). `intra_node_link`: the placement's override of the
+        catalog's link (`host`: no peer-to-peer)."""
         devices = self.devices if self.gradient_sync else 1
         return PlacementSpec(accelerator=self.accelerator, devices_per_node=(devices,),
-                             global_batch_size=self.batch_size * devices, parallelism=Parallelism(data=devices))
+                             global_batch_size=self.batch_size * devices, parallelism=Parallelism(data=devices),
+                             intra_node_link=intra_node_link)
 
 
 def lambda_runs(folder: str | Path) -> list[RealRun]:
@@ -175,6 +177,29 @@ def composed_frame(runs: Iterable[RealRun], predictor: Any,
     finally:
         predictor.whole_step, predictor.params = saved, saved_params
     return pd.DataFrame.from_records(records)
+
+
+def recomposed_without_p2p(frame: pd.DataFrame, runs: Iterable[RealRun], predictor: Any, suite: str) -> pd.DataFrame:
+    """`frame` (a composed frame of `runs`) with the data-parallel multi-GPU runs of `suite` composed again as if
+    their GPUs had no peer-to-peer (`intra_node_link="host"`, as under `NCCL_P2P_DISABLE=1`): their
+    `placement_ms`, `communication_ms` and `compute_ms` replaced, without stage and replica jitter as
+    `composed_frame` composes. For the question of what a benchmark's environment did that its records omit."""
+    from perfmodel.jobs.zoo import ZOO
+
+    wanted = {run_key(r): r for r in runs if r.suite == suite and r.devices > 1 and r.gradient_sync}
+    saved, predictor.whole_step = predictor.whole_step, None
+    saved_params, predictor.params = predictor.params, replace(predictor.params, dp_jitter=0.0)
+    out = frame.copy()
+    try:
+        for i in np.flatnonzero(out["key"].isin(list(wanted)).to_numpy()):
+            run = wanted[out["key"].iat[i]]
+            placed = predictor.predict(run.spec(ZOO[run.model].reference_seq_len or 128), run.placement("host"))
+            out.iloc[i, out.columns.get_indexer(["placement_ms", "communication_ms", "compute_ms"])] = [
+                placed.iter_time_ms, placed.breakdown_ms.get("communication", 0.0),
+                placed.breakdown_ms.get("forward", 0.0) + placed.breakdown_ms.get("backward", 0.0)]
+    finally:
+        predictor.whole_step, predictor.params = saved, saved_params
+    return out
 
 
 # the columns of a composed frame the evaluation reads beyond identity, steps and features (a cached frame without

@@ -15,6 +15,7 @@ from perfmodel.evaluation.real_runs import (
     composed_frame,
     physically_possible,
     real_runs,
+    recomposed_without_p2p,
     scaling_ratio_errors,
 )
 from perfmodel.evaluation.retrain import RetrainSettings, retrain
@@ -84,6 +85,22 @@ def test_a_measured_step_far_below_the_roofline_of_its_work_is_not_a_training_st
                           "measured_ms": [floor_ms * 2, floor_ms * 0.6, IMPOSSIBLE_BELOW_ROOFLINE * floor_ms,
                                           IMPOSSIBLE_BELOW_ROOFLINE * floor_ms * 0.99, 0.5]})
     assert physically_possible(frame).tolist() == [True, True, True, False, False]
+
+
+def test_a_suite_recomposed_without_peer_to_peer_pays_the_host_staged_all_reduce_and_nothing_else_changes():
+    runs = real_runs(frame_of([
+        {"model": "ncf", "accelerator": "a100-sxm4-80gb", "devices": n, "batch_size": 65536.0,
+         "global_batch_size": 65536 * n, "throughput_items_per_s": 1e7 * n, "suite": suite, "unit": "samples/s"}
+        for n, suite in ((1, "v1"), (8, "v1"), (1, "v0"), (8, "v0"))]))
+    predictor = PlacementPredictor.load(None)
+    frame = composed_frame(runs, predictor)
+    again = recomposed_without_p2p(frame, runs, predictor, "v1")
+    changed = again.placement_ms.to_numpy() != frame.placement_ms.to_numpy()
+    assert changed.tolist() == [(r.devices, r.suite) == (8, "v1") for r in frame.itertuples()]
+    assert (again.placement_ms[changed] > frame.placement_ms[changed]).all()  # host memory is slower than NVLink
+    assert (again.communication_ms[changed] > frame.communication_ms[changed]).all()
+    assert again.compute_ms.tolist() == pytest.approx(frame.compute_ms.tolist())
+    assert predictor.whole_step is not None and predictor.params.dp_jitter > 0  # the predictor is left as it was
 
 
 def _run(model: str, accelerator: str, precision: str, batch: int, items_per_s: float, i: int) -> WholeJobRun:
