@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -137,6 +138,24 @@ def real_runs(frame: pd.DataFrame) -> list[RealRun]:
     return out
 
 
+@contextmanager
+def composing(predictor: Any) -> Iterator[None]:
+    """Within: `predictor` composes without what it learned from runs like these, its whole-step stage and its
+    replica jitter (`dp_jitter`); both are restored after."""
+    saved, predictor.whole_step = predictor.whole_step, None
+    saved_params, predictor.params = predictor.params, replace(predictor.params, dp_jitter=0.0)
+    try:
+        yield
+    finally:
+        predictor.whole_step, predictor.params = saved, saved_params
+
+
+def placed_columns(placed: Any) -> dict[str, float]:
+    """A composed frame's columns of one placement's prediction: its step, exposed communication and compute."""
+    return {"placement_ms": placed.iter_time_ms, "communication_ms": placed.breakdown_ms.get("communication", 0.0),
+            "compute_ms": placed.breakdown_ms.get("forward", 0.0) + placed.breakdown_ms.get("backward", 0.0)}
+
+
 def composed_frame(runs: Iterable[RealRun], predictor: Any,
                    progress: Callable[[str], None] = lambda _: None) -> pd.DataFrame:
     """One row per run: identity, measured and composed steps, and the composition features. `predictor`: a
@@ -144,10 +163,8 @@ def composed_frame(runs: Iterable[RealRun], predictor: Any,
     and its replica jitter (`dp_jitter`, so the composed step has no wait for the slowest replica)."""
     from perfmodel.jobs.zoo import ZOO
 
-    saved, predictor.whole_step = predictor.whole_step, None
-    saved_params, predictor.params = predictor.params, replace(predictor.params, dp_jitter=0.0)
     records = []
-    try:
+    with composing(predictor):
         for i, run in enumerate(runs):
             entry = ZOO[run.model]
             spec = run.spec(entry.reference_seq_len or 128)
@@ -170,12 +187,8 @@ def composed_frame(runs: Iterable[RealRun], predictor: Any,
                                                 "gradient_sync")},
                 "key": run_key(run), "chip": chip_of(run.accelerator), "measured_ms": run.measured_ms,
                 "measured_samples_per_s": run.measured_samples_per_s,
-                "single_ms": single.iter_time_ms, "placement_ms": placed.iter_time_ms,
-                "communication_ms": placed.breakdown_ms.get("communication", 0.0),
-                "compute_ms": placed.breakdown_ms.get("forward", 0.0) + placed.breakdown_ms.get("backward", 0.0),
-                "fits": bool(placed.fits), **(features or {})})
-    finally:
-        predictor.whole_step, predictor.params = saved, saved_params
+                "single_ms": single.iter_time_ms, **placed_columns(placed), "fits": bool(placed.fits),
+                **(features or {})})
     return pd.DataFrame.from_records(records)
 
 
@@ -187,18 +200,13 @@ def recomposed_without_p2p(frame: pd.DataFrame, runs: Iterable[RealRun], predict
     from perfmodel.jobs.zoo import ZOO
 
     wanted = {run_key(r): r for r in runs if r.suite == suite and r.devices > 1 and r.gradient_sync}
-    saved, predictor.whole_step = predictor.whole_step, None
-    saved_params, predictor.params = predictor.params, replace(predictor.params, dp_jitter=0.0)
     out = frame.copy()
-    try:
+    with composing(predictor):
         for i in np.flatnonzero(out["key"].isin(list(wanted)).to_numpy()):
             run = wanted[out["key"].iat[i]]
-            placed = predictor.predict(run.spec(ZOO[run.model].reference_seq_len or 128), run.placement("host"))
-            out.iloc[i, out.columns.get_indexer(["placement_ms", "communication_ms", "compute_ms"])] = [
-                placed.iter_time_ms, placed.breakdown_ms.get("communication", 0.0),
-                placed.breakdown_ms.get("forward", 0.0) + placed.breakdown_ms.get("backward", 0.0)]
-    finally:
-        predictor.whole_step, predictor.params = saved, saved_params
+            placed = placed_columns(predictor.predict(run.spec(ZOO[run.model].reference_seq_len or 128),
+                                                      run.placement("host")))
+            out.iloc[i, out.columns.get_indexer(list(placed))] = list(placed.values())
     return out
 
 
