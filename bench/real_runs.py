@@ -8,7 +8,8 @@ path without the stage (kernel sum per device + placement model), then for each 
 on the other groups' one-GPU runs and the group's runs are predicted through the serving path with it
 (`PlacementPredictor.predict`: the stage corrects one device's compute, the placement model adds communication).
 Prints MAPE per math mode and GPU count (one GPU; 2-16), the worst GPU, the 80 % interval's coverage and the
-n-GPU / 1-GPU scaling ratio's error, for the composed prediction ("before") and each hold-out. `--stage`: the
+n-GPU / 1-GPU scaling ratio's error, for the composed prediction ("before") and each hold-out, and what bandwidth
+alone buys (A100 40 GB against 80 GB: measured, composed, served with the chip held out). `--stage`: the
 stage to fit, `device-whole-step` (default: a spec-sheet device effect and a level per measured model) or
 `xgb-whole-step` (boosted trees over the composition features). `--write` fits the stage on every run and saves it
 as its next version in the registry; `--promote` promotes it (role whole-step).
@@ -100,6 +101,32 @@ def replica_jitter(composed: pd.DataFrame) -> dict:
     return out
 
 
+# SKUs of one die that differ in memory, not compute: the runs' only view of what bandwidth alone buys
+SAME_DIE_PAIRS = (("a100-sxm4-40gb", "a100-sxm4-80gb"), ("a100-pcie-40gb", "a100-pcie-80gb"))
+
+
+def same_die_gain(composed: pd.DataFrame, held_chip: pd.DataFrame) -> dict:
+    """Print and return the median one-GPU throughput gain of the larger-memory SKU of each `SAME_DIE_PAIRS` pair
+    (1.24-1.31x the bandwidth, the same peaks), over the (model, math, suite) configurations both ran: measured,
+    composed, and as served with the chip held out (a stage that never saw the die, as for a new GPU)."""
+    keys = ["model", "precision", "suite"]
+
+    def gains(frame: pd.DataFrame, column: str) -> pd.Series:
+        one = frame[frame.devices == 1]
+        rate = (one.global_batch_size / one[column]).groupby([one.accelerator, *(one[k] for k in keys)]).median()
+        return pd.concat([(rate[big] / rate[small]).dropna() for small, big in SAME_DIE_PAIRS
+                          if small in rate.index.get_level_values(0) and big in rate.index.get_level_values(0)])
+
+    measured = gains(composed, "measured_ms")
+    out = {"configurations": len(measured), "measured": float(measured.median()),
+           "composed": float(gains(composed, "placement_ms").median()),
+           "chip_held_out": float(gains(held_chip, "predicted_ms").median())}
+    print(f"\n## Bandwidth at equal compute (A100 40 GB -> 80 GB, SXM4 and PCIe, one GPU, {out['configurations']} "
+          f"configurations)\n\nmedian gain: measured {out['measured']:.3f}x, composed {out['composed']:.3f}x, "
+          f"served with the chip held out {out['chip_held_out']:.3f}x")
+    return out
+
+
 def family_held_ratio_ape(composed: pd.DataFrame) -> pd.DataFrame:
     """Per data-parallel run with a one-GPU twin: suite and the n-GPU / 1-GPU ratio's APE, the replica jitter
     fitted without the run's family."""
@@ -167,10 +194,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.out is not None:
             held.to_csv(args.out.with_name(f"{args.out.stem}-{by}{args.out.suffix}"), index=False)
     jitter = replica_jitter(result.composed)
+    bandwidth = same_die_gain(result.composed, result.held["chip"]) if "chip" in result.held else None
     p2p = {"without_p2p": without_p2p(args, result.composed)} if args.no_p2p_suite else {}
     record_if_asked(args, "real_runs", {"composed": figures(result.composed),
                                         **{by: figures(held) for by, held in result.held.items()},
-                                        "replica_jitter": jitter, **p2p})
+                                        "replica_jitter": jitter, "same_die_gain": bandwidth, **p2p})
     if args.write_jitter:
         table = json.loads(params_path().read_text())["params"]
         default = IterationParams.from_dict(table["default"])
