@@ -34,7 +34,6 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 from _figures import add_record_option, figure_key, record_if_asked
 
@@ -89,13 +88,8 @@ def replica_jitter(composed: pd.DataFrame) -> dict:
     print(f"\n## The wait for the slowest replica (data parallel, {len(rows)} runs with a one-GPU twin)\n\n"
           f"dp_jitter fitted on every run: {out['fitted_on_all']:.4f}")
     for by in ("family", "chip"):
-        held, none = [], []
-        for group in sorted(rows[by].unique()):
-            test = rows[rows[by] == group]
-            held.append(jitter_ratio_ape(test, fit_dp_jitter(rows[rows[by] != group])))
-            none.append(jitter_ratio_ape(test, 0.0))
-        out[by] = {"scaling_ratio_mape_pct": 100 * float(np.concatenate(held).mean()),
-                   "without_wait_pct": 100 * float(np.concatenate(none).mean())}
+        out[by] = {"scaling_ratio_mape_pct": 100 * float(held_ratio_ape(rows, by).ape.mean()),
+                   "without_wait_pct": 100 * float(jitter_ratio_ape(rows, 0.0).mean())}
         print(f"held out by {by}: n-GPU / 1-GPU ratio MAPE {out[by]['scaling_ratio_mape_pct']:.1f} % "
               f"(no wait: {out[by]['without_wait_pct']:.1f} %)")
     return out
@@ -127,14 +121,12 @@ def same_die_gain(composed: pd.DataFrame, held_chip: pd.DataFrame) -> dict:
     return out
 
 
-def family_held_ratio_ape(composed: pd.DataFrame) -> pd.DataFrame:
-    """Per data-parallel run with a one-GPU twin: suite and the n-GPU / 1-GPU ratio's APE, the replica jitter
-    fitted without the run's family."""
-    rows = jitter_rows(composed)
-    parts = [rows[rows.family == family].assign(ape=jitter_ratio_ape(rows[rows.family == family],
-                                                                     fit_dp_jitter(rows[rows.family != family])))
-             for family in sorted(rows.family.unique())]
-    return pd.concat(parts, ignore_index=True)
+def held_ratio_ape(rows: pd.DataFrame, by: str) -> pd.DataFrame:
+    """`rows` (`jitter_rows`) with `ape`: each run's n-GPU / 1-GPU ratio APE, the replica jitter fitted without the
+    run's `by` group (family or chip)."""
+    return pd.concat([rows[rows[by] == group].assign(
+        ape=jitter_ratio_ape(rows[rows[by] == group], fit_dp_jitter(rows[rows[by] != group])))
+        for group in sorted(rows[by].unique())], ignore_index=True)
 
 
 def without_p2p(args: argparse.Namespace, composed: pd.DataFrame) -> dict:
@@ -151,7 +143,7 @@ def without_p2p(args: argparse.Namespace, composed: pd.DataFrame) -> dict:
           + " | ".join(sorted(composed.suite.unique())) + " |\n|---|---:|" + "---:|" * composed.suite.nunique())
     out: dict = {"suite": args.no_p2p_suite}
     for label, frame in (("catalog", composed), ("host", recomposed)):
-        ape = family_held_ratio_ape(frame)
+        ape = held_ratio_ape(jitter_rows(frame), "family")
         by_suite = ape.groupby("suite").ape.mean()
         out[label] = {"scaling_ratio_mape_pct": 100 * float(ape.ape.mean()),
                       **{f"{suite}_pct": 100 * float(v) for suite, v in by_suite.items()}}
