@@ -51,7 +51,8 @@ TaskOpt = Annotated[Optional[str], typer.Option(help="HF head: base, causal-lm, 
 ModuleOpt = Annotated[Optional[str], typer.Option("--module", help="path/to/file.py:NAME")]
 OnnxOpt = Annotated[Optional[Path], typer.Option("--onnx", help="an .onnx file")]
 BatchOpt = Annotated[int, typer.Option("--batch-size", "-b", help="batch size")]
-SeqOpt = Annotated[Optional[int], typer.Option("--seq-len", help="sequence length of token models [128]")]
+SeqOpt = Annotated[Optional[int], typer.Option("--seq-len", help="sequence length of token models [a zoo model's "
+                                                                  "own (`zoo show NAME`), else 128]")]
 PrecisionOpt = Annotated[str, typer.Option(help="fp32 (PyTorch's defaults: TF32 convs on Ampere+), fp32-strict, "
                                                 "tf32, amp, amp-bf16, fp16 or bf16")]
 OptimizerOpt = Annotated[str, typer.Option(help="sgd (momentum 0.9), adam or adamw")]

@@ -181,10 +181,34 @@ class JobSpec(BaseModel):
     source: ModelSource
     batch_size: PositiveInt = Field(description="samples in one forward/backward pass of one model replica: the "
                                                 "batch its graph is captured at (README, \"Batch size\")")
-    seq_len: PositiveInt = DEFAULT_SEQ_LEN
+    seq_len: PositiveInt = Field(
+        default=DEFAULT_SEQ_LEN,
+        description=f"sequence length of token models; default: a zoo model's own (its reference implementation's: "
+                    f"audio samples per segment, mel frames, bptt; `perfmodel zoo show NAME`), else {DEFAULT_SEQ_LEN}")
     precision: Precision = Precision.fp32
     optimizer: OptimizerName = OptimizerName.sgd
     mode: Mode = Mode.train
+
+    @model_validator(mode="before")
+    @classmethod
+    def _zoo_seq_len(cls, data: Any) -> Any:
+        """A zoo model that trains at its own sequence length gets it when the job names none: WaveGlow's
+        8,000-sample segments or Tacotron 2's 850 mel frames asked without `seq_len` are not 128 of them."""
+        if not isinstance(data, dict) or data.get("seq_len") is not None:
+            return data
+        source = data.get("source")
+        if isinstance(source, ZooSource):
+            name = source.name
+        elif isinstance(source, dict) and source.get("kind") == "zoo" and isinstance(source.get("name"), str):
+            name = source["name"]
+        else:
+            return data
+        from perfmodel.jobs.zoo import ZOO
+
+        entry = ZOO.get(name)
+        if entry is None or entry.reference_seq_len is None:
+            return data
+        return {**data, "seq_len": entry.reference_seq_len}
 
     @model_validator(mode="after")
     def _ir_mode_matches(self) -> JobSpec:

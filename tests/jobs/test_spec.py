@@ -4,7 +4,7 @@ import pytest
 from pydantic import ValidationError
 
 from perfmodel.core.errors import PerfmodelError, UnknownNameError
-from perfmodel.jobs.spec import JobSpec, ModuleSource, OptimizerName, Precision, ZooSource
+from perfmodel.jobs.spec import DEFAULT_SEQ_LEN, JobSpec, ModuleSource, OptimizerName, Precision, ZooSource
 from perfmodel.jobs.zoo import ZOO, get_entry
 
 
@@ -95,3 +95,20 @@ def test_an_ir_job_key_is_the_hash_of_its_whole_canonical_dump():
     tupled = {**graph, "nodes": [{**node, "inputs": tuple(node.get("inputs", ()))} for node in graph["nodes"]]}
     as_tuples = JobSpec.model_validate({"source": {"kind": "ir", "graph": tupled}, "batch_size": 2})
     assert as_tuples.key() == whole(as_tuples) == spec.key()  # a graph built in Python: tuples hash as lists
+
+
+@pytest.mark.parametrize("name", sorted(n for n, e in ZOO.items() if e.reference_seq_len is not None))
+def test_a_zoo_job_without_a_seq_len_runs_at_its_reference_implementations_own(name):
+    entry = get_entry(name)
+    assert JobSpec.from_options(zoo=name, batch_size=2).seq_len == entry.reference_seq_len
+    as_posted = JobSpec.model_validate({"source": {"kind": "zoo", "name": name}, "batch_size": 2})
+    assert as_posted.seq_len == entry.reference_seq_len
+    assert as_posted.key() == JobSpec(source=ZooSource(name=name), batch_size=2,
+                                      seq_len=entry.reference_seq_len).key()
+    assert JobSpec.from_options(zoo=name, batch_size=2, seq_len=7).seq_len == 7  # a given one wins
+
+
+def test_a_job_whose_model_has_no_reference_length_keeps_the_default():
+    assert JobSpec.from_options(zoo="resnet18", batch_size=2).seq_len == DEFAULT_SEQ_LEN
+    assert JobSpec.from_options(module="m.py:make", batch_size=2).seq_len == DEFAULT_SEQ_LEN
+    assert len([n for n, e in ZOO.items() if e.reference_seq_len is not None]) >= 8  # the DLE and Gavel models

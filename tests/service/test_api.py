@@ -56,6 +56,18 @@ def test_a_job_is_registered_once_and_can_be_read_and_deleted(client):
     assert client.delete(f"/v1/jobs/{job_id}").status_code == 404
 
 
+def test_a_zoo_job_posted_without_a_seq_len_is_the_one_its_reference_implementation_trains(client):
+    lm = {"source": {"kind": "zoo", "name": "gavel-lm"}, "batch_size": 4}  # bptt 35, not 128
+    posted = client.post("/v1/jobs", json=lm).json()
+    assert posted["seq_len"] == 35
+    assert client.post("/v1/jobs", json={**lm, "seq_len": 35}).json()["job_id"] == posted["job_id"]
+    placement = {"accelerator": "t4"}
+    implicit = client.post("/v1/predict", json={"job": lm, "placement": placement}).json()
+    longer = client.post("/v1/predict", json={"job": {**lm, "seq_len": 128}, "placement": placement}).json()
+    assert implicit["job_id"] == posted["job_id"]
+    assert implicit["iter_time_ms"] < longer["iter_time_ms"]  # 35 steps of the LSTM, not 128
+
+
 def test_a_registered_job_survives_a_restart_without_capture(settings, monkeypatch):
     with make_client(settings) as client:
         job_id = _register(client)
