@@ -37,6 +37,7 @@ from pathlib import Path
 import pandas as pd
 from _figures import add_record_option, figure_key, record_if_asked
 
+from perfmodel.core.accuracy import throughput_ape
 from perfmodel.evaluation.gpu_report import (
     gpu_accuracy,
     group_table,
@@ -69,11 +70,12 @@ def figures(frame: pd.DataFrame) -> dict:
     """What `show` prints of one frame, for docs/figures: the headline and the per-family MAPE."""
     h = headline(frame)
     out = {"one_gpu_mape_pct": 100 * h["mape_1gpu"], "multi_gpu_mape_pct": 100 * h["mape_multi"],
+           "one_gpu_median_ape_pct": 100 * h["median_1gpu"], "multi_gpu_median_ape_pct": 100 * h["median_multi"],
            "worst_gpu": h["worst_gpu"], "worst_gpu_mape_pct": 100 * h["worst_gpu_mape"],
            "scaling_ratio_mape_pct": 100 * h["scaling_ratio_mape"]}
     if "coverage" in h:
         out["coverage"] = h["coverage"]
-    ape = (frame.predicted_ms / frame.measured_ms - 1.0).abs()
+    ape = pd.Series(throughput_ape(frame.predicted_ms, frame.measured_ms), index=frame.index)
     by_family = ape.groupby(frame.family)
     out["family_mape_pct"] = {figure_key(k): 100 * v for k, v in by_family.mean().items()}
     out["family_configurations"] = {figure_key(k): int(v) for k, v in by_family.size().items()}

@@ -14,9 +14,10 @@ the other rows (target log(measured / single_ms), groups: model families) and pr
 - xgb: `fit_stage` (`WholeStepRegressor` over `COMPOSITION_FEATURES`), single_ms x exp(log factor);
 - gnn: `WholeStepGNN` over the job graph + the same features.
 
-Printed: MAPE of the corrected step against the measured one (all, per math mode), median APE, the worst GPU, the
-80 % band's coverage, per held-out group, and the time to fit and predict. CPU only, one thread. `--record [RUN]`
-records each stage's MAPE and median APE per hold-out for docs/accuracy.md (bench/_figures.py).
+Printed: MAPE of the throughput the corrected step implies against the measured one (all, per math mode), median
+APE, the worst GPU, the 80 % band's coverage, per held-out group, and the time to fit and predict. CPU only, one
+thread. `--record [RUN]` records each stage's MAPE and median APE per hold-out for docs/accuracy.md
+(bench/_figures.py).
 Data: Lambda, lambdal/deeplearning-benchmark (through the composed frame).
 """
 
@@ -34,6 +35,7 @@ import numpy as np
 import pandas as pd
 from _figures import add_record_option, record_if_asked
 
+from perfmodel.core.accuracy import throughput_ape
 from perfmodel.core.ir import Graph
 from perfmodel.jobs.spec import Precision
 from perfmodel.predictor.composition import COMPOSITION_FEATURES
@@ -139,7 +141,7 @@ def held_out(rows: pd.DataFrame, graphs: list[CompressedGraph], by: str, gnn_set
         test_graphs = [g for g, t in zip(graphs, test) if t]
         progress(f"{by} {group}: {int(test.sum())} held out, {len(train)} to fit")
         started = time.perf_counter()
-        xgb = fit_stage(train, COMPOSITION_FEATURES, nthread=1)
+        xgb = fit_stage(train, COMPOSITION_FEATURES, "xgb-whole-step", nthread=1)
         fitted = time.perf_counter()
         corrections = {"xgb": xgb.predict(rows[test])}
         timings.fit_s["xgb"] += fitted - started
@@ -161,7 +163,8 @@ def held_out(rows: pd.DataFrame, graphs: list[CompressedGraph], by: str, gnn_set
 
 
 def _ape(out: pd.DataFrame, stage: str) -> pd.Series:
-    return (out[f"{stage}_ms"] / out.measured_ms - 1.0).abs()
+    """Each row's throughput APE (`perfmodel.core.accuracy.throughput_ape`)."""
+    return pd.Series(throughput_ape(out[f"{stage}_ms"], out.measured_ms), index=out.index)
 
 
 def stage_table(out: pd.DataFrame, timings: Timings) -> str:

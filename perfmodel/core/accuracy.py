@@ -2,6 +2,9 @@
 
 Every accuracy figure perfmodel prints (held-out families, held-out GPUs, placements, collectives, calibration)
 is computed here, so that one definition stands behind all of them: |predicted − measured| / measured × 100.
+Where a step time is predicted and the reader uses the throughput it implies (a scheduler reads samples/s),
+`throughput_ape` scores that throughput: on the step time, an answer k times too fast would count at most 100 %
+however large k, and an optimistic model would look better than it is.
 """
 
 from __future__ import annotations
@@ -28,3 +31,10 @@ def mape_pct(predicted: ArrayLike, measured: ArrayLike) -> float:
 def mape_pct_or_none(predicted: Sequence[float], observed: Sequence[float]) -> float | None:
     """`mape_pct`, None for no points (what a JSON report says when there is nothing to measure)."""
     return mape_pct(predicted, observed) if len(observed) else None
+
+
+def throughput_ape(predicted_ms: ArrayLike, measured_ms: ArrayLike) -> np.ndarray:
+    """APE (a fraction) of the throughput a predicted step time implies, against the measured step's: the work per
+    step cancels, so it is |measured_ms / predicted_ms − 1|. A step predicted twice too fast is 100 % off, one
+    predicted twice too slow 50 %."""
+    return np.abs(np.asarray(measured_ms, dtype=np.float64) / np.asarray(predicted_ms, dtype=np.float64) - 1.0)

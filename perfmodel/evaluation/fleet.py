@@ -24,6 +24,7 @@ import numpy as np
 import pandas as pd
 
 from perfmodel.calibration.fleet import FleetPoint, FleetQuery, fit_fleet
+from perfmodel.core.accuracy import throughput_ape
 from perfmodel.hardware.chips import die_of
 from perfmodel.hardware.spec import HardwareSpec
 
@@ -111,7 +112,7 @@ def job_elsewhere(frame: pd.DataFrame, ks: Sequence[int] = (0, 1, 2, 4), seed: i
 
 def summary(rows: pd.DataFrame, by: Sequence[str] = ("k",)) -> pd.DataFrame:
     """MAPE at one GPU and at 2-16, the 80 % interval's coverage, and the count, per `by`."""
-    err = (rows.predicted_ms / rows.measured_ms - 1.0).abs() * 100
+    err = throughput_ape(rows.predicted_ms, rows.measured_ms) * 100
     covered = (rows.low_ms <= rows.measured_ms) & (rows.measured_ms <= rows.high_ms)
     frame = rows.assign(ape=err, covered=covered, one=rows.devices == 1)
     grouped = frame.groupby(list(by))
@@ -155,5 +156,6 @@ def error_floors(frame: pd.DataFrame, sweeps: int = 50) -> dict[str, float]:
             rest = idx[jobs[idx] != jobs[i]]
             others[i] = r[i] - r[rest].mean() if len(rest) else r[i]
     residual.update(op_groups_per_gpu=op_groups, other_models_mean=others)
-    return {name: float(np.mean(np.abs(np.exp(-e) - 1.0)) * 100) for name, e in residual.items()}
+    # e = log(measured / corrected step): the throughput's APE is |exp(e) - 1| (`throughput_ape`)
+    return {name: float(np.mean(np.abs(np.expm1(e))) * 100) for name, e in residual.items()}
 

@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from perfmodel.core.accuracy import throughput_ape
 from perfmodel.core.errors import PerfmodelError
 from perfmodel.hardware.chips import die_of as chip_of
 from perfmodel.jobs.spec import JobSpec
@@ -250,10 +251,6 @@ def physically_possible(frame: pd.DataFrame) -> pd.Series:
     return ~(frame["measured_ms"] < IMPOSSIBLE_BELOW_ROOFLINE * floor)
 
 
-def ape(predicted: Any, measured: Any) -> np.ndarray:
-    return np.abs(np.asarray(predicted) / np.asarray(measured) - 1.0)
-
-
 TWIN_KEYS = ("model", "accelerator", "precision", "batch_size", "suite")
 
 
@@ -436,8 +433,9 @@ def leave_one_out(runs: Sequence[RealRun], frame: pd.DataFrame, predictor: Any, 
 
 
 def summary(frame: pd.DataFrame, column: str) -> dict[str, float]:
-    """MAPE of `column` against the measured step on one GPU and on 2-16, worst GPU, and interval coverage."""
-    err = ape(frame[column], frame.measured_ms)
+    """MAPE of the throughput `column` (a predicted step) implies, against the measured one, on one GPU and on 2-16,
+    worst GPU, and interval coverage."""
+    err = throughput_ape(frame[column], frame.measured_ms)
     one = frame.devices.to_numpy() == 1
     by_gpu = pd.Series(err).groupby(frame.accelerator.to_numpy()).mean()
     out = {"runs": float(len(frame)), "mape_1gpu": float(err[one].mean()) if one.any() else math.nan,
