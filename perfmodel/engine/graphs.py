@@ -12,7 +12,9 @@ Batch sizes are free after three captures: two captures of a spec at different b
 its affine model (`perfmodel.graph.batch_affine`), a third checks it (every total within `AFFINE_TOLERANCE` of the
 capture); from then on its graph at any other batch is arithmetic, not a capture (`synthesized` counts them). A
 spec whose third capture disagrees (Mask R-CNN's fixed proposal counts) keeps being captured at every batch.
-`prepare_batches(spec)` captures the two other batches up front (job registration does).
+`prepare_batches(spec)` captures the two other batches up front (job registration does), unless the spec's capture
+took over `PREPARE_MAX_CAPTURE_S` (Tacotron 2 unrolls its 850-frame decoder loop: a minute and a half here): a
+registration then waits for one capture, not three, and other batches of it are captured when asked.
 
 With a `directory` (the CLI: `PERFMODEL_HOME/graphs`), graphs of zoo and Hugging Face config jobs (whose spec key
 holds everything their graph depends on) are kept there as IR JSON, so a later process asking for the same spec
@@ -24,6 +26,7 @@ from __future__ import annotations
 import importlib.util
 import logging
 import threading
+import time
 from collections.abc import Callable, Hashable
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -45,6 +48,8 @@ T = TypeVar("T")
 IN_PROCESS_CAPTURE_ERRORS: tuple[type[BaseException], ...] = (
     ValueError, TypeError, KeyError, IndexError, AssertionError, RuntimeError, NotImplementedError, AttributeError,
     OverflowError, ZeroDivisionError, MemoryError)
+# a spec whose capture took longer gets no captures of other batches up front (`GraphCache.prepare_batches`)
+PREPARE_MAX_CAPTURE_S = 20.0
 
 
 class CaptureError(PerfmodelError):
@@ -138,7 +143,7 @@ class GraphCache:
 
     def __init__(self, max_size: int, *, capture_fn: Callable[..., Graph] | None = None,
                  deadline_s: float | None = None, limits: Any = None, isolated: bool = True,
-                 directory: Path | None = None):
+                 directory: Path | None = None, clock: Callable[[], float] = time.monotonic):
         self._graphs: LRU[str, Graph] = LRU(max_size)
         # per spec whatever its batch: its checked affine model, a candidate to check, its last capture, or
         # NOT_AFFINE
@@ -152,6 +157,8 @@ class GraphCache:
         self.captures = 0  # captures run (not cache hits, not waits on another thread's capture)
         self.synthesized = 0  # graphs made from a spec's affine model instead of a capture
         self.directory = directory
+        self._capture_s: LRU[str, float] = LRU(max_size)  # per spec whatever its batch: its last capture's seconds
+        self._clock = clock
 
     def get(self, spec: JobSpec) -> Graph | None:
         return self._graphs.get(spec.key())
@@ -186,7 +193,9 @@ class GraphCache:
                 else:
                     self.captures += 1
                     log.info("capturing the graph of %s (batch %d)", spec.name, spec.batch_size)
+                    started = self._clock()
                     graph = self._capture_fn(spec, deadline, self.limits)
+                    self._capture_s.put(family, self._clock() - started)
                     self._write(spec, graph)
             self._learn(family, spec.batch_size, graph)
             return self._graphs.setdefault(key, graph)
@@ -235,7 +244,8 @@ class GraphCache:
     def prepare_batches(self, spec: JobSpec, graph: Graph | None = None, deadline_s: float | None = None) -> bool:
         """Capture `spec` at two more batches (twice and three times its own) so that every other batch of it
         costs no capture; `graph`: its graph at its own batch, if the caller has it. True when the spec now has a
-        checked affine model."""
+        checked affine model. Nothing more is captured for a spec whose last capture took over
+        `PREPARE_MAX_CAPTURE_S`."""
         if isinstance(spec.source, GraphSource):
             return False
         family = batch_free_key(spec)
@@ -243,6 +253,10 @@ class GraphCache:
             self._learn(family, spec.batch_size, graph)
         for factor in (2, 3):
             if isinstance(self._batches.get(family), Checked) or self._batches.get(family) is NOT_AFFINE:
+                break
+            took = self._capture_s.get(family) or 0.0
+            if took > PREPARE_MAX_CAPTURE_S:
+                log.info("%s: a capture took %.0f s; other batches are captured when asked", spec.name, took)
                 break
             self.graph(spec.model_copy(update={"batch_size": factor * spec.batch_size}), deadline_s)
         return self.has_batches(spec)

@@ -67,3 +67,20 @@ def test_a_spec_whose_third_capture_disagrees_is_captured_at_every_batch():
     graph = cache.graph(spec.model_copy(update={"batch_size": 7}))
     assert cache.captures == 4 and cache.synthesized == 0 and graph.totals.flops_fwd == quadratic(
         spec.model_copy(update={"batch_size": 7}), None, None).totals.flops_fwd
+
+
+def test_a_spec_whose_capture_is_slow_gets_no_more_captures_up_front():
+    """Registration waits for one capture of a model that takes minutes to capture (Tacotron 2's unrolled decoder),
+    not three: other batches of it are captured when asked."""
+    from perfmodel.engine.graphs import PREPARE_MAX_CAPTURE_S
+    from tests.engine.helpers import tiny_graph
+
+    ticks = iter(range(0, 10_000, 30))  # every capture takes 30 s
+    cache = GraphCache(100, capture_fn=lambda spec, deadline_s, limits: tiny_graph(spec.batch_size),
+                       clock=lambda: float(next(ticks)))
+    spec = _spec("mlp-recommender", None, 4)
+    assert PREPARE_MAX_CAPTURE_S < 30
+    assert not cache.prepare_batches(spec, cache.graph(spec))
+    assert cache.captures == 1 and not cache.has_batches(spec)
+    assert cache.graph(spec.model_copy(update={"batch_size": 7})).inputs[0].shape[0] == 7  # asked: captured
+    assert cache.captures == 2
