@@ -16,9 +16,12 @@ measured gets its level; any other job gets no level of its own (the composed st
 the data), the device effect, and what its share of half-precision convolution costs: the weight of that feature in
 a second fit over `UNSEEN_FEATURES` with one level per model (not per model and math), so that the AMP and TF32 runs
 of each measured model tell what AMP convolutions cost (a step without them pays nothing more). A GPU above the
-range the runs cover (a newer generation) gets the effect of the newest measured ones, not an extrapolated line; one
-below it on any feature (older or smaller than every measured GPU) gets no device effect; a feature its spec sheet
-lacks (no TDP: no FLOP/s per watt) counts as the average GPU's.
+range the runs cover (a newer generation) gets the effect of the newest measured ones, not an extrapolated line, and
+the effect as a whole stays within what the measured GPUs got (each feature inside its range, a mix no measured GPU
+had can still add up past them: an H100 PCIe's ridge and FLOP/s per watt together would be corrected 1.56x in TF32
+where the most any measured GPU got is 1.29x, and it would be answered slower than an A100 SXM4 80GB of the same
+bandwidth); one below it on any feature (older or smaller than every measured GPU) gets no device effect; a feature
+its spec sheet lacks (no TDP: no FLOP/s per watt) counts as the average GPU's.
 
 The 80 % band is conformal on out-of-fold residuals: for a job without a level, of folds that hold out whole model
 families (the band of a family never seen); for a job with one, of folds that hold out GPUs.
@@ -111,17 +114,21 @@ class DeviceStepRegressor:
             levels = pd.Series(y - effect).groupby(jobs).transform("median").to_numpy()
         by_job = pd.Series(y - effect).groupby(jobs).median()
         return {"weights": (w / scale).tolist(), "mean": mean.tolist(), "low": low.tolist(), "high": high.tolist(),
-                "levels": {str(k): float(v) for k, v in by_job.items()}}
+                "levels": {str(k): float(v) for k, v in by_job.items()},
+                "effect_range": [float(effect.min()), float(effect.max())]}
 
     @staticmethod
     def _apply(params: dict[str, Any], x: np.ndarray, jobs: Sequence[Any] | None) -> tuple[np.ndarray, np.ndarray]:
         """(log factor, whether the row had a level) of rows `x` under `params`. Features above the measured range
-        are clipped to it; a row below it on any feature (a GPU older or smaller than every measured one) gets no
-        device effect."""
+        are clipped to it, and the effect to the measured GPUs' (`effect_range`, where the stage has one); a row
+        below it on any feature (a GPU older or smaller than every measured one) gets no device effect."""
         low, high = np.asarray(params["low"]), np.asarray(params["high"])
         below = np.any(np.nan_to_num(x, nan=np.inf) < low - RANGE_TOLERANCE, axis=1)
         clipped = np.clip(x, low, high)
-        effect = np.nan_to_num(clipped - np.asarray(params["mean"])) @ np.asarray(params["weights"])
+        # row by row, the same sum whatever the number of rows (a matrix product rounds differently by shape)
+        effect = (np.nan_to_num(clipped - np.asarray(params["mean"])) * np.asarray(params["weights"])).sum(axis=1)
+        if "effect_range" in params:  # a stage saved before it was kept: features clipped one by one only
+            effect = np.clip(effect, *params["effect_range"])
         effect[below] = 0.0
         levels: dict[str, float] = params["levels"]
         keys = [None if j is None or j != j else str(j) for j in (jobs if jobs is not None else [None] * len(x))]

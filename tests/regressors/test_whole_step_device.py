@@ -170,3 +170,21 @@ def test_a_model_never_measured_pays_for_its_half_precision_convolutions():
                           JOB: ["new:amp", "new:amp"]})
     factor = model.predict(probe).log_factor
     assert factor[1] - factor[0] == pytest.approx(0.7 * 0.6, abs=0.05)
+
+
+def test_a_mix_of_features_no_measured_gpu_had_gets_no_more_effect_than_the_measured_gpus_got():
+    """Each feature inside its measured range, but together beyond any measured GPU (a high ridge point on a GPU of
+    low bandwidth): the effect stops where the measured GPUs' did."""
+    frame = runs()
+    model = DeviceStepRegressor(feature_names=FEATURES, ridge=0.01, unseen_features=None).fit(
+        frame.assign(**{TARGET: frame[TARGET] - 0.1 * (frame.log_bandwidth_gb_s - 9.5)}),
+        groups=list(frame.family), jobs=list(frame[JOB]), chips=list(frame.chip))
+    measured = model.predict(frame[list(FEATURES)]).log_factor
+    corners = pd.DataFrame([{"log_ridge": r, "log_bandwidth_gb_s": b}
+                            for r in (frame.log_ridge.min(), frame.log_ridge.max())
+                            for b in (frame.log_bandwidth_gb_s.min(), frame.log_bandwidth_gb_s.max())])
+    at_corners = model.predict(corners).log_factor
+    assert at_corners.max() <= measured.max() + 1e-12 and at_corners.min() >= measured.min() - 1e-12
+    unclipped = np.nan_to_num(corners.to_numpy() - np.asarray(model.params_["mean"])) @ np.asarray(
+        model.params_["weights"])
+    assert unclipped.max() > measured.max() or unclipped.min() < measured.min()  # the corners did go beyond
