@@ -26,7 +26,6 @@ and says so.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
@@ -36,7 +35,6 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from perfmodel.core.accuracy import throughput_ape
 from perfmodel.core.errors import PerfmodelError
 from perfmodel.hardware.chips import die_of as chip_of
 from perfmodel.jobs.spec import JobSpec
@@ -430,18 +428,3 @@ def leave_one_out(runs: Sequence[RealRun], frame: pd.DataFrame, predictor: Any, 
             predictor.params = saved_params
     predicted = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=["key"])
     return frame.merge(predicted, on="key", how="inner")
-
-
-def summary(frame: pd.DataFrame, column: str) -> dict[str, float]:
-    """MAPE of the throughput `column` (a predicted step) implies, against the measured one, on one GPU and on 2-16,
-    worst GPU, and interval coverage."""
-    err = throughput_ape(frame[column], frame.measured_ms)
-    one = frame.devices.to_numpy() == 1
-    by_gpu = pd.Series(err).groupby(frame.accelerator.to_numpy()).mean()
-    out = {"runs": float(len(frame)), "mape_1gpu": float(err[one].mean()) if one.any() else math.nan,
-           "mape_multi": float(err[~one].mean()) if (~one).any() else math.nan,
-           "worst_gpu_mape": float(by_gpu.max()) if len(by_gpu) else math.nan}
-    if {"low_ms", "high_ms"} <= set(frame.columns):
-        inside = (frame.measured_ms >= frame.low_ms) & (frame.measured_ms <= frame.high_ms)
-        out["coverage"] = float(inside.mean())
-    return out
