@@ -15,7 +15,7 @@ device's spec sheet, never the device's name, so the stage learned from some GPU
   the step), `host_over_device`: the host's issue time over the device time, `share_overhead`: exposed host time;
 - `log_kernels`, `log_mean_kernel_us`: kernel count and mean kernel time;
 - graph: `log_flops`, `log_bytes` (per sample and per step), `log_params`, `log_intensity`;
-- device: `log_peak_tensor_tflops` (the peak of the job's GEMM math), `log_bandwidth_gb_s`, `log_ridge`,
+- device: `log_peak_tensor_tflops` (the peak of the math its GEMM time runs in), `log_bandwidth_gb_s`, `log_ridge`,
   `log_peak_per_watt`, `log_memory_gb`, `amp` (half-precision GEMMs) — ratios and magnitudes, no identity.
 """
 
@@ -71,6 +71,19 @@ def row_peaks(rows: pd.DataFrame, hardware: HardwareSpec) -> np.ndarray:
     return np.array([peaks[(m, g)] for m, g in zip(maths, gemm)], dtype=np.float64)
 
 
+def gemm_log_peak_tflops(latency_ms: np.ndarray, gemm: np.ndarray, peaks_gflops: np.ndarray,
+                         default_gflops: float) -> np.ndarray:
+    """log2 of the peak TFLOP/s of the math a step's GEMM time runs in: each GEMM row's peak weighted by its share
+    of the GEMM time (geometrically), one value per step of `latency_ms` (steps, rows). A step whose GEMMs run in
+    two maths gets a peak between them: under PyTorch's `fp32` defaults on Ampere and later, a ResNet's convolutions
+    run in TF32 and its one linear layer in FP32, and the step is a TF32 step; a BERT's matmuls run in FP32 and it
+    is an FP32 step. A step without GEMM time gets `default_gflops` (its precision's matmul peak)."""
+    gemm_ms = latency_ms[:, gemm]
+    total = gemm_ms.sum(axis=1)
+    weighted = (gemm_ms * _log2(peaks_gflops[gemm] / 1e3)).sum(axis=1) / np.maximum(total, 1e-300)
+    return np.where(total > 0, weighted, _log2(default_gflops / 1e3))
+
+
 def row_roofline(rows: pd.DataFrame, hardware: HardwareSpec) -> tuple[np.ndarray, np.ndarray]:
     """(compute ms, memory ms) of every kernel row at the peak of its math and the device's bandwidth."""
     work = op_work(rows)
@@ -112,7 +125,7 @@ def composition_feature_arrays(spec: JobSpec, hardware: HardwareSpec, rows: pd.D
     tensor = np.array([on_tensor_cores(hardware, m, bool(g)) for m, g in zip(maths, gemm)], dtype=bool)
     table = resolved_table(spec.precision, hardware)
     gemm_math = table["matmul"].math
-    peak_tensor = peak_gflops(hardware, gemm_math, True)
+    log_peak = gemm_log_peak_tflops(ms, gemm, row_peaks(rows, hardware), peak_gflops(hardware, gemm_math, True))
     batch = np.maximum(batch, 1)
     watts = hardware.tdp_w or float("nan")
     n = len(ms)
@@ -141,10 +154,10 @@ def composition_feature_arrays(spec: JobSpec, hardware: HardwareSpec, rows: pd.D
         "log_flops": _log2(flops + 1),
         "log_params": same(_log2(params + 1)),
         "log_intensity": _log2(flops / np.maximum(bytes_, 1.0)),
-        "log_peak_tensor_tflops": same(_log2(peak_tensor / 1e3)),
+        "log_peak_tensor_tflops": log_peak,
         "log_bandwidth_gb_s": same(_log2(hardware.memory_bandwidth_gb_s)),
-        "log_ridge": same(_log2(cost.ridge_point(peak_tensor, hardware.memory_bandwidth_gb_s))),
-        "log_peak_per_watt": same(_log2(peak_tensor / watts) if watts == watts else float("nan")),
+        "log_ridge": log_peak + _log2(1e3 * cost.ridge_point(1.0, hardware.memory_bandwidth_gb_s)),
+        "log_peak_per_watt": log_peak + _log2(1e3 / watts) if watts == watts else same(float("nan")),
         "log_memory_gb": same(_log2(hardware.memory_gb)),
         "amp": same(float(gemm_math in ("fp16", "bf16"))),
     }

@@ -183,6 +183,30 @@ def test_real_predictions_obey_the_physics_over_random_placements(predictor, job
     assert np.all(served["data_parallel_ms"][0] == 0) and np.all(served["optimizer"][0] == 0)
 
 
+def test_a_plain_fp32_step_is_never_answered_faster_than_the_same_step_in_tf32(predictor):
+    """PyTorch's fp32 defaults run convolutions in TF32 on Ampere and later: a ResNet's step is a TF32 step, and the
+    whole-step stage's device features say so (the peak of the math its GEMM time runs in), so it is answered as
+    its tf32 twin is (within 3 %: its one linear layer runs in fp32). A BERT's fp32 matmuls are slower than TF32
+    ones: it is never answered faster than its tf32 twin (by more than 1 %: the learned correction moves
+    continuously with the step's mix of maths)."""
+    from perfmodel.hardware.catalog import load_catalog
+    from perfmodel.jobs.spec import Precision
+    from perfmodel.predictor.math_modes import resolved_table
+
+    catalog = load_catalog()
+    gpus = sorted(name for name, hw in catalog.items()
+                  if hw.kind == "gpu" and resolved_table(Precision.fp32, hw)["conv"].math == "tf32")
+    assert len(gpus) > 20
+    placements = [PlacementSpec(accelerator=gpu, global_batch_size=16) for gpu in gpus]
+    for job, same in ((JobSpec.from_options(zoo="resnet18", batch_size=16), True),
+                      (JobSpec.from_options(zoo="bert-small", batch_size=16, seq_len=128, optimizer="adamw"), False)):
+        fp32, tf32 = (predictor.matrix_arrays([job.model_copy(update={"precision": p})], placements)["iter_time_ms"][0]
+                      for p in (Precision.fp32, Precision.tf32))
+        assert np.all(fp32 >= tf32 * 0.99), [g for g, a, b in zip(gpus, fp32, tf32) if a < b * 0.99]
+        if same:
+            np.testing.assert_allclose(fp32, tf32, rtol=0.03)
+
+
 def test_a_served_answer_is_the_prediction_as_json_over_random_placements(predictor, spec):
     """The served hot path skips building a `Prediction`: its JSON (`prediction_json` of `prediction_fields`)
     equals the model's `model_dump(mode="json")`, key order included, and its network α is the placement's latency
