@@ -17,7 +17,9 @@ kernel). The row's latency is the median of CUDA-event timings, the fastest call
 Device probe (`probe_device`): on a GPU `torch.cuda.get_device_properties` (name, SMs, memory), matched to the
 catalog by name or alias; a GPU the catalog lacks becomes a local entry (`new_gpu_spec`: peak fp32 from a timed
 GEMM, bandwidth from a timed copy, both measured here). On a CPU, `perfmodel.hardware.probe.probe_host`: the
-catalog's `cpu` entry when its model name matches one of that entry's aliases, else a local entry `cpu-<model>`.
+catalog's `cpu` entry, whichever CPU this host is (each row keeps the host's model name): the bench adapts and
+calibrates what `--accelerator cpu` answers on this host. Only a catalog without a `cpu` entry gets this host
+measured (`perfmodel.hardware.probe.probe_host`) as a new local one.
 """
 
 from __future__ import annotations
@@ -473,13 +475,17 @@ def probe_device(device: str, catalog: Mapping[str, HardwareSpec]) -> ProbedDevi
         model = read_cpu_identity().model
         props: dict[str, Any] = {"model": model, "threads": torch.get_num_threads()}
         known = catalog.get("cpu")
-        if known is not None and (not model or model.lower() in {a.lower() for a in known.aliases}):
-            return ProbedDevice("cpu", known, False, props)  # the catalog's CPU: nothing to measure
-        probed = probe_host()
-        name = f"cpu-{slug(model)}" if model else "cpu-local"
+        if known is not None:
+            # this host is benched as the catalog's `cpu`, whichever CPU it is: what the bench times here is what
+            # `--accelerator cpu` is answered with on this host. The entry stays as it is: the CPU step model knows
+            # only the host it was measured on (its spec sheet is among the model's features, and another host's
+            # would put every answer outside what it learned), so this host's ops adapt it and its whole steps
+            # calibrate it; each row keeps this host's model name (`props`)
+            return ProbedDevice("cpu", known, False, props)
+        probed = probe_host()  # a catalog without a `cpu` entry: this host, measured
         props.update(cores=probed.compute_units, peak_fp32_gflops=probed.peak_fp32_gflops,
                      memory_bandwidth_gb_s=probed.memory_bandwidth_gb_s)
-        return ProbedDevice("cpu", probed.model_copy(update={"name": name}), name not in catalog, props)
+        return ProbedDevice("cpu", probed, True, props)
     if not torch.cuda.is_available():
         raise DeviceError(f"{device}: torch sees no CUDA/ROCm device on this machine")
     index = int(target.split(":")[1])

@@ -145,6 +145,30 @@ def test_cli_bench_stores_resumes_and_adapts(sqlite_url, _isolated_home):
     assert none.exit_code == 2 and "no measured ops of 't4'" in none.output
 
 
+def test_any_cpu_is_benched_as_the_catalogs_cpu(sqlite_url, _isolated_home, monkeypatch):
+    """The shipped `cpu` entry is the host the CPU models were measured on. On another CPU, `hw bench --device cpu`
+    still benches it as `cpu` (what it learns is what `--accelerator cpu` answers with on this host), keeps the
+    entry as shipped (the CPU step model knows no other spec sheet), and records the host's model in each row."""
+    from perfmodel.cli.main import app
+    from perfmodel.hardware import probe
+    from perfmodel.hardware.catalog import get_accelerator
+    from perfmodel.profilers.microbench import probe_device
+
+    other = probe.CpuIdentity(model="Example Other CPU 9000", vendor="Intel", vendor_id="GenuineIntel")
+    monkeypatch.setattr(probe, "read_cpu_identity", lambda *args, **kwargs: other)
+    shipped = load_catalog()["cpu"]
+    probed = probe_device("cpu", load_catalog())
+    assert not probed.new_entry and probed.spec == shipped and probed.properties["model"] == other.model
+
+    result = CliRunner().invoke(app, ["hw", "bench", "--device", "cpu", "--budget-s", "3", "--store", sqlite_url,
+                                      "--classes", "linear", "--max-op-ms", "2", "--no-steps"])
+    assert result.exit_code == 0, result.output
+    assert get_accelerator("cpu", load_catalog()) == shipped
+    with ProfileStore(sqlite_url) as store:
+        rows = store.op_measurements(source=SOURCE, device="cpu")
+    assert len(rows) >= 1 and "Example Other CPU 9000" in str(rows.iloc[0].to_dict())
+
+
 @pytest.mark.gpu
 def test_a_real_sweep_on_the_gpu(catalog):
     from perfmodel.profilers.microbench import probe_device
@@ -162,7 +186,7 @@ def test_stalled_cpu_timings_are_taken_again_then_left_out():
     assert stalled(Timing(TINY[3], (32.0, 30.0, 31.0), 1, "perf_counter"), roofline_ms=0.0001)
     assert not stalled(Timing(TINY[3], (0.002,), 1, "perf_counter"), roofline_ms=0.0001)  # tiny but fast
     assert not stalled(Timing(TINY[3], (32.0,), 1, "cuda-events"), roofline_ms=0.0001)  # device time: trusted
-    slow = BenchShape("bmm", "bmm", "fp32", batch=8, m=256, n=256, k=256)  # a few ms on this CPU
+    slow = BenchShape("bmm", "bmm", "fp32", batch=8, m=512, n=512, k=512)  # 2 GFLOP: over 1 ms on any 2-core host
     result = run_sweep([TINY[0], slow], "cpu", budget_s=30.0, warmup=1, repeats=3,
                        roofline_ms={TINY[0].key: 0.001, slow.key: 1e-6})  # pretend `slow` should take 1 ns
     assert [t.shape for t in result.timings] == [TINY[0]]
