@@ -2,6 +2,7 @@
 PyTorch runs: 8 DeepLearningExamples models, 27 GPUs, TF32 and AMP, 1-16 GPUs in a node).
 
     .venv/bin/python bench/fleet.py [--datasets DIR] [--cache FILE.parquet] [--graph-cache DIR] [--draws N]
+        [--served OUT-family.csv OUT-chip.csv]
 
 Two protocols (`perfmodel.evaluation.fleet`), every prediction of a run whose own measurements were not used:
 - same GPU: on each GPU and math mode, k models observed (k = 0, 1, 2, 4; up to `--draws` random choices of k), the
@@ -9,7 +10,10 @@ Two protocols (`perfmodel.evaluation.fleet`), every prediction of a run whose ow
 - the job elsewhere: every other model observed on every GPU, the asked model on k other GPUs (random), its runs
   on a GPU it was not observed on predicted.
 Prints MAPE against k (one GPU, 2-16 GPUs), the fleet's 80 % interval coverage, and the same-GPU table per GPU and
-math mode. The composed frame (`--cache`) is shared with bench/real_runs.py: composing every run takes ~40 min.
+math mode. `--served` runs the same-GPU protocol again on what the service answered (the held-out predictions
+`bench/real_runs.py --out OUT.csv` writes, with the learned whole-step stage fitted without the run's family or
+chip): the case of a scheduler posting some jobs' throughputs on a GPU and asking for others. The composed frame
+(`--cache`) is shared with bench/real_runs.py: composing every run takes ~40 min.
 The fleet's priors were set by looking at these runs: the figures are not a hold-out of that choice.
 `--record [RUN]` records both protocols' MAPE against k for docs/accuracy.md (bench/_figures.py).
 Data: Lambda, lambdal/deeplearning-benchmark (read in place, never copied).
@@ -22,6 +26,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 from _figures import add_record_option, record_if_asked
 
@@ -47,6 +52,19 @@ def composed(datasets: Path, cache: Path | None, graph_cache: Path | None) -> pd
     return frame
 
 
+def served_frame(frame: pd.DataFrame, path: Path) -> pd.DataFrame:
+    """`frame` (a fleet frame) with each configuration's step replaced by its served answer from `path`
+    (bench/real_runs.py --out: `key`, `predicted_ms`), so that the fleet calibrates what the service answered."""
+    from perfmodel.evaluation.real_runs import run_key
+
+    answers = pd.read_csv(path)[["key", "predicted_ms"]]
+    keyed = frame.assign(key=[run_key(r) for r in frame.itertuples(index=False)])
+    served = keyed.merge(answers, on="key")
+    return served.assign(placement_ms=served.predicted_ms,
+                         log_ratio=np.log(served.measured_ms / served.predicted_ms),
+                         communication_share=(served.communication_ms / served.predicted_ms).clip(0.0, 1.0))
+
+
 def by_k(table: pd.DataFrame) -> dict:
     """`summary(rows)` (per k), for docs/figures."""
     return {f"k{k}": {"one_gpu_mape_pct": r.mape_1gpu_pct, "multi_gpu_mape_pct": r.mape_ngpu_pct,
@@ -59,6 +77,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cache", type=Path, help="the composed runs' Parquet file (bench/real_runs.py --cache)")
     parser.add_argument("--graph-cache", type=Path, help="keep captured graphs (IR JSON) in this folder")
     parser.add_argument("--draws", type=int, default=20, help="random choices of k observed models per GPU")
+    parser.add_argument("--served", type=Path, nargs="+", metavar="HELD_OUT.csv",
+                        help="also run the same-GPU protocol on these served answers (bench/real_runs.py --out's "
+                             "held-out predictions, e.g. OUT-chip.csv: a GPU whose chip the stage never saw)")
     add_record_option(parser)
     args = parser.parse_args(argv)
     if not (args.datasets / "lambda").is_dir() and not (args.cache and args.cache.is_file()):
@@ -90,6 +111,15 @@ def main(argv: list[str] | None = None) -> int:
           f"factor per op group, the asked model included: {floors['op_groups_per_gpu']:.1f} %; the mean error of "
           f"every other model on the GPU, no prior: {floors['other_models_mean']:.1f} %")
     recorded_floors = floors
+
+    for path in args.served or ():
+        served = served_frame(frame, path)
+        rows = same_gpu(served, draws=args.draws)
+        print(f"\n## Same GPU on the served answers of {path.name} ({len(served)} configurations): k other models "
+              f"observed, the rest predicted\n")
+        table = summary(rows)
+        print(table.round(1).to_string())
+        recorded[f"same_gpu_served_{path.stem.rsplit('-', 1)[-1]}"] = table
 
     rows = job_elsewhere(frame)
     print("\n## The job elsewhere: every other model observed everywhere, the asked one on k other GPUs\n")
