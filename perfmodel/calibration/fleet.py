@@ -12,7 +12,12 @@ in that log space:
 - `job_arch`: the job's error on one GPU generation (TF32 convolutions on Ampere are not FP32 ones on Turing);
 - `chip` (per die and precision) and `accelerator` (per SKU and precision, on top of its chip): the device's error
   on every job of that math;
-- `link`: a factor on the communication part only, per accelerator (its links and network).
+- `link`: a factor on the communication part only, per accelerator (its links and network);
+- `accelerator_conv`: how much more (or less) a step's convolutions cost on the device than the rest of it, per
+  accelerator and precision, times the step's share of convolution FLOPs (`conv_share`): a device's convolution
+  library and its matrix library are not equally far from the model (on a 2-core Xeon the shipped CPU model is
+  1.3-1.5x too fast on convolutional nets and right on transformers). Only points that carry a share learn it
+  (`perfmodel hw bench`'s reference steps); a point or query without one (0) neither learns nor gets it.
 
 Device counts share the effects through the compute part: an 8-GPU run informs a 1-GPU answer by its compute, and
 only multi-device runs inform the communication factor.
@@ -59,6 +64,7 @@ class FleetPriors:
     chip: float = 0.25
     accelerator: float = 0.12
     link: float = 0.5
+    conv: float = 0.3
     noise: float = 0.17
     huber_log: float = 0.35
 
@@ -77,6 +83,7 @@ class FleetPoint:
     communication_share: float = 0.0  # communication's share of the predicted step
     weight: float = 1.0  # recency
     reference: bool = False  # a reference job of the device (`perfmodel hw bench`): no job effect of its own
+    conv_share: float = 0.0  # the share of the step's FLOPs in convolutions (0: not known, no op-mix effect)
 
 
 @dataclass(frozen=True)
@@ -89,6 +96,11 @@ class FleetQuery:
     architecture: str
     precision: str
     communication_share: float = 0.0
+    conv_share: float = 0.0  # the share of the step's FLOPs in convolutions
+
+
+def _one(_point: FleetPoint | FleetQuery) -> float:
+    return 1.0
 
 
 @dataclass(frozen=True)
@@ -99,6 +111,7 @@ class Effect:
     compute: bool = True  # on the compute part (else on communication)
     heavy_tailed: bool = False  # a Huber prior (quadratic within one sigma, linear beyond), else normal
     of_job: bool = False  # the job's own: reference points have none (their key is `REFERENCE`, held at 0)
+    covariate: Callable[[FleetPoint | FleetQuery], float] = _one  # what the effect multiplies (in log)
 
 
 EFFECTS: tuple[Effect, ...] = (
@@ -107,6 +120,8 @@ EFFECTS: tuple[Effect, ...] = (
     Effect("chip", lambda p: (p.chip, p.precision), lambda pr: pr.chip),
     Effect("accelerator", lambda p: (p.accelerator, p.precision), lambda pr: pr.accelerator),
     Effect("link", lambda p: p.accelerator, lambda pr: pr.link, compute=False),
+    Effect("accelerator_conv", lambda p: (p.accelerator, p.precision), lambda pr: pr.conv,
+           covariate=lambda p: min(max(p.conv_share, 0.0), 1.0)),
 )
 _BY_NAME = {effect.name: effect for effect in EFFECTS}
 REFERENCE = ("reference",)  # the job-effect key of reference points
@@ -155,7 +170,8 @@ class FleetCalibration:
 
     def log_effects(self, query: FleetQuery) -> tuple[float, float]:
         """(compute, link) log factors on the query's step time."""
-        compute = sum(self.effects.get(e.name, {}).get(e.key(query), 0.0) for e in EFFECTS if e.compute)
+        compute = sum(self.effects.get(e.name, {}).get(e.key(query), 0.0) * e.covariate(query)
+                      for e in EFFECTS if e.compute)
         link = self.effects.get("link", {}).get(_BY_NAME["link"].key(query), 0.0)
         return _clip(compute), _clip(link)
 
@@ -184,26 +200,30 @@ class FleetCalibration:
     def variances(self, query: FleetQuery) -> tuple[float, float]:
         """(posterior, prior) predictive variance of the query's log step: its compute effects' posterior variances
         plus the noise the observed points show for its job and accelerator (the larger), and the same with no
-        evidence. Their ratio narrows the interval with evidence and widens it when observed jobs disagree."""
+        evidence. Their ratio narrows the interval with evidence and widens it when observed jobs disagree. An effect
+        with a covariate (the op mix) counts only where some point informed it: elsewhere it is not applied."""
         pr = self.priors
-        prior = sum(e.sigma(pr) ** 2 for e in EFFECTS if e.compute) + pr.noise ** 2
-        posterior = 0.0
+        prior, posterior = pr.noise ** 2, 0.0
         for e in EFFECTS:
             if not e.compute:
                 continue
             weight = self.precision.get(e.name, {}).get(e.key(query), 0.0)
-            posterior += 1.0 / (weight / pr.noise ** 2 + 1.0 / e.sigma(pr) ** 2)
+            if e.covariate is not _one and weight <= 0:
+                continue
+            scale = e.covariate(query) ** 2
+            prior += scale * e.sigma(pr) ** 2
+            posterior += scale / (weight / pr.noise ** 2 + 1.0 / e.sigma(pr) ** 2)
         posterior += max(self.noise.get(name, {}).get(_BY_NAME[name].key(query), pr.noise ** 2)
                          for name in ("job", "accelerator"))
         return posterior, prior
 
 
-def reference_points(steps: Iterable[tuple[str, str, float, float]], hardware: Any) -> list[FleetPoint]:
+def reference_points(steps: Iterable[tuple[str, str, float, float, float]], hardware: Any) -> list[FleetPoint]:
     """Whole steps timed on a device (`perfmodel hw bench`) as reference points: (job key, precision, measured ms,
-    predicted ms) each, ids -1, -2, ... (never an observation's)."""
+    predicted ms, share of the step's FLOPs in convolutions) each, ids -1, -2, ... (never an observation's)."""
     return [FleetPoint(-(i + 1), job, hardware.name, die_of(hardware.name), hardware.architecture or hardware.name,
-                       precision, math.log(measured_ms / predicted_ms), reference=True)
-            for i, (job, precision, measured_ms, predicted_ms) in enumerate(steps)]
+                       precision, math.log(measured_ms / predicted_ms), reference=True, conv_share=conv_share)
+            for i, (job, precision, measured_ms, predicted_ms, conv_share) in enumerate(steps)]
 
 
 def _clip(log_factor: float) -> float:
@@ -227,11 +247,12 @@ def fit_fleet(points: Iterable[FleetPoint], priors: FleetPriors = FleetPriors())
     per_cell = np.bincount(cell, minlength=len(cells)).astype(float)
     w = np.array([p.weight for p in points]) / per_cell[cell]
     indices = {e.name: _index([_key(e, p) for p in points]) for e in EFFECTS}
+    covariates = {e.name: np.array([e.covariate(p) for p in points]) for e in EFFECTS}
     theta = {e.name: np.zeros(len(indices[e.name][1])) for e in EFFECTS}
     held = {e.name: np.array([k == REFERENCE for k in indices[e.name][1]], dtype=bool) for e in EFFECTS}
 
     def state() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        x = sum(theta[e.name][indices[e.name][0]] for e in EFFECTS if e.compute)
+        x = sum(theta[e.name][indices[e.name][0]] * covariates[e.name] for e in EFFECTS if e.compute)
         link = theta["link"][indices["link"][0]]
         compute_part = (1.0 - comm) * np.exp(x)
         total = compute_part + comm * np.exp(link)
@@ -241,7 +262,7 @@ def fit_fleet(points: Iterable[FleetPoint], priors: FleetPriors = FleetPriors())
         largest = 0.0
         for e in EFFECTS:
             z, slope_compute, slope_link = state()
-            slope = slope_compute if e.compute else slope_link
+            slope = (slope_compute if e.compute else slope_link) * covariates[e.name]
             huber = w * np.minimum(1.0, priors.huber_log / np.maximum(np.abs(z), 1e-12))
             idx, keys = indices[e.name]
             ridge = np.full(len(keys), priors.noise ** 2 / e.sigma(priors) ** 2)
@@ -258,7 +279,7 @@ def fit_fleet(points: Iterable[FleetPoint], priors: FleetPriors = FleetPriors())
     effects, precision, evidence = {}, {}, {}
     for e in EFFECTS:
         idx, keys = indices[e.name]
-        slope = slope_compute if e.compute else slope_link
+        slope = (slope_compute if e.compute else slope_link) * covariates[e.name]
         weight = np.bincount(idx, w * slope ** 2, minlength=len(keys))
         effects[e.name] = dict(zip(keys, theta[e.name].tolist()))
         precision[e.name] = dict(zip(keys, weight.tolist()))

@@ -558,11 +558,12 @@ class PredictionEngine:
 
     def _query(self, entry: JobEntry, accelerator: str, communication_share: float) -> FleetQuery:
         from perfmodel.hardware.chips import die_of
+        from perfmodel.predictor.math_modes import conv_flop_share
 
         hardware = self.hardware(accelerator)
         return FleetQuery(job=entry.model_key, accelerator=hardware.name, chip=die_of(hardware.name),
                           architecture=hardware.architecture or hardware.name, precision=entry.spec.precision.value,
-                          communication_share=communication_share)
+                          communication_share=communication_share, conv_share=conv_flop_share(entry.graph.totals))
 
     # --- co-location --------------------------------------------------------------------------------------------
 
@@ -742,10 +743,11 @@ class PredictionEngine:
     def _device_points(self) -> list[FleetPoint]:
         """The whole steps `perfmodel hw bench` kept for devices of this catalog, against the serving model."""
         from perfmodel.calibration.fleet import reference_points
+        from perfmodel.predictor.math_modes import conv_flop_share
         from perfmodel.store.device_steps import load_device_steps, signature
 
         self._steps_seen = signature()
-        by_device: dict[str, list[tuple[str, str, float, float]]] = {}
+        by_device: dict[str, list[tuple[str, str, float, float, float]]] = {}
         for step in load_device_steps():
             try:
                 hardware = self.hardware(step.accelerator)
@@ -757,7 +759,8 @@ class PredictionEngine:
                 continue
             model_key = step.spec.model_copy(update={"batch_size": 1}).key()
             by_device.setdefault(hardware.name, []).append(
-                (model_key, step.spec.precision.value, step.measured_ms, predicted.iter_time_ms))
+                (model_key, step.spec.precision.value, step.measured_ms, predicted.iter_time_ms,
+                 conv_flop_share(graph.totals)))
         points = [p for name, steps in by_device.items() for p in reference_points(steps, self.hardware(name))]
         return [replace(p, id=-(i + 1)) for i, p in enumerate(points)]  # ids unique across devices
 

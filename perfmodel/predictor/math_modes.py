@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from perfmodel.core.ir import GraphTotals
 from perfmodel.hardware.math import has_tf32
 from perfmodel.hardware.spec import HardwareSpec
 from perfmodel.jobs.spec import Precision
@@ -82,3 +83,10 @@ def resolved_table(precision: Precision, spec: HardwareSpec) -> dict[str, RowMat
 def maths_by_group(precision: Precision, spec: HardwareSpec) -> dict[str, str]:
     """{group: math} of a precision on a device: what a prediction says each op group was priced at."""
     return {group: entry.math for group, entry in resolved_table(precision, spec).items()}
+
+
+def conv_flop_share(totals: GraphTotals) -> float:
+    """The share of a graph's forward FLOPs in convolutions (`CONV_KINDS`; the backward keeps the forward's mix):
+    what the fleet calibration's op-mix effect multiplies (`perfmodel.calibration.fleet`)."""
+    conv = sum(totals.flops_fwd_by_kind.get(kind, 0) for kind in CONV_KINDS)
+    return conv / totals.flops_fwd if totals.flops_fwd > 0 else 0.0

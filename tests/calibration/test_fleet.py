@@ -100,14 +100,15 @@ def test_multi_device_runs_inform_single_device_answers_through_their_compute_on
 
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.tuples(st.integers(0, 5), st.sampled_from(["a", "b", "c"]), st.floats(0.02, 50.0),
-                          st.floats(0.0, 0.9)), min_size=1, max_size=30),
-       st.sampled_from(["a", "b", "c", "d"]), st.floats(0.0, 0.9))
-def test_factors_are_finite_bounded_and_intervals_positive(observed, accelerator, share):
+                          st.floats(0.0, 0.9), st.booleans(), st.floats(0.0, 1.0)), min_size=1, max_size=30),
+       st.sampled_from(["a", "b", "c", "d"]), st.floats(0.0, 0.9), st.floats(0.0, 1.0))
+def test_factors_are_finite_bounded_and_intervals_positive(observed, accelerator, share, conv_share):
     chip = {"a": "X", "b": "X", "c": "Y", "d": "Y"}
-    fleet = fit_fleet([FleetPoint(i, f"job{j}", acc, chip[acc], "arch", "tf32", math.log(ratio), s)
-                       for i, (j, acc, ratio, s) in enumerate(observed)])
+    fleet = fit_fleet([FleetPoint(i, f"job{j}", acc, chip[acc], "arch", "tf32", math.log(ratio), s,
+                                  reference=reference, conv_share=conv)
+                       for i, (j, acc, ratio, s, reference, conv) in enumerate(observed)])
     for job in ("job0", "unseen"):
-        applied = fleet.apply(FleetQuery(job, accelerator, chip[accelerator], "arch", "tf32", share))
+        applied = fleet.apply(FleetQuery(job, accelerator, chip[accelerator], "arch", "tf32", share, conv_share))
         assert 0.01 - 1e-9 <= applied.throughput_factor <= 100 + 1e-9
         assert applied.interval_scale > 0 and math.isfinite(applied.interval_scale)
         assert (applied.level == "none") == (applied.observations == 0)
@@ -122,3 +123,23 @@ def test_reference_steps_of_a_device_correct_it_nearly_fully_when_they_agree():
     # the same ratios from ordinary jobs say less: each may be the job's own error
     ordinary = [FleetPoint(p.id, p.job, **A100, log_ratio=p.log_ratio) for p in steps]
     assert ask(fit_fleet(ordinary)).throughput_factor > applied.throughput_factor + 0.1
+
+
+def test_reference_steps_that_split_by_convolution_share_correct_each_mix_by_its_own():
+    """A device whose convolutions run 1.5x slower than the model says and the rest as it says (what a 2-core Xeon's
+    reference steps show for the shipped CPU model): a convolutional job is slowed, a transformer is not, a job
+    between them halfway (in log); a query without a share, or on another device, gets none of it."""
+    steps = [FleetPoint(i, f"bench{i}", **A100, log_ratio=math.log(1.5 if conv else 1.0) + 0.02 * (-1) ** i,
+                        reference=True, conv_share=1.0 if conv else 0.0)
+             for i, conv in enumerate([True, False] * 4)]
+    fleet = fit_fleet(steps)
+
+    def slowdown(conv_share: float, where: dict[str, str] = A100) -> float:
+        return 1 / fleet.apply(FleetQuery("new", **where, conv_share=conv_share)).throughput_factor
+
+    assert 1.35 < slowdown(1.0) < 1.55 and 0.93 < slowdown(0.0) < 1.07
+    assert slowdown(0.5) == pytest.approx(math.sqrt(slowdown(0.0) * slowdown(1.0)), rel=1e-9)
+    assert slowdown(1.0, A100_PCIE) < 1.2  # a sibling SKU: its chip's evidence only, no op-mix term
+    # one factor for the device when the steps carry no share: the conv and the rest averaged
+    flat = fit_fleet([FleetPoint(p.id, p.job, **A100, log_ratio=p.log_ratio, reference=True) for p in steps])
+    assert 1.1 < 1 / flat.apply(FleetQuery("new", **A100, conv_share=1.0)).throughput_factor < 1.3

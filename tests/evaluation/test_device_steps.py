@@ -7,7 +7,7 @@ import pytest
 
 from perfmodel.core.ir import Graph
 from perfmodel.engine import EngineConfig, PredictionEngine
-from perfmodel.evaluation.device_steps import StepJob, held_out_ms, judge, predictors_for, time_steps
+from perfmodel.evaluation.device_steps import StepJob, choose, held_out_ms, judge, predictors_for, time_steps
 from perfmodel.hardware.catalog import load_catalog
 from perfmodel.jobs.spec import JobSpec
 from perfmodel.placement.spec import PlacementSpec
@@ -38,6 +38,17 @@ def test_judge_scores_every_way_held_out_and_applies_the_best(timed):
     chosen = verdict.mape_pct[(verdict.adapt, verdict.calibrate)]
     assert chosen == min(verdict.mape_pct.values())
     assert sum("<- applied" in line for line in verdict.lines()) == 1
+
+
+def test_an_adaptation_is_applied_only_if_it_beats_the_model_as_shipped_on_its_own():
+    off, shipped = (True, False), (False, False)
+    # an adaptation far off alone, just ahead once calibrated (a 2-core Xeon's verdict): neither it nor the
+    # combination is applied; the calibration of the model as shipped is, since it beats the model as shipped
+    assert choose({shipped: 20.5, (False, True): 20.3, off: 110.2, (True, True): 19.6}) == (False, True)
+    assert choose({shipped: 20.5, (False, True): 26.8, off: 85.3, (True, True): 28.4}) == (False, False)
+    assert choose({shipped: 30.0, (False, True): 20.0, off: 25.0, (True, True): 15.0}) == (True, True)
+    assert choose({shipped: 30.0, (False, True): 20.0, off: 25.0, (True, True): 26.0}) == (True, False)
+    assert choose({shipped: 30.0, (False, True): 20.0}) == (False, True)  # no adaptation to judge
 
 
 def test_held_out_calibration_never_uses_the_step_itself():
