@@ -5,7 +5,8 @@ corrects its answers here.
 Each observation is a point: log(observed step / the serving model's step) for its job on its placement. The model,
 in that log space:
 
-    log ratio = log( compute_share · exp(job + job_arch + chip + accelerator) + communication_share · exp(link) )
+    log ratio = log( compute_share · exp(job + job_arch + chip + accelerator + conv_share · accelerator_conv)
+                     + communication_share · exp(link) )
 
 - `job`: the job's own error, shared by every accelerator (its graph, its input pipeline, kernels the per-op model
   misprices for it);
@@ -17,7 +18,9 @@ in that log space:
   accelerator and precision, times the step's share of convolution FLOPs (`conv_share`): a device's convolution
   library and its matrix library are not equally far from the model (on a 2-core Xeon the shipped CPU model is
   1.3-1.5x too fast on convolutional nets and right on transformers). Only points that carry a share learn it
-  (`perfmodel hw bench`'s reference steps); a point or query without one (0) neither learns nor gets it.
+  (`perfmodel hw bench`'s reference steps); a point or query without one (0) neither learns nor gets it. Its prior
+  (0.3) was chosen, not measured: the public runs carry no CPU steps, and on them scheduler observations with shares
+  helped other models on the same GPU a little and a job observed elsewhere a little less (`bench/fleet.py`).
 
 Device counts share the effects through the compute part: an 8-GPU run informs a 1-GPU answer by its compute, and
 only multi-device runs inform the communication factor.
