@@ -156,6 +156,6 @@ def error_floors(frame: pd.DataFrame, sweeps: int = 50) -> dict[str, float]:
             rest = idx[jobs[idx] != jobs[i]]
             others[i] = r[i] - r[rest].mean() if len(rest) else r[i]
     residual.update(op_groups_per_gpu=op_groups, other_models_mean=others)
-    # e = log(measured / corrected step): the throughput's APE is |exp(e) - 1| (`throughput_ape`)
-    return {name: float(np.mean(np.abs(np.expm1(e))) * 100) for name, e in residual.items()}
+    # e = log(measured / corrected step)
+    return {name: float(np.mean(throughput_ape(1.0, np.exp(e))) * 100) for name, e in residual.items()}
 

@@ -16,10 +16,10 @@ kernel). The row's latency is the median of CUDA-event timings, the fastest call
 
 Device probe (`probe_device`): on a GPU `torch.cuda.get_device_properties` (name, SMs, memory), matched to the
 catalog by name or alias; a GPU the catalog lacks becomes a local entry (`new_gpu_spec`: peak fp32 from a timed
-GEMM, bandwidth from a timed copy, both measured here). On a CPU, `perfmodel.hardware.probe.probe_host`: the
-catalog's `cpu` entry, whichever CPU this host is (each row keeps the host's model name): the bench adapts and
-calibrates what `--accelerator cpu` answers on this host. Only a catalog without a `cpu` entry gets this host
-measured (`perfmodel.hardware.probe.probe_host`) as a new local one.
+GEMM, bandwidth from a timed copy, both measured here). On a CPU: the catalog's `cpu` entry, whichever CPU this
+host is (each row keeps the host's model name): the bench adapts and calibrates what `--accelerator cpu` answers
+on this host. Only a catalog without a `cpu` entry gets this host measured (`perfmodel.hardware.probe.probe_host`)
+as a new local one.
 """
 
 from __future__ import annotations
