@@ -2,7 +2,7 @@
 PyTorch runs: 8 DeepLearningExamples models, 27 GPUs, TF32 and AMP, 1-16 GPUs in a node).
 
     .venv/bin/python bench/fleet.py [--datasets DIR] [--cache FILE.parquet] [--graph-cache DIR] [--draws N]
-        [--served OUT-family.csv OUT-chip.csv]
+        [--served OUT-family.csv OUT-chip.csv [--device-bias 1.3 ...]]
 
 Two protocols (`perfmodel.evaluation.fleet`), every prediction of a run whose own measurements were not used:
 - same GPU: on each GPU and math mode, k models observed (k = 0, 1, 2, 4; up to `--draws` random choices of k), the
@@ -12,7 +12,9 @@ Two protocols (`perfmodel.evaluation.fleet`), every prediction of a run whose ow
 Prints MAPE against k (one GPU, 2-16 GPUs), the fleet's 80 % interval coverage, and the same-GPU table per GPU and
 math mode. `--served` runs the same-GPU protocol again on what the service answered (the held-out predictions
 `bench/real_runs.py --out OUT.csv` writes, with the learned whole-step stage fitted without the run's family or
-chip): the case of a scheduler posting some jobs' throughputs on a GPU and asking for others. The composed frame
+chip): the case of a scheduler posting some jobs' throughputs on a GPU and asking for others; and again with every
+measured step `--device-bias` times longer (1.3 by default), as on a GPU the model is off on by a constant (a
+generation it never saw): how much of that the fleet learns from k other models. The composed frame
 (`--cache`) is shared with bench/real_runs.py: composing every run takes ~40 min.
 The fleet's priors were set by looking at these runs: the figures are not a hold-out of that choice.
 `--record [RUN]` records both protocols' MAPE against k for docs/accuracy.md (bench/_figures.py).
@@ -28,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from _figures import add_record_option, record_if_asked
+from _figures import add_record_option, figure_key, record_if_asked
 
 from perfmodel.evaluation.fleet import error_floors, fleet_frame, job_elsewhere, same_gpu, summary
 from perfmodel.evaluation.real_runs import IMPOSSIBLE_BELOW_ROOFLINE, physically_possible, read_composed
@@ -65,6 +67,12 @@ def served_frame(frame: pd.DataFrame, path: Path) -> pd.DataFrame:
                          communication_share=(served.communication_ms / served.predicted_ms).clip(0.0, 1.0))
 
 
+def off_by(frame: pd.DataFrame, bias: float) -> pd.DataFrame:
+    """`frame` (a served fleet frame) with every measured step `bias` times longer: each GPU as if the model were
+    off on it by that constant on top of its real error."""
+    return frame.assign(measured_ms=frame.measured_ms * bias, log_ratio=frame.log_ratio + np.log(bias))
+
+
 def by_k(table: pd.DataFrame) -> dict:
     """`summary(rows)` (per k), for docs/figures."""
     return {f"k{k}": {"one_gpu_mape_pct": r.mape_1gpu_pct, "multi_gpu_mape_pct": r.mape_ngpu_pct,
@@ -80,6 +88,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--served", type=Path, nargs="+", metavar="HELD_OUT.csv",
                         help="also run the same-GPU protocol on these served answers (bench/real_runs.py --out's "
                              "held-out predictions, e.g. OUT-chip.csv: a GPU whose chip the stage never saw)")
+    parser.add_argument("--device-bias", type=float, nargs="*", default=[1.3], metavar="FACTOR",
+                        help="with --served, also every measured step this many times longer [1.3]")
     add_record_option(parser)
     args = parser.parse_args(argv)
     if not (args.datasets / "lambda").is_dir() and not (args.cache and args.cache.is_file()):
@@ -120,6 +130,13 @@ def main(argv: list[str] | None = None) -> int:
         table = summary(rows)
         print(table.round(1).to_string())
         recorded[f"same_gpu_served_{path.stem.rsplit('-', 1)[-1]}"] = table
+        for bias in args.device_bias:
+            rows = same_gpu(off_by(served, bias), draws=args.draws)
+            print(f"\n  the same with every measured step {bias:g}x the served answer's error (a GPU the model is "
+                  f"off on by a constant, as a new generation may be):\n")
+            table = summary(rows)
+            print(table.round(1).to_string())
+            recorded[f"same_gpu_served_{path.stem.rsplit('-', 1)[-1]}_off_{figure_key(f'{bias:g}x')}"] = table
 
     rows = job_elsewhere(frame)
     print("\n## The job elsewhere: every other model observed everywhere, the asked one on k other GPUs\n")

@@ -41,14 +41,17 @@ def test_other_jobs_on_an_accelerator_correct_a_new_job_more_with_more_jobs_and_
         assert 1 / 1.5 < applied.throughput_factor < 1
         factors.append(applied.throughput_factor)
     assert factors == sorted(factors, reverse=True)  # more agreeing jobs: closer to what they show
-    assert factors[0] > 0.93  # one other job says little about the next (jobs differ far more than GPUs)
+    # one other job moves the next less than half-way (a job's own error is wider than a device's) ...
+    assert factors[0] > 1 / math.sqrt(1.5)
+    # ... and sixteen that agree move it most of the way: a device the model is off on is learned
+    assert factors[-1] < 1 / 1.5 ** 0.75
 
 
 def test_a_job_observed_elsewhere_carries_to_other_accelerators_more_than_other_jobs_do():
     own = ask(fit_fleet(points(1.5, 1, V100, prefix="new")), "new0")
     others = ask(fit_fleet(points(1.5, 1)))
     assert own.level == "job" and own.sources == {"job": {"observations": 1, "jobs": 1}}
-    assert own.throughput_factor < 0.8 < others.throughput_factor
+    assert own.throughput_factor < 0.85 and own.throughput_factor < others.throughput_factor - 0.02
 
 
 def test_sibling_skus_of_a_chip_share_evidence_weaker_than_the_same_sku():
@@ -75,8 +78,8 @@ def test_one_outlier_job_moves_other_jobs_by_a_bounded_share():
             for per_job in (1, 40):  # however often it reports
                 odd = points(ratio ** direction, 1, per_job=per_job, start=1000, prefix="odd")
                 shifts.append(abs(math.log(ask(fit_fleet(honest + odd)).throughput_factor)))
-        assert max(shifts) < 0.08  # with five other jobs observed there
-        assert max(shifts) == pytest.approx(min(shifts), rel=0.01)  # saturated: 50x off pulls no more than 3x
+        assert max(shifts) < 0.125  # with five other jobs observed there
+        assert max(shifts) == pytest.approx(min(shifts), rel=0.03)  # saturated: 50x off pulls hardly more than 3x
 
 
 def test_a_job_counts_once_per_accelerator_however_often_it_reports():
@@ -122,7 +125,7 @@ def test_reference_steps_of_a_device_correct_it_nearly_fully_when_they_agree():
     assert applied.throughput_factor == pytest.approx(1 / 1.4, rel=0.06)
     # the same ratios from ordinary jobs say less: each may be the job's own error
     ordinary = [FleetPoint(p.id, p.job, **A100, log_ratio=p.log_ratio) for p in steps]
-    assert ask(fit_fleet(ordinary)).throughput_factor > applied.throughput_factor + 0.1
+    assert ask(fit_fleet(ordinary)).throughput_factor > applied.throughput_factor + 0.03
 
 
 def test_reference_steps_that_split_by_convolution_share_correct_each_mix_by_its_own():
