@@ -129,14 +129,15 @@ def main(argv: list[str] | None = None) -> int:
               f"observed, the rest predicted\n")
         table = summary(rows)
         print(table.round(1).to_string())
-        recorded[f"same_gpu_served_{path.stem.rsplit('-', 1)[-1]}"] = table
+        name = f"same_gpu_served_{path.stem.rsplit('-', 1)[-1]}"
+        recorded[name] = table
         for bias in args.device_bias:
             rows = same_gpu(off_by(served, bias), draws=args.draws)
             print(f"\n  the same with every measured step {bias:g}x the served answer's error (a GPU the model is "
                   f"off on by a constant, as a new generation may be):\n")
             table = summary(rows)
             print(table.round(1).to_string())
-            recorded[f"same_gpu_served_{path.stem.rsplit('-', 1)[-1]}_off_{figure_key(f'{bias:g}x')}"] = table
+            recorded[f"{name}_off_{figure_key(f'{bias:g}x')}"] = table
 
     rows = job_elsewhere(frame)
     print("\n## The job elsewhere: every other model observed everywhere, the asked one on k other GPUs\n")
