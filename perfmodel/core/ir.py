@@ -21,6 +21,9 @@ from perfmodel.core.opkinds import OpKind
 from perfmodel.core.renamed import upgrade_names
 
 SCHEMA_VERSION = 1
+# What a capture records beyond what the schema requires; a new revision (2: convolutions' dilation) makes caches of
+# captured graphs (`perfmodel.engine.graphs`) capture again rather than serve a graph that lacks it.
+CAPTURE_REVISION = 2
 
 
 class _Frozen(BaseModel):
@@ -54,6 +57,10 @@ class Node(_Frozen):
     bytes_written_bwd: int = 0
     params: int = 0  # parameter elements this node reads (weights, biases)
     module: str | None = None  # owning nn.Module path or ONNX node name, when known
+    # A convolution's largest dilation (`perfmodel.graph.flops.conv_dilation`): what decides whether cuDNN has a
+    # tensor-core algorithm for it (`perfmodel.predictor.math_modes`). Left out of the JSON at 1, so graphs without
+    # dilated convolutions serialise as before and older IR JSON still loads.
+    dilation: int = Field(default=1, ge=1, exclude_if=lambda value: value == 1)
 
 
 class GraphTotals(_Frozen):

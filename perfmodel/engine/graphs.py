@@ -35,7 +35,7 @@ from typing import Any, TypeVar
 
 from perfmodel.core.atomic import write_text_atomically
 from perfmodel.core.errors import PerfmodelError
-from perfmodel.core.ir import SCHEMA_VERSION, Graph
+from perfmodel.core.ir import CAPTURE_REVISION, SCHEMA_VERSION, Graph
 from perfmodel.core.lru import LRU
 from perfmodel.graph.batch_affine import BatchAffine, affine, agrees
 from perfmodel.jobs.spec import GraphSource, HFConfigSource, JobSpec, ZooSource
@@ -205,7 +205,7 @@ class GraphCache:
     def _path(self, spec: JobSpec) -> Path | None:
         if self.directory is None or not isinstance(spec.source, (ZooSource, HFConfigSource)):
             return None
-        return self.directory / f"{spec.key()}.v{SCHEMA_VERSION}.json"
+        return self.directory / f"{spec.key()}.v{SCHEMA_VERSION}.r{CAPTURE_REVISION}.json"
 
     def _read(self, spec: JobSpec) -> Graph | None:
         path = self._path(spec)

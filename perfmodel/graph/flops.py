@@ -140,6 +140,13 @@ def _conv(call: OpCall) -> tuple[int, int]:
     return flops, flops * (call.needs_grad(0) + call.needs_grad(1))
 
 
+def conv_dilation(call: OpCall) -> int:
+    """The largest dilation of a convolution call (ATen `dilation`, ONNX `dilations`), 1 when it has none."""
+    value = call.attrs.get("dilation", call.attrs.get("dilations"))
+    values = value if isinstance(value, (list, tuple)) else [value] if isinstance(value, int) else []
+    return max([int(v) for v in values if isinstance(v, int) and v >= 1], default=1)
+
+
 def _conv_transpose(call: OpCall) -> tuple[int, int]:
     if len(call.inputs) < 2:
         return 0, 0

@@ -45,7 +45,7 @@ from typing import Any
 from perfmodel.core.errors import JobLoadError, PerfmodelError
 from perfmodel.core.ir import Graph, GraphTotals, Node, TensorMeta
 from perfmodel.core.opkinds import OpKind, kind_of_onnx
-from perfmodel.graph.flops import OpCall, is_float, op_cost, tensor_bytes
+from perfmodel.graph.flops import OpCall, conv_dilation, is_float, op_cost, tensor_bytes
 from perfmodel.jobs.spec import DEFAULT_SEQ_LEN
 
 # onnx.TensorProto.DataType -> torch-style dtype name
@@ -379,7 +379,8 @@ def _build(model: Any, name: str, trainable: frozenset[str] | None = None) -> Gr
                     needs_grad[output] = differentiable and output in metas and is_float(metas[output])
             if not differentiable:
                 grad_inputs = None
-        cost = op_cost(op, OpCall(inputs=inputs, outputs=outputs, attrs=attrs, grad_inputs=grad_inputs), kind)
+        call = OpCall(inputs=inputs, outputs=outputs, attrs=attrs, grad_inputs=grad_inputs)
+        cost = op_cost(op, call, kind)
         nodes.append(Node(
             id=node_id, op=op, kind=kind,
             inputs=tuple(dict.fromkeys(producer[i] for i in onnx_node.input if i in producer)),
@@ -388,7 +389,7 @@ def _build(model: Any, name: str, trainable: frozenset[str] | None = None) -> Gr
             bytes_read_fwd=cost.bytes_read_fwd, bytes_written_fwd=cost.bytes_written_fwd,
             bytes_read_bwd=cost.bytes_read_bwd, bytes_written_bwd=cost.bytes_written_bwd,
             params=sum(weights.get(i.removesuffix("#linear"), 0) for i in dict.fromkeys(input_names)),
-            module=onnx_node.name or None,
+            module=onnx_node.name or None, dilation=conv_dilation(call) if kind == OpKind.conv else 1,
         ))
         for output in output_names:
             if output:

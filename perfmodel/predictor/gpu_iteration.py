@@ -48,7 +48,14 @@ from perfmodel.hardware.impute import imputed
 from perfmodel.hardware.spec import HardwareSpec
 from perfmodel.jobs.spec import JobSpec, Precision
 from perfmodel.lowering.rows import BACKWARD, FORWARD, graph_op_rows, memory_row
-from perfmodel.predictor.math_modes import CONV_KINDS, MATMUL_KINDS, group_of, maths_by_group, resolved_table
+from perfmodel.predictor.math_modes import (
+    CONV_KINDS,
+    DILATED_CONV_MATH,
+    MATMUL_KINDS,
+    group_of,
+    maths_by_group,
+    resolved_table,
+)
 from perfmodel.predictor.memory import estimate_memory
 from perfmodel.predictor.predict import Prediction
 
@@ -108,6 +115,9 @@ def job_rows(spec: JobSpec, graph: Graph, hardware: HardwareSpec) -> pd.DataFram
     groups = rows["kind"].map(group_of)
     rows["dtype"] = groups.map({g: e.dtype for g, e in table.items()})
     rows["math"] = groups.map({g: e.math for g, e in table.items()})
+    dilated = {node.id for node in graph.nodes if node.dilation > 1}
+    if dilated:
+        rows.loc[rows["node_id"].isin(dilated), "math"] = DILATED_CONV_MATH
     weights = "fp16" if precision == Precision.fp16 else "bf16" if precision == Precision.bf16 else "fp32"
     scaler = AMP_SCALER_PASSES if precision == Precision.amp else 0
     optimizer = spec.optimizer.value if training else None

@@ -20,6 +20,10 @@ defaults are why `fp32` differs from `fp32-strict`: `torch.backends.cudnn.allow_
 (autocast's fp32 list); batch norm takes and returns half tensors (cuDNN computes its statistics in fp32), and the
 element-wise ops between half-precision GEMMs see half tensors.
 
+A dilated convolution (`Node.dilation` > 1) runs on the CUDA cores whatever the precision (`DILATED_CONV_MATH`):
+cuDNN added dilation (v6) on its implicit-GEMM and "algo 0" kernels only, and cuDNN 7 has no tensor-core algorithm
+for it. Its storage dtype stays the group's.
+
 The peak each math reaches on a device is `perfmodel.hardware.math.peak_gflops`.
 """
 
@@ -63,6 +67,8 @@ MATH_TABLE: dict[Precision, dict[str, RowMath]] = {
     Precision.bf16: dict.fromkeys(GROUPS, _BF16),
 }
 
+
+DILATED_CONV_MATH = "fp32"  # a dilated convolution's math: FMA on the CUDA cores, at the fp32 peak
 
 GROUP_OF_KIND: dict[str, str] = {**dict.fromkeys(MATMUL_KINDS, "matmul"), **dict.fromkeys(CONV_KINDS, "conv"),
                                   **dict.fromkeys(AUTOCAST_FP32_KINDS, "autocast_fp32")}

@@ -3,8 +3,8 @@
 Real training steps differ from the composed kernel sum in two ways that real runs can separate:
 
 - **the model's own level**: how much slower (or faster) than composed a model's whole step runs, whatever the
-  GPU. It varies most (on the public runs from 0.8-1.2x for NCF, Transformer-XL and GNMT to 2x for Mask R-CNN and
-  3.4x for WaveGlow in AMP) and nothing in a graph's features predicts it for a model family never measured (the
+  GPU. It varies most (on the public runs from 0.8-1.3x for NCF, Transformer-XL and GNMT to 1.7x for Mask R-CNN in
+  AMP) and nothing in a graph's features predicts it for a model family never measured (the
   learned stages that tried made unseen families worse);
 - **the device effect**: how the ratio moves from GPU to GPU for the same model and math. It follows the spec
   sheet: GPUs with more FLOP/s per byte of bandwidth (ridge point) and per watt run further from the kernel model.
@@ -13,9 +13,11 @@ So: log(measured / composed) = level[model, math] + w · clip(device features - 
 regression on the device features (`DEVICE_FEATURES`, named columns of `COMPOSITION_FEATURES`) of every run less its
 (model, math) level, and each level the median of what the device effect leaves. A job whose zoo model and math were
 measured gets its level; any other job gets no level of its own (the composed step is right on the average GPU of
-the data), the device effect, and what its share of half-precision convolution costs: the weight of that feature in
-a second fit over `UNSEEN_FEATURES` with one level per model (not per model and math), so that the AMP and TF32 runs
-of each measured model tell what AMP convolutions cost (a step without them pays nothing more). A GPU above the
+the data), the device effect, and what being AMP and its share of half-precision convolution cost: the weights of
+those features in a second fit over `UNSEEN_FEATURES` with one level per model (not per model and math), so that the
+AMP and TF32 runs of each measured model tell them (a TF32 step pays nothing for AMP, a step without half-precision
+convolutions nothing for them). The fit with a level per model and math gives `amp` no weight: it is the same on
+every run of a level, so any weight there would be arbitrary (`PER_JOB_FEATURES`). A GPU above the
 range the runs cover (a newer generation) gets the effect of the newest measured ones, not an extrapolated line, and
 the effect as a whole stays within what the measured GPUs got (each feature inside its range, a mix no measured GPU
 had can still add up past them: an H100 PCIe's ridge and FLOP/s per watt together would be corrected 1.56x in TF32
@@ -50,6 +52,10 @@ DEVICE_FEATURES: tuple[str, ...] = ("log_peak_tensor_tflops", "log_bandwidth_gb_
                                     "log_memory_gb", "amp")
 # a model never measured: the device features and how much of its step is half-precision convolution
 UNSEEN_FEATURES: tuple[str, ...] = (*DEVICE_FEATURES, "share_conv_amp")
+# device features that are the same on every run of a (model, math) level: the levels absorb them, so the fit with
+# levels gives them no weight (any weight there would be arbitrary), and a model never measured takes theirs from
+# the fit with one level per model, where each model's AMP runs against its TF32 runs tell it
+PER_JOB_FEATURES: frozenset[str] = frozenset({"amp"})
 JOB = "job"  # the optional column naming a row's (zoo model, math): `job_level_key`
 BACKFIT_ROUNDS = 20  # alternating fits of the weights and the levels (converged well before)
 RANGE_TOLERANCE = 0.05  # log2 units a feature may sit below the measured range and still count as inside it
@@ -97,13 +103,17 @@ class DeviceStepRegressor:
             raise PerfmodelError(f"whole-step features missing: {missing}")
         return frame[list(names)].to_numpy(dtype=np.float64)
 
-    def _solve(self, x: np.ndarray, y: np.ndarray, jobs: np.ndarray) -> dict[str, Any]:
-        """Weights, centre, range and levels fitted on (x, y, jobs)."""
+    def _solve(self, x: np.ndarray, y: np.ndarray, jobs: np.ndarray,
+               without: Sequence[bool] | None = None) -> dict[str, Any]:
+        """Weights, centre, range and levels fitted on (x, y, jobs); the columns flagged in `without` get no
+        weight."""
         if not np.isfinite(x).any(axis=0).all():
             raise PerfmodelError("every device feature needs a value on at least one run")
         low, high, mean = np.nanmin(x, axis=0), np.nanmax(x, axis=0), np.nanmean(x, axis=0)
         levels = pd.Series(y).groupby(jobs).transform("median").to_numpy()
         xc = np.nan_to_num(x - mean)  # a feature the spec sheet lacks counts as the average GPU's
+        if without is not None:
+            xc[:, np.asarray(without, dtype=bool)] = 0.0
         scale = xc.std(axis=0) + 1e-9
         xs = xc / scale
         ridge = self.ridge * len(xs) / 100.0 * np.eye(xs.shape[1])
@@ -157,7 +167,7 @@ class DeviceStepRegressor:
         # a measured job: its own level (per model and math) and the device effect; a model never measured: the
         # device effect and what its extra features (its share of half-precision convolution) cost, learned with one
         # level per model so that the AMP and TF32 runs of one model tell what AMP convolutions cost
-        self.params_ = self._solve(x, y, jobs_)
+        self.params_ = self._solve(x, y, jobs_, self._per_job)
         self.extra_weights_ = self._extra_weights(x_unseen, y, models)
         bands: dict[str, list[float]] = {}
         metrics: dict[str, Any] = {"rows": int(len(y)), "jobs": len(set(jobs_)), "families": len(set(groups)),
@@ -169,10 +179,10 @@ class DeviceStepRegressor:
                 if len(train) < 5:
                     continue
                 if seen:
-                    params = self._solve(x[train], y[train], jobs_[train])
+                    params = self._solve(x[train], y[train], jobs_[train], self._per_job)
                     oof[test] = self._apply(params, x[test], list(jobs_[test]))[0]
                 else:
-                    params = self._solve(x[train], y[train], jobs_[train])
+                    params = self._solve(x[train], y[train], jobs_[train], self._per_job)
                     extra = self._extra_weights(x_unseen[train], y[train], models[train])
                     oof[test] = self._unseen(params, extra, x[test], frame.iloc[test])
             ok = np.isfinite(oof)
@@ -187,15 +197,22 @@ class DeviceStepRegressor:
 
     # --- prediction -----------------------------------------------------------------------------------------------
 
+    @property
+    def _per_job(self) -> list[bool]:
+        return [name in PER_JOB_FEATURES for name in self.feature_names]
+
     def _extra_weights(self, x_unseen: np.ndarray, y: np.ndarray, models: np.ndarray) -> dict[str, float]:
-        """The weights of the features only unseen models use, from a fit with one level per model."""
+        """The weights of the features only unseen models use, and of those the levels absorb
+        (`PER_JOB_FEATURES`), from a fit with one level per model."""
         weights = self._solve(x_unseen, y, models)["weights"]
-        return {name: float(w) for name, w in zip(self._unseen_names, weights) if name not in self.feature_names}
+        return {name: float(w) for name, w in zip(self._unseen_names, weights)
+                if name not in self.feature_names or name in PER_JOB_FEATURES}
 
     def _unseen(self, params: dict[str, Any], extra: dict[str, float], x: np.ndarray,
                 frame: pd.DataFrame) -> np.ndarray:
         """Log factors of models never measured: the device effect, plus each extra feature times its weight (0
-        where the feature is 0: a step without half-precision convolutions pays nothing more)."""
+        where the feature is 0: a step without half-precision convolutions pays nothing more, a TF32 step nothing
+        for being AMP)."""
         effect = self._apply(params, x, None)[0]
         for name, weight in extra.items():
             effect = effect + weight * np.nan_to_num(self._x(frame, [name])[:, 0])

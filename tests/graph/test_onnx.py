@@ -104,3 +104,20 @@ def test_bad_files_raise_one_line_errors(resnet18_onnx, tmp_path):
             graph_from_onnx(path)
         message = str(info.value)
         assert "\n" not in message and str(path) in message, message
+
+
+def test_a_convolution_keeps_its_dilation(tmp_path):
+    path = tmp_path / "dilated.onnx"
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w"], ["y"], name="dilated", dilations=[1, 3], pads=[0, 3, 0, 3]),
+         helper.make_node("Conv", ["y", "w2"], ["z"], name="plain")],
+        "dilated",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4, 1, 32])],
+        [helper.make_tensor_value_info("z", TensorProto.FLOAT, ["batch", 8, 1, 32])],
+        initializer=[helper.make_tensor("w", TensorProto.FLOAT, [8, 4, 1, 3], [0.0] * 96),
+                     helper.make_tensor("w2", TensorProto.FLOAT, [8, 8, 1, 1], [0.0] * 64)],
+    )
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    convs = {n.module: n for n in graph_from_onnx(path, batch_size=2).nodes if n.kind == OpKind.conv}
+    assert convs["dilated"].dilation == 3 and convs["plain"].dilation == 1
+    assert convs["dilated"].flops_fwd == 2 * 2 * 8 * 32 * 4 * 3

@@ -130,3 +130,41 @@ def test_a_host_bound_stream_waits_for_the_host():
         g, h = rng.exponential(0.05, rng.integers(1, 300)), rng.uniform(0, 0.05)
         end = host_bound_ms(g, h)
         assert max(g.sum(), h * len(g)) - 1e-12 <= end <= g.sum() + h * len(g) + 1e-12
+
+
+def _conv1d_graph(dilation: int):
+    import torch
+    from torch import nn
+
+    from perfmodel.graph import graph_from_module
+
+    model = nn.Sequential(nn.Conv1d(256, 512, 3, dilation=dilation, padding=dilation), nn.Tanh(),
+                          nn.Conv1d(512, 256, 1))
+    return graph_from_module(model, (torch.randn(8, 256, 2000, device="meta"),), name=f"conv1d-d{dilation}")
+
+
+def test_a_dilated_convolution_runs_on_the_cuda_cores(predictor):
+    """cuDNN has no tensor-core algorithm for a dilated convolution: under AMP or TF32 its kernels are priced at
+    the fp32 peak (storage stays half), so it is never faster than the same convolution undilated; in fp32 on a GPU
+    without tensor-core fp32 both are the same work."""
+    from perfmodel.predictor.gpu_iteration import job_rows
+
+    plain, dilated = _conv1d_graph(1), _conv1d_graph(4)
+    assert [n.dilation for n in dilated.nodes if n.kind.value == "conv"] == [4, 1]
+    assert all(n.dilation == 1 for n in plain.nodes)
+    assert "\"dilation\"" not in plain.model_dump_json() and '"dilation":4' in dilated.model_dump_json()
+    spec = JobSpec.from_options(zoo="resnet18", batch_size=8)
+    for gpu, precision in (("a100-sxm4-80gb", "amp"), ("a100-sxm4-80gb", "tf32"), ("v100-sxm2-32gb", "amp")):
+        job = spec.model_copy(update={"precision": Precision(precision)})
+        hardware = predictor.catalog[gpu]
+        rows = job_rows(job, dilated, hardware)
+        first = rows[rows["node_id"] == dilated.nodes[0].id]
+        last = rows[rows["node_id"] == dilated.nodes[-1].id]  # the undilated 1x1 conv keeps the mode's math
+        assert set(first["math"]) == {"fp32"} and set(last["math"]) != {"fp32"}
+        if precision == "amp":
+            assert set(first.loc[first["op_class"] == "linear", "dtype"]) == {"fp16"}
+        slower = predictor.predict(job, gpu, graph=dilated).iter_time_ms
+        assert slower > 1.5 * predictor.predict(job, gpu, graph=plain).iter_time_ms
+    fp32 = spec.model_copy(update={"precision": Precision.fp32_strict})
+    assert predictor.predict(fp32, "v100-sxm2-32gb", graph=dilated).iter_time_ms == pytest.approx(
+        predictor.predict(fp32, "v100-sxm2-32gb", graph=plain).iter_time_ms, rel=0.05)

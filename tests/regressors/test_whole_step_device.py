@@ -188,3 +188,27 @@ def test_a_mix_of_features_no_measured_gpu_had_gets_no_more_effect_than_the_meas
     unclipped = np.nan_to_num(corners.to_numpy() - np.asarray(model.params_["mean"])) @ np.asarray(
         model.params_["weights"])
     assert unclipped.max() > measured.max() or unclipped.min() < measured.min()  # the corners did go beyond
+
+
+def test_a_model_never_measured_takes_what_amp_costs_from_each_models_amp_and_tf32_runs():
+    """AMP is the same on every run of a (model, math) level, so the fit with those levels gives it no weight (any
+    weight there would be arbitrary); an unseen job's AMP term comes from the fit with one level per model, where
+    each model's AMP runs against its TF32 runs tell it."""
+    rng = np.random.default_rng(3)
+    rows = []
+    for model, level in (("a", 0.3), ("b", -0.2), ("c", 0.1), ("d", 0.0)):
+        for amp in (0.0, 1.0):
+            for _ in range(12):
+                rows.append({"log_ridge": rng.uniform(5, 9), "amp": amp, JOB: f"{model}:{'amp' if amp else 'tf32'}",
+                             "family": model, "chip": f"c{len(rows) % 5}",
+                             TARGET: level - 0.25 * amp + rng.normal(0, 0.02)})
+    frame = pd.DataFrame(rows)
+    model = DeviceStepRegressor(feature_names=("log_ridge", "amp"), ridge=0.01,
+                                unseen_features=("log_ridge", "amp")).fit(
+        frame, groups=list(frame.family), jobs=list(frame[JOB]), chips=list(frame.chip))
+    assert model.params_["weights"][1] == 0.0
+    assert model.extra_weights_["amp"] == pytest.approx(-0.25, abs=0.03)
+    probe = pd.DataFrame({"log_ridge": [7.0, 7.0], "amp": [0.0, 1.0], JOB: ["new:tf32", "new:amp"]})
+    factor = model.predict(probe).log_factor
+    assert factor[1] - factor[0] == pytest.approx(-0.25, abs=0.03)
+    assert model.levels()["a:amp"] == pytest.approx(np.exp(0.05), abs=0.03)  # the level keeps its own AMP cost
