@@ -71,20 +71,20 @@ def row_peaks(rows: pd.DataFrame, hardware: HardwareSpec) -> np.ndarray:
     return np.array([peaks[(m, g)] for m, g in zip(maths, gemm)], dtype=np.float64)
 
 
-def gemm_log_peak_tflops(flops: np.ndarray, gemm: np.ndarray, peaks_gflops: np.ndarray, default_gflops: float,
-                         steps: int) -> np.ndarray:
+def gemm_log_peak_tflops(compute_ms: np.ndarray, gemm: np.ndarray, peaks_gflops: np.ndarray,
+                         default_gflops: float) -> np.ndarray:
     """log2 of the peak TFLOP/s of the math a step's GEMM work runs in: each GEMM row's peak weighted by its share
-    of the GEMM FLOPs (geometrically), the same for each of `steps` (the rows' FLOP shares do not change with the
-    batch). A step whose GEMMs run in two maths gets a peak between them: under PyTorch's `fp32` defaults on Ampere
-    and later, a ResNet's convolutions run in TF32 and its one small linear layer in FP32, and the step is a TF32
-    step; a BERT's matmuls run in FP32 and it is an FP32 step. FLOPs, not time: a small GEMM that takes as long in
-    FP32 as in TF32 (bound by memory or launch) must not make the FP32 step look like one of a slower math, or the
-    learned correction would answer it faster than its TF32 twin. A step without GEMM work gets `default_gflops`
-    (its precision's matmul peak)."""
-    work = np.asarray(flops, dtype=np.float64)[gemm]
-    total = work.sum()
-    weighted = (work * _log2(peaks_gflops[gemm] / 1e3)).sum() / total if total > 0 else _log2(default_gflops / 1e3)
-    return np.full(steps, float(weighted))
+    of the GEMM FLOPs (geometrically; a row's FLOPs are its `compute_ms` at its peak), one value per step of
+    `compute_ms` (steps, rows). A step whose GEMMs run in two maths gets a peak between them: under PyTorch's `fp32`
+    defaults on Ampere and later, a ResNet's convolutions run in TF32 and its one small linear layer in FP32, and
+    the step is a TF32 step; a BERT's matmuls run in FP32 and it is an FP32 step. FLOPs, not time: a small GEMM that
+    takes as long in FP32 as in TF32 (bound by memory or launch) must not make the FP32 step look like one of a
+    slower math, or the learned correction would answer it faster than its TF32 twin. A step without GEMM work gets
+    `default_gflops` (its precision's matmul peak)."""
+    work = compute_ms[:, gemm] * peaks_gflops[gemm]
+    total = work.sum(axis=1)
+    weighted = (work * _log2(peaks_gflops[gemm] / 1e3)).sum(axis=1) / np.maximum(total, 1e-300)
+    return np.where(total > 0, weighted, _log2(default_gflops / 1e3))
 
 
 def row_roofline(rows: pd.DataFrame, hardware: HardwareSpec) -> tuple[np.ndarray, np.ndarray]:
@@ -128,8 +128,8 @@ def composition_feature_arrays(spec: JobSpec, hardware: HardwareSpec, rows: pd.D
     tensor = np.array([on_tensor_cores(hardware, m, bool(g)) for m, g in zip(maths, gemm)], dtype=bool)
     table = resolved_table(spec.precision, hardware)
     gemm_math = table["matmul"].math
-    log_peak = gemm_log_peak_tflops(op_work(rows).flops, gemm, row_peaks(rows, hardware),
-                                    peak_gflops(hardware, gemm_math, True), len(ms))
+    log_peak = gemm_log_peak_tflops(np.asarray(compute_ms, dtype=np.float64), gemm, row_peaks(rows, hardware),
+                                    peak_gflops(hardware, gemm_math, True))
     batch = np.maximum(batch, 1)
     watts = hardware.tdp_w or float("nan")
     n = len(ms)
