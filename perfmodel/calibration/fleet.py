@@ -21,8 +21,8 @@ in that log space:
   (`perfmodel hw bench`'s reference steps); a point or query without one (0) neither learns nor gets it. Its prior
   (0.5, the chip's) was chosen, not measured: the public runs carry no CPU steps, and on them scheduler observations
   with shares helped other models on the same GPU a little and a job observed elsewhere a little less
-  (`bench/fleet.py`). Narrower than the chip's, it lets the device factor take what convolutions cost: on a 2-core
-  Xeon, `hw bench`'s reference steps then do not beat the model as shipped on held-out steps.
+  (`bench/fleet.py`). A prior narrower than the chip's would let the device factor take what convolutions cost:
+  on a 2-core Xeon, `hw bench`'s reference steps then did not beat the model as shipped on held-out steps.
 
 Device counts share the effects through the compute part: an 8-GPU run informs a 1-GPU answer by its compute, and
 only multi-device runs inform the communication factor.
