@@ -15,8 +15,10 @@ stage to fit, `device-whole-step` (default: a spec-sheet device effect and a lev
 as its next version in the registry; `--promote` promotes it (role whole-step).
 The placement model's replica jitter (`IterationParams.dp_jitter`: data parallelism waits for its slowest replica)
 is fitted on the data-parallel runs' n-GPU / 1-GPU ratios, without the held-out group in each fold; the bench
-prints it fitted on every run and held out by family and by chip, and `--write-jitter` stores the one fitted on
-every run as the default (perfmodel/placement/iteration_params.json). `--record [RUN]` records the
+prints it fitted on every run and held out by family and by chip, with the 80 % band of the n-GPU / 1-GPU ratio it
+leaves (`IterationParams.scaling_band_log`: multi-GPU intervals add it to one GPU's band in quadrature; fitted
+without the held-out group too), and `--write-jitter` stores both fitted on every run as the default
+(perfmodel/placement/iteration_params.json). `--record [RUN]` records the
 headline figures for docs/accuracy.md (bench/_figures.py).
 `--no-p2p-suite v1` also composes that suite's data-parallel runs again as if their GPUs had no peer-to-peer (later
 versions of Lambda's script export NCCL_P2P_DISABLE=1; the runs do not record which version ran them) and prints
@@ -56,6 +58,7 @@ from perfmodel.evaluation.real_runs import (
     jitter_rows,
     lambda_runs,
     recomposed_without_p2p,
+    scaling_band_log,
 )
 from perfmodel.placement.iteration import IterationParams, dump_params, params_path
 from perfmodel.settings import get_settings
@@ -87,8 +90,10 @@ def replica_jitter(composed: pd.DataFrame) -> dict:
     ratio's MAPE of the held-out group with the jitter fitted without it, against none (printed and returned)."""
     rows = jitter_rows(composed)
     out: dict = {"fitted_on_all": fit_dp_jitter(rows), "runs": len(rows)}
+    out["scaling_band_log"] = list(scaling_band_log(rows, out["fitted_on_all"]))
     print(f"\n## The wait for the slowest replica (data parallel, {len(rows)} runs with a one-GPU twin)\n\n"
-          f"dp_jitter fitted on every run: {out['fitted_on_all']:.4f}")
+          f"dp_jitter fitted on every run: {out['fitted_on_all']:.4f}; the n-GPU / 1-GPU ratio's 80 % band with it "
+          f"(log): {out['scaling_band_log'][0]:+.3f} / {out['scaling_band_log'][1]:+.3f}")
     for by in ("family", "chip"):
         out[by] = {"scaling_ratio_mape_pct": 100 * float(held_ratio_ape(rows, by).ape.mean()),
                    "without_wait_pct": 100 * float(jitter_ratio_ape(rows, 0.0).mean())}
@@ -167,7 +172,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--promote", action="store_true", help="with --write: promote it (role whole-step)")
     parser.add_argument("--models-dir", type=Path, help="registry root (default: the shipped models/)")
     parser.add_argument("--write-jitter", action="store_true",
-                        help="store the replica jitter fitted on every run as the placement model's default")
+                        help="store the replica jitter and the scaling band fitted on every run as the "
+                        "placement model's default")
     parser.add_argument("--no-p2p-suite", metavar="SUITE",
                         help="also print the scaling ratio with this suite's runs composed without peer-to-peer")
     add_record_option(parser)
@@ -197,9 +203,10 @@ def main(argv: list[str] | None = None) -> int:
         table = json.loads(params_path().read_text())["params"]
         default = IterationParams.from_dict(table["default"])
         table["default"] = replace(default, dp_jitter=jitter["fitted_on_all"],
-                                   source=default.source.split(" + Lambda")[0] + " + Lambda replica jitter")
+                                   scaling_band_log=tuple(jitter["scaling_band_log"]),
+                                   source=default.source.split(" + Lambda")[0] + " + Lambda replica jitter and band")
         params_path().write_text(dump_params(table))
-        print(f"wrote dp_jitter {jitter['fitted_on_all']:.4f} into {params_path()}")
+        print(f"wrote dp_jitter {jitter['fitted_on_all']:.4f} and the scaling band into {params_path()}")
     if args.report is not None:
         print(f"\nreport: {write_gpu_report(result, args.report)['report']}")
     if args.write:

@@ -303,6 +303,19 @@ def fit_dp_jitter(rows: pd.DataFrame, grid: np.ndarray = JITTER_GRID) -> float:
     return float(grid[int(np.argmin(errors))])
 
 
+def scaling_band_log(rows: pd.DataFrame, jitter: float, quantiles: tuple[float, float] = (0.1, 0.9)
+                     ) -> tuple[float, float]:
+    """The placement model's own 80 % band (`IterationParams.scaling_band_log`): the p10 and p90 of
+    log(measured / predicted) of the n-GPU / 1-GPU step ratio of `rows` (`jitter_rows`) with the wait of `jitter`,
+    the low one at most 0 and the high one at least 0; (0, 0) without rows."""
+    if rows.empty:
+        return 0.0, 0.0
+    predicted = (rows.base_ms + jitter * rows.per_jitter_ms) / rows.one_ms
+    residual = np.log(rows.measured_ratio.to_numpy() / predicted.to_numpy())
+    low, high = np.quantile(residual, quantiles)
+    return min(float(low), 0.0), max(float(high), 0.0)
+
+
 def jitter_ratio_ape(rows: pd.DataFrame, jitter: float) -> np.ndarray:
     """The n-GPU / 1-GPU ratio's APE of `rows` (`jitter_rows`) with the wait of `jitter`."""
     predicted = (rows.base_ms + jitter * rows.per_jitter_ms) / rows.one_ms
@@ -397,8 +410,8 @@ def leave_one_out(runs: Sequence[RealRun], frame: pd.DataFrame, predictor: Any, 
                   serving_path: bool = True, stage: str = DEFAULT_STAGE, **settings: Any) -> pd.DataFrame:
     """Every run predicted by a stage fitted without its `by` group (family or chip) of `frame` (the composed
     frame of the same runs), through the serving path, with the placement model's replica jitter (`dp_jitter`)
-    fitted without the group too (or `predict_from_frame` with `serving_path=False`: the stage only).
-    Returns `frame` joined with `predicted_ms`, `low_ms`, `high_ms`."""
+    and its band (`scaling_band_log`) fitted without the group too (or `predict_from_frame` with
+    `serving_path=False`: the stage only). Returns `frame` joined with `predicted_ms`, `low_ms`, `high_ms`."""
     from perfmodel.predictor.whole_step import WholeStepStage
 
     frame = frame.assign(key=[run_key(r) for r in frame.itertuples(index=False)])
@@ -419,8 +432,11 @@ def leave_one_out(runs: Sequence[RealRun], frame: pd.DataFrame, predictor: Any, 
             test = [r for r in runs if group_of.get(run_key(r)) == group]
             progress(f"holding out {by} {group}: {len(test)} runs")
             predictor.set_whole_step(WholeStepStage(fitted, f"without-{group}"))
-            if not pairs.empty:  # the replicas' jitter too is learned without the group
-                predictor.params = replace(predictor.params, dp_jitter=fit_dp_jitter(pairs[pairs[by] != group]))
+            if not pairs.empty:  # the replicas' jitter and the placement's band too are learned without the group
+                kept = pairs[pairs[by] != group]
+                jitter = fit_dp_jitter(kept)
+                predictor.params = replace(predictor.params, dp_jitter=jitter,
+                                           scaling_band_log=scaling_band_log(kept, jitter))
             parts.append(predict_runs(test, predictor))
     finally:
         if predictor is not None:

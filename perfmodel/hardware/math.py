@@ -3,7 +3,9 @@
 Maths: `fp32` (CUDA cores / vector ALUs; on AMD CDNA, GEMMs run on the fp32 matrix cores, as rocBLAS does), `tf32`,
 `fp16`, `bf16`, `fp8` (dense tensor/matrix-core peaks; fp16 with fp32 accumulate, as cuBLAS runs PyTorch's half
 GEMMs). A math the device does not accelerate runs at its fp32 rate (bf16 on a V100). Vector kernels (element-wise,
-softmax, norms) never run on tensor cores: their peak is the fp32 vector rate whatever the math.
+softmax, norms) never run on tensor cores: their peak is the fp32 vector rate whatever the math. Where a compute
+unit has more fp32 lanes than its warp schedulers issue to in one instruction per warp (Kepler), the peak is what
+they can issue to.
 """
 
 from __future__ import annotations
@@ -34,13 +36,32 @@ def has_tf32(spec: HardwareSpec) -> bool:
     return spec.vendor.upper() == "NVIDIA" and spec.peak_tf32_gflops is not None
 
 
+# fp32 lanes one compute unit's warp schedulers can feed per clock with one instruction per warp (no dual issue), for
+# the micro-architectures whose compute units have more fp32 lanes than that. Kepler's SMX has 192 lanes and four
+# warp schedulers of 32: the CUDA C Programming Guide (compute capability 3.x) counts on pairs of independent
+# instructions from one warp to issue more, so a kernel reaches at most 128 / 192 of the datasheet's fp32 peak
+# without instruction-level parallelism (Maxwell and later: as many lanes as the schedulers issue to).
+ISSUE_LANES_PER_CU: dict[str, int] = {"kepler": 128}
+
+
+def fp32_issue_fraction(spec: HardwareSpec) -> float:
+    """The share of the datasheet fp32 peak the warp schedulers can issue to without dual issue
+    (`ISSUE_LANES_PER_CU`); 1 where the architecture is not listed or the lanes per compute unit are not known."""
+    lanes = ISSUE_LANES_PER_CU.get((spec.architecture or "").lower())
+    if lanes is None or not spec.fp32_cores_per_cu:
+        return 1.0
+    return min(1.0, lanes / spec.fp32_cores_per_cu)
+
+
 def peak_gflops(spec: HardwareSpec, math: str, gemm: bool = True) -> float:
-    """The dense peak, GFLOP/s, that a kernel of `math` (a GEMM or convolution when `gemm`) reaches on `spec`."""
+    """The dense peak, GFLOP/s, that a kernel of `math` (a GEMM or convolution when `gemm`) reaches on `spec`: the
+    datasheet's, less what the warp schedulers cannot issue to (`fp32_issue_fraction`)."""
     if math not in MATHS:
         raise ValueError(f"unknown math {math!r}; known: {', '.join(MATHS)}")
+    vector = spec.peak_fp32_gflops * fp32_issue_fraction(spec)
     if not gemm:
-        return spec.peak_fp32_gflops
-    fp32 = max(spec.peak_fp32_gflops, spec.peak_fp32_matrix_gflops or 0.0)
+        return vector
+    fp32 = max(vector, spec.peak_fp32_matrix_gflops or 0.0)
     tensor = {"fp32": None, "tf32": spec.peak_tf32_gflops, "fp16": spec.peak_fp16_gflops,
               "bf16": spec.peak_bf16_gflops, "fp8": spec.peak_fp8_gflops or spec.peak_fp16_gflops}[math]
     return max(tensor or 0.0, fp32)

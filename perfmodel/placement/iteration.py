@@ -124,12 +124,18 @@ class IterationParams:
     # slowest replica every step)
     layer_overhead_ms: float = 0.0  # host-side cost per block per micro-batch (Python, launches), any batch size
     compute_scale: float = 1.0  # calibration of the compute predictor for the data it was fitted on
+    # p10 and p90 of log(measured / predicted) of the n-device / 1-device step ratio on real multi-device runs (the
+    # placement model's own error): multi-device intervals add it to one device's band in quadrature
+    scaling_band_log: tuple[float, float] = (0.0, 0.0)
     source: str = "defaults"
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> IterationParams:
         names = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in names})
+        values = {k: v for k, v in data.items() if k in names}
+        if "scaling_band_log" in values:
+            values["scaling_band_log"] = tuple(float(v) for v in values["scaling_band_log"])
+        return cls(**values)
 
 
 def params_path() -> Path:

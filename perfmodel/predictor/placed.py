@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
@@ -107,6 +108,21 @@ def node_network_gbit_s(placement: PlacementSpec, hardware: HardwareSpec) -> flo
         if value is not None:
             return float(value)
     return DEFAULT_NODE_NETWORK_GBIT_S
+
+
+def placed_interval(single_ms: tuple[float, float], iter_time_ms: float, ratio: float, spread: float,
+                    scaling_band_log: tuple[float, float]) -> tuple[float, float]:
+    """The band of a placement's step: one device's band scaled by the placement's step ratio, the wait for the
+    slowest replica spanning from none (replicas in step) to twice the fitted one (`spread`: the wait over one
+    device's step), and the placement model's own error (`scaling_band_log`: its p10 and p90 in log) added to that
+    in quadrature (the two are independent errors: one device's step, and how the placement scales it)."""
+    low, high = single_ms[0] * (ratio - spread), single_ms[1] * (ratio + spread)
+    band_low, band_high = scaling_band_log
+    if iter_time_ms <= 0 or (band_low == 0.0 and band_high == 0.0) or low <= 0:
+        return low, high
+    log_low = -math.hypot(min(math.log(low / iter_time_ms), 0.0), min(band_low, 0.0))
+    log_high = math.hypot(max(math.log(high / iter_time_ms), 0.0), max(band_high, 0.0))
+    return iter_time_ms * math.exp(log_low), iter_time_ms * math.exp(log_high)
 
 
 @dataclass(frozen=True)
@@ -529,18 +545,16 @@ class PlacementPredictor:
             rows.append(row)
         return rows
 
-    @staticmethod
-    def _fields(spec: JobSpec, placement: PlacementSpec, hardware: HardwareSpec, single: Prediction,
+    def _fields(self, spec: JobSpec, placement: PlacementSpec, hardware: HardwareSpec, single: Prediction,
                 out: dict[str, Any]) -> dict[str, Any]:
         """The `Prediction` of `out` (the placement model's floats) as keyword arguments."""
         iter_time_ms = out["iter_time_ms"]
         breakdown = {k: out[k] for k in BREAKDOWN_KEYS}
         ratio = iter_time_ms / single.iter_time_ms if single.iter_time_ms > 0 else 1.0
-        # the band of one device's step, scaled to the placement's; the wait for the slowest replica spans from
-        # none (replicas in step) to twice the fitted one
         wait = out.get("data_parallel_wait_ms", 0.0)
         spread = wait / single.iter_time_ms if single.iter_time_ms > 0 else 0.0
-        interval = (single.interval_ms[0] * (ratio - spread), single.interval_ms[1] * (ratio + spread))
+        interval = placed_interval(single.interval_ms, iter_time_ms, ratio, spread,
+                                   self.params.scaling_band_log if placement.devices > 1 else (0.0, 0.0))
         unit, items_per_sample = items_of(spec)
         return dict(
             job_name=spec.name, job_id=spec.key(), accelerator=hardware.name, model_version=single.model_version,

@@ -168,3 +168,13 @@ def test_a_dilated_convolution_runs_on_the_cuda_cores(predictor):
     fp32 = spec.model_copy(update={"precision": Precision.fp32_strict})
     assert predictor.predict(fp32, "v100-sxm2-32gb", graph=dilated).iter_time_ms == pytest.approx(
         predictor.predict(fp32, "v100-sxm2-32gb", graph=plain).iter_time_ms, rel=0.05)
+
+
+def test_no_k80_kernel_beats_the_rate_its_warp_schedulers_can_issue(predictor, graphs):
+    """Kepler's SMX has 192 fp32 lanes and four warp schedulers of 32: kernels are priced at 128 / 192 of the
+    datasheet peak at most (`perfmodel.hardware.math.fp32_issue_fraction`)."""
+    k80 = predictor.catalog["k80"]
+    rows, out = predictor.predict_rows(JobSpec.from_options(**JOBS["resnet18"]), k80, graphs["resnet18"])
+    achieved_gflops = op_work(rows).flops / (out.latency_ms / 1e3) / 1e9
+    assert achieved_gflops.max() > 0.2 * k80.peak_fp32_gflops  # convolutions do run near that rate
+    assert np.all(achieved_gflops <= k80.peak_fp32_gflops * 128 / 192 * (1 + 1e-9))

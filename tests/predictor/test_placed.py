@@ -319,8 +319,9 @@ def test_expert_parallelism_on_a_real_mixture_of_experts_graph(predictor, spec):
 def test_the_band_of_a_data_parallel_step_spans_no_wait_to_twice_the_wait_for_the_slowest_replica(predictor, spec):
     """8 data-parallel replicas wait for the slowest (`dp_jitter`): the band goes from the step without that wait to
     the step with twice it, each scaled by one device's band; one device has no wait and its own band."""
-    jittery = PlacementPredictor(predictor.cpu, predictor.device, replace(predictor.params, dp_jitter=0.05))
-    steady = PlacementPredictor(predictor.cpu, predictor.device, replace(predictor.params, dp_jitter=0.0))
+    unbanded = replace(predictor.params, scaling_band_log=(0.0, 0.0))
+    jittery = PlacementPredictor(predictor.cpu, predictor.device, replace(unbanded, dp_jitter=0.05))
+    steady = PlacementPredictor(predictor.cpu, predictor.device, replace(unbanded, dp_jitter=0.0))
     one = steady.predict(spec, PlacementSpec(accelerator="a100-sxm4-80gb", global_batch_size=16))
     eight = PlacementSpec.grid("a100-sxm4-80gb", per_node=8, global_batch_size=128)
     waiting, in_step = jittery.predict(spec, eight), steady.predict(spec, eight)
@@ -331,3 +332,29 @@ def test_the_band_of_a_data_parallel_step_spans_no_wait_to_twice_the_wait_for_th
     assert waiting.interval_ms[0] == pytest.approx(low * (waiting.iter_time_ms - wait))
     assert waiting.interval_ms[1] == pytest.approx(high * (waiting.iter_time_ms + wait))
     assert in_step.interval_ms == pytest.approx((low * in_step.iter_time_ms, high * in_step.iter_time_ms))
+
+
+def test_the_placement_models_own_band_widens_multi_device_intervals_in_quadrature_and_never_one_device(predictor):
+    """`scaling_band_log` (the n-device / 1-device ratio's p10 and p90 in log on real runs) adds to one device's
+    band in quadrature on every multi-device placement: the interval keeps the answer inside, grows with the band,
+    and one device's answer and interval do not move."""
+    rng = np.random.default_rng(7)
+    jobs = [JobSpec.from_options(zoo=name, batch_size=16) for name in ("resnet18", "bert-small")]
+    for job in jobs:
+        for placement in _random_placements(rng, 16, 6):
+            bands = [(0.0, 0.0), (-0.1, 0.2), (-0.3, 0.5)]
+            answers = [PlacementPredictor(predictor.cpu, predictor.device,
+                                          replace(predictor.params, scaling_band_log=band)).predict(job, placement)
+                       for band in bands]
+            assert len({a.iter_time_ms for a in answers}) == 1
+            for answer in answers:
+                assert answer.interval_ms[0] <= answer.iter_time_ms <= answer.interval_ms[1]
+            lows = [a.interval_ms[0] for a in answers]
+            highs = [a.interval_ms[1] for a in answers]
+            if placement.devices == 1:
+                assert lows == pytest.approx([lows[0]] * 3) and highs == pytest.approx([highs[0]] * 3)
+                continue
+            assert lows[0] > lows[1] > lows[2] and highs[0] < highs[1] < highs[2]
+            # quadrature: log widths combine as the root of the sum of squares
+            base = np.log(answers[0].interval_ms[1] / answers[0].iter_time_ms)
+            assert np.log(highs[1] / answers[1].iter_time_ms) == pytest.approx(np.hypot(base, 0.2), rel=1e-6)
