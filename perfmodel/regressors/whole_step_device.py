@@ -6,8 +6,12 @@ Real training steps differ from the composed kernel sum in two ways that real ru
   GPU. It varies most (on the public runs from 0.8-1.3x for NCF, Transformer-XL and GNMT to 1.7x for Mask R-CNN in
   AMP) and nothing in a graph's features predicts it for a model family never measured (the
   learned stages that tried made unseen families worse);
-- **the device effect**: how the ratio moves from GPU to GPU for the same model and math. It follows the spec
-  sheet: GPUs with more FLOP/s per byte of bandwidth (ridge point) and per watt run further from the kernel model.
+- **the device effect**: how the ratio moves from GPU to GPU for the same model and math. It follows the die's
+  spec sheet: GPUs with more tensor FLOP/s, and more of them per watt of board power, run further from the kernel
+  model. Memory is not in it: the kernel model prices bandwidth kernel by kernel, and a whole-step factor that grew
+  with bandwidth or capacity would speed up the compute-bound part of a step on a part with more memory. The runs'
+  only SKUs of one die that differ in memory (A100 40 GB against 80 GB) gain less than composed, not more, so two
+  such SKUs get the same device effect.
 
 So: log(measured / composed) = level[model, math] + w · clip(device features - their mean), with w a ridge
 regression on the device features (`DEVICE_FEATURES`, named columns of `COMPOSITION_FEATURES`) of every run less its
@@ -17,13 +21,11 @@ the data), the device effect, and what being AMP and its share of half-precision
 those features in a second fit over `UNSEEN_FEATURES` with one level per model (not per model and math), so that the
 AMP and TF32 runs of each measured model tell them (a TF32 step pays nothing for AMP, a step without half-precision
 convolutions nothing for them). The fit with a level per model and math gives `amp` no weight: it is the same on
-every run of a level, so any weight there would be arbitrary (`PER_JOB_FEATURES`). A GPU above the
-range the runs cover (a newer generation) gets the effect of the newest measured ones, not an extrapolated line, and
-the effect as a whole stays within what the measured GPUs got (each feature inside its range, a mix no measured GPU
-had can still add up past them: an H100 PCIe's ridge and FLOP/s per watt together would be corrected 1.56x in TF32
-where the most any measured GPU got is 1.29x, and it would be answered slower than an A100 SXM4 80GB of the same
-bandwidth); one below it on any feature (older or smaller than every measured GPU) gets no device effect; a feature
-its spec sheet lacks (no TDP: no FLOP/s per watt) counts as the average GPU's.
+every run of a level, so any weight there would be arbitrary (`PER_JOB_FEATURES`). A GPU above the range the runs
+cover (a newer generation) gets the effect of the newest measured ones, not an extrapolated line, and the effect as a
+whole stays within what the measured GPUs got (each feature inside its range, a mix no measured GPU had can still
+add up past them); one below it on any feature (older or smaller than every measured GPU) gets no device effect; a
+feature its spec sheet lacks (no TDP: no FLOP/s per watt) counts as the average GPU's.
 
 The 80 % band is conformal on out-of-fold residuals: for a job without a level, of folds that hold out whole model
 families (the band of a family never seen); for a job with one, of folds that hold out GPUs.
@@ -48,8 +50,7 @@ from perfmodel.core.errors import PerfmodelError
 from perfmodel.regressors.manifest import Manifest, data_hash
 from perfmodel.regressors.whole_step import TARGET, StepCorrection
 
-DEVICE_FEATURES: tuple[str, ...] = ("log_peak_tensor_tflops", "log_bandwidth_gb_s", "log_ridge", "log_peak_per_watt",
-                                    "log_memory_gb", "amp")
+DEVICE_FEATURES: tuple[str, ...] = ("log_peak_tensor_tflops", "log_peak_per_watt", "amp")
 # a model never measured: the device features and how much of its step is half-precision convolution
 UNSEEN_FEATURES: tuple[str, ...] = (*DEVICE_FEATURES, "share_conv_amp")
 # device features that are the same on every run of a (model, math) level: the levels absorb them, so the fit with

@@ -358,3 +358,40 @@ def test_the_placement_models_own_band_widens_multi_device_intervals_in_quadratu
             # quadrature: log widths combine as the root of the sum of squares
             base = np.log(answers[0].interval_ms[1] / answers[0].iter_time_ms)
             assert np.log(highs[1] / answers[1].iter_time_ms) == pytest.approx(np.hypot(base, 0.2), rel=1e-6)
+
+
+def _same_die_pairs() -> list[tuple[str, str]]:
+    """Catalog GPUs of one die with the same peaks and board power that differ in memory only: (less, more)."""
+    from collections import defaultdict
+
+    from perfmodel.hardware.catalog import load_catalog
+    from perfmodel.hardware.chips import die_of
+
+    groups: dict[tuple, list] = defaultdict(list)
+    for name, spec in load_catalog().items():
+        if spec.kind == "gpu":
+            groups[(die_of(name), spec.peak_fp32_gflops, spec.peak_tf32_gflops, spec.peak_fp16_gflops,
+                    spec.tdp_w)].append((spec.memory_bandwidth_gb_s, name))
+    return [(a[1], b[1]) for parts in groups.values() for a, b in zip(sorted(parts), sorted(parts)[1:])
+            if b[0] > a[0]]
+
+
+SAME_DIE_PAIRS = _same_die_pairs()
+
+
+@pytest.mark.parametrize("job", [JobSpec.from_options(zoo="resnet18", batch_size=32, precision="amp"),
+                                 JobSpec.from_options(zoo="bert-small", batch_size=8, seq_len=128, precision="tf32"),
+                                 JobSpec.from_options(zoo="ncf", batch_size=65536, precision="amp")],
+                         ids=["resnet18-amp", "bert-small-tf32", "ncf-amp"])
+def test_more_memory_bandwidth_on_the_same_die_is_never_slower(predictor, job):
+    """A100 40 GB against 80 GB, H100 SXM against H200, ...: the part with more bandwidth is never answered slower;
+    for a measured model (NCF: its level and the device effect, nothing from its composition) the whole-step stage
+    corrects both alike, the die's effect, with no credit for bandwidth on top of the kernel model's."""
+    assert ("a100-sxm4-40gb", "a100-sxm4-80gb") in SAME_DIE_PAIRS and ("h100-sxm5", "h200") in SAME_DIE_PAIRS
+    for less, more in SAME_DIE_PAIRS:
+        slow, fast = (predictor.predict(job, PlacementSpec(accelerator=gpu, global_batch_size=job.batch_size))
+                      for gpu in (less, more))
+        assert fast.iter_time_ms <= slow.iter_time_ms * (1 + 1e-9), (less, more)
+        if job.source.name == "ncf":
+            assert fast.iter_time_ms / fast.composed_iter_time_ms == pytest.approx(
+                slow.iter_time_ms / slow.composed_iter_time_ms, rel=1e-6), (less, more)
