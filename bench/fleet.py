@@ -9,8 +9,10 @@ Two protocols (`perfmodel.evaluation.fleet`), every prediction of a run whose ow
   other models' runs on that GPU predicted at 1 and at 2-16 GPUs;
 - the job elsewhere: every other model observed on every GPU, the asked model on k other GPUs (random), its runs
   on a GPU it was not observed on predicted.
-Prints MAPE against k (one GPU, 2-16 GPUs), the fleet's 80 % interval coverage, and the same-GPU table per GPU and
-math mode. `--served` runs the same-GPU protocol again on what the service answered (the held-out predictions
+Prints MAPE against k (one GPU, 2-16 GPUs), the 80 % interval's coverage, and the same-GPU table per GPU and math
+mode. The interval is the fleet's own predictive spread on the composed frame, and on the served answers the one the
+service gives (the served band, its log width scaled by the calibration's `interval_scale`). `--served` runs the
+same-GPU protocol again on what the service answered (the held-out predictions
 `bench/real_runs.py --out OUT.csv` writes, with the learned whole-step stage fitted without the run's family or
 chip): the case of a scheduler posting some jobs' throughputs on a GPU and asking for others; and again with every
 measured step `--device-bias` times longer (1.3 by default), as on a GPU the model is off on by a constant (a
@@ -56,10 +58,12 @@ def composed(datasets: Path, cache: Path | None, graph_cache: Path | None) -> pd
 
 def served_frame(frame: pd.DataFrame, path: Path) -> pd.DataFrame:
     """`frame` (a fleet frame) with each configuration's step replaced by its served answer from `path`
-    (bench/real_runs.py --out: `key`, `predicted_ms`), so that the fleet calibrates what the service answered."""
+    (bench/real_runs.py --out: `key`, `predicted_ms` and its band), so that the fleet calibrates what the service
+    answered and its interval is the service's."""
     from perfmodel.evaluation.real_runs import run_key
 
-    answers = pd.read_csv(path)[["key", "predicted_ms"]]
+    answers = pd.read_csv(path)[["key", "predicted_ms", "low_ms", "high_ms"]].rename(
+        columns={"low_ms": "served_low_ms", "high_ms": "served_high_ms"})
     keyed = frame.assign(key=[run_key(r) for r in frame.itertuples(index=False)])
     served = keyed.merge(answers, on="key")
     return served.assign(placement_ms=served.predicted_ms,
@@ -146,8 +150,13 @@ def main(argv: list[str] | None = None) -> int:
     print("\nper math mode:\n")
     print(summary(rows, ("precision", "k")).round(1).to_string())
     coverage = pd.concat(list(recorded.values())).coverage_80_pct
+    served_tables = [table for name, table in recorded.items() if name.startswith("same_gpu_served_")
+                     and "_off_" not in name]
+    served_coverage = pd.concat(served_tables).coverage_80_pct if served_tables else pd.Series([float("nan")])
     record_if_asked(args, "fleet", {**{name: by_k(table) for name, table in recorded.items()},
                                     "coverage_80_pct": {"min": coverage.min(), "max": coverage.max()},
+                                    "served_coverage_80_pct": {"min": served_coverage.min(),
+                                                               "max": served_coverage.max()},
                                     "one_gpu_floor_mape_pct": recorded_floors})
     print(f"\ndone in {time.perf_counter() - started:.0f} s")
     return 0

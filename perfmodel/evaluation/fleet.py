@@ -54,17 +54,26 @@ def _query(r: dict[Any, Any]) -> FleetQuery:
 
 
 def predict_rows(points: Iterable[FleetPoint], targets: pd.DataFrame) -> pd.DataFrame:
-    """`targets` with the fleet's calibrated prediction (`predicted_ms`), its 80 % interval and level."""
+    """`targets` with the fleet's calibrated prediction (`predicted_ms`), its 80 % interval and level. Where the
+    targets carry the served answer's band (`served_low_ms`, `served_high_ms` about `placement_ms`), the interval is
+    the one the service gives: that band, its log width scaled by the calibration's `interval_scale`; otherwise
+    the fleet's own predictive spread."""
     fleet = fit_fleet(points)
     predicted, low, high, level = [], [], [], []
+    banded = {"served_low_ms", "served_high_ms"} <= set(targets.columns)
     for r in targets.to_dict("records"):
         query = _query(r)
         applied = fleet.apply(query)
-        ms = float(r["placement_ms"]) / applied.throughput_factor
-        sigma = applied.log_sigma if applied.log_sigma is not None else math.sqrt(fleet.variances(query)[1])
+        served_ms = float(r["placement_ms"])
+        ms = served_ms / applied.throughput_factor
         predicted.append(ms)
-        low.append(ms * math.exp(-Z80 * sigma))
-        high.append(ms * math.exp(Z80 * sigma))
+        if banded:
+            low.append(ms * (float(r["served_low_ms"]) / served_ms) ** applied.interval_scale)
+            high.append(ms * (float(r["served_high_ms"]) / served_ms) ** applied.interval_scale)
+        else:
+            sigma = applied.log_sigma if applied.log_sigma is not None else math.sqrt(fleet.variances(query)[1])
+            low.append(ms * math.exp(-Z80 * sigma))
+            high.append(ms * math.exp(Z80 * sigma))
         level.append(applied.level)
     return targets.assign(predicted_ms=predicted, low_ms=low, high_ms=high, level=level)
 

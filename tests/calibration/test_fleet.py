@@ -69,6 +69,18 @@ def test_intervals_narrow_with_evidence_and_widen_when_jobs_disagree():
     assert disagree.interval_scale > agree.interval_scale
 
 
+@pytest.mark.parametrize("where", [A100, A100_PCIE], ids=["same SKU", "sibling SKU"])
+def test_other_jobs_evidence_alone_moves_the_answer_but_never_narrows_it(where):
+    """A job never observed, on an accelerator (or a sibling SKU) where others agree or disagree: corrected, and
+    its interval at least as wide as uncalibrated."""
+    for jobs in (1, 4, 16):
+        applied = ask(fit_fleet(points(1.3, jobs, where)))
+        assert applied.level in ("accelerator", "chip") and applied.throughput_factor < 1
+        assert applied.interval_scale >= 1.0
+    disagree = ask(fit_fleet(points(2.5, 3, where) + points(0.6, 3, where, start=100, prefix="other")))
+    assert disagree.level in ("accelerator", "chip") and disagree.interval_scale >= 1.0
+
+
 def test_one_outlier_job_moves_other_jobs_by_a_bounded_share():
     honest = points(1.0, 5)
     assert ask(fit_fleet(honest)).throughput_factor == pytest.approx(1.0)

@@ -54,3 +54,21 @@ def test_error_floors_are_zero_where_the_factors_explain_the_errors_and_other_mo
     # each run's log error less the others' mean, as the throughput's APE: |measured / corrected - 1|
     want = sum(abs(math.exp(e - (sum(errors) - e) / (len(errors) - 1)) - 1) for e in errors) / len(errors) * 100
     assert math.isclose(floors["other_models_mean"], want, rel_tol=1e-9)
+
+
+def test_on_served_answers_the_interval_is_the_served_band_scaled_as_the_service_scales_it():
+    """With the served band in the targets, nothing observed gives that band unchanged; with observations, the
+    band's log width times the calibration's `interval_scale` about the calibrated step (what the engine answers)."""
+    from perfmodel.evaluation.fleet import points_of, predict_rows
+
+    frame = fleet_frame(_composed(), load_catalog())
+    frame = frame.assign(served_low_ms=frame.placement_ms * 0.8, served_high_ms=frame.placement_ms * 1.5)
+    gpu = frame[frame.accelerator == "rtx-3090"]
+    alone = predict_rows([], gpu)
+    assert (alone.low_ms == gpu.served_low_ms).all() and (alone.high_ms == gpu.served_high_ms).all()
+    seen = gpu.model.isin(["m1", "m2"])
+    rows = predict_rows(points_of(gpu[seen]), gpu[~seen])
+    low, high = rows.low_ms / rows.predicted_ms, rows.high_ms / rows.predicted_ms
+    scale = pd.Series(low.map(math.log) / math.log(0.8))
+    assert (rows.level != "none").all() and (scale > 0).all()
+    assert (high.map(math.log) / math.log(1.5) - scale).abs().max() < 1e-9  # one scale for both ends
