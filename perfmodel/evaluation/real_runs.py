@@ -292,14 +292,19 @@ def jitter_rows(frame: pd.DataFrame) -> pd.DataFrame:
         for row, one, identity in data_parallel_twins(frame)])
 
 
+def predicted_ratio(rows: pd.DataFrame, jitter: float) -> pd.Series:
+    """The n-GPU / 1-GPU step ratio of `rows` (`jitter_rows`) the placement model predicts with the wait of
+    `jitter`."""
+    return (rows.base_ms + jitter * rows.per_jitter_ms) / rows.one_ms
+
+
 def fit_dp_jitter(rows: pd.DataFrame, grid: np.ndarray = JITTER_GRID) -> float:
     """The replica jitter (`IterationParams.dp_jitter`) whose n-GPU / 1-GPU step ratios are closest to the
     measured ones of `rows` (`jitter_rows`): the median absolute log error, so that a few broken runs do not pull
     it; 0 without rows."""
     if rows.empty:
         return 0.0
-    errors = [float(np.median(np.abs(np.log((rows.base_ms + s * rows.per_jitter_ms) / rows.one_ms
-                                             / rows.measured_ratio)))) for s in grid]
+    errors = [float(np.median(np.abs(np.log(predicted_ratio(rows, s) / rows.measured_ratio)))) for s in grid]
     return float(grid[int(np.argmin(errors))])
 
 
@@ -310,16 +315,14 @@ def scaling_band_log(rows: pd.DataFrame, jitter: float, quantiles: tuple[float, 
     the low one at most 0 and the high one at least 0; (0, 0) without rows."""
     if rows.empty:
         return 0.0, 0.0
-    predicted = (rows.base_ms + jitter * rows.per_jitter_ms) / rows.one_ms
-    residual = np.log(rows.measured_ratio.to_numpy() / predicted.to_numpy())
+    residual = np.log(rows.measured_ratio.to_numpy() / predicted_ratio(rows, jitter).to_numpy())
     low, high = np.quantile(residual, quantiles)
     return min(float(low), 0.0), max(float(high), 0.0)
 
 
 def jitter_ratio_ape(rows: pd.DataFrame, jitter: float) -> np.ndarray:
     """The n-GPU / 1-GPU ratio's APE of `rows` (`jitter_rows`) with the wait of `jitter`."""
-    predicted = (rows.base_ms + jitter * rows.per_jitter_ms) / rows.one_ms
-    return np.abs(rows.measured_ratio.to_numpy() / predicted.to_numpy() - 1.0)
+    return np.abs(rows.measured_ratio.to_numpy() / predicted_ratio(rows, jitter).to_numpy() - 1.0)
 
 
 # the whole-step stage the benches and `perfmodel retrain` fit unless told otherwise
