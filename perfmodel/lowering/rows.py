@@ -645,18 +645,27 @@ def _rnn_rows(node: Node, backward: bool) -> list[Row]:
     many and small, as cuDNN runs them. Weight gradients are one GEMM over every position each (cuDNN accumulates
     them after the sequential pass)."""
     rnn = _rnn_parts(node)
-    suffix, gates = (".dX", "mul") if backward else ("", "tanh")
+    suffix = ".dX" if backward else ""
     rows = []
     for i, (n, k) in enumerate(rnn.weights):
-        out, inner = (k, n) if backward else (n, k)
         if i % 2 == 0:
+            out, inner = (k, n) if backward else (n, k)
             rows.append(linear_row(rnn.tokens, out, inner, f"w{i}{suffix}"))
         else:
-            rows += [linear_row(rnn.batch, out, inner, f"w{i}{suffix}.step"),
-                     vector_row("elementwise", gates, "gates", rnn.batch * n, n)] * rnn.steps
+            rows += recurrent_rows(n, k, rnn.batch, rnn.steps, backward, f"w{i}")
         if backward:
             rows.append(linear_row(n, k, rnn.tokens, f"w{i}.dW"))
     return rows
+
+
+def recurrent_rows(gate_width: int, hidden: int, batch: int, steps: int, backward: bool, part: str) -> list[Row]:
+    """The sequential part of one recurrent layer, as cuDNN runs it: per step, the `batch` x `gate_width` GEMM on
+    the `hidden`-wide state (its transpose backward) and the gates' pointwise kernel, `steps` times (the recurrent
+    weight's gradient, one GEMM over every position, is not in it). `part` names the recurrent weight."""
+    out, inner = (hidden, gate_width) if backward else (gate_width, hidden)
+    suffix, gates = (".dX", "mul") if backward else ("", "tanh")
+    return [linear_row(batch, out, inner, f"{part}{suffix}.step"),
+            vector_row("elementwise", gates, "gates", batch * gate_width, gate_width)] * steps
 
 
 def _rnn_fwd(node: Node, ctx: Context) -> list[Row]:

@@ -24,6 +24,7 @@ from perfmodel.lowering.rows import (
     infer_stride_padding,
     linear_row,
     memory_row,
+    recurrent_rows,
     vector_row,
 )
 
@@ -274,3 +275,23 @@ def test_an_rnn_runs_its_recurrence_one_step_at_a_time_with_the_same_flops():
     assert flops(gemm[gemm.phase == "backward"]).sum() == 2 * forward_flops
     # backward through time is sequential too
     assert (gemm[gemm.phase == "backward"].part.str.endswith("dX.step")).sum() == 2 * steps
+
+
+@pytest.mark.parametrize("backward", [False, True])
+def test_a_recurrent_layer_alone_is_what_its_graph_lowers_to_per_step(backward):
+    # the recurrence of one layer (what DeepBench times, without the input projection) is the graph's step rows
+    steps, batch, hidden = 5, 3, 8
+    with torch.device("meta"):
+        module, x = nn.LSTM(hidden, hidden), torch.randn(steps, batch, hidden)
+    graph = graph_from_module(module.train(), (x,), name="lstm", mode="train")
+    rows = graph_op_rows(graph)
+    phase = "backward" if backward else "forward"
+    stepped = rows[(rows.kind == OpKind.rnn.value) & (rows.phase == phase)
+                   & (rows.part.str.endswith(".step") | (rows.part == "gates"))]
+    alone = recurrent_rows(4 * hidden, hidden, batch, steps, backward, "w1")
+    assert len(alone) == len(stepped) == 2 * steps
+    expected = list(zip(stepped.op_class, stepped.op_name, stepped.part, strict=True))
+    assert [(r.op_class, r.op_name, r.part) for r in alone] == expected
+    gemm = [r for r in alone if r.op_class == "linear"]
+    # per step a batch x 4h GEMM on the hidden state: 2 x steps x batch x 4h x h FLOPs in all
+    assert sum(2 * r.shape["m"] * r.shape["n"] * r.shape["k"] for r in gemm) == 2 * steps * batch * 4 * hidden * hidden
