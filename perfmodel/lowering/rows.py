@@ -48,7 +48,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -63,8 +63,11 @@ FORWARD = "forward"
 BACKWARD = "backward"
 
 # the kernel-row schema (perfmodel.lowering.ops), and what this module adds: where each row comes from
-ROW_COLUMNS = ("node_id", "node_op", "kind", "phase", "part", "op_class", "op_name", "dtype", "device",
+ROW_COLUMNS = ("node_id", "node_op", "kind", "phase", "part", "op_class", "op_name", "dtype", "device", "launch",
                *SHAPE_COLUMNS)
+# who launches a row's kernel: eager PyTorch, one op at a time (what the per-op model's measurements timed), or a
+# library call that runs a sequence of kernels back to back (cuDNN's recurrent steps)
+EAGER, LIBRARY = "eager", "library"
 DTYPES = ("fp32", "fp16", "bf16")
 
 _ITEMSIZE = {"float64": 8, "float32": 4, "float16": 2, "bfloat16": 2, "int64": 8, "int32": 4, "int16": 2,
@@ -79,6 +82,7 @@ class Row:
     op_name: str
     part: str
     shape: Mapping[str, int]
+    launch: str = EAGER
 
 
 @dataclass(frozen=True)
@@ -661,11 +665,13 @@ def _rnn_rows(node: Node, backward: bool) -> list[Row]:
 def recurrent_rows(gate_width: int, hidden: int, batch: int, steps: int, backward: bool, part: str) -> list[Row]:
     """The sequential part of one recurrent layer, as cuDNN runs it: per step, the `batch` x `gate_width` GEMM on
     the `hidden`-wide state (its transpose backward) and the gates' pointwise kernel, `steps` times (the recurrent
-    weight's gradient, one GEMM over every position, is not in it). `part` names the recurrent weight."""
+    weight's gradient, one GEMM over every position, is not in it). `part` names the recurrent weight. One library
+    call launches them back to back (`LIBRARY`)."""
     out, inner = (hidden, gate_width) if backward else (gate_width, hidden)
     suffix, gates = (".dX", "mul") if backward else ("", "tanh")
-    return [linear_row(batch, out, inner, f"{part}{suffix}.step"),
-            vector_row("elementwise", gates, "gates", batch * gate_width, gate_width)] * steps
+    step = [linear_row(batch, out, inner, f"{part}{suffix}.step"),
+            vector_row("elementwise", gates, "gates", batch * gate_width, gate_width)]
+    return [replace(row, launch=LIBRARY) for row in step] * steps
 
 
 def _rnn_fwd(node: Node, ctx: Context) -> list[Row]:
@@ -734,7 +740,8 @@ def graph_op_rows(graph: Graph, dtype: str = "fp32", mode: str | None = None, *,
             for row in (forward if phase == FORWARD else backward)(node, ctx):
                 record: dict[str, Any] = {"node_id": node.id, "node_op": node.op, "kind": node.kind.value,
                                           "phase": phase, "part": row.part, "op_class": row.op_class,
-                                          "op_name": row.op_name, "dtype": dtype, "device": device}
+                                          "op_name": row.op_name, "dtype": dtype, "device": device,
+                                          "launch": row.launch}
                 record.update({f: int(row.shape.get(f, 0)) for f in SHAPE_COLUMNS})
                 records.append(record)
     rows = pd.DataFrame.from_records(records, columns=list(ROW_COLUMNS))

@@ -48,7 +48,7 @@ OFF_LINE_WORK_SHARE = 0.001
 _NODE_NUMBERS = ("flops_fwd", "flops_bwd", "bytes_read_fwd", "bytes_written_fwd", "bytes_read_bwd",
                  "bytes_written_bwd")
 # the columns a kernel row is priced by besides its shape and device (`perfmodel.features.device_ops`)
-_PRICED = ("op_class", "op_name", "dtype", "math")
+_PRICED = ("op_class", "op_name", "dtype", "math", "launch")
 
 
 def line(first: np.ndarray, second: np.ndarray, batch_first: int, batch_second: int,

@@ -47,7 +47,7 @@ from perfmodel.core.units import samples_per_s
 from perfmodel.hardware.impute import imputed
 from perfmodel.hardware.spec import HardwareSpec
 from perfmodel.jobs.spec import JobSpec, Precision
-from perfmodel.lowering.rows import BACKWARD, FORWARD, graph_op_rows, memory_row
+from perfmodel.lowering.rows import BACKWARD, EAGER, FORWARD, graph_op_rows, memory_row
 from perfmodel.predictor.math_modes import (
     CONV_KINDS,
     DILATED_CONV_MATH,
@@ -76,7 +76,8 @@ GEMM_KINDS = MATMUL_KINDS | CONV_KINDS
 # public measurement here pins it (vTrain's Megatron runs, `bench/whole_model.py --fit-host`, score the same from
 # 0 to 30 us: their small-micro-batch cost is additive, not a host-bound stream)
 HOST_MS_PER_KERNEL = 0.008
-_EMPTY = pd.DataFrame(columns=["op_class", "op_name", "dtype", "math", "batch", "hidden", "phase", "part", "kind"])
+_EMPTY = pd.DataFrame(columns=["op_class", "op_name", "dtype", "math", "batch", "hidden", "phase", "part", "kind",
+                               "launch"])
 
 
 def optimizer_rows(params: int, optimizer: str | None, dtype: str = "fp32", extra_passes: int = 0) -> pd.DataFrame:
@@ -86,7 +87,7 @@ def optimizer_rows(params: int, optimizer: str | None, dtype: str = "fp32", extr
     kernels = math.ceil((FOREACH_TENSOR_PASSES[optimizer] + extra_passes) / PASSES_PER_ADD_KERNEL)
     return pd.DataFrame({"op_class": "elementwise", "op_name": "add", "dtype": dtype, "math": dtype,
                          "batch": [max(math.ceil(params / ROW_HIDDEN), 1)] * kernels, "hidden": ROW_HIDDEN,
-                         "phase": OPTIMIZER, "part": "step", "kind": "optimizer"})
+                         "phase": OPTIMIZER, "part": "step", "kind": "optimizer", "launch": EAGER})
 
 
 def weight_cast_rows(graph: Graph, precision: Precision, training: bool) -> pd.DataFrame:
@@ -102,7 +103,8 @@ def weight_cast_rows(graph: Graph, precision: Precision, training: bool) -> pd.D
             if node.kind.value in GEMM_KINDS and node.params > 0:
                 row = memory_row(2 * node.params, node.params, ROW_HIDDEN, "weight_cast")
                 records.append({"op_class": row.op_class, "op_name": row.op_name, "dtype": half, "math": half,
-                                "phase": phase, "part": row.part, "kind": "copy", **row.shape})
+                                "phase": phase, "part": row.part, "kind": "copy", "launch": row.launch,
+                                **row.shape})
     return pd.DataFrame.from_records(records) if records else _EMPTY.copy()
 
 

@@ -295,3 +295,14 @@ def test_a_recurrent_layer_alone_is_what_its_graph_lowers_to_per_step(backward):
     gemm = [r for r in alone if r.op_class == "linear"]
     # per step a batch x 4h GEMM on the hidden state: 2 x steps x batch x 4h x h FLOPs in all
     assert sum(2 * r.shape["m"] * r.shape["n"] * r.shape["k"] for r in gemm) == 2 * steps * batch * 4 * hidden * hidden
+
+
+def test_only_the_recurrent_steps_are_launched_by_the_library():
+    steps, batch, hidden = 5, 3, 8
+    with torch.device("meta"):
+        module, x = TwoLayerLSTM(hidden, hidden), torch.randn(steps, batch, hidden)
+    rows = graph_op_rows(graph_from_module(module.train(), (x,), name="lstm", mode="train"))
+    stepped = rows.part.str.endswith(".step") | (rows.part == "gates")
+    assert set(rows.launch[stepped]) == {"library"} and set(rows.launch[~stepped]) == {"eager"}
+    # two layers, forward and backward through time: a GEMM and a gates kernel per step each
+    assert stepped.sum() == 2 * 2 * 2 * steps

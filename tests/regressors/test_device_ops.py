@@ -93,3 +93,23 @@ def test_load_refuses_a_model_of_features_this_code_does_not_compute(catalog, tm
     manifest_path.write_text(json.dumps(manifest))
     with pytest.raises(PerfmodelError, match="flux_capacitance"):
         DeviceOpRegressor.load(tmp_path / "m")
+
+
+def test_kernels_a_library_launches_cost_their_share_of_the_eager_price_and_never_beat_the_roofline(catalog):
+    from perfmodel.lowering.ops import op_roofline_ms as roofline_ms
+    from perfmodel.regressors.device_ops import LIBRARY_LAUNCH_SHARE
+
+    model = DeviceOpRegressor(n_estimators=40).fit(_synthetic(catalog, TRAIN_DEVICES, n=200), catalog)
+    amd = next(name for name, hw in catalog.items() if hw.kind == "gpu" and hw.vendor == "AMD")
+    query = _synthetic(catalog, ["v100-sxm2-32gb", "h100-sxm5", amd], n=100, seed=4)
+    eager = model.predict(query.assign(launch="eager"), catalog)
+    library = model.predict(query.assign(launch="library"), catalog)
+    share = query["device"].map(lambda d: LIBRARY_LAUNCH_SHARE.get(catalog[d].vendor, 1.0)).to_numpy()
+    floor = roofline_ms(query, catalog)
+    # each kernel at its vendor's share of the eager price (AMD's at the eager price), unless the roofline binds
+    assert np.allclose(library.latency_ms, np.maximum(eager.latency_ms * share, floor), rtol=1e-6)
+    assert np.all(library.latency_ms >= floor * (1 - 1e-9))
+    assert np.all(library.latency_ms[share == 1.0] == eager.latency_ms[share == 1.0])
+    assert (share < 1.0).any() and np.all(library.latency_ms <= eager.latency_ms)
+    # rows without a `launch` column are eager
+    assert np.array_equal(model.predict(query, catalog).latency_ms, eager.latency_ms)
