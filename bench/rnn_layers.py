@@ -32,7 +32,7 @@ from _figures import add_record_option, figure_key, record_if_asked
 
 from perfmodel.core import accuracy
 from perfmodel.lowering.ops import SHAPE_COLUMNS
-from perfmodel.lowering.rows import BACKWARD, EAGER, FORWARD, Row, linear_row, recurrent_rows
+from perfmodel.lowering.rows import BACKWARD, EAGER, FORWARD, LIBRARY, Row, linear_row, recurrent_rows
 from perfmodel.predictor.gpu_iteration import DevicePredictor
 from perfmodel.regressors.device_ops import LIBRARY_LAUNCH_SHARE
 from perfmodel.store import ProfileStore
@@ -56,26 +56,33 @@ def layer_rows(kind: str, hidden: int, batch: int, steps: int, phase: str) -> li
     return rows
 
 
-def priced(layers: pd.DataFrame, predictor: DevicePredictor, eager: bool = False) -> np.ndarray:
-    """Predicted ms of every DeepBench layer (its rows' sum), all layers in one call of the per-op model; with
-    `eager`, every kernel as if launched alone from eager PyTorch."""
+def priced(layers: pd.DataFrame, predictor: DevicePredictor) -> pd.DataFrame:
+    """Predicted ms of every DeepBench layer (its rows' sums), all layers in one call of the per-op model:
+    `predicted_ms` as served, `eager_ms` with every kernel priced as if launched alone from eager PyTorch, and
+    `library_eager_ms` the eager price of the kernels a library launches (cuDNN's steps)."""
     records, owner = [], []
     for i, layer in enumerate(layers.itertuples(index=False)):
         phase = BACKWARD if layer.phase != "forward" else FORWARD
         for row in layer_rows(layer.op_name, int(layer.hidden), int(layer.batch), int(layer.seq_len), layer.phase):
             records.append({"op_class": row.op_class, "op_name": row.op_name, "part": row.part, "phase": phase,
-                            "dtype": layer.dtype, "math": layer.dtype, "device": layer.device,
-                            "launch": EAGER if eager else row.launch,
+                            "dtype": layer.dtype, "math": layer.dtype, "device": layer.device, "launch": row.launch,
                             **{f: int(row.shape.get(f, 0)) for f in SHAPE_COLUMNS}})
             owner.append(i)
     frame = pd.DataFrame.from_records(records)
-    latency = predictor.regressor.predict(frame, predictor.catalog).latency_ms
-    return np.bincount(np.asarray(owner), weights=latency, minlength=len(layers))
+    served = predictor.regressor.predict(frame, predictor.catalog).latency_ms
+    eager = predictor.regressor.predict(frame.assign(launch=EAGER), predictor.catalog).latency_ms
+    library = (frame["launch"] == LIBRARY).to_numpy()
+
+    def per_layer(ms: np.ndarray) -> np.ndarray:
+        return np.bincount(np.asarray(owner), weights=ms, minlength=len(layers))
+
+    return pd.DataFrame({"predicted_ms": per_layer(served), "eager_ms": per_layer(eager),
+                         "library_eager_ms": per_layer(np.where(library, eager, 0.0))}, index=layers.index)
 
 
 def fitted_share(layers: pd.DataFrame) -> float:
-    """The share of their eager price that `layers`' recurrences (forward, backward through the data) cost: the
-    median of measured / priced eager."""
+    """The share of their eager price that `layers`' recurrences (forward, backward through the data: every kernel
+    a library launch) cost: the median of measured / priced eager."""
     recurrences = layers[layers["phase"].isin(["forward", "backward_data"])]
     return float(np.exp(np.median(np.log(recurrences["latency_ms"] / recurrences["eager_ms"]))))
 
@@ -95,7 +102,7 @@ def main() -> None:
                       & measured["phase"].isin(list(PHASES)) & measured["device"].isin(list(predictor.catalog))
                       & (measured["latency_ms"] > 0)].dropna(subset=["hidden", "batch", "seq_len"])
     layers = layers.reset_index(drop=True)
-    layers = layers.assign(predicted_ms=priced(layers, predictor), eager_ms=priced(layers, predictor, eager=True))
+    layers = layers.join(priced(layers, predictor))
     layers = layers.assign(ratio=layers["predicted_ms"] / layers["latency_ms"],
                            ape=accuracy.ape_pct(layers["predicted_ms"], layers["latency_ms"]),
                            eager_ape=accuracy.ape_pct(layers["eager_ms"], layers["latency_ms"]))
@@ -105,7 +112,7 @@ def main() -> None:
     for gpu in sorted(nvidia["device"].unique()):  # the share fitted without the GPU, on the GPU's layers
         share = fitted_share(nvidia[nvidia["device"] != gpu])
         own = nvidia[nvidia["device"] == gpu]
-        mine = np.where(own["predicted_ms"] != own["eager_ms"], own["eager_ms"] * share, own["eager_ms"])
+        mine = own["eager_ms"] - (1.0 - share) * own["library_eager_ms"]
         held_out[gpu] = {"share": share, "eager_mape_pct": float(own["eager_ape"].mean()),
                          "held_out_mape_pct": float(np.mean(accuracy.ape_pct(mine, own["latency_ms"])))}
     if args.fit:

@@ -70,6 +70,9 @@ NEUSIGHT_SHAPE_SOURCES: Mapping[str, Mapping[str, tuple[str, ...]]] = {
 
 SHAPE_COLUMNS = ("batch", "m", "n", "k", "hidden", "in_channels", "out_channels", "kernel_size", "input_size",
                  "stride", "padding")
+# who launches a row's kernel (a row's `launch`): eager PyTorch, one op at a time (what the per-op model's
+# measurements timed), or a library call that runs a sequence of kernels back to back (cuDNN's recurrent steps)
+EAGER, LIBRARY = "eager", "library"
 
 
 @dataclass(frozen=True)

@@ -57,7 +57,7 @@ import pandas as pd
 from perfmodel.core.errors import PerfmodelError
 from perfmodel.core.ir import Graph, Node, TensorMeta
 from perfmodel.core.opkinds import OpKind, normalize_op_name
-from perfmodel.lowering.ops import SHAPE_COLUMNS
+from perfmodel.lowering.ops import EAGER, LIBRARY, SHAPE_COLUMNS
 
 FORWARD = "forward"
 BACKWARD = "backward"
@@ -65,9 +65,6 @@ BACKWARD = "backward"
 # the kernel-row schema (perfmodel.lowering.ops), and what this module adds: where each row comes from
 ROW_COLUMNS = ("node_id", "node_op", "kind", "phase", "part", "op_class", "op_name", "dtype", "device", "launch",
                *SHAPE_COLUMNS)
-# who launches a row's kernel: eager PyTorch, one op at a time (what the per-op model's measurements timed), or a
-# library call that runs a sequence of kernels back to back (cuDNN's recurrent steps)
-EAGER, LIBRARY = "eager", "library"
 DTYPES = ("fp32", "fp16", "bf16")
 
 _ITEMSIZE = {"float64": 8, "float32": 4, "float16": 2, "bfloat16": 2, "int64": 8, "int32": 4, "int16": 2,
