@@ -6,9 +6,12 @@ the other job families ran on that GPU (the fleet calibration from their measure
 
 Every job type of Gavel's file is predicted through the prediction engine (`perfmodel.evaluation.gavel`). The
 co-location model's constants (the host share of a measured step's unexplained time, the time-slicing switch
-overhead) are fitted on one GPU's pairs and scored on the other's, and on the pairs of job families left out of the
-fit; `--write` fits them on every pair and saves `perfmodel/placement/colocation_params.json`. `--record [RUN]`
-records the printed MAPEs and rank correlations for docs/accuracy.md (bench/_figures.py).
+overhead, the wait per step for the other job's time slice) are fitted on one GPU's pairs and scored on the
+other's, and on the pairs of job families left out of the fit; `--write` fits them on every pair and saves
+`perfmodel/placement/colocation_params.json` with the model's error band (the 10th and 90th percentiles of its log
+error on each job family held out of the fit), which widens a co-located answer's interval; the bench prints how
+often that band, fitted without a family, holds the family. `--record [RUN]` records the printed MAPEs and rank
+correlations for docs/accuracy.md (bench/_figures.py).
 Data: Gavel (Narayanan et al., OSDI'20), stanford-futuredata/gavel, read in place, never copied.
 """
 
@@ -17,6 +20,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -25,11 +29,14 @@ from _figures import add_record_option, record_if_asked
 from perfmodel.evaluation.gavel import (
     GAVEL_FILE,
     GAVEL_INTRA_LINK,
+    error_band,
     family,
     fit_params,
     host_bound,
+    in_band,
     isolated_frame,
     kept_as_served,
+    log_residuals,
     observed_on_the_gpu,
     pair_mape,
     pairs_of,
@@ -37,6 +44,7 @@ from perfmodel.evaluation.gavel import (
     predict_all,
     read_gavel,
     scaling,
+    served_coverage,
     speedups,
 )
 from perfmodel.placement.colocation import (
@@ -136,33 +144,51 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  defaults (host share 0.5, no switch overhead, no wait): MAPE {colocation['defaults']['mape_pct']:.1f} "
           f"%, partner ranking {colocation['defaults']['partner_ranking']:.2f}")
     for train, test in (("k80", "p100"), ("p100", "k80")):
-        fitted = fit_params([p for p in pairs if p.worker == train], f"gavel {train}")
+        trained = [p for p in pairs if p.worker == train]
+        fitted = fit_params(trained, f"gavel {train}")
         held = [p for p in pairs if p.worker == test]
+        band = error_band(log_residuals(trained, fitted))
         result = {"mape_pct": pair_mape(held, fitted), "partner_ranking": partner_ranking(held, fitted),
-                  "sync_wait_ms": fitted.sync_wait_ms}
+                  "sync_wait_ms": fitted.sync_wait_ms, "band_coverage": in_band(log_residuals(held, fitted), band)}
         colocation[f"{train}_to_{test}"] = result
         print(f"  fit on {train} (host share {fitted.host_share_of_gap:.2f}, switch {fitted.switch_overhead:.2f}, "
               f"wait {fitted.sync_wait_ms:.0f} ms), test on {test}: MAPE {result['mape_pct']:.1f} %, partner "
-              f"ranking {result['partner_ranking']:.2f}")
+              f"ranking {result['partner_ranking']:.2f}; {train}'s 80 % error band [{band[0]:+.2f}, {band[1]:+.2f}] "
+              f"(log) holds {result['band_coverage']:.0%} of {test}'s")
     families = sorted({family(p.a) for p in pairs} | {family(p.b) for p in pairs})
-    errors, ranks = [], []
+    errors, ranks, residuals = [], [], {}
     for held_family in families:
         inside = [p for p in pairs if held_family in (family(p.a), family(p.b))]
         fitted = fit_params([p for p in pairs if p not in inside], f"without {held_family}")
         errors.append(pair_mape(inside, fitted))
         ranks.append(partner_ranking(inside, fitted))
+        residuals[held_family] = log_residuals(inside, fitted)
         print(f"  without {held_family:<15} (host {fitted.host_share_of_gap:.2f}, switch "
               f"{fitted.switch_overhead:.2f}, wait {fitted.sync_wait_ms:.0f} ms): its pairs MAPE {errors[-1]:.1f} %, "
               f"partner ranking {ranks[-1]:.2f}")
     print(f"  leave one family out: mean MAPE {np.mean(errors):.1f} %, partner ranking {np.nanmean(ranks):.2f}")
     colocation["leave_one_family_out_mape_pct"] = np.mean(errors)
     colocation["leave_one_family_out_partner_ranking"] = float(np.nanmean(ranks))
+    # the error band a family's answers carry comes from the other families' held-out errors: does it hold its own?
+    coverage = {held_family: in_band(residuals[held_family], error_band(np.concatenate(
+        [r for other, r in residuals.items() if other != held_family]))) for held_family in families}
+    band = error_band(np.concatenate(list(residuals.values())))
+    print(f"  80 % error band of the share kept, held out by family: [{band[0]:+.2f}, {band[1]:+.2f}] (log); "
+          f"fitted without a family, it holds {np.mean(list(coverage.values())):.0%} of that family's jobs ("
+          + ", ".join(f"{f} {c:.0%}" for f, c in coverage.items()) + ")")
+    colocation["band_log"] = list(band)
+    colocation["leave_one_family_out_band_coverage"] = float(np.mean(list(coverage.values())))
+    for worker in ("k80", "p100"):
+        mape, covered = served_coverage([p for p in pairs if p.worker == worker], shipped)
+        colocation[f"served_{worker}"] = {"mape_pct": mape, "interval_coverage": covered}
+        print(f"  as served on the {worker} (predicted isolated steps with their intervals, the shipped constants and "
+              f"band): co-located steps/s MAPE {mape:.1f} %, {covered:.0%} inside the answer's 80 % interval")
     if args.write:
-        fitted = fit_params(pairs, "gavel k80+p100 pairs (bench/gavel.py --write)")
+        fitted = replace(fit_params(pairs, "gavel k80+p100 pairs (bench/gavel.py --write)"), kept_band_log=band)
         params_path().write_text(dump_colocation_params(fitted))
         print(f"\nwrote {params_path()}: host share {fitted.host_share_of_gap:.2f}, switch "
               f"{fitted.switch_overhead:.2f}, wait {fitted.sync_wait_ms:.0f} ms (MAPE on every pair "
-              f"{pair_mape(pairs, fitted):.1f} %)")
+              f"{pair_mape(pairs, fitted):.1f} %), error band [{band[0]:+.2f}, {band[1]:+.2f}]")
     elapsed = time.perf_counter() - started
     print(f"\ndone in {elapsed:.0f} s")
     record_if_asked(args, "gavel", {**recorded, "colocation": colocation, "run_s": elapsed})

@@ -572,7 +572,7 @@ class PredictionEngine:
         """Two jobs sharing the placement's devices: each one's throughput while they do, next to its isolated
         (calibrated) answer (`perfmodel.placement.colocation`). A pair whose memory does not fit together is
         refused (FieldError at `jobs`). Blocking."""
-        from perfmodel.placement.colocation import load_colocation_params, share
+        from perfmodel.placement.colocation import load_colocation_params, share, shared_interval
 
         if len(refs) != 2:
             raise FieldError(("jobs",), f"co-location takes exactly two jobs, got {len(refs)}")
@@ -598,11 +598,13 @@ class PredictionEngine:
         out_throughput, intervals, slowdowns = [], [], []
         for answer, job, step_ms in zip(answers, jobs, shared.step_ms):
             slowdown = step_ms / job.step_ms if job.step_ms > 0 else 1.0
-            throughput = answer["throughput_samples_per_s"] / slowdown
+            alone = answer["throughput_samples_per_s"]
             low_ms, high_ms = answer["interval_ms"]
             iteration = answer["iter_time_ms"]
+            throughput = alone / slowdown
             out_throughput.append(throughput)
-            intervals.append([throughput * iteration / high_ms, throughput * iteration / low_ms])
+            intervals.append(list(shared_interval(throughput, (alone * iteration / high_ms, alone * iteration / low_ms),
+                                                  slowdown, params.kept_band_log)))
             slowdowns.append(slowdown)
         return {
             "jobs": [e.key for e in entries], "accelerator": answers[0]["accelerator"],

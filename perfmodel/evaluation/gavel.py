@@ -25,7 +25,7 @@ import numpy as np
 import pandas as pd
 
 from perfmodel.jobs.spec import JobSpec
-from perfmodel.placement.colocation import ColocationParams, SharingJob, share, split_step
+from perfmodel.placement.colocation import ColocationParams, SharingJob, share, shared_interval, split_step
 from perfmodel.placement.spec import IntraNodeLink
 
 GAVEL_FILE = "physical_cluster_throughputs.k80_p100.json"
@@ -80,6 +80,7 @@ class Predicted:
     device_ms: float  # the predicted device time of one step (forward, backward, optimizer, communication)
     host_ms: float
     utilization: float
+    interval_steps_per_s: tuple[float, float] = (0.0, 0.0)  # [p10, p90]
 
 
 def predict_all(engine: Any, measured: Mapping[str, Mapping[tuple[str, int], Any]],
@@ -103,9 +104,11 @@ def predict_all(engine: Any, measured: Mapping[str, Mapping[tuple[str, int], Any
             column = GavelColumn(base, accelerator, layout, consolidated, INTER_NODE_GBIT_S,
                                  intra_node_link=intra_node_link if scale_factor > 1 else None)
             answer, job = engine.sharing_input(entry, column.placement(spec.batch_size), 0.0)
-            out[(worker, job_type, scale_factor)] = Predicted(
-                answer["throughput_samples_per_s"] / spec.batch_size if answer["fits"] else 0.0,
-                job.device_ms, job.host_ms, job.utilization)
+            steps_per_s = answer["throughput_samples_per_s"] / spec.batch_size if answer["fits"] else 0.0
+            low_ms, high_ms = answer["interval_ms"]
+            scale = steps_per_s * answer["iter_time_ms"]
+            out[(worker, job_type, scale_factor)] = Predicted(steps_per_s, job.device_ms, job.host_ms, job.utilization,
+                                                              (scale / high_ms, scale / low_ms))
         progress(f"predicted {worker}: {len(table)} job types x scale factors")
     return out
 
@@ -194,6 +197,8 @@ class Pair:
     device_ms: tuple[float, float]  # predicted device time of a step
     utilization: tuple[float, float]
     host_ms: tuple[float, float] = (0.0, 0.0)  # predicted host time of a step
+    predicted: tuple[float, float] = (0.0, 0.0)  # predicted isolated steps/s
+    predicted_interval: tuple[tuple[float, float], tuple[float, float]] = ((0.0, 0.0), (0.0, 0.0))
 
 
 def kept_as_served(pairs: Sequence[Pair], params: ColocationParams = ColocationParams()) -> float:
@@ -207,6 +212,26 @@ def kept_as_served(pairs: Sequence[Pair], params: ColocationParams = ColocationP
             kept = jobs[i].step_ms / shared.step_ms[i]
             errors.append(abs(kept / (p.measured[i] / p.isolated[i]) - 1))
     return float(np.mean(errors) * 100) if errors else float("nan")
+
+
+def served_coverage(pairs: Sequence[Pair], params: ColocationParams) -> tuple[float, float]:
+    """As the service answers a co-located pair (predicted isolated steps, device and host time; `params` and its
+    band): (MAPE %, share of jobs whose measured co-located steps/s fall in the answer's [p10, p90] interval)."""
+    errors, inside = [], []
+    for p in pairs:
+        if min(p.predicted) <= 0:
+            continue
+        jobs = [SharingJob(p.device_ms[i], p.host_ms[i], p.utilization[i]) for i in (0, 1)]
+        shared = share(jobs[0], jobs[1], "time-slicing", params)
+        for i in (0, 1):
+            slowdown = shared.step_ms[i] / jobs[i].step_ms
+            answer = p.predicted[i] / slowdown
+            low, high = shared_interval(answer, p.predicted_interval[i], slowdown, params.kept_band_log)
+            errors.append(abs(answer / p.measured[i] - 1))
+            inside.append(low <= p.measured[i] <= high)
+    if not errors:
+        return float("nan"), float("nan")
+    return float(np.mean(errors) * 100), float(np.mean(inside))
 
 
 def pairs_of(measured: Mapping[str, Mapping[tuple[str, int], Any]],
@@ -228,7 +253,8 @@ def pairs_of(measured: Mapping[str, Mapping[tuple[str, int], Any]],
                 pa, pb = predicted[(worker, a, 1)], predicted[(worker, b, 1)]
                 out.append(Pair(worker, a, b, (float(value[0]), float(value[1])), alone,
                                 (pa.device_ms, pb.device_ms), (pa.utilization, pb.utilization),
-                                (pa.host_ms, pb.host_ms)))
+                                (pa.host_ms, pb.host_ms), (pa.steps_per_s, pb.steps_per_s),
+                                (pa.interval_steps_per_s, pb.interval_steps_per_s)))
     return out
 
 
@@ -246,6 +272,24 @@ def predict_pairs(pairs: Iterable[Pair], params: ColocationParams) -> np.ndarray
         shared = share(jobs[0], jobs[1], "time-slicing", params)
         out.append([p.isolated[i] * jobs[i].step_ms / shared.step_ms[i] for i in (0, 1)])
     return np.array(out).reshape(-1, 2)
+
+
+def log_residuals(pairs: Sequence[Pair], params: ColocationParams) -> np.ndarray:
+    """log(measured / predicted) co-located steps/s of each job of each pair (from the measured isolated steps)."""
+    if not pairs:
+        return np.zeros(0)
+    return np.log(np.array([p.measured for p in pairs]) / predict_pairs(pairs, params)).ravel()
+
+
+def error_band(residuals: np.ndarray) -> tuple[float, float]:
+    """The 10th and 90th percentiles of log residuals (`ColocationParams.kept_band_log`)."""
+    low, high = np.quantile(residuals, [0.1, 0.9])
+    return float(low), float(high)
+
+
+def in_band(residuals: np.ndarray, band: tuple[float, float]) -> float:
+    """Share of residuals inside the band."""
+    return float(np.mean((residuals >= band[0]) & (residuals <= band[1]))) if len(residuals) else float("nan")
 
 
 def pair_mape(pairs: Sequence[Pair], params: ColocationParams) -> float:

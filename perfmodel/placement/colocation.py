@@ -24,12 +24,14 @@ device (`combined_device_share` <= 1; the steps are stretched where the approxim
 What the graph cannot see (an input pipeline on the host, the Atari environment of A3C) is the gap between a measured
 isolated step and the predicted device time; `host_share_of_gap` says how much of such a gap is host time. The
 three constants are fitted on Gavel's measured K80 and P100 pairs (`bench/gavel.py --write`, held out by GPU and
-by job family there).
+by job family there), and so is the model's own error band (`kept_band_log`: what it missed on job families left
+out of the fit), which `shared_interval` adds to a job's isolated interval.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Literal
@@ -47,11 +49,18 @@ class ColocationParams:
     switch_overhead: float = 0.0  # time-slicing: extra slowdown of overlapping work per switch (0: ideal halving)
     host_share_of_gap: float = 0.5  # of (measured step - predicted device time), the share that is host time
     sync_wait_ms: float = 0.0  # time-slicing: per step, what a job waits for the other's time slice while it is busy
+    # the 10th and 90th percentiles of log(measured / predicted) throughput while sharing, on job families held out
+    # of the fit: the sharing model's own error (0, 0: none known)
+    kept_band_log: tuple[float, float] = (0.0, 0.0)
     source: str = "default"
 
     @classmethod
     def from_dict(cls, data: dict[str, object]) -> ColocationParams:
-        return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})  # type: ignore[arg-type]
+        fields = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
+        band = fields.get("kept_band_log")
+        if isinstance(band, (list, tuple)):
+            fields["kept_band_log"] = (float(band[0]), float(band[1]))
+        return cls(**fields)  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True)
@@ -121,6 +130,21 @@ def share(a: SharingJob, b: SharingJob, sharing: Sharing = "time-slicing",
     if work > 1.0:
         steps = [s * work for s in steps]
     return Shared((steps[0], steps[1]), (busy[0], busy[1]), combined_device_share(jobs, steps, sharing))
+
+
+def shared_interval(throughput: float, isolated_interval: tuple[float, float], slowdown: float,
+                    band_log: tuple[float, float]) -> tuple[float, float]:
+    """The [p10, p90] interval of a job's throughput while sharing: its isolated interval over the slowdown, widened
+    by the sharing model's own error band (`ColocationParams.kept_band_log`). The two errors are taken as independent
+    (their log widths add in quadrature), and the top never exceeds the isolated interval's (no job is faster than
+    alone)."""
+    low_alone, high_alone = isolated_interval
+    point = min(throughput, high_alone)
+    below = math.log(point * slowdown / low_alone) if low_alone > 0 else 0.0
+    above = math.log(high_alone / (point * slowdown)) if point > 0 else 0.0
+    down = math.hypot(max(below, 0.0), max(-band_log[0], 0.0))
+    up = math.hypot(max(above, 0.0), max(band_log[1], 0.0))
+    return point * math.exp(-down), min(point * math.exp(up), high_alone)
 
 
 def combined_device_share(jobs: tuple[SharingJob, SharingJob], steps_ms: list[float], sharing: Sharing) -> float:

@@ -10,12 +10,16 @@ import pytest
 from perfmodel.evaluation.gavel import (
     GAVEL_FILE,
     Pair,
+    error_band,
     fit_params,
+    in_band,
+    log_residuals,
     observed_on_the_gpu,
     pair_mape,
     partner_ranking,
     predict_pairs,
     read_gavel,
+    served_coverage,
     spec_of,
 )
 from perfmodel.jobs.zoo import ZOO
@@ -55,6 +59,27 @@ def test_the_fit_recovers_the_constants_pairs_were_made_with():
     assert pair_mape(pairs, fitted) < 1e-6
     assert (fitted.switch_overhead, fitted.host_share_of_gap, fitted.sync_wait_ms) == pytest.approx((0.25, 0.6, 20))
     assert partner_ranking(pairs, fitted) > 0.9  # each job's partners in the order they were made
+    assert abs(log_residuals(pairs, fitted)).max() < 1e-6
+
+
+def test_the_error_band_holds_eight_in_ten_and_an_exact_answer_sits_inside_its_interval():
+    import numpy as np
+
+    residuals = np.random.default_rng(3).normal(0.1, 0.3, 20_000)
+    band = error_band(residuals)
+    assert band == pytest.approx((0.1 - 1.2816 * 0.3, 0.1 + 1.2816 * 0.3), abs=0.02)
+    assert in_band(residuals, band) == pytest.approx(0.8, abs=0.01)
+    # pairs made by the model from the predicted steps themselves: as served, exact, and inside the interval
+    params = ColocationParams(sync_wait_ms=20.0, kept_band_log=band)
+    pairs = []
+    for steps_a, steps_b in ((10.0, 5.0), (2.0, 40.0)):
+        made = Pair("p100", "a", "b", (1.0, 1.0), (steps_a, steps_b), (1e3 / steps_a, 1e3 / steps_b), (1.0, 1.0),
+                    predicted=(steps_a, steps_b), predicted_interval=((steps_a / 2, steps_a * 2),
+                                                                      (steps_b / 2, steps_b * 2)))
+        shared = predict_pairs([made], params)[0]
+        pairs.append(Pair(**{**made.__dict__, "measured": (float(shared[0]), float(shared[1]))}))
+    mape, covered = served_coverage(pairs, params)
+    assert mape < 1e-6 and covered == 1.0
 
 
 def test_observations_of_other_families_calibrate_a_job_never_its_own():

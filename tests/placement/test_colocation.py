@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from perfmodel.placement.colocation import SHARING_MODES, ColocationParams, SharingJob, share
+from perfmodel.placement.colocation import SHARING_MODES, ColocationParams, SharingJob, share, shared_interval
 
 RNG = np.random.default_rng(11)
 
@@ -38,3 +38,20 @@ def test_a_short_step_job_waits_its_turn_and_its_long_step_partner_barely_notice
     no_wait = share(short, long, "time-slicing", ColocationParams())
     assert shared.step_ms[0] > no_wait.step_ms[0] + 30
     assert share(short, long, "mps", params).step_ms == share(short, long, "mps", ColocationParams()).step_ms
+
+
+def test_a_shared_answers_interval_holds_it_widens_with_the_band_and_never_tops_the_isolated_one():
+    for _ in range(500):
+        alone = float(RNG.uniform(1, 1e4))
+        low_alone, high_alone = alone * float(RNG.uniform(0.3, 1.0)), alone * float(RNG.uniform(1.0, 3.0))
+        slowdown = float(RNG.uniform(1.0, 10.0))
+        point = alone / slowdown
+        band = (-float(RNG.uniform(0, 1)), float(RNG.uniform(0, 1)))
+        low, high = shared_interval(point, (low_alone, high_alone), slowdown, band)
+        assert low <= point <= high <= high_alone * (1 + 1e-12)
+        wider = (band[0] - 0.2, band[1] + 0.2)
+        wider_low, wider_high = shared_interval(point, (low_alone, high_alone), slowdown, wider)
+        assert wider_low <= low and wider_high >= high
+        # no band: the isolated interval over the slowdown (capped at the isolated top)
+        plain = shared_interval(point, (low_alone, high_alone), slowdown, (0.0, 0.0))
+        assert plain == pytest.approx((low_alone / slowdown, min(high_alone / slowdown, high_alone)))

@@ -236,10 +236,14 @@ def test_colocation_answers_each_jobs_share_within_physics_and_refuses_pairs_tha
         assert response.status_code == 200, response.text
         body = response.json()
         assert body["sharing"] == sharing and body["jobs"] == [small, bigger] and body["fits"] is True
-        for shared, alone, (low, high) in zip(body["throughput_samples_per_s"],
-                                              body["isolated_throughput_samples_per_s"],
-                                              body["interval_samples_per_s"]):
+        for shared, alone, (low, high), slowdown, isolated in zip(
+                body["throughput_samples_per_s"], body["isolated_throughput_samples_per_s"],
+                body["interval_samples_per_s"], body["slowdown"], body["isolated"]):
             assert 0 < shared <= alone * (1 + 1e-9) and low <= shared <= high
+            # the sharing model's own error widens the isolated interval (over the slowdown), never above alone's top
+            low_ms, high_ms = isolated["interval_ms"]
+            top = alone * isolated["iter_time_ms"] / low_ms
+            assert low < alone * isolated["iter_time_ms"] / high_ms / slowdown and high <= top * (1 + 1e-9)
         assert body["combined_device_share"] <= 1 + 1e-9
         assert all(s >= 1 for s in body["slowdown"])
     huge = _register(client, {**SMALL_JOB, "batch_size": 2**20})  # 18 GiB a device: alone it fits a 40 GB A100
