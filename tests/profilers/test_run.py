@@ -13,7 +13,12 @@ def test_profile_job_runs_every_stage():
     assert profile.family.startswith("module:") and profile.environment.device == "cpu"
     assert profile.iteration.outcome == Outcome.ok and len(profile.iteration.samples_ms) == 4
     assert profile.ops.steps == 2 and {r.phase for r in profile.ops.ops} >= {"forward", "backward", "optimizer"}
-    assert profile.ops.matched_fraction > 0.9
+    # every layer's op is matched to its IR node; what is not is the loss's reduction and casts, a few µs that
+    # a loaded host can stretch past a tenth of this tiny forward, hence the margin on the time share
+    forward = [r for r in profile.ops.ops if r.phase == "forward"]
+    layers = {"aten::conv2d", "aten::convolution", "aten::linear", "aten::addmm", "aten::relu"}
+    assert {r.name for r in forward} & layers and all(r.ir_node for r in forward if r.name in layers)
+    assert profile.ops.matched_fraction > 0.75
     assert {n.graph_optimization for n in profile.onnx.nodes} == {"disabled", "enabled"}
     assert any("ONNX" in m for m in messages) and any("coverage" in m for m in messages)
 

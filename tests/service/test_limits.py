@@ -373,14 +373,19 @@ def test_sigterm_during_a_capture_stops_the_server_and_its_capture(tmp_path):
             except httpx.HTTPError:
                 pass  # the server goes away mid-request: that is the point
 
+        def is_capture(process: psutil.Process) -> bool:
+            try:
+                return process.ppid() != server.pid and "perfmodel-capture-ready" not in process.name()
+            except psutil.NoSuchProcess:  # a helper that exited between listing and asking
+                return False
+
         client = threading.Thread(target=register, daemon=True)
         client.start()
         deadline = time.monotonic() + 120
         captures: list[psutil.Process] = []
         while not captures and time.monotonic() < deadline:
             time.sleep(0.5)
-            captures = [p for p in psutil.Process(server.pid).children(recursive=True)
-                        if p.ppid() != server.pid and "perfmodel-capture-ready" not in p.name()]
+            captures = [p for p in psutil.Process(server.pid).children(recursive=True) if is_capture(p)]
         assert captures, "no capture process appeared"
         start = time.perf_counter()
         server.process.terminate()
