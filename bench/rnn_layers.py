@@ -18,7 +18,10 @@ median over NVIDIA's recurrences, and the same held out by GPU), so the figures 
 the held-out column is the honest one.
 
 Prints the ratio predicted / measured (median, per layer kind and phase, and per GPU) and the MAPE of the
-layer's time, as priced and as eager kernels. `--record [RUN]` records them for docs/accuracy.md
+layer's time, as priced and as eager kernels; and for DeepBench's fp16 layers (V100, P100) the fp16 / fp32 speed-up
+of the same layer, measured and priced with and without the half-precision bound of training steps (`HALF_TYPES` in
+`perfmodel.predictor.gpu_iteration`: a half kernel no faster than its fp32 twin by more than their rooflines
+differ), a check nothing was fitted on. `--record [RUN]` records them for docs/accuracy.md
 (bench/_figures.py).
 """
 
@@ -33,7 +36,7 @@ from _figures import add_record_option, figure_key, record_if_asked
 from perfmodel.core import accuracy
 from perfmodel.lowering.ops import SHAPE_COLUMNS
 from perfmodel.lowering.rows import BACKWARD, EAGER, FORWARD, LIBRARY, Row, linear_row, recurrent_rows
-from perfmodel.predictor.gpu_iteration import DevicePredictor
+from perfmodel.predictor.gpu_iteration import DevicePredictor, fp32_twin_floor
 from perfmodel.regressors.device_ops import LIBRARY_LAUNCH_SHARE
 from perfmodel.store import ProfileStore
 
@@ -69,15 +72,43 @@ def priced(layers: pd.DataFrame, predictor: DevicePredictor) -> pd.DataFrame:
                             **{f: int(row.shape.get(f, 0)) for f in SHAPE_COLUMNS}})
             owner.append(i)
     frame = pd.DataFrame.from_records(records)
-    served = predictor.regressor.predict(frame, predictor.catalog).latency_ms
-    eager = predictor.regressor.predict(frame.assign(launch=EAGER), predictor.catalog).latency_ms
+    in_training = np.ones(len(frame), dtype=bool)  # the layers as a training step's lowering prices them
+
+    def price(rows: pd.DataFrame) -> np.ndarray:
+        out = predictor.regressor.predict(rows, predictor.catalog)
+        return fp32_twin_floor(predictor.regressor, rows, predictor.catalog, out, in_training).latency_ms
+
+    served, eager = price(frame), price(frame.assign(launch=EAGER))
+    unbounded = predictor.regressor.predict(frame, predictor.catalog).latency_ms
     library = (frame["launch"] == LIBRARY).to_numpy()
 
     def per_layer(ms: np.ndarray) -> np.ndarray:
         return np.bincount(np.asarray(owner), weights=ms, minlength=len(layers))
 
     return pd.DataFrame({"predicted_ms": per_layer(served), "eager_ms": per_layer(eager),
-                         "library_eager_ms": per_layer(np.where(library, eager, 0.0))}, index=layers.index)
+                         "library_eager_ms": per_layer(np.where(library, eager, 0.0)),
+                         "unbounded_ms": per_layer(unbounded)}, index=layers.index)
+
+
+def half_gains(layers: pd.DataFrame) -> pd.DataFrame:
+    """Per GPU with half-precision layers: how much faster the same layer (cell, phase, shape) runs in fp16 than in
+    fp32, measured and as priced, with and without the half-precision bound (medians over the layers timed in
+    both), and the fp16 layers' MAPE with and without it."""
+    key = ["device", "op_name", "phase", "hidden", "batch", "seq_len"]
+    columns = ["latency_ms", "predicted_ms", "unbounded_ms"]
+    fp32 = layers[layers["dtype"] == "fp32"].groupby(key)[columns].mean()
+    rows = []
+    for device, half in layers[layers["dtype"] != "fp32"].groupby("device"):
+        both = fp32.merge(half.groupby(key)[columns].mean(), left_index=True, right_index=True,
+                          suffixes=("", "_half"))
+        rows.append({"device": device, "layers": len(half),
+                     "measured_gain": float((both["latency_ms"] / both["latency_ms_half"]).median()),
+                     "predicted_gain": float((both["predicted_ms"] / both["predicted_ms_half"]).median()),
+                     "unbounded_gain": float((both["unbounded_ms"] / both["unbounded_ms_half"]).median()),
+                     "mape_pct": float(half["ape"].mean()),
+                     "unbounded_mape_pct": float(np.mean(accuracy.ape_pct(half["unbounded_ms"],
+                                                                          half["latency_ms"])))})
+    return pd.DataFrame(rows).set_index("device") if rows else pd.DataFrame()
 
 
 def fitted_share(layers: pd.DataFrame) -> float:
@@ -144,6 +175,12 @@ def main() -> None:
     eager_mean = float(np.mean([r["eager_mape_pct"] for r in held_out.values()]))
     held_mean = float(np.mean([r["held_out_mape_pct"] for r in held_out.values()]))
     print(f"  mean over {len(held_out)} GPUs: {eager_mean:.1f} -> {held_mean:.1f} %")
+    gains = half_gains(layers)
+    print("\nhalf-precision layers (DeepBench's fp16 sheets: V100 on tensor cores, P100's fp16 storage with fp32 "
+          "math): fp16 / fp32 speed-up of the same layer (median), measured and as priced, and the fp16 layers' "
+          "MAPE, with and without the bound that keeps a half kernel no faster than its fp32 twin by more than "
+          "their rooflines differ:")
+    print(gains.round(2).to_string())
     small = layers[(layers["hidden"] <= 512) & (layers["phase"] == "forward")]
     print(f"\nforward, hidden <= 512 ({len(small)} layers): median ratio {small['ratio'].median():.2f}, "
           f"MAPE {small['ape'].mean():.1f} %")
@@ -159,7 +196,8 @@ def main() -> None:
                             "share_min": min(r["share"] for r in held_out.values()),
                             "share_max": max(r["share"] for r in held_out.values())},
         "forward_small_hidden": {"layers": len(small), "median_ratio": float(small["ratio"].median()),
-                                 "mape_pct": float(small["ape"].mean())}})
+                                 "mape_pct": float(small["ape"].mean())},
+        "half": {figure_key(k): r.to_dict() for k, r in gains.iterrows()}})
 
 
 if __name__ == "__main__":

@@ -76,6 +76,16 @@ GEMM_KINDS = MATMUL_KINDS | CONV_KINDS
 # public measurement here pins it (vTrain's Megatron runs, `bench/whole_model.py --fit-host`, score the same from
 # 0 to 30 us: their small-micro-batch cost is additive, not a host-bound stream)
 HOST_MS_PER_KERNEL = 0.008
+# In a training step, a kernel in a half type (autocast's, or a model cast to half) is never priced faster than the
+# same kernel in fp32 by more than their rooflines differ: t_half >= t_fp32 x roofline_half / roofline_fp32 (half
+# the bytes, the half math's peak). The per-op model's training rows of each type come from different sources:
+# fp32 mostly from NeuSight, whose eager timings carry a 25-65 us floor per op (what an eager training op costs,
+# whatever its precision), half types from serving traces timed at 1-8 us; without the bound a small half kernel
+# looked up to 10x faster than its fp32 twin. Checked where nothing was fitted: DeepBench's fp16 recurrent layers
+# on a V100 (`bench/rnn_layers.py`: measured 1.7x faster than fp32 at the median, priced 5.4x without the bound and
+# 2.4x with it). An inference step has no autograd and keeps the per-op price (tensor-parallel prefill on A100s,
+# `bench/splitwise.py --max-shapes 6`: 15.5 % MAPE without the bound, 16.4 % with it).
+HALF_TYPES = frozenset({"fp16", "bf16", "fp8"})
 _EMPTY = pd.DataFrame(columns=["op_class", "op_name", "dtype", "math", "batch", "hidden", "phase", "part", "kind",
                                "launch"])
 
@@ -127,6 +137,29 @@ def job_rows(spec: JobSpec, graph: Graph, hardware: HardwareSpec) -> pd.DataFram
     parts = [casts[casts["phase"] == FORWARD], rows[rows["phase"] == FORWARD], rows[rows["phase"] == BACKWARD],
              casts[casts["phase"] == BACKWARD], optimizer_rows(graph.totals.params, optimizer, weights, scaler)]
     return pd.concat([part for part in parts if len(part)], ignore_index=True)  # in launch order
+
+
+def half_rows(rows: pd.DataFrame) -> np.ndarray:
+    """Rows stored or computed in a half (or narrower) type (`HALF_TYPES`)."""
+    maths = rows["math"].where(rows["math"].notna(), rows["dtype"]) if "math" in rows else rows["dtype"]
+    return (rows["dtype"].isin(HALF_TYPES) | maths.isin(HALF_TYPES)).to_numpy()
+
+
+def fp32_twin_floor(regressor: Any, rows: pd.DataFrame, catalog: dict[str, Any], out: Any,
+                    training: np.ndarray) -> Any:
+    """`out` (the per-op model's prediction of `rows`) with every half row of a training step (`training`) raised to
+    at least its fp32 twin's price times the ratio of their rooflines (see `HALF_TYPES`)."""
+    from perfmodel.lowering.ops import op_roofline_ms
+
+    half = training & half_rows(rows) if len(rows) else np.zeros(0, dtype=bool)
+    if not half.any():
+        return out
+    own = rows[half]
+    twin = own.assign(dtype="fp32", math="fp32")
+    floor = regressor.predict(twin, catalog).latency_ms * op_roofline_ms(own, catalog) / op_roofline_ms(twin, catalog)
+    lift = np.ones(len(rows))
+    lift[half] = np.maximum(floor / out.latency_ms[half], 1.0)
+    return type(out)(out.latency_ms * lift, out.p10_ms * lift, out.p90_ms * lift, out.extrapolated)
 
 
 def host_bound_ms(gpu_ms: np.ndarray, host_ms_per_kernel: float) -> float:
@@ -216,10 +249,15 @@ class DevicePredictor:
         (rows bounded by their roofline in the regressor; backward raised to forward node by node). `rows`:
         `job_rows(spec, graph, hardware)` computed once for devices with the same math."""
         rows = (job_rows(spec, graph, hardware) if rows is None else rows).assign(device=hardware.name)
-        out = self.regressor.predict(rows, self.catalog)
+        out = self._priced(rows, np.full(len(rows), spec.mode.value == "train"))
         factor = backward_at_least_forward(rows, out.latency_ms, graph)
         out = type(out)(out.latency_ms * factor, out.p10_ms * factor, out.p90_ms * factor, out.extrapolated)
         return rows, out
+
+    def _priced(self, rows: pd.DataFrame, training: np.ndarray) -> Any:
+        """The per-op model's prediction of `rows`, half rows of training steps bounded by their fp32 twins."""
+        return fp32_twin_floor(self.regressor, rows, self.catalog, self.regressor.predict(rows, self.catalog),
+                               training)
 
     def predict(self, spec: JobSpec, accelerator: str, *, graph: Any = None) -> Prediction:
         return self.predict_composed(spec, accelerator, graph=graph)[0]
@@ -253,7 +291,9 @@ class DevicePredictor:
         frames = [job_rows(spec, graph, hw).assign(device=hw.name) for (spec, _, graph), hw in zip(items, hardware)]
         if not frames:
             return []
-        out = self.regressor.predict(pd.concat(frames, ignore_index=True), self.catalog)
+        training = np.concatenate([np.full(len(rows), spec.mode.value == "train")
+                                   for (spec, _, _), rows in zip(items, frames)])
+        out = self._priced(pd.concat(frames, ignore_index=True), training)
         results = []
         start = 0
         for (spec, _, graph), hw, rows in zip(items, hardware, frames):
@@ -282,7 +322,8 @@ class DevicePredictor:
         if not frames:
             return []
         frame = pd.concat(frames, ignore_index=True)
-        out = self.regressor.predict(frame, self.catalog)
+        out = self._priced(frame, np.concatenate([np.full(len(kernels), s.specs[0].mode.value == "train")
+                                                  for s, kernels in zip(sweeps, frames)]))
         work = op_work(frame)
         results, start = [], 0
         for s, hw, kernels in zip(sweeps, hardware, frames):

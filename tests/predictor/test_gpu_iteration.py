@@ -107,3 +107,32 @@ def test_many_jobs_composed_in_one_call_equal_one_call_each():
     alone = PlacementPredictor(None, device)
     for j, placement in enumerate(placements):
         assert matrix["iter_time_ms"][0, j] == pytest.approx(alone.predict(spec, placement).iter_time_ms, rel=1e-9)
+
+
+def test_a_training_steps_half_kernel_never_beats_its_fp32_twin_by_more_than_their_rooflines_differ():
+    """Sources disagree: here fp32 rows carry a 40 µs floor per op and fp16 rows a 2 µs one, as NeuSight's eager
+    fp32 timings and the serving traces' fp16 ones do. In a training step a small fp16 kernel is still priced at least
+    its fp32 twin's price times the ratio of their rooflines; a large one, and every inference row, keep their own."""
+    from perfmodel.lowering.ops import op_roofline_ms
+    from perfmodel.predictor.gpu_iteration import fp32_twin_floor
+
+    catalog = load_catalog()
+    fp32 = _synthetic(catalog)
+    fp32["latency_ms"] = 1.5 * base_ms(device_op_features(fp32, catalog)) + 0.040
+    fp16 = _synthetic(catalog, seed=1).assign(dtype="fp16")
+    fp16["latency_ms"] = 2.0 * base_ms(device_op_features(fp16, catalog)) + 0.002
+    model = DeviceOpRegressor(n_estimators=60).fit(pd.concat([fp32, fp16], ignore_index=True), catalog)
+    query = _synthetic(catalog, n=60, seed=2).drop(columns="latency_ms")
+    rows = pd.concat([query, query.assign(dtype="fp16", math="fp16")], ignore_index=True)
+    rows["math"] = rows["math"].fillna("fp32")
+    alone = model.predict(rows, catalog)
+    training = fp32_twin_floor(model, rows, catalog, alone, np.ones(len(rows), dtype=bool))
+    n = len(query)
+    ratio = op_roofline_ms(rows[n:], catalog) / op_roofline_ms(rows[:n].assign(math="fp32"), catalog)
+    assert np.all(training.latency_ms[n:] >= training.latency_ms[:n] * ratio * (1 - 1e-9))
+    lifted = training.latency_ms[n:] > alone.latency_ms[n:] * (1 + 1e-9)
+    assert lifted.any() and not lifted.all()  # small kernels only
+    assert np.array_equal(training.latency_ms[:n], alone.latency_ms[:n])  # fp32 rows keep their price
+    assert np.all(training.p10_ms <= training.latency_ms) and np.all(training.latency_ms <= training.p90_ms)
+    inference = fp32_twin_floor(model, rows, catalog, alone, np.zeros(len(rows), dtype=bool))
+    assert np.array_equal(inference.latency_ms, alone.latency_ms)
