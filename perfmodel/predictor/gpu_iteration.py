@@ -34,7 +34,7 @@ routing of a mixture of experts).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -61,6 +61,7 @@ from perfmodel.predictor.predict import Prediction
 
 if TYPE_CHECKING:
     from perfmodel.predictor.batch_sweep import Sweep
+    from perfmodel.regressors.device_ops import OpLatencyModel, OpPrediction
 
 OPTIMIZER = "optimizer"
 # tensor passes (reads + writes per parameter element) of PyTorch's default foreach optimizer steps:
@@ -145,8 +146,8 @@ def half_rows(rows: pd.DataFrame) -> np.ndarray:
     return (rows["dtype"].isin(HALF_TYPES) | maths.isin(HALF_TYPES)).to_numpy()
 
 
-def fp32_twin_floor(regressor: Any, rows: pd.DataFrame, catalog: dict[str, Any], out: Any,
-                    training: np.ndarray) -> Any:
+def fp32_twin_floor(regressor: OpLatencyModel, rows: pd.DataFrame, catalog: Mapping[str, HardwareSpec],
+                    out: OpPrediction, training: np.ndarray) -> OpPrediction:
     """`out` (the per-op model's prediction of `rows`) with every half row of a training step (`training`) raised to
     at least its fp32 twin's price times the ratio of their rooflines (see `HALF_TYPES`)."""
     from perfmodel.lowering.ops import op_roofline_ms
@@ -254,7 +255,7 @@ class DevicePredictor:
         out = type(out)(out.latency_ms * factor, out.p10_ms * factor, out.p90_ms * factor, out.extrapolated)
         return rows, out
 
-    def _priced(self, rows: pd.DataFrame, training: np.ndarray) -> Any:
+    def _priced(self, rows: pd.DataFrame, training: np.ndarray) -> OpPrediction:
         """The per-op model's prediction of `rows`, half rows of training steps bounded by their fp32 twins."""
         return fp32_twin_floor(self.regressor, rows, self.catalog, self.regressor.predict(rows, self.catalog),
                                training)

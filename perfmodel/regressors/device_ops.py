@@ -26,7 +26,7 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import cast
+from typing import Protocol, cast
 
 import numpy as np
 import pandas as pd
@@ -118,6 +118,12 @@ class OpPrediction:
     def frame(self, index: pd.Index | None = None) -> pd.DataFrame:
         return pd.DataFrame({"predicted_ms": self.latency_ms, "p10_ms": self.p10_ms, "p90_ms": self.p90_ms,
                              "extrapolated": self.extrapolated}, index=index)
+
+
+class OpLatencyModel(Protocol):
+    """What prices kernel rows: `DeviceOpRegressor`, or one adapted to a device (`regressors.adaptation`)."""
+
+    def predict(self, ops: pd.DataFrame, catalog: Mapping[str, HardwareSpec]) -> OpPrediction: ...
 
 
 class DeviceOpRegressor:
