@@ -36,7 +36,7 @@ from _figures import add_record_option, figure_key, record_if_asked
 from perfmodel.core import accuracy
 from perfmodel.lowering.ops import SHAPE_COLUMNS
 from perfmodel.lowering.rows import BACKWARD, EAGER, FORWARD, LIBRARY, Row, linear_row, recurrent_rows
-from perfmodel.predictor.gpu_iteration import DevicePredictor, fp32_twin_floor
+from perfmodel.predictor.gpu_iteration import DevicePredictor, priced_with_fp32_twins
 from perfmodel.regressors.device_ops import LIBRARY_LAUNCH_SHARE
 from perfmodel.store import ProfileStore
 
@@ -75,8 +75,7 @@ def priced(layers: pd.DataFrame, predictor: DevicePredictor) -> pd.DataFrame:
     in_training = np.ones(len(frame), dtype=bool)  # the layers as a training step's lowering prices them
 
     def price(rows: pd.DataFrame) -> np.ndarray:
-        out = predictor.regressor.predict(rows, predictor.catalog)
-        return fp32_twin_floor(predictor.regressor, rows, predictor.catalog, out, in_training).latency_ms
+        return priced_with_fp32_twins(predictor.regressor, rows, predictor.catalog, in_training).latency_ms
 
     served, eager = price(frame), price(frame.assign(launch=EAGER))
     unbounded = predictor.regressor.predict(frame, predictor.catalog).latency_ms

@@ -146,21 +146,25 @@ def half_rows(rows: pd.DataFrame) -> np.ndarray:
     return (rows["dtype"].isin(HALF_TYPES) | maths.isin(HALF_TYPES)).to_numpy()
 
 
-def fp32_twin_floor(regressor: OpLatencyModel, rows: pd.DataFrame, catalog: Mapping[str, HardwareSpec],
-                    out: OpPrediction, training: np.ndarray) -> OpPrediction:
-    """`out` (the per-op model's prediction of `rows`) with every half row of a training step (`training`) raised to
-    at least its fp32 twin's price times the ratio of their rooflines (see `HALF_TYPES`)."""
+def priced_with_fp32_twins(regressor: OpLatencyModel, rows: pd.DataFrame, catalog: Mapping[str, HardwareSpec],
+                           training: np.ndarray) -> OpPrediction:
+    """The per-op model's prediction of `rows`, every half row of a training step (`training`) raised to at least its
+    fp32 twin's price times the ratio of their rooflines (see `HALF_TYPES`). The rows and their twins are priced in
+    one call of the model (its per-call cost paid once)."""
     from perfmodel.lowering.ops import op_roofline_ms
 
     half = training & half_rows(rows) if len(rows) else np.zeros(0, dtype=bool)
     if not half.any():
-        return out
-    own = rows[half]
-    twin = own.assign(dtype="fp32", math="fp32")
-    floor = regressor.predict(twin, catalog).latency_ms * op_roofline_ms(own, catalog) / op_roofline_ms(twin, catalog)
-    lift = np.ones(len(rows))
-    lift[half] = np.maximum(floor / out.latency_ms[half], 1.0)
-    return type(out)(out.latency_ms * lift, out.p10_ms * lift, out.p90_ms * lift, out.extrapolated)
+        return regressor.predict(rows, catalog)
+    n, own = len(rows), rows[half]
+    twins = own.assign(dtype="fp32", math="fp32")
+    both = regressor.predict(pd.concat([rows, twins], ignore_index=True), catalog)
+    roofline = op_roofline_ms(pd.concat([own, twins], ignore_index=True), catalog)
+    floor = both.latency_ms[n:] * roofline[:len(own)] / roofline[len(own):]
+    lift = np.ones(n)
+    lift[half] = np.maximum(floor / both.latency_ms[:n][half], 1.0)
+    return type(both)(both.latency_ms[:n] * lift, both.p10_ms[:n] * lift, both.p90_ms[:n] * lift,
+                      both.extrapolated[:n])
 
 
 def host_bound_ms(gpu_ms: np.ndarray, host_ms_per_kernel: float) -> float:
@@ -257,8 +261,7 @@ class DevicePredictor:
 
     def _priced(self, rows: pd.DataFrame, training: np.ndarray) -> OpPrediction:
         """The per-op model's prediction of `rows`, half rows of training steps bounded by their fp32 twins."""
-        return fp32_twin_floor(self.regressor, rows, self.catalog, self.regressor.predict(rows, self.catalog),
-                               training)
+        return priced_with_fp32_twins(self.regressor, rows, self.catalog, training)
 
     def predict(self, spec: JobSpec, accelerator: str, *, graph: Any = None) -> Prediction:
         return self.predict_composed(spec, accelerator, graph=graph)[0]
