@@ -201,16 +201,19 @@ class Pair:
     predicted_interval: tuple[tuple[float, float], tuple[float, float]] = ((0.0, 0.0), (0.0, 0.0))
 
 
+def served_slowdowns(pair: Pair, params: ColocationParams) -> tuple[float, float]:
+    """Each job's step while sharing over its step alone, as the service answers the pair: from the predicted device
+    and host time alone (time-slicing)."""
+    jobs = [SharingJob(pair.device_ms[i], pair.host_ms[i], pair.utilization[i]) for i in (0, 1)]
+    shared = share(jobs[0], jobs[1], "time-slicing", params)
+    return shared.step_ms[0] / jobs[0].step_ms, shared.step_ms[1] / jobs[1].step_ms
+
+
 def kept_as_served(pairs: Sequence[Pair], params: ColocationParams = ColocationParams()) -> float:
     """MAPE % of the share of its isolated throughput each job keeps while sharing, as the service answers it
     (from the predicted device and host time alone, no measurement), against Gavel's measured share."""
-    errors = []
-    for p in pairs:
-        jobs = [SharingJob(p.device_ms[i], p.host_ms[i], p.utilization[i]) for i in (0, 1)]
-        shared = share(jobs[0], jobs[1], "time-slicing", params)
-        for i in (0, 1):
-            kept = jobs[i].step_ms / shared.step_ms[i]
-            errors.append(abs(kept / (p.measured[i] / p.isolated[i]) - 1))
+    errors = [abs(1 / slowdown / (p.measured[i] / p.isolated[i]) - 1)
+              for p in pairs for i, slowdown in enumerate(served_slowdowns(p, params))]
     return float(np.mean(errors) * 100) if errors else float("nan")
 
 
@@ -221,10 +224,7 @@ def served_coverage(pairs: Sequence[Pair], params: ColocationParams) -> tuple[fl
     for p in pairs:
         if min(p.predicted) <= 0:
             continue
-        jobs = [SharingJob(p.device_ms[i], p.host_ms[i], p.utilization[i]) for i in (0, 1)]
-        shared = share(jobs[0], jobs[1], "time-slicing", params)
-        for i in (0, 1):
-            slowdown = shared.step_ms[i] / jobs[i].step_ms
+        for i, slowdown in enumerate(served_slowdowns(p, params)):
             answer = p.predicted[i] / slowdown
             low, high = shared_interval(answer, p.predicted_interval[i], slowdown, params.kept_band_log)
             errors.append(abs(answer / p.measured[i] - 1))
