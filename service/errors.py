@@ -56,6 +56,8 @@ def field_error(loc: list[Any], message: str, status_code: int = 422) -> ApiErro
 
 # loc segments that are pydantic's names for validators and union members, not fields the client wrote
 _INTERNAL_LOC = re.compile(r"[\[\]()]|^constrained-|^job_(id|spec)$")
+# where a parameter outside the body is: the segment after it is the parameter's name (`job_id` of a path)
+_PARAMETER_PLACES = frozenset({"path", "query", "header", "cookie"})
 
 
 # a message that starts by naming its field: "global_batch_size: 3 does not split into ..."
@@ -76,7 +78,10 @@ def with_field(loc: list[Any], message: str) -> tuple[list[Any], str]:
 def clean_errors(errors: list[dict[str, Any]]) -> list[dict[str, Any]]:
     out = []
     for e in errors:
-        loc = [part for part in e.get("loc", ()) if not (isinstance(part, str) and _INTERNAL_LOC.search(part))]
+        given = list(e.get("loc", ()))
+        named = 2 if given[:1] and given[0] in _PARAMETER_PLACES else 0  # a parameter's name is never internal
+        loc = given[:named] + [part for part in given[named:]
+                               if not (isinstance(part, str) and _INTERNAL_LOC.search(part))]
         loc, message = with_field(loc, str(e.get("msg", "")))
         out.append({"loc": loc, "msg": message, "type": str(e.get("type", ""))})
     return out

@@ -269,8 +269,9 @@ class MatrixGrid(_In):
     per_node: int | None = Field(default=None, ge=1, le=64, description="devices a node holds: a consolidated "
                                  "placement of n devices fills nodes of this size; default: the catalog's "
                                  "node_devices of the accelerator, else n on one node")
-    spread: bool = Field(default=False, description="also one device per node for each count > 1 (Gavel's "
-                                                    "unconsolidated placements)")
+    spread: bool | None = Field(default=None, description="also one device per node for each count > 1 (Gavel's "
+                                "unconsolidated placements); default: true with the gavel layout (Gavel looks up "
+                                "`<worker type>_unconsolidated` at every scale factor), false otherwise")
     inter_node_bandwidth_gbit_s: float | None = Field(
         default=None, gt=0, description="network of one node over all its NICs, Gb/s (1e9 bit/s, not GB/s); "
                                         "default: each accelerator's node_network_gbit_s in the catalog, else 100")
@@ -317,8 +318,10 @@ class MatrixRequest(_In):
         default=None, description="gavel layout: each job's job type name (Gavel's, e.g. 'ResNet-50 (batch size "
                                   "64)'); default '<name> (batch size <b>)'")
     worker_types: dict[Annotated[str, Field(min_length=1, max_length=100)], str] | None = Field(
-        default=None, max_length=64, description="gavel layout: {worker type: catalog accelerator}; a grid "
-                                                 "accelerator may be a worker type named here")
+        default=None, max_length=64, description="gavel layout: {worker type: catalog accelerator}. With `grid`, "
+                                                 "each worker type is one of grid.accelerators, the entry it names; "
+                                                 "with `placements`, the placements on its accelerator are filed "
+                                                 "under it (each accelerator a placement's)")
     colocation: bool = Field(default=False, description="gavel layout: also every pair of jobs sharing each "
                                                         "placement's GPUs")
     sharing: Literal["time-slicing", "mps"] = Field(default="time-slicing", description="co-location: "
@@ -347,7 +350,7 @@ class MatrixRequest(_In):
         if (self.placements is None) == (self.grid is None):
             raise ValueError("placements, grid: give exactly one of them")
         limits = current_limits()
-        columns = len(self.placements) if self.placements is not None else grid_columns(self.grid)
+        columns = len(self.placements) if self.placements is not None else grid_columns(self.grid, self.grid_spread)
         if columns > limits.max_matrix_columns:
             raise ValueError(f"grid: expands to {columns:,} placements, over the limit max_matrix_columns = "
                              f"{limits.max_matrix_columns:,}")
@@ -360,14 +363,21 @@ class MatrixRequest(_In):
                              f"{limits.max_detail_cells:,} (ask without detail, or for fewer cells)")
         return self
 
+    @property
+    def grid_spread(self) -> bool:
+        """Whether the grid also places one device per node: `grid.spread`, by default with the gavel layout only."""
+        if self.grid is None:
+            return False
+        return self.grid.spread if self.grid.spread is not None else self.layout == "gavel"
 
-def grid_columns(grid: Any) -> int:
-    """How many placements a grid generates (as `POST /v1/predict/matrix` expands it): an upper bound from its
-    sizes; exact, from the catalog, only when that bound is over the limit. An unknown accelerator counts as a GPU
-    (its error comes later, naming it)."""
+
+def grid_columns(grid: Any, spread: bool) -> int:
+    """How many placements a grid generates (as `POST /v1/predict/matrix` expands it, with `spread` as the request
+    resolves it): an upper bound from its sizes; exact, from the catalog, only when that bound is over the limit. An
+    unknown accelerator counts as a GPU (its error comes later, naming it)."""
     counts = list(dict.fromkeys(grid.device_counts))
     batches = max(len(grid.global_batches(count)) for count in counts)
-    bound = len(grid.accelerators) * len(counts) * (2 if grid.spread else 1) * batches
+    bound = len(grid.accelerators) * len(counts) * (2 if spread else 1) * batches
     if bound <= current_limits().max_matrix_columns:
         return bound
     from perfmodel.core.errors import PerfmodelError
@@ -385,7 +395,7 @@ def grid_columns(grid: Any) -> int:
             if count > 1 and not gpu:
                 continue
             per_node = min(grid.per_node or node_devices or count, count)
-            columns += (1 + bool(grid.spread and count > 1 and per_node > 1)) * len(grid.global_batches(count))
+            columns += (1 + bool(spread and count > 1 and per_node > 1)) * len(grid.global_batches(count))
     return columns
 
 
@@ -443,9 +453,12 @@ class ColocationResponse(BaseModel):
     interval_samples_per_s: list[list[float]] = Field(description="each job's 80 % interval")
     isolated_throughput_samples_per_s: list[float] = Field(description="each job alone (calibrated)")
     slowdown: list[float] = Field(description="each job's step shared over alone (>= 1)")
-    device_share: list[float] = Field(description="share of the time each job has work on the device")
-    combined_device_share: float = Field(description="the device's load from both (busy time, or used peak with "
-                                                     "MPS), at most 1")
+    device_share: list[float] = Field(description="share of the time each job has work on the device, alone or "
+                                                  "sharing it with the other job; time both have work counts "
+                                                  "in both, so the two may sum above 1")
+    combined_device_share: float = Field(description="share of the time the device runs kernels of either job, at "
+                                                     "most 1: each job's kernel time of a step alone per step while "
+                                                     "sharing, summed")
     peak_memory_bytes: list[int]
     memory_capacity_bytes: int | None
     fits: bool
@@ -459,7 +472,7 @@ class ColocationResponse(BaseModel):
 class ObservationRequest(_In):
     job: JobId
     placement: PlacementIn
-    throughput_samples_per_s: float = Field(gt=0, description="what the running job measured")
+    throughput_samples_per_s: float = Field(gt=0, strict=True, description="what the running job measured")
 
     @model_validator(mode="after")
     def _finite(self) -> ObservationRequest:

@@ -172,6 +172,9 @@ class FleetCalibration:
     evidence: dict[str, dict[Hashable, tuple[int, int]]] = field(default_factory=dict)
     overlap: dict[tuple[Hashable, Hashable], int] = field(default_factory=dict)  # points of a job on a chip
     noise: dict[str, dict[Hashable, float]] = field(default_factory=dict)  # residual variance per job, accelerator
+    # per (chip, precision): how far the jobs observed there sit from the model on their own (the variance of their
+    # job effects, the prior's counting as `NOISE_PRIOR_WEIGHT` jobs): what a new job there may be off by
+    job_dispersion: dict[Hashable, float] = field(default_factory=dict)
 
     def __len__(self) -> int:
         """Points fitted (observations and reference steps)."""
@@ -214,10 +217,13 @@ class FleetCalibration:
     def variances(self, query: FleetQuery) -> tuple[float, float]:
         """(posterior, prior) predictive variance of the query's log step: its compute effects' posterior variances
         plus the noise the observed points show for its job and accelerator (the larger), and the same with no
-        evidence. Their ratio narrows the interval with evidence and widens it when observed jobs disagree. An effect
+        evidence. The job effect's variance is at least how far the jobs observed on the chip sit apart
+        (`job_dispersion`). Their ratio narrows the interval with evidence and widens it when observed jobs
+        disagree, among themselves or point by point. An effect
         with a covariate (the op mix) counts only where some point informed it: elsewhere it is not applied."""
         pr = self.priors
         prior, posterior = pr.noise ** 2, 0.0
+        dispersion = self.job_dispersion.get(_BY_NAME["chip"].key(query), 0.0)
         for e in EFFECTS:
             if not e.compute:
                 continue
@@ -225,8 +231,11 @@ class FleetCalibration:
             if e.covariate is not _one and weight <= 0:
                 continue
             scale = e.covariate(query) ** 2
-            prior += scale * e.sigma(pr) ** 2
-            posterior += scale / (weight / pr.noise ** 2 + 1.0 / e.sigma(pr) ** 2)
+            variance = e.sigma(pr) ** 2
+            prior += scale * variance
+            if e.name == "job":  # jobs observed on the chip that sit far apart: a new one may too
+                variance = max(variance, dispersion)
+            posterior += scale / (weight / pr.noise ** 2 + 1.0 / variance)
         posterior += max(self.noise.get(name, {}).get(_BY_NAME[name].key(query), pr.noise ** 2)
                          for name in ("job", "accelerator"))
         return posterior, prior
@@ -312,4 +321,17 @@ def fit_fleet(points: Iterable[FleetPoint], priors: FleetPriors = FleetPriors())
         noise[name] = {k: float((NOISE_PRIOR_WEIGHT * priors.noise ** 2 + spread[i])
                                 / (NOISE_PRIOR_WEIGHT + total[i])) for i, k in enumerate(keys)}
     return FleetCalibration(priors=priors, effects=effects, precision=precision, evidence=evidence,
-                            overlap=dict(overlap), noise=noise)
+                            overlap=dict(overlap), noise=noise, job_dispersion=_job_dispersion(points, effects, priors))
+
+
+def _job_dispersion(points: Sequence[FleetPoint], effects: dict[str, dict[Hashable, float]],
+                    priors: FleetPriors) -> dict[Hashable, float]:
+    """Per (chip, precision): the variance of the job effects (own and per architecture) of the jobs observed
+    there, with the job prior's variance counting as `NOISE_PRIOR_WEIGHT` jobs."""
+    own: dict[Hashable, dict[Hashable, float]] = {}
+    for p in points:
+        if not p.reference:
+            own.setdefault(_BY_NAME["chip"].key(p), {})[p.job] = (
+                effects["job"].get(p.job, 0.0) + effects["job_arch"].get((p.job, p.architecture), 0.0))
+    return {key: (NOISE_PRIOR_WEIGHT * priors.job ** 2 + sum(x * x for x in jobs.values()))
+            / (NOISE_PRIOR_WEIGHT + len(jobs)) for key, jobs in own.items()}

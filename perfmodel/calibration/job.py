@@ -10,8 +10,9 @@ What is stored then calibrates robustly (`calibrate`), per (job, accelerator):
 - in log space: each point is log(observed / predicted) against the serving model;
 - outliers are flagged and excluded: with 3 or more points, a point more than `OUTLIER_MADS` scaled median absolute
   deviations (at least `MIN_SPREAD_LOG` in log) from the median;
-- the factor is the recency-weighted median of the kept log ratios (weight halves every `HALF_LIFE_DAYS`), so one
-  point moves it at most to the middle and old points fade as the job's code or data change;
+- the factor is the recency-weighted median of the kept log ratios (weight halves every `HALF_LIFE_DAYS`;
+  interpolated between the middle points, `weighted_median`), so a new point among equally recent ones moves it at
+  most halfway, and old points fade as the job's code or data change;
 - per device count where it differs: a (accelerator, devices) group with `MIN_GROUP_POINTS` kept points whose own
   median is more than `GROUP_DIFFERS_LOG` from the accelerator's gets its own factor (communication the model
   mis-prices shows up there, not on one device).
@@ -39,10 +40,17 @@ OUTLIER_MADS = 3.5
 MAD_TO_SIGMA = 1.4826
 MIN_SPREAD_LOG = 0.05  # ~5 %: points this close to the median are never outliers, however tight the rest
 MIN_OUTLIER_POINTS = 3
-MIN_GROUP_POINTS = 2
+MIN_GROUP_POINTS = 1  # a device count the job reported is answered by its own reports there
 GROUP_DIFFERS_LOG = 0.1  # ~10 %
 MIN_OBSERVED_OVER_PREDICTED = 0.01  # a report 100x below the model is refused as absurd
+# steps/s posted as samples/s: refused when the report times the per-device batch lands this close (a factor, either
+# way) to the model's samples/s, and the report itself is further below the model than the batch over this factor
+STEPS_SLIP_FACTOR = 2.0
+STEPS_SLIP_MIN_BATCH = 16  # smaller batches leave the two readings too close to tell apart
 LEAVE_ONE_OUT_POINTS = 200  # the report's leave-one-out error is over the most recent points only
+# what one more run of the job may differ by (log), before its own points show their spread: the fleet's prior
+# noise (`FleetPriors.noise`, the part of the public runs' error no effect explains)
+RUN_NOISE_LOG = 0.17
 
 
 class ObservationRefused(PerfmodelError):
@@ -99,8 +107,11 @@ def ceiling_samples_per_s(spec: Any, graph: Any, placement: Any, catalog: Mappin
 
 
 def check_observation(throughput_samples_per_s: float, *, ceiling_samples_per_s: float,
-                      predicted_samples_per_s: float) -> None:
-    """Refuse a throughput that is not a positive finite number, beats physics, or is absurdly below the model."""
+                      predicted_samples_per_s: float, samples_per_step: float | None = None) -> None:
+    """Refuse a throughput that is not a positive finite number, beats physics, is absurdly below the model, or reads
+    as steps/s: with `samples_per_step` (the per-device batch) of at least `STEPS_SLIP_MIN_BATCH`, a report that
+    times it lands within `STEPS_SLIP_FACTOR` of the model's samples/s while the report is more than
+    batch / `STEPS_SLIP_FACTOR` below the model (Gavel's tables are in steps/s: per worker, summed)."""
     value = throughput_samples_per_s
     if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
         raise ObservationRefused(f"throughput_samples_per_s must be a positive finite number, got {value!r}")
@@ -115,6 +126,16 @@ def check_observation(throughput_samples_per_s: float, *, ceiling_samples_per_s:
             f"throughput_samples_per_s {value:.4g} is more than {1 / MIN_OBSERVED_OVER_PREDICTED:.0f}x below the "
             f"model's prediction ({predicted_samples_per_s:.4g} samples/s) for this placement: refused as a likely "
             f"unit or placement error (samples/s over the whole job, not per device, per minute or per token)")
+    if samples_per_step is not None and samples_per_step >= STEPS_SLIP_MIN_BATCH:
+        as_samples = value * samples_per_step
+        if (value * samples_per_step / STEPS_SLIP_FACTOR < predicted_samples_per_s
+                and as_samples * STEPS_SLIP_FACTOR > predicted_samples_per_s):
+            raise ObservationRefused(
+                f"throughput_samples_per_s {value:.4g} reads as steps/s: times the per-device batch "
+                f"({samples_per_step:g}) it is {as_samples:.4g} samples/s, near the model's "
+                f"{predicted_samples_per_s:.4g}, while as samples/s it would be {predicted_samples_per_s / value:.0f}x "
+                f"below it. Post samples/s over "
+                f"the whole job (steps/s x per-device batch, summed over the workers)")
 
 
 # --- robust statistics ---------------------------------------------------------------------------------------------
@@ -135,18 +156,25 @@ def recency_weights(points: Sequence[ObservedPoint], now: datetime | None) -> li
 
 
 def weighted_median(values: Sequence[float], weights: Sequence[float]) -> float:
-    """The value where half the weight lies on each side (the mean of the two middles on an exact tie)."""
+    """The value where half the weight lies on each side, interpolated: each value sits at the middle of its weight
+    on the cumulative scale (0-1), and the median is read at 0.5 between the two values around it. Of two points
+    with nearly equal weights (two reports minutes apart), it is their mean, not whichever is a hair heavier; a
+    value with most of the weight pulls it most of the way."""
     if not values:
         raise ValueError("no values")
     pairs = sorted(zip(values, weights))
     total = sum(w for _, w in pairs)
-    running = 0.0
-    for i, (value, weight) in enumerate(pairs):
-        running += weight
-        if running > total / 2 * (1 + 1e-12):
-            return value
-        if abs(running - total / 2) <= total * 1e-12 and i + 1 < len(pairs):
-            return (value + pairs[i + 1][0]) / 2
+    if total <= 0:
+        raise ValueError("weights must sum to more than 0")
+    below, previous = 0.0, None
+    for value, weight in pairs:
+        position = (below + weight / 2) / total
+        if position >= 0.5:
+            if previous is None or position == previous[1]:
+                return value
+            share = (0.5 - previous[1]) / (position - previous[1])
+            return previous[0] + share * (value - previous[0])
+        previous, below = (value, position), below + weight
     return pairs[-1][0]
 
 
@@ -176,6 +204,21 @@ class Calibration:
     by_devices: Mapping[tuple[str, int], tuple[float, int]] = field(default_factory=dict)
     excluded: tuple[Excluded, ...] = ()
     now: datetime | None = None
+    # per accelerator: the log spread of its kept points (`RUN_NOISE_LOG` with one) and the device counts they ran
+    spread: Mapping[str, float] = field(default_factory=dict)
+    device_counts: Mapping[str, frozenset[int]] = field(default_factory=dict)
+
+    def log_sigma(self, accelerator: str, devices: int) -> float | None:
+        """The predictive standard deviation (log) of the job's next run on `devices` of `accelerator`, as its own
+        points there say: their spread, and the uncertainty of their median (spread / sqrt(n)); with no point at
+        this device count, one run's noise more (what a device count adds is not seen). None with no points."""
+        _, count = self.by_accelerator.get(accelerator, (1.0, 0))
+        if not count:
+            return None
+        variance = self.spread[accelerator] ** 2 * (1.0 + 1.0 / count)
+        if devices not in self.device_counts.get(accelerator, frozenset()):
+            variance += RUN_NOISE_LOG ** 2
+        return math.sqrt(variance)
 
     def factor(self, accelerator: str, devices: int) -> tuple[float, int]:
         """(factor, points behind it) for a prediction on `devices` of `accelerator`; (1, 0) with none."""
@@ -212,12 +255,18 @@ def calibrate(points: Iterable[ObservedPoint], *, now: datetime | None = None) -
     excluded: list[Excluded] = []
     factors: dict[str, tuple[float, int]] = {}
     groups: dict[tuple[str, int], tuple[float, int]] = {}
+    spread: dict[str, float] = {}
+    device_counts: dict[str, frozenset[int]] = {}
     for accelerator, group in by_accelerator.items():
         dropped = outliers(group, recency_weights(group, now))
         excluded.extend(dropped)
         kept = [p for p in group if p.id not in {e.id for e in dropped}]
-        pooled = weighted_median([p.log_ratio for p in kept], recency_weights(kept, now))
+        weights = recency_weights(kept, now)
+        pooled = weighted_median([p.log_ratio for p in kept], weights)
         factors[accelerator] = (math.exp(pooled), len(kept))
+        spread[accelerator] = RUN_NOISE_LOG if len(kept) < 2 else max(
+            MAD_TO_SIGMA * weighted_median([abs(p.log_ratio - pooled) for p in kept], weights), MIN_SPREAD_LOG)
+        device_counts[accelerator] = frozenset(p.devices for p in kept)
         by_count: dict[int, list[ObservedPoint]] = defaultdict(list)
         for point in kept:
             by_count[point.devices].append(point)
@@ -227,7 +276,8 @@ def calibrate(points: Iterable[ObservedPoint], *, now: datetime | None = None) -
             own = weighted_median([p.log_ratio for p in same], recency_weights(same, now))
             if abs(own - pooled) > GROUP_DIFFERS_LOG:
                 groups[(accelerator, devices)] = (math.exp(own), len(same))
-    return Calibration(points=points, by_accelerator=factors, by_devices=groups, excluded=tuple(excluded), now=now)
+    return Calibration(points=points, by_accelerator=factors, by_devices=groups, excluded=tuple(excluded), now=now,
+                       spread=spread, device_counts=device_counts)
 
 
 def leave_one_out(points: Sequence[ObservedPoint], targets: Sequence[ObservedPoint], *,

@@ -4,13 +4,27 @@ scheduler reads (perfmodel/placement/gavel.py), predicted by perfmodel/engine/ga
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
-from typing import Annotated, Optional, get_args
+from typing import TYPE_CHECKING, Annotated, Any, Optional, get_args
 
 import typer
 
-from perfmodel.cli.common import OptimizerOpt, PrecisionOpt, SeqOpt, job_spec, out, user_errors, writable_folder
+from perfmodel.cli.common import job_spec, out, user_errors, writable_folder
 from perfmodel.core.errors import PerfmodelError
+
+if TYPE_CHECKING:
+    from perfmodel.jobs.spec import JobSpec
+
+# every job's settings, unless its --job gives its own
+JobsSeqOpt = Annotated[Optional[int], typer.Option(
+    "--seq-len", help="every job's sequence length, unless its --job gives seq_len [each zoo model's own (`zoo show "
+                      "NAME`), else 128]")]
+JobsPrecisionOpt = Annotated[str, typer.Option(
+    help="every job's precision, unless its --job gives one: fp32 (PyTorch's defaults: TF32 convs on Ampere+), "
+         "fp32-strict, tf32, amp, amp-bf16, fp16 or bf16")]
+JobsOptimizerOpt = Annotated[str, typer.Option(
+    help="every job's optimizer, unless its --job gives one: sgd (momentum 0.9), adam or adamw")]
 
 export_app = typer.Typer(no_args_is_help=True, help="Export predictions for schedulers.")
 
@@ -19,10 +33,12 @@ export_app = typer.Typer(no_args_is_help=True, help="Export predictions for sche
 @user_errors
 def export_gavel(
     output: Annotated[Path, typer.Argument(help="JSON file to write: Gavel's throughputs file")],
-    job: Annotated[list[str], typer.Option("--job", help="[JOB_TYPE=]ZOO_NAME:BATCH, repeatable, e.g. "
-                                                         "'ResNet-50 (batch size 64)=gavel-resnet50:64'; BATCH is "
-                                                         "one worker's batch; JOB_TYPE defaults to "
-                                                         "'<name> (batch size BATCH)'")],
+    job: Annotated[list[str], typer.Option("--job", help="[JOB_TYPE=]ZOO_NAME:BATCH[:KEY=VALUE...], repeatable, "
+                                                         "e.g. 'Transformer (batch size 64)=gavel-transformer:64:"
+                                                         "optimizer=adam'; BATCH is one worker's batch; JOB_TYPE "
+                                                         "defaults to '<name> (batch size BATCH)'; KEY is seq_len, "
+                                                         "optimizer or precision: this job's own, over "
+                                                         "--seq-len, --optimizer and --precision")],
     worker_type: Annotated[Optional[list[str]], typer.Option(
         "--worker-type", help="WORKER_TYPE=ACCELERATOR, repeatable, e.g. v100=v100-sxm2-16gb")] = None,
     accelerators: Annotated[Optional[str], typer.Option(
@@ -32,7 +48,7 @@ def export_gavel(
         help="comma-separated batch sizes per worker: every job at each, as its own job type (a batch axis)")] = None,
     colocation: Annotated[bool, typer.Option(help="also every pair of jobs sharing each placement's GPUs")] = False,
     sharing: Annotated[str, typer.Option(help="co-location: time-slicing (two processes) or mps")] = "time-slicing",
-    seq_len: SeqOpt = None, precision: PrecisionOpt = "fp32", optimizer: OptimizerOpt = "sgd",
+    seq_len: JobsSeqOpt = None, precision: JobsPrecisionOpt = "fp32", optimizer: JobsOptimizerOpt = "sgd",
     inter_node_gbit_s: Annotated[Optional[float], typer.Option(
         "--inter-node-gbit-s", "--inter-node-gbps",
         help="network of one node over all its NICs, Gb/s [the catalog's node_network_gbit_s, else 100]")] = None,
@@ -43,7 +59,8 @@ def export_gavel(
     """Gavel's throughputs file: {worker_type: {"(JOB_TYPE, SCALE_FACTOR)": {"null": steps/s, "(OTHER, SF)":
     [this, other]}}} for every job x worker type x scale factor, data parallel with the job's batch on every worker,
     consolidated (worker type) and one device per server (`<worker type>_unconsolidated`); with --colocation every
-    pair of jobs sharing the GPUs. A job (or pair) that does not fit in a device's memory gets 0."""
+    pair of jobs sharing the GPUs. A job (or pair) that does not fit in a device's memory gets 0. --seq-len,
+    --optimizer and --precision are every job's defaults; a --job's own settings win over them."""
     from perfmodel.core.atomic import write_text_atomically
     from perfmodel.engine import EngineConfig, PredictionEngine
     from perfmodel.engine.gavel import expand_batches, gavel_throughputs, grid_columns
@@ -58,20 +75,18 @@ def export_gavel(
         raise PerfmodelError(f"--intra-link: expected one of {', '.join(links)}, got {intra_link!r}")
     factors = _int_list(scale_factors, "--scale-factors")
     workers = _worker_types(worker_type or [], accelerators)
+    defaults = {"seq_len": seq_len, "precision": precision, "optimizer": optimizer}
     names: list[str | None] = []
     specs = []
     for item in job:
-        name, has_name, rest = item.rpartition("=")
-        model, _, batch = rest.partition(":")
-        if not batch.isdigit() or int(batch) < 1 or not model or (has_name and not name.strip()):
-            raise PerfmodelError(f"--job: expected [JOB_TYPE=]ZOO_NAME:BATCH like resnet50:32, got {item!r}")
-        names.append(name.strip() if has_name else None)
-        specs.append(job_spec(model, None, None, None, None, int(batch), seq_len, precision, optimizer, "train"))
+        name, spec = _job(item, defaults)
+        names.append(name)
+        specs.append(spec)
     writable_folder(output)
     engine = PredictionEngine.open(EngineConfig(isolate_captures=False))
     entries = [engine.job(spec) for spec in specs]
-    defaults = job_type_names([(s.key(), s.name, s.batch_size) for s in specs])
-    job_types = [given or default for given, default in zip(names, defaults)]
+    default_names = job_type_names([(s.key(), s.name, s.batch_size) for s in specs])
+    job_types = [given or default for given, default in zip(names, default_names)]
     if len(set(job_types)) != len(job_types):
         raise PerfmodelError(f"--job: two jobs share a job type name: {job_types}")
     if batch_sizes is not None:
@@ -85,6 +100,47 @@ def export_gavel(
     write_text_atomically(output, json.dumps(throughputs, indent=2, sort_keys=True) + "\n", make_parents=False)
     out.print(f"wrote {output}: {len(specs)} job types x worker types {', '.join(throughputs)} x scale factors "
               f"{factors}, steps/s" + (f", pairs sharing the GPUs ({sharing})" if colocation else ""))
+
+
+# --job "[JOB_TYPE=]ZOO_NAME:BATCH[:KEY=VALUE...]" (a job type name may hold "=" and ":"; the rest holds neither
+# but as written here)
+_JOB = re.compile(r"^(?:(?P<name>.*)=)?(?P<model>[^=:]+):(?P<batch>[^=:]*)(?P<settings>(?::[^=:]*=[^=:]*)*)$")
+JOB_SETTINGS = ("seq_len", "optimizer", "precision")
+
+
+def _job(item: str, defaults: dict[str, Any]) -> tuple[str | None, JobSpec]:
+    """The job type name (None: the default one) and the JobSpec of one --job; a job's own settings win over
+    `defaults` (--seq-len, --optimizer, --precision)."""
+    from pydantic import ValidationError
+
+    from perfmodel.jobs.sweep import format_validation_error
+
+    form = "[JOB_TYPE=]ZOO_NAME:BATCH[:KEY=VALUE...] like resnet50:32 or gavel-lm:20:seq_len=35"
+    match = _JOB.match(item)
+    if match is None or not match["batch"].isdigit() or int(match["batch"]) < 1 or not match["model"].strip() or (
+            match["name"] is not None and not match["name"].strip()):
+        raise PerfmodelError(f"--job: expected {form}, got {item!r}")
+    own: dict[str, str] = {}
+    for setting in match["settings"].split(":")[1:]:
+        key, _, value = setting.partition("=")
+        key, value = key.strip().replace("-", "_"), value.strip()
+        if key not in JOB_SETTINGS:
+            raise PerfmodelError(f"--job {item!r}: unknown setting {key!r}; a job's settings are "
+                                 f"{', '.join(JOB_SETTINGS)} (KEY=VALUE after ZOO_NAME:BATCH)")
+        if key in own or not value:
+            raise PerfmodelError(f"--job {item!r}: {key} is given twice" if key in own else
+                                 f"--job {item!r}: {key} has no value")
+        own[key] = value
+    if "seq_len" in own and not (own["seq_len"].isdigit() and int(own["seq_len"]) >= 1):
+        raise PerfmodelError(f"--job {item!r}: seq_len must be an integer >= 1, got {own['seq_len']!r}")
+    run = {**defaults, **own}
+    seq_len = int(run["seq_len"]) if run["seq_len"] is not None else None  # None: the zoo model's own
+    try:
+        spec = job_spec(match["model"].strip(), None, None, None, None, int(match["batch"]), seq_len,
+                        run["precision"], run["optimizer"], "train")
+    except ValidationError as exc:
+        raise PerfmodelError(f"--job {item!r}: {format_validation_error(exc)}") from None
+    return (match["name"].strip() if match["name"] is not None else None), spec
 
 
 def _worker_types(items: list[str], accelerators: str | None) -> dict[str, str]:

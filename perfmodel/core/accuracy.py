@@ -14,6 +14,8 @@ from collections.abc import Sequence
 import numpy as np
 from numpy.typing import ArrayLike
 
+Z80 = 1.2815515655446004  # the 90th percentile of a standard normal: p10 / p90 = median ∓ Z80 sd (an 80 % interval)
+
 
 def ape_pct(predicted: ArrayLike, measured: ArrayLike) -> np.ndarray:
     """|predicted − measured| / measured × 100, element-wise."""

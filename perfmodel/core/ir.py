@@ -131,6 +131,9 @@ class Graph(_Frozen):
     nodes: tuple[Node, ...]
     totals: GraphTotals
     inputs: tuple[TensorMeta, ...] = Field(default=(), description="the graph's user inputs")
+    batch_size: int | None = Field(default=None, ge=1, exclude_if=lambda value: value is None,
+                                   description="the per-device batch the graph was captured at (None: not recorded; "
+                                               "then its inputs' shared leading dimension is taken)")
     moe: MoEInfo | None = Field(default=None, exclude_if=lambda value: value is None,
                                 description="mixture-of-experts layers (balanced routing assumed); None if dense")
 

@@ -47,6 +47,7 @@ from perfmodel.calibration import (
     recency_weights,
 )
 from perfmodel.calibration.fleet import Applied, FleetCalibration, FleetPoint, FleetQuery, fit_fleet
+from perfmodel.core.accuracy import Z80
 from perfmodel.core.errors import PerfmodelError
 from perfmodel.core.ir import Graph
 from perfmodel.core.lru import LRU
@@ -190,7 +191,10 @@ class JobEntry:
 
 
 def ir_batch(graph: Graph) -> int | None:
-    """The batch an IR was captured at: the leading dimension its inputs share (None if they do not)."""
+    """The batch an IR was captured at: as it records it, else the leading dimension its inputs share (None if
+    they do not: a time-major model's inputs lead with the sequence)."""
+    if graph.batch_size is not None:
+        return graph.batch_size
     leading = {meta.shape[0] for meta in graph.inputs if meta.shape}
     return leading.pop() if len(leading) == 1 else None
 
@@ -340,9 +344,9 @@ class PredictionEngine:
         captured = ir_batch(graph)
         if captured is not None and captured != spec.batch_size:
             raise FieldError((*where, "batch_size"), (
-                f"batch_size {spec.batch_size} does not match the graph IR, captured at batch {captured} (the "
-                f"leading dimension of its inputs): register it with batch_size {captured}, or capture the IR at "
-                f"batch {spec.batch_size}"))
+                f"batch_size {spec.batch_size} does not match the graph IR, captured at batch {captured} (as the IR "
+                f"records it, or else the leading dimension of its inputs): register it with batch_size {captured}, "
+                f"or capture the IR at batch {spec.batch_size}"))
 
     def register(self, spec: JobSpec, graph: Graph | None = None) -> tuple[JobEntry, bool]:
         """Store the job (once: the same spec gets the same id) with its graph. Blocking."""
@@ -517,6 +521,8 @@ class PredictionEngine:
                                _communication_share(data["breakdown_ms"], iter_time_ms), calibration, fleet)
         if placement is not None:
             applied = self.within_physics(entry, placement, throughput, applied)
+        if applied.level == "job" and applied.log_sigma is not None:
+            applied = replace(applied, interval_scale=own_interval_scale(applied.log_sigma, data["interval_ms"]))
         factor = applied.throughput_factor
         data.update(job_id=entry.key, calibrated=applied.level != "none", calibration_factor=factor,
                     observations=applied.observations, calibration=applied.as_dict(),
@@ -540,6 +546,7 @@ class PredictionEngine:
         factor, count = calibration.factor(accelerator, devices)
         if count:
             return Applied(level="job", throughput_factor=factor, observations=count, jobs=1,
+                           log_sigma=calibration.log_sigma(accelerator, devices),
                            sources={"job": {"observations": count, "jobs": 1}})
         fleet = fleet if fleet is not None else self._fleet
         if not len(fleet):
@@ -625,15 +632,7 @@ class PredictionEngine:
         """The job's calibrated answer on the placement, and its step as the co-location model sees it."""
         raw = self._raw(self.predictor, entry, placement, ("placement",))
         answer = self.respond(entry, raw, self.calibration(entry), self.fleet())
-        return answer, sharing_job(raw, answer["iter_time_ms"], host_share_of_gap, self._utilization(entry, placement))
-
-    def _utilization(self, entry: JobEntry, placement: PlacementSpec) -> float:
-        """The share of the device's peak the job's kernels use while they run (roofline / composed device time;
-        1 where the step is not composed from kernels)."""
-        composition = self.predictor.composition(entry.spec, placement)
-        if not composition:
-            return 1.0
-        return min(max(float(composition.get("roofline_over_composed", 1.0)), 0.05), 1.0)
+        return answer, sharing_job(raw, answer["iter_time_ms"], host_share_of_gap)
 
     # --- calibration --------------------------------------------------------------------------------------------
 
@@ -779,9 +778,11 @@ class PredictionEngine:
         ceiling = ceiling_samples_per_s(entry.spec, entry.graph, placement, self.catalog)
         try:
             check_observation(throughput_samples_per_s, ceiling_samples_per_s=ceiling,
-                              predicted_samples_per_s=predicted.throughput_samples_per_s)
+                              predicted_samples_per_s=predicted.throughput_samples_per_s,
+                              samples_per_step=placement.per_replica_batch_size)
         except ObservationRefused as exc:
             raise FieldError((exc.field,), str(exc)) from None
+        placement = placement.model_copy(update={"accelerator": predicted.accelerator})  # stored by catalog name
         record = self.store.add_observation(
             entry.key, placement=placement.model_dump(mode="json"), accelerator=predicted.accelerator,
             devices=placement.devices, throughput_samples_per_s=throughput_samples_per_s,
@@ -970,12 +971,20 @@ class PredictionEngine:
             log.info("now serving %s (promoted elsewhere)", loaded.model_versions)
 
 
+def own_interval_scale(log_sigma: float, interval_ms: Sequence[float]) -> float:
+    """How much a job's own observations on the accelerator narrow the served 80 % interval: their predictive
+    spread (`Calibration.log_sigma`) against the interval's, never wider than served."""
+    low, high = interval_ms
+    served_sigma = math.log(high / low) / (2 * Z80) if low > 0 and high > low else 0.0
+    return min(1.0, log_sigma / served_sigma) if served_sigma > 0 else 1.0
+
+
 def _communication_share(breakdown_ms: Mapping[str, float], iter_time_ms: float) -> float:
     """Communication's share of a predicted step (0 on one device)."""
     return breakdown_ms.get("communication", 0.0) / iter_time_ms if iter_time_ms > 0 else 0.0
 
 
-def sharing_job(raw: Prediction, calibrated_ms: float, host_share_of_gap: float, utilization: float) -> SharingJob:
+def sharing_job(raw: Prediction, calibrated_ms: float, host_share_of_gap: float) -> SharingJob:
     """A job's isolated step for the co-location model: device time (forward, backward, optimizer, communication)
     and host time (exposed overhead, pipeline bubble), and the calibrated step (`colocation.split_step`)."""
     from perfmodel.placement.colocation import split_step
@@ -984,8 +993,8 @@ def sharing_job(raw: Prediction, calibrated_ms: float, host_share_of_gap: float,
     device = sum(b.get(k, 0.0) for k in ("forward", "backward", "optimizer", "communication"))
     host = sum(b.get(k, 0.0) for k in ("overhead", "pipeline_bubble"))
     if device + host <= 0:
-        return SharingJob(device, host, utilization)
-    return split_step(calibrated_ms, device, host, host_share_of_gap, utilization)
+        return SharingJob(device, host)
+    return split_step(calibrated_ms, device, host, host_share_of_gap)
 
 
 def live_catalog(store: Any | None) -> Any:

@@ -24,11 +24,9 @@ import numpy as np
 import pandas as pd
 
 from perfmodel.calibration.fleet import FleetPoint, FleetQuery, fit_fleet
-from perfmodel.core.accuracy import throughput_ape
+from perfmodel.core.accuracy import Z80, throughput_ape
 from perfmodel.hardware.chips import die_of
 from perfmodel.hardware.spec import HardwareSpec
-
-Z80 = 1.2815515655446004  # the 90th percentile of a standard normal: an 80 % central interval
 
 
 def fleet_frame(composed: pd.DataFrame, catalog: Mapping[str, HardwareSpec]) -> pd.DataFrame:

@@ -79,7 +79,6 @@ class Predicted:
     steps_per_s: float
     device_ms: float  # the predicted device time of one step (forward, backward, optimizer, communication)
     host_ms: float
-    utilization: float
     interval_steps_per_s: tuple[float, float] = (0.0, 0.0)  # [p10, p90]
 
 
@@ -107,7 +106,7 @@ def predict_all(engine: Any, measured: Mapping[str, Mapping[tuple[str, int], Any
             steps_per_s = answer["throughput_samples_per_s"] / spec.batch_size if answer["fits"] else 0.0
             low_ms, high_ms = answer["interval_ms"]
             scale = steps_per_s * answer["iter_time_ms"]
-            out[(worker, job_type, scale_factor)] = Predicted(steps_per_s, job.device_ms, job.host_ms, job.utilization,
+            out[(worker, job_type, scale_factor)] = Predicted(steps_per_s, job.device_ms, job.host_ms,
                                                               (scale / high_ms, scale / low_ms))
         progress(f"predicted {worker}: {len(table)} job types x scale factors")
     return out
@@ -195,7 +194,6 @@ class Pair:
     measured: tuple[float, float]  # steps/s of a, b while sharing
     isolated: tuple[float, float]  # measured alone
     device_ms: tuple[float, float]  # predicted device time of a step
-    utilization: tuple[float, float]
     host_ms: tuple[float, float] = (0.0, 0.0)  # predicted host time of a step
     predicted: tuple[float, float] = (0.0, 0.0)  # predicted isolated steps/s
     predicted_interval: tuple[tuple[float, float], tuple[float, float]] = ((0.0, 0.0), (0.0, 0.0))
@@ -204,7 +202,7 @@ class Pair:
 def served_slowdowns(pair: Pair, params: ColocationParams) -> tuple[float, float]:
     """Each job's step while sharing over its step alone, as the service answers the pair: from the predicted device
     and host time alone (time-slicing)."""
-    jobs = [SharingJob(pair.device_ms[i], pair.host_ms[i], pair.utilization[i]) for i in (0, 1)]
+    jobs = [SharingJob(pair.device_ms[i], pair.host_ms[i]) for i in (0, 1)]
     shared = share(jobs[0], jobs[1], "time-slicing", params)
     return shared.step_ms[0] / jobs[0].step_ms, shared.step_ms[1] / jobs[1].step_ms
 
@@ -252,23 +250,22 @@ def pairs_of(measured: Mapping[str, Mapping[tuple[str, int], Any]],
                     continue
                 pa, pb = predicted[(worker, a, 1)], predicted[(worker, b, 1)]
                 out.append(Pair(worker, a, b, (float(value[0]), float(value[1])), alone,
-                                (pa.device_ms, pb.device_ms), (pa.utilization, pb.utilization),
+                                (pa.device_ms, pb.device_ms),
                                 (pa.host_ms, pb.host_ms), (pa.steps_per_s, pb.steps_per_s),
                                 (pa.interval_steps_per_s, pb.interval_steps_per_s)))
     return out
 
 
-def sharing_job(isolated_steps_per_s: float, device_ms: float, utilization: float,
-                params: ColocationParams) -> SharingJob:
+def sharing_job(isolated_steps_per_s: float, device_ms: float, params: ColocationParams) -> SharingJob:
     """A job's measured isolated step against the predicted device time (`colocation.split_step`)."""
-    return split_step(1e3 / isolated_steps_per_s, device_ms, 0.0, params.host_share_of_gap, utilization)
+    return split_step(1e3 / isolated_steps_per_s, device_ms, 0.0, params.host_share_of_gap)
 
 
 def predict_pairs(pairs: Iterable[Pair], params: ColocationParams) -> np.ndarray:
     """(pairs, 2) predicted steps/s of each job while sharing, from the measured isolated steps."""
     out = []
     for p in pairs:
-        jobs = [sharing_job(p.isolated[i], p.device_ms[i], p.utilization[i], params) for i in (0, 1)]
+        jobs = [sharing_job(p.isolated[i], p.device_ms[i], params) for i in (0, 1)]
         shared = share(jobs[0], jobs[1], "time-slicing", params)
         out.append([p.isolated[i] * jobs[i].step_ms / shared.step_ms[i] for i in (0, 1)])
     return np.array(out).reshape(-1, 2)

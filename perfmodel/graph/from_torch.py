@@ -150,12 +150,13 @@ def graph_of_job(job: BuiltJob) -> Graph:
     if model_type in EXPORT_INPUTS:
         kwargs = EXPORT_INPUTS[model_type](kwargs)
     if not (job.own_loss and spec.mode.value == "train"):
-        return graph_from_module(job.module, job.args, kwargs, name=spec.name, mode=spec.mode.value,
-                                 job_id=spec.key())
+        graph = graph_from_module(job.module, job.args, kwargs, name=spec.name, mode=spec.mode.value,
+                                  job_id=spec.key())
+        return graph.model_copy(update={"batch_size": spec.batch_size})
     graph = graph_from_module(TrainingStep(job.module, job.loss_fn), job.args, kwargs, name=spec.name,
                               mode=spec.mode.value, job_id=spec.key())
     nodes = tuple(node.model_copy(update={"module": _unprefixed(node.module)}) for node in graph.nodes)
-    return graph.model_copy(update={"nodes": nodes})
+    return graph.model_copy(update={"nodes": nodes, "batch_size": spec.batch_size})
 
 
 def _unprefixed(path: str | None) -> str | None:

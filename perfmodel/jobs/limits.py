@@ -112,6 +112,8 @@ def check_hf_config(config: Mapping[str, Any], limits: JobLimits, where: str = "
         for keys, limit_name, what in _BOUNDS:
             if key in keys and value > getattr(limits, limit_name):
                 raise _refuse(f"{path}.{key}", what, value, limit_name, getattr(limits, limit_name))
+            if key in keys and value < 0:
+                raise JobLimitError(f"{path}.{key}: {what} {value} is negative")
     estimate = estimate_params(config)
     if estimate > limits.max_params:
         raise JobLimitError(f"{where}: about {estimate:.3g} parameters (estimated from the config) is over the "

@@ -193,8 +193,10 @@ class JobSpec(BaseModel):
     @classmethod
     def _zoo_seq_len(cls, data: Any) -> Any:
         """A zoo model that trains at its own sequence length gets it when the job names none: WaveGlow's
-        8,000-sample segments or Tacotron 2's 850 mel frames asked without `seq_len` are not 128 of them."""
-        if not isinstance(data, dict) or data.get("seq_len") is not None:
+        8,000-sample segments or Tacotron 2's 850 mel frames asked without `seq_len` are not 128 of them. A zoo
+        model with no sequence (an image classifier, a recommender's fixed features) ignores one: the same job
+        whatever `seq_len` a scheduler sends with every job."""
+        if not isinstance(data, dict):
             return data
         source = data.get("source")
         if isinstance(source, ZooSource):
@@ -203,10 +205,14 @@ class JobSpec(BaseModel):
             name = source["name"]
         else:
             return data
-        from perfmodel.jobs.zoo import ZOO
+        from perfmodel.jobs.zoo import ZOO, InputKind
 
         entry = ZOO.get(name)
-        if entry is None or entry.reference_seq_len is None:
+        given = data.get("seq_len")
+        valid = given is None or (isinstance(given, int) and not isinstance(given, bool) and given > 0)
+        if entry is not None and entry.inputs in (InputKind.image, InputKind.recsys) and valid:
+            return {**data, "seq_len": DEFAULT_SEQ_LEN}
+        if data.get("seq_len") is not None or entry is None or entry.reference_seq_len is None:
             return data
         return {**data, "seq_len": entry.reference_seq_len}
 
@@ -229,7 +235,8 @@ class JobSpec(BaseModel):
         if isinstance(src, HFConfigSource):
             return f"hf:{src.config.get('model_type', 'model')}"
         if isinstance(src, ModuleSource):
-            return f"module:{src.path.rpartition(':')[2]}"
+            file, _, function = src.path.rpartition(":")
+            return f"module:{Path(file).stem}.{function}"
         if isinstance(src, GraphSource):
             return f"ir:{src.graph.get('name', 'graph')}"
         return f"onnx:{Path(src.path).stem}"

@@ -11,9 +11,10 @@ alone; while both have work on the device, they share it:
   step, `sync_wait_ms` times the share of time the other job holds the device. That is what makes a job with short
   steps lose most of its speed next to one with long steps, while the long-step job barely notices it (Gavel's
   K80 and P100 pairs);
-- `mps` (CUDA MPS): kernels of both run at once on different SMs, so two busy jobs slow each other only as far as
-  their kernels together need more than the device has: by max(1, u_a + u_b), where u is the share of the device's
-  peak (compute or bandwidth, the larger) a job's kernels use while they run.
+- `mps` (CUDA MPS): kernels of both jobs may run at once, but a training step's kernels each fill the device's
+  SMs while they run (a kernel that reaches half the peak FLOP/s still holds every SM), so work that overlaps
+  is still shared, each at half speed: two busy jobs together get at most the device. What MPS removes is the
+  context switch and the wait for the other's time slice (`switch_overhead`, `sync_wait_ms`).
 
 The steady state is a fixed point (processor sharing): job a's step is host_a + device_a · (1 + g_b · (s - 1))
 (+ g_b · sync_wait_ms when time-slicing), where g_b is the share of time job b has work on the device and s the
@@ -69,23 +70,21 @@ class SharingJob:
 
     device_ms: float  # the device has work of this job
     host_ms: float  # the device waits for this job's host
-    utilization: float = 1.0  # share of the device's peak its kernels use while running (MPS)
 
     @property
     def step_ms(self) -> float:
         return self.device_ms + self.host_ms
 
 
-def split_step(step_ms: float, device_ms: float, host_ms: float, host_share_of_gap: float,
-               utilization: float = 1.0) -> SharingJob:
+def split_step(step_ms: float, device_ms: float, host_ms: float, host_share_of_gap: float) -> SharingJob:
     """A job whose step takes `step_ms` (measured, or calibrated) where the model sees `device_ms` of device and
     `host_ms` of host time: a longer step's gap is shared between them by `host_share_of_gap` (what the model
     misses may be an input pipeline or under-priced kernels), a shorter one scales both."""
     gap = step_ms - (device_ms + host_ms)
     if gap >= 0:
-        return SharingJob(device_ms + (1 - host_share_of_gap) * gap, host_ms + host_share_of_gap * gap, utilization)
+        return SharingJob(device_ms + (1 - host_share_of_gap) * gap, host_ms + host_share_of_gap * gap)
     scale = step_ms / (device_ms + host_ms)
-    return SharingJob(device_ms * scale, host_ms * scale, utilization)
+    return SharingJob(device_ms * scale, host_ms * scale)
 
 
 @dataclass(frozen=True)
@@ -97,11 +96,10 @@ class Shared:
     combined_device_share: float  # the device's busy share, at most 1
 
 
-def overlap_slowdown(a: SharingJob, b: SharingJob, sharing: Sharing, params: ColocationParams) -> float:
-    """How much slower work runs while both jobs have work on the device."""
-    if sharing == "mps":
-        return max(1.0, a.utilization + b.utilization) * (1.0 + params.switch_overhead)
-    return 2.0 * (1.0 + params.switch_overhead)
+def overlap_slowdown(sharing: Sharing, params: ColocationParams) -> float:
+    """How much slower work runs while both jobs have work on the device: half speed each, and under time-slicing
+    the switches' cost on top."""
+    return 2.0 if sharing == "mps" else 2.0 * (1.0 + params.switch_overhead)
 
 
 def share(a: SharingJob, b: SharingJob, sharing: Sharing = "time-slicing",
@@ -109,7 +107,7 @@ def share(a: SharingJob, b: SharingJob, sharing: Sharing = "time-slicing",
     """The steady state of two jobs on the same device(s) (see the module docstring)."""
     if sharing not in SHARING_MODES:
         raise ValueError(f"sharing must be one of {SHARING_MODES}, got {sharing!r}")
-    slow = overlap_slowdown(a, b, sharing, params)
+    slow = overlap_slowdown(sharing, params)
     busy = [1.0 if a.device_ms > 0 else 0.0, 1.0 if b.device_ms > 0 else 0.0]
     steps = [a.step_ms, b.step_ms]
     jobs = (a, b)
@@ -124,12 +122,11 @@ def share(a: SharingJob, b: SharingJob, sharing: Sharing = "time-slicing",
         if done:
             break
     # what the device does per second cannot exceed the device, whatever the approximation says: its busy time
-    # (time-slicing: one context at a time), or the share of its peak the kernels use (MPS: concurrent kernels)
     steps = [max(steps[i], jobs[i].step_ms) for i in (0, 1)]  # never faster than alone
-    work = combined_device_share(jobs, steps, sharing)
+    work = combined_device_share(jobs, steps)
     if work > 1.0:
         steps = [s * work for s in steps]
-    return Shared((steps[0], steps[1]), (busy[0], busy[1]), combined_device_share(jobs, steps, sharing))
+    return Shared((steps[0], steps[1]), (busy[0], busy[1]), combined_device_share(jobs, steps))
 
 
 def shared_interval(throughput: float, isolated_interval: tuple[float, float], slowdown: float,
@@ -147,11 +144,9 @@ def shared_interval(throughput: float, isolated_interval: tuple[float, float], s
     return point * math.exp(-down), min(point * math.exp(up), high_alone)
 
 
-def combined_device_share(jobs: tuple[SharingJob, SharingJob], steps_ms: list[float], sharing: Sharing) -> float:
-    """The device's load from both jobs at these steps: busy time per second (time-slicing), or used share of its
-    peak per second (MPS)."""
-    weight = [1.0 if sharing == "time-slicing" else min(max(j.utilization, 0.0), 1.0) for j in jobs]
-    return sum(jobs[i].device_ms * weight[i] / steps_ms[i] for i in (0, 1) if steps_ms[i] > 0)
+def combined_device_share(jobs: tuple[SharingJob, SharingJob], steps_ms: list[float]) -> float:
+    """The device's load from both jobs at these steps: the share of each second it has work of either."""
+    return sum(jobs[i].device_ms / steps_ms[i] for i in (0, 1) if steps_ms[i] > 0)
 
 
 # --- fitted constants ------------------------------------------------------------------------------------------------

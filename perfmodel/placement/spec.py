@@ -63,6 +63,10 @@ def data_parallel(devices: int) -> Parallelism:
     return Parallelism(data=devices)
 
 
+MAX_DEVICES_PER_NODE = 72  # the largest single NVLink domain a node can be (GB200 NVL72)
+MAX_REPLICA_BATCH = 2**31 - 1  # samples one replica runs per iteration (a job's batch size has the same bound)
+
+
 class PlacementSpec(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -111,6 +115,9 @@ class PlacementSpec(BaseModel):
     def _nodes_hold_devices(cls, value: tuple[int, ...]) -> tuple[int, ...]:
         if any(n < 1 for n in value):
             raise ValueError(f"every node needs ≥ 1 device, got {list(value)}")
+        if max(value) > MAX_DEVICES_PER_NODE:
+            raise ValueError(f"a node holds at most {MAX_DEVICES_PER_NODE} devices (the largest NVLink domain, GB200 "
+                             f"NVL72), got {max(value):,}; more devices are more nodes, e.g. [8, 8]")
         return value
 
     @model_validator(mode="after")
@@ -124,6 +131,9 @@ class PlacementSpec(BaseModel):
             if len(set(self.devices_per_node)) > 1 or p.tensor % per_node:
                 raise ValueError(f"parallelism.tensor: a tensor-parallel group of {p.tensor} must sit in one node or "
                                  f"span whole nodes of equal size; nodes hold {list(self.devices_per_node)} devices")
+        if self.per_replica_batch_size > MAX_REPLICA_BATCH:
+            raise ValueError(f"global_batch_size: {self.global_batch_size:,} samples make "
+                             f"{self.per_replica_batch_size:,} per replica, over the limit of {MAX_REPLICA_BATCH:,}")
         if self.global_batch_size % (p.data * p.micro_batches):
             raise ValueError(f"global_batch_size: {self.global_batch_size} does not split into {p.data} replicas × "
                              f"{p.micro_batches} micro-batches")

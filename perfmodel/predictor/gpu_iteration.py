@@ -445,6 +445,12 @@ class DevicePredictor:
         if (rows["math"] == "tf32").any():
             reasons.append("TF32 is priced from tensor-core measurements of other dtypes and the spec sheet's TF32 "
                            "peak: no public TF32 measurement exists")
+        maths = set(rows["math"])
+        unsupported = [math for math, peak in (("fp16", hardware.peak_fp16_gflops), ("bf16", hardware.peak_bf16_gflops))
+                       if math in maths and not peak]
+        if unsupported:
+            reasons.append(f"{' and '.join(unsupported)} on {hardware.name}, whose spec sheet gives no peak for it "
+                           f"(no such units): priced at the fp32 peak, as the libraries emulate it")
         moe = getattr(graph, "moe", None)
         if moe is not None:
             reasons.append(f"mixture of experts: balanced top-{moe.top_k} routing over {moe.experts} experts assumed")

@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from perfmodel.core.accuracy import Z80
 from perfmodel.core.errors import PerfmodelError
 from perfmodel.hardware.spec import HardwareSpec
 from perfmodel.regressors.manifest import Manifest, data_hash
@@ -44,7 +45,6 @@ from perfmodel.regressors.manifest import Manifest, data_hash
 NAME = "device-adaptation"
 ADAPTATION_FILE = "adaptation.json"
 ROWS_FILE = "rows.json"
-Z80 = 1.2815515655446004  # the 90 % quantile of a standard normal: p10/p90 = mean ∓ Z80 sd
 MAX_ROWS_PER_CLASS = 800  # the GP's rows per class (a random subset beyond): its cost grows as rows³
 MIN_FEATURE_SCALE = 1.0  # standardise by max(std, this) (log2 units), so a narrow sample does not blow up distances
 OUTLIER_MADS = 4.0  # residuals are clipped to median ± this many robust sds before the fit

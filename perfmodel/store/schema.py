@@ -46,7 +46,8 @@ from perfmodel.store.tables import Base, SchemaInfo, UTCDateTime
 # v4: + accelerators (custom accelerators: users' spec sheets).
 # v5: + graphs (the graph IR of each profiled job, by job key: training reads it instead of capturing again).
 # v6: + whole_job_measurements (whole training jobs run by public benchmarks: throughput, or why they failed).
-STORE_SCHEMA_VERSION = 6
+# v7: observations AUTOINCREMENT on SQLite (an observation id, public over HTTP, is never given twice).
+STORE_SCHEMA_VERSION = 7
 
 Migration = Callable[[Connection], None]
 
@@ -175,8 +176,44 @@ def _v5_to_v6(connection: Connection) -> None:
     ).create(connection)
 
 
+def _v6_to_v7(connection: Connection) -> None:
+    """Make `observations` AUTOINCREMENT on SQLite, so that a deleted observation's id (which clients hold: it is the
+    public `observation_id`) never goes to a later one; a plain INTEGER PRIMARY KEY gives max(id) + 1, so the id of a
+    deleted newest row came back. SQLite cannot change that in place: the table is rebuilt (SQLite's "making other
+    kinds of table schema changes" recipe) with every row and its id, the foreign key to jobs and the index on job_id,
+    spelled out as it is at v7. PostgreSQL needs nothing: a SERIAL column's sequence never gives an id twice."""
+    if connection.dialect.name != "sqlite":
+        return
+    metadata = MetaData()
+    Table("jobs", metadata, Column("id", Integer, primary_key=True))  # for the foreign key only: not created
+    rebuilt = Table(
+        "observations_v7",  # renamed to observations once the old table is dropped
+        metadata,
+        Column("id", Integer, primary_key=True, autoincrement=True),
+        Column("job_id", Integer, ForeignKey("jobs.id", ondelete="CASCADE"), nullable=False),
+        Column("accelerator", String(64), nullable=False),
+        Column("devices", Integer, nullable=False),
+        Column("placement_json", JSON(none_as_null=True), nullable=False),
+        Column("throughput_samples_per_s", Double, nullable=False),
+        Column("predicted_throughput_samples_per_s", Double, nullable=False),
+        Column("model_version", Text, nullable=False),
+        Column("created_at", UTCDateTime, nullable=False),
+        sqlite_autoincrement=True,
+    )
+    rebuilt.create(connection)
+    columns = ", ".join(column.name for column in rebuilt.columns)
+    connection.execute(text(f"INSERT INTO observations_v7 ({columns}) SELECT {columns} FROM observations"))
+    connection.execute(text("DROP TABLE observations"))  # and its index; no table references observations
+    connection.execute(text("ALTER TABLE observations_v7 RENAME TO observations"))
+    connection.execute(text("CREATE INDEX ix_observations_job_id ON observations (job_id)"))
+    # the next id is above every id kept: copying the rows in recorded their highest id in sqlite_sequence (SQLite
+    # keeps "the largest ROWID ever inserted" there), and the rename carried that entry over to `observations`
+
+
 # MIGRATIONS[v] upgrades a store from version v to v + 1. Add one step per schema change, never edit old ones.
-MIGRATIONS: Mapping[int, Migration] = {1: _v1_to_v2, 2: _v2_to_v3, 3: _v3_to_v4, 4: _v4_to_v5, 5: _v5_to_v6}
+MIGRATIONS: Mapping[int, Migration] = {
+    1: _v1_to_v2, 2: _v2_to_v3, 3: _v3_to_v4, 4: _v4_to_v5, 5: _v5_to_v6, 6: _v6_to_v7,
+}
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 # the PostgreSQL advisory lock that serialises schema creation and migration: two replicas starting on an empty

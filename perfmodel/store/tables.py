@@ -2,7 +2,8 @@
 and, apart from the runs, op timings imported from public GPU benchmarks (`op_measurements`, schema v2), and the
 HTTP service's jobs, observed throughputs and model promotions (`jobs`, `observations`, `model_events`, schema v3),
 custom accelerators (`accelerators`, schema v4), the graph IR of each profiled job (`graphs`, schema v5) and whole
-training jobs measured by public benchmarks (`whole_job_measurements`, schema v6).
+training jobs measured by public benchmarks (`whole_job_measurements`, schema v6). Observation ids are never
+reused from schema v7 (`observations` is AUTOINCREMENT on SQLite).
 
 Units are in the column names. Times are UTC, stored without a zone and returned zone-aware (`UTCDateTime`), so
 SQLite and PostgreSQL behave the same. The full job spec and environment are kept as JSON next to the columns
@@ -226,9 +227,12 @@ class JobRow(Base):
 
 class ObservationRow(Base):
     """The throughput a running job measured on a placement (`POST /v1/observations`), next to what the service
-    predicted for it then (uncalibrated) and with which model."""
+    predicted for it then (uncalibrated) and with which model. Its `id` is the public `observation_id`, so it is never
+    given twice: SQLite's AUTOINCREMENT (schema v7) keeps a deleted row's id from going to the next row (a plain
+    INTEGER PRIMARY KEY reuses the highest id once its row is deleted); PostgreSQL's sequences never reuse one."""
 
     __tablename__ = "observations"
+    __table_args__ = ({"sqlite_autoincrement": True},)
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)

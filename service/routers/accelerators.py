@@ -57,10 +57,11 @@ async def accelerator(engine: Reader,
         spec = get_accelerator(accelerator_id, engine.catalog)
     except AmbiguousNameError as exc:
         raise field_error(["path", "accelerator_id"], str(exc)) from None
-    except UnknownNameError:
+    except UnknownNameError as exc:
         stored = await run_in_threadpool(_stored, engine, accelerator_id)  # another replica may just have added it
-        if stored is None:
-            raise NotFound(f"no accelerator {accelerator_id!r} (GET /v1/accelerators lists them)") from None
+        if stored is None:  # the catalog's message naming the close names, as a prediction naming it gets
+            raise NotFound(str(exc) if exc.close_matches else
+                           f"no accelerator {accelerator_id!r} (GET /v1/accelerators lists them)") from None
         spec = stored
     return json_response({**spec.model_dump(mode="json"), "custom": is_custom(spec)})
 

@@ -18,6 +18,7 @@ from perfmodel.hardware.catalog import get_accelerator
 from perfmodel.placement.gavel import grid_layouts, job_type_names
 from perfmodel.predictor.predict import Prediction
 from service.deps import MetricsDep, Reader, State
+from service.errors import ApiError
 from service.routers.common import encode_json, json_response, resolve_job
 from service.schemas import (
     ColocationRequest,
@@ -62,7 +63,8 @@ async def predict(body: PredictRequest, engine: Reader, state: State) -> Respons
 @router.post("/matrix", response_model=MatrixResponse | GavelResponse, responses=_ERRORS)
 async def predict_matrix(body: MatrixRequest, engine: Reader, metrics: MetricsDep) -> Response:
     """Every job on every placement. `grid` generates the placements: each accelerator × device count,
-    consolidated (and with `spread`, one device per node too). `layout: gavel` answers Gavel's dictionaries."""
+    consolidated (and with `spread`, one device per node too: by default with the gavel layout only). `layout:
+    gavel` answers Gavel's dictionaries."""
     entries = [await resolve_job(engine, ref, ("jobs", i)) for i, ref in enumerate(body.jobs)]
     if body.layout == "gavel":
         data, cells = await run_in_threadpool(gavel, engine, entries, body)
@@ -85,8 +87,9 @@ async def predict_colocation(body: ColocationRequest, engine: Reader, metrics: M
     return json_response(data)
 
 
-def grid_placements(engine: PredictionEngine, grid: MatrixGrid) -> tuple[list[PlacementIn], list[bool]]:
-    """The placements of a grid and whether each is consolidated (as few nodes as possible)."""
+def grid_placements(engine: PredictionEngine, grid: MatrixGrid, spread: bool) -> tuple[list[PlacementIn], list[bool]]:
+    """The placements of a grid and whether each is consolidated (as few nodes as possible); with `spread`, one
+    device per node too."""
     placements: list[PlacementIn] = []
     consolidated: list[bool] = []
     links = {name: value for name in ("inter_node_bandwidth_gbit_s", "inter_node_latency_us", "intra_node_link")
@@ -99,7 +102,7 @@ def grid_placements(engine: PredictionEngine, grid: MatrixGrid) -> tuple[list[Pl
         for count in dict.fromkeys(grid.device_counts):
             if count > 1 and hardware.kind != "gpu":
                 continue  # multi-device placements are GPU placements
-            for layout, packed in grid_layouts(count, grid.per_node or hardware.node_devices, spread=grid.spread):
+            for layout, packed in grid_layouts(count, grid.per_node or hardware.node_devices, spread=spread):
                 for global_batch in grid.global_batches(count):
                     fields: dict[str, Any] = {**links, "accelerator": hardware.name, "devices_per_node": layout}
                     if global_batch is not None:
@@ -115,7 +118,7 @@ def matrix(engine: PredictionEngine, entries: Sequence[JobEntry],
            body: MatrixRequest) -> tuple[dict[str, Any], int, int]:
     """The response, its cell count and how many cells are calibrated. Blocking (computes, calibrations)."""
     if body.grid is not None:
-        given, consolidated = grid_placements(engine, body.grid)
+        given, consolidated = grid_placements(engine, body.grid, body.grid_spread)
         where: tuple[str, ...] = ("grid",)
     else:
         assert body.placements is not None
@@ -190,27 +193,23 @@ def gavel(engine: PredictionEngine, entries: Sequence[JobEntry], body: MatrixReq
     Blocking. The file and the cells it holds."""
     from perfmodel.engine.gavel import GavelColumn, expand_batches, gavel_throughputs, grid_columns
 
-    named = body.worker_types or {}
     if body.grid is not None:
         grid = body.grid
-        workers = {name: named.get(name, name) for name in grid.accelerators}
-        try:
-            columns = grid_columns(engine, workers, grid.device_counts, per_node=grid.per_node,
-                                   inter_node_gbit_s=grid.inter_node_bandwidth_gbit_s,
-                                   inter_node_latency_us=grid.inter_node_latency_us,
-                                   intra_node_link=grid.intra_node_link)
-        except PerfmodelError as exc:
-            raise FieldError(("grid", "accelerators"), str(exc)) from None
-        if not grid.spread:
+        workers = grid_worker_types(engine, grid, body.worker_types or {})
+        columns = grid_columns(engine, workers, grid.device_counts, per_node=grid.per_node,
+                               inter_node_gbit_s=grid.inter_node_bandwidth_gbit_s,
+                               inter_node_latency_us=grid.inter_node_latency_us,
+                               intra_node_link=grid.intra_node_link)
+        if not body.grid_spread:
             columns = [c for c in columns if c.consolidated]
     else:
         assert body.placements is not None
-        by_accelerator = {engine.hardware(a, ("worker_types", w)).name: w for w, a in named.items()}
-        columns = []
-        for j, p in enumerate(body.placements):
-            name = engine.hardware(p.accelerator, ("placements", j, "accelerator")).name
-            columns.append(GavelColumn(by_accelerator.get(name, name), name, p.devices_per_node, p.nodes == 1,
-                                       p.inter_node_bandwidth_gbit_s, p.inter_node_latency_us))
+        accelerators = [engine.hardware(p.accelerator, ("placements", j, "accelerator")).name
+                        for j, p in enumerate(body.placements)]
+        by_accelerator = placement_worker_types(engine, accelerators, body.worker_types or {})
+        columns = [GavelColumn(by_accelerator.get(name, name), name, p.devices_per_node, p.nodes == 1,
+                               p.inter_node_bandwidth_gbit_s, p.inter_node_latency_us)
+                   for name, p in zip(accelerators, body.placements)]
     if not columns:
         raise FieldError(("grid",), "the grid holds no placement (multi-device placements need a GPU)")
     job_types = body.job_types or job_type_names([(e.key, e.spec.name, e.spec.batch_size) for e in entries])
@@ -223,3 +222,67 @@ def gavel(engine: PredictionEngine, entries: Sequence[JobEntry], body: MatrixReq
             "job_types": {t: e.key for t, e in zip(job_types, entries)}, "worker_types": workers_used,
             "model_versions": engine.model_versions}
     return data, len(entries) * len(columns)
+
+
+def grid_worker_types(engine: PredictionEngine, grid: MatrixGrid, named: dict[str, str]) -> dict[str, str]:
+    """{worker type: catalog name} of a grid in Gavel's layout: each grid accelerator is a worker type of its own
+    name, on the accelerator `named[name]` if given, else on the one it names. A 422 lists every entry at fault: an
+    unknown accelerator (at its `worker_types` entry, or its place in `grid.accelerators`) and a worker type the
+    grid does not hold (it would file nothing)."""
+    errors: list[dict[str, Any]] = []
+    for worker_type in named:
+        if worker_type not in grid.accelerators:
+            errors.append(_error(("worker_types", worker_type), (
+                f"worker type {worker_type!r} is not in grid.accelerators ({', '.join(grid.accelerators)}): a grid "
+                f"accelerator is filed under the worker type of its name, so add {worker_type!r} there")))
+    workers: dict[str, str] = {}
+    for i, name in enumerate(grid.accelerators):
+        where = ("worker_types", name) if name in named else ("grid", "accelerators", i)
+        resolved = _catalog_name(engine, named.get(name, name), where, errors)
+        if resolved is not None:
+            workers[name] = resolved
+    if errors:
+        raise ApiError(422, errors)
+    return workers
+
+
+def placement_worker_types(engine: PredictionEngine, accelerators: Sequence[str],
+                           named: dict[str, str]) -> dict[str, str]:
+    """{catalog name: worker type} of explicit placements in Gavel's layout (`accelerators`: each placement's
+    catalog name); the placements on an accelerator no worker type names are filed under its catalog name. A 422
+    lists every `worker_types` entry at fault: an unknown accelerator, one no placement is on, and a second worker
+    type for the same accelerator."""
+    errors: list[dict[str, Any]] = []
+    by_accelerator: dict[str, str] = {}
+    for worker_type, accelerator in named.items():
+        where = ("worker_types", worker_type)
+        name = _catalog_name(engine, accelerator, where, errors)
+        if name is None:
+            continue
+        if name in by_accelerator:
+            errors.append(_error(where, f"worker types {by_accelerator[name]!r} and {worker_type!r} both name "
+                                        f"{name}: its placements are filed under one worker type"))
+        elif name not in accelerators:
+            errors.append(_error(where, f"no placement is on {name} ({accelerator!r}): the placements are on "
+                                        f"{', '.join(dict.fromkeys(accelerators))}"))
+        else:
+            by_accelerator[name] = worker_type
+    if errors:
+        raise ApiError(422, errors)
+    return by_accelerator
+
+
+def _catalog_name(engine: PredictionEngine, name: str, where: tuple[str | int, ...],
+                  errors: list[dict[str, Any]]) -> str | None:
+    """The catalog name `name` resolves to; None when it is unknown or ambiguous, with the catalog's message (its
+    close names) appended to `errors` at `where`."""
+    try:
+        return str(engine.hardware(name, where).name)
+    except FieldError as exc:
+        errors.append(_error(where, str(exc)))
+        return None
+
+
+def _error(where: tuple[str | int, ...], message: str) -> dict[str, Any]:
+    """A 422 error about the field at `where` in the body (not cleaned: a worker type's name is the client's)."""
+    return {"loc": ["body", *where], "msg": message, "type": "value_error"}

@@ -81,6 +81,17 @@ def test_other_jobs_evidence_alone_moves_the_answer_but_never_narrows_it(where):
     assert disagree.level in ("accelerator", "chip") and disagree.interval_scale >= 1.0
 
 
+def test_a_new_jobs_interval_widens_when_the_jobs_observed_there_disagree_and_not_when_they_agree():
+    """Jobs on an accelerator far apart from each other (one 10x slower than the model, three on it): a job never
+    observed there is answered with a wider interval, on that SKU and its sibling; jobs that agree leave it as
+    served."""
+    agree = ask(fit_fleet(points(1.0, 4)))
+    odd = fit_fleet(points(1.0, 3) + points(10.0, 1, start=100, prefix="odd"))
+    assert agree.interval_scale == pytest.approx(1.0)
+    assert ask(odd).interval_scale > 1.1 and ask(odd, where=A100_PCIE).interval_scale > 1.1
+    assert ask(odd, where=V100) == NONE
+
+
 def test_one_outlier_job_moves_other_jobs_by_a_bounded_share():
     honest = points(1.0, 5)
     assert ask(fit_fleet(honest)).throughput_factor == pytest.approx(1.0)

@@ -97,7 +97,36 @@ def test_a_device_count_that_differs_gets_its_own_factor_and_others_the_pooled_o
     assert calibration.factor("v100-sxm2-32gb", 1) == (1.0, 0)
 
 
+def test_a_job_reported_at_one_and_at_eight_devices_is_answered_by_each_report_there():
+    """One report at 1 GPU (3x the model) and one at 8 (1/8 of it): each device count gets its own report, not the
+    newest one, and a device count never reported gets the two pooled (halfway, in log)."""
+    for order in ((0, 1), (1, 0)):
+        reports = [_point(1, 3.0, devices=1), _point(2, 0.125, devices=8)]
+        calibration = calibrate([reports[i] for i in order], now=NOW)
+        assert calibration.factor("a100-sxm4-80gb", 1)[0] == pytest.approx(3.0)
+        assert calibration.factor("a100-sxm4-80gb", 8)[0] == pytest.approx(0.125)
+        assert calibration.factor("a100-sxm4-80gb", 4)[0] == pytest.approx(math.sqrt(3.0 * 0.125), rel=1e-3)
+
+
 def test_weighted_median():
     assert weighted_median([1, 2, 3], [1, 1, 1]) == 2
     assert weighted_median([1, 2], [1, 1]) == 1.5
-    assert weighted_median([1, 2, 3], [10, 1, 1]) == 1
+    assert 1 < weighted_median([1, 2, 3], [10, 1, 1]) < 1.25  # most of the weight on 1: most of the way there
+    # two reports minutes apart weigh the same: their mean, whichever came last
+    assert weighted_median([0.0, 1.0], [1.0, 0.99999]) == pytest.approx(0.5, abs=1e-4)
+    assert weighted_median([0.0, 1.0], [0.99999, 1.0]) == pytest.approx(0.5, abs=1e-4)
+
+
+def test_steps_per_s_posted_as_samples_per_s_is_refused_and_a_slow_job_is_not():
+    """Gavel's tables are in steps/s: ResNet-50 at batch 64 on a K80 die runs ~0.75 steps/s, ~48 samples/s. Posted as
+    samples/s, the value times the batch lands on the model's answer, and it is refused with the unit named."""
+    with pytest.raises(ObservationRefused, match="steps/s"):
+        check_observation(0.746, ceiling_samples_per_s=1e4, predicted_samples_per_s=71.8, samples_per_step=64)
+    # the same report as samples/s passes, as does a job 3x slower than the model, and a small batch is not judged
+    check_observation(47.7, ceiling_samples_per_s=1e4, predicted_samples_per_s=71.8, samples_per_step=64)
+    check_observation(24.0, ceiling_samples_per_s=1e4, predicted_samples_per_s=71.8, samples_per_step=64)
+    check_observation(9.0, ceiling_samples_per_s=1e4, predicted_samples_per_s=71.8, samples_per_step=8)
+    # 64x below the model with batch 64 reads as steps/s; 4x below does not, however large the batch
+    with pytest.raises(ObservationRefused, match="per-device batch"):
+        check_observation(402.0 / 64, ceiling_samples_per_s=1e4, predicted_samples_per_s=402.0, samples_per_step=64)
+    check_observation(100.0, ceiling_samples_per_s=1e4, predicted_samples_per_s=402.0, samples_per_step=4096)

@@ -51,10 +51,10 @@ def test_the_fit_recovers_the_constants_pairs_were_made_with():
     pairs = []
     for i, (iso_a, dev_a) in enumerate(jobs):
         for iso_b, dev_b in jobs[i:]:
-            pair = Pair("k80", f"a{i}", "b", (1.0, 1.0), (iso_a, iso_b), (dev_a, dev_b), (1.0, 1.0))
+            pair = Pair("k80", f"a{i}", "b", (1.0, 1.0), (iso_a, iso_b), (dev_a, dev_b))
             shared = predict_pairs([pair], truth)[0]
             pairs.append(Pair("k80", pair.a, "b", (float(shared[0]), float(shared[1])), pair.isolated,
-                              pair.device_ms, pair.utilization))
+                              pair.device_ms))
     fitted = fit_params(pairs, "test")
     assert pair_mape(pairs, fitted) < 1e-6
     assert (fitted.switch_overhead, fitted.host_share_of_gap, fitted.sync_wait_ms) == pytest.approx((0.25, 0.6, 20))
@@ -73,7 +73,7 @@ def test_the_error_band_holds_eight_in_ten_and_an_exact_answer_sits_inside_its_i
     params = ColocationParams(sync_wait_ms=20.0, kept_band_log=band)
     pairs = []
     for steps_a, steps_b in ((10.0, 5.0), (2.0, 40.0)):
-        made = Pair("p100", "a", "b", (1.0, 1.0), (steps_a, steps_b), (1e3 / steps_a, 1e3 / steps_b), (1.0, 1.0),
+        made = Pair("p100", "a", "b", (1.0, 1.0), (steps_a, steps_b), (1e3 / steps_a, 1e3 / steps_b),
                     predicted=(steps_a, steps_b), predicted_interval=((steps_a / 2, steps_a * 2),
                                                                       (steps_b / 2, steps_b * 2)))
         shared = predict_pairs([made], params)[0]

@@ -81,10 +81,11 @@ def test_a_shipped_graph_is_what_capturing_its_job_gives_today():
     spec = JobSpec.model_validate_json(row["job_json"])
     assert spec.key() == row["job_key"]
     shipped, fresh = Graph.from_json(shipped_json), capture_graph(spec)
-    # the shipped graphs were captured before captures measured the activations autograd saves (optional fields:
-    # the memory estimate falls back to its graph rule without them); everything else must be as captured today
-    assert fresh.totals.saved_activation_bytes is not None
-    fresh = fresh.model_copy(update={"totals": fresh.totals.model_copy(
+    # the shipped graphs were captured before captures measured the activations autograd saves and recorded their
+    # batch (optional fields: the memory estimate falls back to its graph rule without them, the batch to the
+    # inputs' leading dimension); everything else must be as captured today
+    assert fresh.totals.saved_activation_bytes is not None and fresh.batch_size == spec.batch_size
+    fresh = fresh.model_copy(update={"batch_size": None, "totals": fresh.totals.model_copy(
         update={"saved_activation_bytes": None, "saved_activation_bytes_amp": None})})
     assert [node.id for node in shipped.nodes] == [node.id for node in fresh.nodes]
     assert shipped.to_json() == fresh.to_json()

@@ -49,6 +49,13 @@ def test_absurd_configs_are_refused_naming_field_and_limit(change, field, limit)
     assert message.startswith(f"{field}: ") and limit in message
 
 
+@pytest.mark.parametrize("change", [{"n_layer": -1}, {"n_head": -8}, {"vocab_size": -3}])
+def test_negative_counts_and_widths_are_refused_naming_the_field(change):
+    (key, value), = change.items()
+    with pytest.raises(JobLimitError, match=rf"^source.config.{key}: .* {value} is negative"):
+        check_hf_config({**GPT3_175B, **change}, LIMITS)
+
+
 def test_the_issue_probe_is_refused_in_microseconds():
     config = {"model_type": "gpt2", "n_layer": 1e5, "n_embd": 1e6, "n_head": 8}
     start = time.perf_counter()

@@ -112,3 +112,9 @@ def test_a_job_whose_model_has_no_reference_length_keeps_the_default():
     assert JobSpec.from_options(zoo="resnet18", batch_size=2).seq_len == DEFAULT_SEQ_LEN
     assert JobSpec.from_options(module="m.py:make", batch_size=2).seq_len == DEFAULT_SEQ_LEN
     assert len([n for n, e in ZOO.items() if e.reference_seq_len is not None]) >= 8  # the DLE and Gavel models
+
+
+def test_a_zoo_model_without_a_sequence_is_the_same_job_whatever_seq_len_comes_with_it():
+    image = JobSpec.from_options(zoo="resnet50", batch_size=32, seq_len=384)
+    assert image.key() == JobSpec.from_options(zoo="resnet50", batch_size=32).key()
+    assert JobSpec.from_options(zoo="bert-base", batch_size=32, seq_len=384).seq_len == 384

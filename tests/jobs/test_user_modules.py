@@ -178,3 +178,44 @@ def test_the_child_process_capture_includes_the_loss(tmp_path):
     graph = _capture(spec, JobLimits())
     assert graph.to_json() == graph_for_job(spec).to_json()
     assert any(n.op == "aten.cross_entropy_loss.default" for n in graph.nodes)
+
+
+TIME_MAJOR = """
+    import torch
+    from torch import nn
+
+    class LanguageModel(nn.Module):  # Gavel's LM: inputs (seq_len, batch), as nn.LSTM's default layout
+        def __init__(self):
+            super().__init__()
+            self.embed = nn.Embedding(1000, 32)
+            self.lstm = nn.LSTM(32, 32)
+            self.head = nn.Linear(32, 1000)
+
+        def forward(self, tokens):
+            hidden, _ = self.lstm(self.embed(tokens))
+            return self.head(hidden)
+
+    def make(batch_size, seq_len):
+        return LanguageModel(), torch.randint(0, 1000, (seq_len, batch_size))
+"""
+
+
+def test_a_time_major_modules_ir_records_its_batch_and_registers_at_it(tmp_path):
+    """An IR says the batch it was captured at: a model whose inputs lead with the sequence registers at its
+    real batch, not at its inputs' leading dimension; and a module job is named after its file and builder."""
+    from perfmodel.core.ir import Graph
+    from perfmodel.engine import ir_batch
+    from perfmodel.jobs.spec import GraphSource
+
+    path = write(tmp_path, "lstm_lm.py", TIME_MAJOR)
+    result = run("graph", "--module", f"{path}:make", "-b", 20, "--seq-len", 35, "--json")
+    assert result.exit_code == 0, result.output
+    ir = json.loads(result.stdout)
+    assert ir["batch_size"] == 20 and ir["inputs"][0]["shape"] == [35, 20]
+    assert ir["name"] == "module:lstm_lm.make"
+    graph = Graph.from_json(result.stdout)
+    assert ir_batch(graph) == 20
+    without = Graph.model_validate({k: v for k, v in ir.items() if k != "batch_size"})
+    assert ir_batch(without) == 35  # an IR that does not say: its inputs' leading dimension, as before
+    spec = JobSpec(source=GraphSource(graph=ir), batch_size=20, seq_len=35)
+    assert spec.name == "ir:module:lstm_lm.make"

@@ -11,8 +11,7 @@ RNG = np.random.default_rng(11)
 
 
 def random_job() -> SharingJob:
-    return SharingJob(device_ms=float(RNG.uniform(0.1, 500)), host_ms=float(RNG.choice([0.0, RNG.uniform(0, 300)])),
-                      utilization=float(RNG.uniform(0.05, 1.0)))
+    return SharingJob(device_ms=float(RNG.uniform(0.1, 500)), host_ms=float(RNG.choice([0.0, RNG.uniform(0, 300)])))
 
 
 @pytest.mark.parametrize("sharing", SHARING_MODES)
@@ -38,6 +37,19 @@ def test_a_short_step_job_waits_its_turn_and_its_long_step_partner_barely_notice
     no_wait = share(short, long, "time-slicing", ColocationParams())
     assert shared.step_ms[0] > no_wait.step_ms[0] + 30
     assert share(short, long, "mps", params).step_ms == share(short, long, "mps", ColocationParams()).step_ms
+
+
+@pytest.mark.parametrize("host_ms", [0.0, 5.0])
+def test_under_mps_two_device_bound_jobs_together_get_at_most_the_device(host_ms):
+    """A training step's kernels fill the device's SMs while they run: two jobs that keep the device busy share it
+    (together at most one job's throughput), whatever share of the peak FLOP/s their kernels reach; jobs with host
+    gaps fill each other's."""
+    for _ in range(200):
+        a, b = SharingJob(float(RNG.uniform(1, 300)), host_ms), SharingJob(float(RNG.uniform(1, 300)), host_ms)
+        shared = share(a, b, "mps")
+        kept = sum(alone.step_ms / step for alone, step in zip((a, b), shared.step_ms))
+        assert kept <= 1 + 1e-9 if host_ms == 0 else 1 < kept <= 2
+        assert shared.combined_device_share <= 1 + 1e-9
 
 
 def test_a_shared_answers_interval_holds_it_widens_with_the_band_and_never_tops_the_isolated_one():

@@ -118,7 +118,18 @@ def test_a_global_batch_of_1e30_is_a_422(client, batch, message):
 def test_1e30_devices_is_a_422(client, placement):
     response = _predict_raw(client, placement)
     assert response.status_code == 422, response.text
-    assert "max_devices" in _msgs(response)
+    assert "max_devices" in _msgs(response) or "a node holds at most 72 devices" in _msgs(response)
+
+
+@pytest.mark.parametrize(("placement", "field"), [
+    ('{"accelerator": "h100", "global_batch_size": 1000000000000}', "per replica"),
+    ('{"accelerator": "h100", "global_batch_size": 1099511627776}', "per replica"),
+    ('{"accelerator": "k80", "devices_per_node": [100000]}', "at most 72 devices"),
+])
+def test_a_placement_no_server_can_run_is_a_422_not_a_crash(client, placement, field):
+    response = _predict_raw(client, placement)
+    assert response.status_code == 422, response.text
+    assert field in _msgs(response)
 
 
 # --- matrix size -------------------------------------------------------------------------------------------------
@@ -396,3 +407,10 @@ def test_sigterm_during_a_capture_stops_the_server_and_its_capture(tmp_path):
         assert stopped_s < 20  # the graceful-shutdown budget (2 s here) and a margin, not the capture's minutes
     finally:
         server.stop()
+
+
+def test_a_grid_batch_no_replica_can_run_is_a_422_not_a_crash(client):
+    grid = {"accelerators": ["h100"], "device_counts": [1], "batch_sizes": [10**12]}
+    response = client.post("/v1/predict/matrix", json={"jobs": [SMALL_JOB], "grid": grid})
+    assert response.status_code == 422, response.text
+    assert "per replica" in _msgs(response)

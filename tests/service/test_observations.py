@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from tests.service.conftest import SMALL_JOB
@@ -35,8 +37,9 @@ def test_an_observation_is_read_back_and_deleting_it_recalibrates_the_job(client
     raw = client.post("/v1/predict", json=t4).json()["throughput_samples_per_s"]
     kept = _observe(client, job, raw * 0.8).json()
     wrong = _observe(client, job, raw * 0.4).json()
-    # the recency-weighted median of two points: the newer weighs a little more
-    assert client.post("/v1/predict", json=t4).json()["calibration_factor"] == pytest.approx(0.4)
+    # the recency-weighted median of two points a moment apart: halfway between them (in log), not the newer
+    assert client.post("/v1/predict", json=t4).json()["calibration_factor"] == pytest.approx(math.sqrt(0.8 * 0.4),
+                                                                                              rel=1e-3)
     read = client.get(f"/v1/observations/{wrong['observation_id']}")
     assert read.status_code == 200 and read.json()["job_id"] == job
     assert read.json()["throughput_samples_per_s"] == pytest.approx(raw * 0.4)

@@ -30,7 +30,7 @@ def test_a_new_store_has_every_table_and_the_current_version(store):
                                                              "op_measurements", "jobs", "observations",
                                                              "model_events", "accelerators", "graphs",
                                                              "whole_job_measurements"}
-    assert _version(store) == STORE_SCHEMA_VERSION == 6
+    assert _version(store) == STORE_SCHEMA_VERSION == 7
     with store.engine.connect() as connection:
         assert connection.execute(select(SchemaInfo.id, SchemaInfo.version)).all() == [(1, STORE_SCHEMA_VERSION)]
     with ProfileStore(store.url) as reopened:  # opening again changes nothing
@@ -246,7 +246,7 @@ def test_a_v5_store_is_migrated_to_v6_with_a_whole_job_measurements_table(store_
     finally:
         engine.dispose()
     with ProfileStore(store_url) as store:
-        assert _version(store) == STORE_SCHEMA_VERSION == 6
+        assert _version(store) == STORE_SCHEMA_VERSION == 7
         inspector = inspect(store.engine)
         _assert_columns_as_declared(store, inspector, "whole_job_measurements")
         unique = [u["column_names"] for u in inspector.get_unique_constraints("whole_job_measurements")] + \

@@ -1,0 +1,58 @@
+"""`perfmodel export gavel --job [JOB_TYPE=]ZOO_NAME:BATCH[:KEY=VALUE...]`: each job's own seq_len, optimizer and
+precision, over --seq-len, --optimizer and --precision, which are every other job's defaults; a bad job spec is
+exit 2 naming it."""
+
+from __future__ import annotations
+
+import ast
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from perfmodel.cli.main import app
+
+runner = CliRunner()
+LM, OTHER = "LM (batch size 8)", "Other (batch size 8)"
+
+
+def export(tmp_path, name, *args) -> dict[str, float]:
+    """steps/s of each job type alone on one T4."""
+    out = tmp_path / f"{name}.json"
+    result = runner.invoke(app, ["export", "gavel", str(out), "--worker-type", "t4=t4", "--scale-factors", "1",
+                                 *args])
+    assert result.exit_code == 0, result.output
+    return {job_type: entry["null"] for (job_type, _), entry in
+            ((ast.literal_eval(key), entry) for key, entry in json.loads(out.read_text())["t4"].items())}
+
+
+def test_a_jobs_own_settings_win_over_the_global_ones_which_stay_the_other_jobs_defaults(tmp_path):
+    jobs = ("--job", f"{LM}=gavel-lm:8", "--job", f"{OTHER}=lstm-lm:8")
+    default = export(tmp_path, "default", *jobs)
+    own = export(tmp_path, "own", "--job", f"{LM}=gavel-lm:8:seq_len=70:optimizer=adam", *jobs[2:])
+    assert own[OTHER] == pytest.approx(default[OTHER], rel=1e-9)  # another job's settings do not leak
+    assert own[LM] < default[LM]  # twice the bptt, and Adam
+    overridden = export(tmp_path, "overridden", "--seq-len", 70, "--optimizer", "adam",
+                        "--job", f"{LM}=gavel-lm:8:seq_len=35:optimizer=sgd", *jobs[2:])
+    assert overridden[LM] == pytest.approx(default[LM], rel=1e-9)  # the job's own settings win
+    assert overridden[OTHER] != pytest.approx(default[OTHER], rel=1e-6)  # the global ones are the others' defaults
+    unnamed = export(tmp_path, "unnamed", "--job", "gavel-lm:8:seq_len=70:optimizer=adam")
+    assert unnamed["gavel-lm (batch size 8)"] == pytest.approx(own[LM], rel=1e-9)
+
+
+@pytest.mark.parametrize(("job", "words"), [
+    ("gavel-lm", ["ZOO_NAME:BATCH"]),
+    ("gavel-lm:8:adam", ["ZOO_NAME:BATCH[:KEY=VALUE...]"]),
+    ("gavel-lm:8:bptt=35", ["unknown setting 'bptt'", "seq_len, optimizer, precision"]),
+    ("gavel-lm:8:seq_len=0", ["seq_len must be an integer >= 1"]),
+    ("gavel-lm:8:seq_len=", ["seq_len has no value"]),
+    ("gavel-lm:8:seq_len=35:seq_len=70", ["seq_len is given twice"]),
+    ("LM=gavel-lm:8:optimizer=adagrad", ["'LM=gavel-lm:8:optimizer=adagrad'", "optimizer"]),
+    ("gavel-lm:8:precision=fp12", ["precision"]),
+])
+def test_a_bad_job_spec_exits_2_naming_it(tmp_path, job, words):
+    out = tmp_path / "x.json"
+    result = runner.invoke(app, ["export", "gavel", str(out), "--job", job, "--accelerators", "t4"])
+    assert result.exit_code == 2, result.output
+    assert all(word in result.output for word in words), result.output
+    assert not out.exists()
