@@ -429,6 +429,10 @@ class GavelResponse(BaseModel):
     unit: Literal["steps/s"] = "steps/s"
     job_types: dict[str, str] = Field(description="job type -> job id")
     worker_types: dict[str, str] = Field(description="worker type -> catalog accelerator")
+    calibrated: dict[str, dict[str, str]] = Field(
+        default_factory=dict, description="the cells observations calibrated, keyed as in `throughputs`: {worker "
+                                          "type: {\"(JOB_TYPE, SCALE_FACTOR)\": calibration level (job, "
+                                          "accelerator, chip)}}; empty when none did")
     model_versions: dict[str, str]
 
 

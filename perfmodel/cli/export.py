@@ -95,11 +95,14 @@ def export_gavel(
         entries, job_types = expand_batches(engine, entries, job_types, _int_list(batch_sizes, "--batch-sizes"))
     columns = grid_columns(engine, workers, factors, inter_node_gbit_s=inter_node_gbit_s,
                            intra_node_link=intra_link)  # type: ignore[arg-type]  # one of `links`, checked above
+    calibrated: dict[str, dict[str, str]] = {}
     throughputs = gavel_throughputs(engine, entries, job_types, columns, colocation=colocation,
-                                    sharing=sharing)
+                                    sharing=sharing, calibrated=calibrated)
     write_text_atomically(output, json.dumps(throughputs, indent=2, sort_keys=True) + "\n", make_parents=False)
+    cells = sum(len(jobs) for jobs in calibrated.values())
     out.print(f"wrote {output}: {len(specs)} job types x worker types {', '.join(throughputs)} x scale factors "
-              f"{factors}, steps/s" + (f", pairs sharing the GPUs ({sharing})" if colocation else ""))
+              f"{factors}, steps/s" + (f", pairs sharing the GPUs ({sharing})" if colocation else "")
+              + (f"; {cells} cells calibrated by the store's observations" if cells else ""))
 
 
 # --job "[JOB_TYPE=]ZOO_NAME:BATCH[:KEY=VALUE...]" (a job type name may hold "=" and ":"; the rest holds neither

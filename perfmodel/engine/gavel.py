@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from perfmodel.placement.colocation import Sharing, load_colocation_params, share
-from perfmodel.placement.gavel import Layout, gavel_file, grid_layouts
+from perfmodel.placement.gavel import Layout, gavel_file, grid_layouts, job_type_key, worker_keys
 from perfmodel.placement.spec import IntraNodeLink, Parallelism, PlacementSpec
 
 
@@ -82,9 +82,12 @@ def expand_batches(engine: Any, entries: Sequence[Any], job_types: Sequence[str]
 
 
 def gavel_throughputs(engine: Any, entries: Sequence[Any], job_types: Sequence[str], columns: Sequence[GavelColumn],
-                      *, colocation: bool = False, sharing: Sharing = "time-slicing"
+                      *, colocation: bool = False, sharing: Sharing = "time-slicing",
+                      calibrated: dict[str, dict[str, str]] | None = None
                       ) -> dict[str, dict[str, dict[str, float | list[float]]]]:
-    """Gavel's file of the engine's jobs (`JobEntry`s, named `job_types`) on `columns`."""
+    """Gavel's file of the engine's jobs (`JobEntry`s, named `job_types`) on `columns`. With `calibrated`, the
+    cells observations calibrated are filed there as in the file ({worker type: {job key: calibration level}}):
+    Gavel's format itself has no place for it."""
     params = load_colocation_params()
     engine.prefetch([([entry], [column.placement(entry.spec.batch_size) for column in columns]) for entry in entries],
                     ("columns",))  # every job's device steps in one pass (a batch axis: one sweep per job)
@@ -97,6 +100,10 @@ def gavel_throughputs(engine: Any, entries: Sequence[Any], job_types: Sequence[s
             inputs[(i, j)] = (answer, job)
             if answer["fits"]:
                 steps[i][j] = answer["throughput_samples_per_s"] / batch
+            level = answer["calibration"]["level"]
+            if calibrated is not None and level != "none":
+                for worker in worker_keys(column.worker_type, column.layout, column.consolidated):
+                    calibrated.setdefault(worker, {})[job_type_key(job_types[i], sum(column.layout))] = level
     pairs: dict[tuple[int, int, int], tuple[float, float]] | None = None
     if colocation:
         pairs = {}

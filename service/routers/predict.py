@@ -215,12 +215,13 @@ def gavel(engine: PredictionEngine, entries: Sequence[JobEntry], body: MatrixReq
     job_types = body.job_types or job_type_names([(e.key, e.spec.name, e.spec.batch_size) for e in entries])
     if body.grid is not None and body.grid.batch_sizes is not None:  # the batch axis: each job at each batch
         entries, job_types = expand_batches(engine, entries, job_types, body.grid.batch_sizes)
+    calibrated: dict[str, dict[str, str]] = {}
     throughputs = gavel_throughputs(engine, entries, job_types, columns, colocation=body.colocation,
-                                    sharing=body.sharing)
+                                    sharing=body.sharing, calibrated=calibrated)
     workers_used = {c.worker_type: c.accelerator for c in columns}
     data = {"layout": "gavel", "throughputs": throughputs, "unit": "steps/s",
             "job_types": {t: e.key for t, e in zip(job_types, entries)}, "worker_types": workers_used,
-            "model_versions": engine.model_versions}
+            "calibrated": calibrated, "model_versions": engine.model_versions}
     return data, len(entries) * len(columns)
 
 

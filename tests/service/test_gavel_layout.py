@@ -106,3 +106,18 @@ def test_a_worker_type_that_would_file_nothing_is_refused(client):
     filed = _gavel(client, grid=None, placements=placements, worker_types={"K80 (GCP)": "k80"})
     assert filed.status_code == 200, filed.text
     assert set(filed.json()["throughputs"]) == {"K80 (GCP)", "K80 (GCP)_unconsolidated"}
+
+
+def test_the_gavel_layout_says_which_cells_observations_calibrated(client):
+    """Gavel's file has no place for it: the response's `calibrated` names the cells, keyed as in the file."""
+    response = _gavel(client)
+    assert response.status_code == 200 and response.json()["calibrated"] == {}
+    job = client.post("/v1/jobs", json=SMALL_JOB).json()["job_id"]
+    steps = read_like_gavel(response.json()["throughputs"])["k80"][(JOB_TYPE, 1)]["null"]
+    observed = client.post("/v1/observations", json={"job": job, "placement": {"accelerator": "k80"},
+                                                    "throughput_samples_per_s": steps * SMALL_JOB["batch_size"] * 0.7})
+    assert observed.status_code == 201, observed.text
+    after = _gavel(client).json()
+    key = str((JOB_TYPE, 1))
+    assert after["calibrated"]["k80"][key] == "job" and after["calibrated"]["k80_unconsolidated"][key] == "job"
+    assert read_like_gavel(after["throughputs"])["k80"][(JOB_TYPE, 1)]["null"] < steps

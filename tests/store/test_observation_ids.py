@@ -6,25 +6,18 @@ from __future__ import annotations
 
 from sqlalchemy import Engine, Table, delete, insert, inspect, select, text
 
-from perfmodel.jobs.spec import JobSpec, ZooSource
 from perfmodel.records import utc_now
 from perfmodel.store import STORE_SCHEMA_VERSION
 from perfmodel.store.jobs import JobStore
 from perfmodel.store.schema import ensure_schema, open_engine, write_transaction
 from perfmodel.store.tables import Base, JobRow, ObservationRow, SchemaInfo
+from tests.store.test_jobs import PLACEMENT, SPEC, _observe
 
-SPEC = JobSpec(source=ZooSource(name="resnet18"), batch_size=8)
 OTHER = SPEC.model_copy(update={"batch_size": 16})
-PLACEMENT = {"accelerator": "t4", "devices_per_node": [1], "global_batch_size": 8}
 V1_TABLES = ("schema_info", "profiles", "op_records", "onnx_nodes")
 _JOBS: Table = JobRow.__table__  # type: ignore[assignment]
 _OBSERVATIONS: Table = ObservationRow.__table__  # type: ignore[assignment]
 
-
-def _observe(store: JobStore, key: str, throughput: float = 100.0):
-    return store.add_observation(key, placement=PLACEMENT, accelerator="t4", devices=1,
-                                 throughput_samples_per_s=throughput, predicted_throughput_samples_per_s=120.0,
-                                 model_version="xgb-device-ops/v1")
 
 
 def test_a_deleted_observation_id_is_never_given_again(store_url):
