@@ -15,10 +15,12 @@ class UnknownNameError(PerfmodelError, KeyError):
 
     def __init__(self, what: str, name: str, known: Iterable[str]):
         known = sorted(known)
-        close = difflib.get_close_matches(name, known, n=5, cutoff=0.5)
-        if not close:
+        close = difflib.get_close_matches(name, known, n=5, cutoff=0.5) if name.strip() else []
+        if not close and name.strip():
             close = [k for k in known if name.lower() in k.lower()][:5]
         hint = f"; did you mean: {', '.join(close)}?" if close else f"; {len(known)} known (list them to choose)"
+        if not name.strip():
+            hint = f": the name is empty; {len(known)} known (list them to choose)"
         super().__init__(f"unknown {what} {name!r}{hint}")
         self.name = name
         self.close_matches = close

@@ -43,6 +43,10 @@ def test_unknown_name_lists_close_matches():
     with pytest.raises(UnknownNameError) as error:
         get_accelerator("a100-sxm4-60gb", catalog)
     assert "a100-sxm4-40gb" in error.value.close_matches and "did you mean" in str(error.value)
+    for blank in ("", "  "):  # an empty name is said to be empty, not "close" to whatever sorts first
+        with pytest.raises(UnknownNameError, match="the name is empty") as error:
+            get_accelerator(blank, catalog)
+        assert error.value.close_matches == []
     with pytest.raises(UnknownNameError):
         get_accelerator("tpu-v4")  # the real catalog
 
