@@ -16,12 +16,46 @@ one line on stderr and exit code 2 (`perfmodel.cli.common.user_errors`).
 
 from __future__ import annotations
 
+from typing import Any, NoReturn
+
 import typer
+from typer.core import TyperGroup
 
 from perfmodel.cli import export, hw, importing, models, predict, profile, profiles, report, serve, train, zoo
 
-app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
-                  help="perfmodel: what throughput will job X reach on placement Y?")
+# click's UsageError (an unknown option, a missing argument, a value of the wrong type), or the copy of click that
+# typer >= 0.2x vendors: whichever typer raises (its public BadParameter derives from it)
+_UsageError: type[Exception] = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "UsageError")
+
+
+class _OneLineUsageErrors(TyperGroup):
+    """The root group: a usage error anywhere below it is one `error:` line on stderr and exit code 2, as every
+    other bad input (`perfmodel.cli.common.user_errors`), not rich's boxed panel."""
+
+    def make_context(self, info_name: str | None, args: list[str], parent: Any = None, **extra: Any) -> Any:
+        try:
+            return super().make_context(info_name, args, parent, **extra)
+        except _UsageError as exc:
+            _one_line(exc)
+
+    def invoke(self, ctx: Any) -> Any:
+        try:
+            return super().invoke(ctx)
+        except _UsageError as exc:
+            _one_line(exc)
+
+
+def _one_line(exc: Any) -> NoReturn:
+    if type(exc).__name__ == "NoArgsIsHelpError":  # a group without its command: the help, printed already
+        raise exc
+    message = " ".join(exc.format_message().split()).rstrip(".")
+    hint = f" (see `{exc.ctx.command_path} --help`)" if exc.ctx is not None else ""
+    typer.echo(f"error: {message}{hint}", err=True)
+    raise typer.Exit(exc.exit_code)
+
+
+app = typer.Typer(cls=_OneLineUsageErrors, no_args_is_help=True, add_completion=False,
+                  pretty_exceptions_enable=False, help="perfmodel: what throughput will job X reach on placement Y?")
 app.add_typer(zoo.zoo_app, name="zoo")
 app.add_typer(profiles.profiles_app, name="profiles")
 app.add_typer(hw.hw_app, name="hw")

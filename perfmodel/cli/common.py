@@ -7,7 +7,7 @@ import functools
 import json
 import shutil
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Annotated, Any, Optional, TypeVar
 
@@ -15,7 +15,7 @@ import typer
 from pydantic import ValidationError
 from rich.console import Console
 
-from perfmodel.core.errors import PerfmodelError
+from perfmodel.core.errors import PerfmodelError, validation_message
 
 # Piped output (scripts, CI logs) gets a wide console rather than rich's 80-column default.
 out = Console(soft_wrap=True, width=shutil.get_terminal_size((160, 24)).columns)
@@ -29,20 +29,19 @@ def user_errors(fn: F) -> F:
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        from perfmodel.jobs.sweep import format_validation_error
-
         try:
             return fn(*args, **kwargs)
         except PerfmodelError as exc:
             message = str(exc)
         except ValidationError as exc:
-            message = format_validation_error(exc)
+            message = validation_message(exc)
         typer.echo("error: " + " ".join(message.split()), err=True)
         raise typer.Exit(2)
 
     return wrapper  # type: ignore[return-value]
 
 
+# what pydantic puts before the message of a validator's ValueError / AssertionError
 # --- job options, shared by every command that takes a job ----------------------------------------------------
 ModelArg = Annotated[Optional[str], typer.Argument(help="zoo model name (see `perfmodel zoo list`)")]
 HFConfigOpt = Annotated[Optional[Path], typer.Option("--hf-config", help="HF config.json (or its folder)")]
@@ -51,28 +50,39 @@ TaskOpt = Annotated[Optional[str], typer.Option(help="HF head: base, causal-lm, 
 ModuleOpt = Annotated[Optional[str], typer.Option("--module", help="path/to/file.py:NAME")]
 OnnxOpt = Annotated[Optional[Path], typer.Option("--onnx", help="an .onnx file")]
 BatchOpt = Annotated[int, typer.Option("--batch-size", "-b", help="batch size")]
-SeqOpt = Annotated[Optional[int], typer.Option("--seq-len", help="sequence length of token models [a zoo model's "
+SeqOpt = Annotated[Optional[int], typer.Option("--seq-len", help="sequence length of token models \\[a zoo model's "
                                                                   "own (`zoo show NAME`), else 128]")]
 PrecisionOpt = Annotated[str, typer.Option(help="fp32 (PyTorch's defaults: TF32 convs on Ampere+), fp32-strict, "
                                                 "tf32, amp, amp-bf16, fp16 or bf16")]
 OptimizerOpt = Annotated[str, typer.Option(help="sgd (momentum 0.9), adam or adamw")]
 ModeOpt = Annotated[str, typer.Option(help="train or inference")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="machine-readable output")]
-StoreOpt = Annotated[Optional[str], typer.Option("--store", help="store URL [env PERFMODEL_STORE_URL, "
+StoreOpt = Annotated[Optional[str], typer.Option("--store", help="store URL \\[env PERFMODEL_STORE_URL, "
                                                                    "default SQLite under PERFMODEL_HOME]")]
+
+
+# the JobSpec fields the job options set
+JOB_OPTIONS = {"batch_size": "-b/--batch-size", "seq_len": "--seq-len", "precision": "--precision",
+               "optimizer": "--optimizer", "mode": "--mode", "task": "--task", "source.task": "--task"}
 
 
 def job_spec(model: str | None, hf_config: Path | None, task: str | None, module: str | None,
              onnx: Path | None, batch_size: int, seq_len: int | None, precision: str, optimizer: str,
-             mode: str) -> Any:
-    """The JobSpec the job options describe."""
+             mode: str, *, options: Mapping[str, str] | None = JOB_OPTIONS) -> Any:
+    """The JobSpec the job options describe; a value pydantic refuses is a PerfmodelError naming its option in
+    `options` (None: the ValidationError itself, for a caller that names the values its own way)."""
     from perfmodel.jobs.spec import JobSpec
 
     if onnx is not None and not onnx.is_file():
         raise PerfmodelError(f"ONNX file not found: {onnx}")
-    return JobSpec.from_options(zoo=model, hf_config=hf_config, task=task, module=module,
-                                onnx=str(onnx) if onnx else None, batch_size=batch_size, seq_len=seq_len,
-                                precision=precision, optimizer=optimizer, mode=mode)
+    try:
+        return JobSpec.from_options(zoo=model, hf_config=hf_config, task=task, module=module,
+                                    onnx=str(onnx) if onnx else None, batch_size=batch_size, seq_len=seq_len,
+                                    precision=precision, optimizer=optimizer, mode=mode)
+    except ValidationError as exc:
+        if options is None:
+            raise
+        raise PerfmodelError(validation_message(exc, options)) from None
 
 
 def writable_folder(path: Path) -> Path:

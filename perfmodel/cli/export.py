@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Optional, get_args
 
 import typer
 
-from perfmodel.cli.common import job_spec, out, user_errors, writable_folder
+from perfmodel.cli.common import job_spec, out, user_errors, validation_message, writable_folder
 from perfmodel.core.errors import PerfmodelError
 
 if TYPE_CHECKING:
@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 
 # every job's settings, unless its --job gives its own
 JobsSeqOpt = Annotated[Optional[int], typer.Option(
-    "--seq-len", help="every job's sequence length, unless its --job gives seq_len [each zoo model's own (`zoo show "
+    "--seq-len", help="every job's sequence length, unless its --job gives seq_len \\[each zoo model's own (`zoo show "
                       "NAME`), else 128]")]
 JobsPrecisionOpt = Annotated[str, typer.Option(
     help="every job's precision, unless its --job gives one: fp32 (PyTorch's defaults: TF32 convs on Ampere+), "
@@ -51,13 +51,13 @@ def export_gavel(
     seq_len: JobsSeqOpt = None, precision: JobsPrecisionOpt = "fp32", optimizer: JobsOptimizerOpt = "sgd",
     inter_node_gbit_s: Annotated[Optional[float], typer.Option(
         "--inter-node-gbit-s", "--inter-node-gbps",
-        help="network of one node over all its NICs, Gb/s [the catalog's node_network_gbit_s, else 100]")] = None,
+        help="network of one node over all its NICs, Gb/s \\[the catalog's node_network_gbit_s, else 100]")] = None,
     intra_link: Annotated[Optional[str], typer.Option(
         help="every server's intra-node link instead of the catalog's: nvlink1..5, infinity-fabric, pcie3..5, or "
              "host (no GPU peer-to-peer: cloud VMs, NCCL_P2P_DISABLE=1)")] = None,
 ) -> None:
     """Gavel's throughputs file: {worker_type: {"(JOB_TYPE, SCALE_FACTOR)": {"null": steps/s, "(OTHER, SF)":
-    [this, other]}}} for every job x worker type x scale factor, data parallel with the job's batch on every worker,
+    \\[this, other]}}} for every job x worker type x scale factor, data parallel with the job's batch on every worker,
     consolidated (worker type) and one device per server (`<worker type>_unconsolidated`); with --colocation every
     pair of jobs sharing the GPUs. A job (or pair) that does not fit in a device's memory gets 0. --seq-len,
     --optimizer and --precision are every job's defaults; a --job's own settings win over them."""
@@ -116,8 +116,6 @@ def _job(item: str, defaults: dict[str, Any]) -> tuple[str | None, JobSpec]:
     `defaults` (--seq-len, --optimizer, --precision)."""
     from pydantic import ValidationError
 
-    from perfmodel.jobs.sweep import format_validation_error
-
     form = "[JOB_TYPE=]ZOO_NAME:BATCH[:KEY=VALUE...] like resnet50:32 or gavel-lm:20:seq_len=35"
     match = _JOB.match(item)
     if match is None or not match["batch"].isdigit() or int(match["batch"]) < 1 or not match["model"].strip() or (
@@ -140,9 +138,9 @@ def _job(item: str, defaults: dict[str, Any]) -> tuple[str | None, JobSpec]:
     seq_len = int(run["seq_len"]) if run["seq_len"] is not None else None  # None: the zoo model's own
     try:
         spec = job_spec(match["model"].strip(), None, None, None, None, int(match["batch"]), seq_len,
-                        run["precision"], run["optimizer"], "train")
+                        run["precision"], run["optimizer"], "train", options=None)
     except ValidationError as exc:
-        raise PerfmodelError(f"--job {item!r}: {format_validation_error(exc)}") from None
+        raise PerfmodelError(f"--job {item!r}: {validation_message(exc)}") from None
     return (match["name"].strip() if match["name"] is not None else None), spec
 
 

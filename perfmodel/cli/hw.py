@@ -22,7 +22,8 @@ import typer
 from perfmodel.cli.common import JsonOpt, StoreOpt, out, print_json, user_errors
 from perfmodel.core.errors import PerfmodelError
 
-hw_app = typer.Typer(no_args_is_help=True, help="The hardware catalog: list, show, probe this host.")
+hw_app = typer.Typer(no_args_is_help=True, help="The hardware catalog: list, show, probe this host, add a "
+                                                "spec sheet, bench this machine's device.")
 
 
 @hw_app.command("list")
@@ -117,7 +118,7 @@ def hw_bench(
         "--budget-s", help="stop starting new shapes after this many seconds [240 on a CPU, 600 on a GPU]")] = None,
     store: StoreOpt = None,
     run_id: Annotated[Optional[str], typer.Option(
-        help="name of this sweep; re-running with the same id skips the shapes stored [bench-<device>]")] = None,
+        help="name of this sweep; re-running with the same id skips the shapes stored \\[bench-<device>]")] = None,
     classes: Annotated[str, typer.Option(help="comma-separated op classes")] =
         "bmm,linear,conv2d,elementwise,softmax,layernorm",
     adapt: Annotated[bool, typer.Option(help="fit the device's adaptation from its rows afterwards")] = True,
@@ -150,24 +151,43 @@ def hw_bench(
     run = bench_device(device, store, classes.split(","), budget_s=budget_s, run_id=run_id, max_op_ms=max_op_ms,
                        progress=typer.echo)
     typer.echo(run.summary())
-    adaptation = fit_adaptation(run.device, store, run.catalog, typer.echo) if adapt else None
+    # with --steps, whole steps decide whether the adaptation stays: its "adapted ...: FOLDER" line waits for them
+    fitted: list[str] = []
+    adaptation = (fit_adaptation(run.device, store, run.catalog, fitted.append if steps else typer.echo)
+                  if adapt else None)
     if not steps:
         return
+    if adaptation is not None:
+        rows = sum(adaptation.rows_per_class.values())
+        typer.echo(f"fitted the op-sweep adaptation to {run.device} ({rows} rows); whole training steps decide "
+                   f"whether it is applied")
     hardware = run.catalog[run.device]
     timed = time_steps(resolve_device(device), run.device, hardware.kind,
                        steps_budget_s or DEFAULT_STEPS_BUDGET_S[hardware.kind], typer.echo)
     if len(timed) < 2:
-        typer.echo(f"{len(timed)} whole step(s) timed: too few to judge anything on held-out steps, nothing kept "
-                   f"(raise --steps-budget-s)")
+        typer.echo(f"{len(timed)} whole step(s) timed: too few to judge anything on held-out steps (raise "
+                   f"--steps-budget-s); the steps are not kept")
+        if adaptation is not None:
+            typer.echo("op-sweep adaptation: applied without that judgement")
+            for line in fitted:
+                typer.echo(line)
         return
     verdict = judge(timed, hardware, predictors_for(run.device, adaptation, run.catalog))
     typer.echo(f"{len(timed)} whole steps on {run.device}, each predicted without its own measurement:")
     for line in verdict.lines():
         typer.echo(line)
-    if adaptation is not None and not verdict.adapt:
-        shutil.rmtree(adaptations_dir() / run.device, ignore_errors=True)
-        typer.echo(f"the op-sweep adaptation is not applied (it does not beat the model as shipped on whole steps); "
-                   f"its rows stay in the store (`perfmodel adapt --device {run.device}` fits it again)")
+    if adaptation is not None:
+        mape = verdict.mape_pct
+        versus = f"{mape.get((True, False), float('nan')):.1f} % vs {mape[(False, False)]:.1f} % MAPE"
+        if verdict.adapt:
+            typer.echo(f"op-sweep adaptation: applied (it beat the model as shipped on held-out steps: {versus})")
+            for line in fitted:
+                typer.echo(line)
+        else:
+            shutil.rmtree(adaptations_dir() / run.device, ignore_errors=True)
+            typer.echo(f"op-sweep adaptation: not applied (it did not beat the model as shipped on held-out steps: "
+                       f"{versus}); its rows stay in the store (`perfmodel adapt --device {run.device}` fits it "
+                       f"again)")
     if verdict.calibrate:
         path = save_device_steps(run.device, timed)
         typer.echo(f"kept the steps in {path}: every prediction for {run.device} is calibrated by them")

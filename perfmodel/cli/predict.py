@@ -31,8 +31,8 @@ from perfmodel.engine.errors import FieldError
 
 
 @user_errors
-def predict(model: ModelArg = None, hf_config: HFConfigOpt = None, task: TaskOpt = None, module: ModuleOpt = None,
-            onnx: OnnxOpt = None,
+def predict(ctx: typer.Context, model: ModelArg = None, hf_config: HFConfigOpt = None, task: TaskOpt = None,
+            module: ModuleOpt = None, onnx: OnnxOpt = None,
             batch_size: Annotated[int, typer.Option(
                 "--batch-size", "-b", help="samples in one forward/backward pass of one model replica (README, "
                                            "\"Batch size\")")] = 1,
@@ -58,19 +58,19 @@ def predict(model: ModelArg = None, hf_config: HFConfigOpt = None, task: TaskOpt
                                                  "data-parallel degree)")] = 1,
             inter_node_gbit_s: Annotated[Optional[float], typer.Option(
                 "--inter-node-gbit-s", "--inter-node-gbps",
-                help="network of one node over all its NICs, Gb/s [the catalog's node_network_gbit_s, else "
+                help="network of one node over all its NICs, Gb/s \\[the catalog's node_network_gbit_s, else "
                      "100]")] = None,
             inter_node_latency_us: Annotated[float, typer.Option(help="network latency, us")] = 5.0,
-            model_version: Annotated[Optional[str], typer.Option(help="NAME/VERSION [the promoted models]")] = None,
+            model_version: Annotated[Optional[str], typer.Option(help="NAME/VERSION \\[the promoted models]")] = None,
             with_job: Annotated[Optional[str], typer.Option(
                 "--with", help="ZOO_NAME:BATCH of a second job sharing the same GPU(s): both jobs' throughput "
                                "while they do (co-location)")] = None,
             sharing: Annotated[str, typer.Option(help="with --with: time-slicing (two processes) or mps")] =
                 "time-slicing",
             batch_sizes: Annotated[Optional[str], typer.Option(
-                help="a batch axis instead of --batch-size: per-device batch sizes, e.g. 8,16,32,64; one answer "
-                     "each (a goodput scheduler's sweep: the job is captured at three batches, the rest is "
-                     "arithmetic)")] = None,
+                help="a batch axis instead of --batch-size (give one or the other): per-device batch sizes, e.g. "
+                     "8,16,32,64; one answer each (a goodput scheduler's sweep: the job is captured at three "
+                     "batches, the rest is arithmetic)")] = None,
             as_json: JsonOpt = False) -> None:
     """Predict a job's iteration time, throughput and per-device memory on a placement from its graph alone
     (nothing is run). Compute per device comes from the per-op device model on a GPU (any catalog GPU, from its
@@ -81,6 +81,9 @@ def predict(model: ModelArg = None, hf_config: HFConfigOpt = None, task: TaskOpt
     from perfmodel.engine import EngineConfig, PredictionEngine
     from perfmodel.placement.build import placement_from_options
 
+    given = ctx.get_parameter_source("batch_size")  # click's ParameterSource (typer vendors its own click)
+    if batch_sizes is not None and given is not None and given.name == "COMMANDLINE":
+        raise PerfmodelError("--batch-sizes replaces -b/--batch-size: give one or the other")
     spec = job_spec(model, hf_config, task, module, onnx, batch_size, seq_len, precision, optimizer, mode)
     placement = placement_from_options(
         accelerator, global_batch_size, batch_size=batch_size, nodes=nodes, per_node=per_node,
@@ -108,7 +111,7 @@ def predict(model: ModelArg = None, hf_config: HFConfigOpt = None, task: TaskOpt
         return
     lo, hi = result["interval_ms"]
     layout = "+".join(str(n) for n in placement.devices_per_node)
-    out.print(f"[bold]{result['job_name']}[/] b={placement.global_batch_size} {spec.mode.value} on {layout} x "
+    out.print(f"[bold]{result['job_name']}[/] {_batch(spec.batch_size, placement)} {spec.mode.value} on {layout} x "
               f"{result['accelerator']}: {result['iter_time_ms']:.2f} ms/iteration (80 % interval {lo:.2f}-{hi:.2f}), "
               f"{result['throughput_samples_per_s']:.1f} samples/s  [dim]{result['model_version']}[/]")
     out.print("  " + ", ".join(f"{k} {v:.2f} ms" for k, v in result["breakdown_ms"].items()))
@@ -122,6 +125,13 @@ def predict(model: ModelArg = None, hf_config: HFConfigOpt = None, task: TaskOpt
               f"{(result['memory_capacity_bytes'] or 0) / 2**30:.1f} GiB usable: {fits}")
     if result["extrapolated"]:
         out.print("  [yellow]extrapolated:[/] " + "; ".join(result["extrapolation_reasons"]))
+
+
+def _batch(batch_size: int, placement: Any) -> str:
+    """"b=32", the job's batch (one replica's forward/backward), and the placement's global batch where it differs:
+    "b=32 (global batch 64)"."""
+    global_batch = placement.global_batch_size
+    return f"b={batch_size}" + (f" (global batch {global_batch})" if global_batch != batch_size else "")
 
 
 def _sizes(text: str) -> list[int]:
@@ -180,7 +190,8 @@ def _colocated(engine: Any, spec: Any, other: str, placement: Any, sharing: str,
         print_json(result)
         return
     for i, job in enumerate((spec, second)):
-        out.print(f"[bold]{job.name}[/] b={job.batch_size}: {result['throughput_samples_per_s'][i]:.1f} samples/s "
+        out.print(f"[bold]{job.name}[/] {_batch(job.batch_size, per_job.to_spec(job.batch_size))}: "
+                  f"{result['throughput_samples_per_s'][i]:.1f} samples/s "
                   f"sharing {result['devices']} x {result['accelerator']} ({sharing}), "
                   f"{result['isolated_throughput_samples_per_s'][i]:.1f} alone (x{1 / result['slowdown'][i]:.2f})")
     out.print(f"  device busy {100 * result['combined_device_share']:.0f} %; memory per device "

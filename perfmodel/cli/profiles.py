@@ -12,7 +12,8 @@ import typer
 
 from perfmodel.cli.common import JsonOpt, StoreOpt, out, print_json, say, user_errors
 
-profiles_app = typer.Typer(no_args_is_help=True, help="Profiles in the store: list, show, export, import.")
+profiles_app = typer.Typer(no_args_is_help=True, help="Profiles in the store: list, show, export, import, "
+                                                      "add-graphs, ops-summary.")
 
 
 @profiles_app.command("list")

@@ -18,11 +18,19 @@ Opt = typer.Option
 @report_app.command("gpu-accuracy")
 @user_errors
 def gpu_accuracy_command(
-        output: Annotated[Path, Opt("--out", help="report folder")] = Path("reports/gpu-accuracy"),
-        datasets: Annotated[Optional[Path], Opt(help="public datasets folder (holds lambda/)")] = None,
-        cache: Annotated[Optional[Path], Opt(help="keep the composed runs in this Parquet file")] = None) -> None:
-    """Predict Lambda's public training runs (TF32/AMP, 1-16 GPUs) with each model family and each chip held out
-    of the whole-step stage; write gpu-accuracy.md and its plots (a few minutes: every run is composed once)."""
+        output: Annotated[Path, Opt("--out", help="report folder, relative to the current folder: from the checkout, "
+                                                  "the default overwrites the committed report")] =
+            Path("reports/gpu-accuracy"),
+        datasets: Annotated[Optional[Path], Opt(
+            help="public datasets folder (holds lambda/) \\[env PERFMODEL_DATASETS_DIR, default shared/datasets "
+                 "beside the checkout]")] = None,
+        cache: Annotated[Optional[Path], Opt(
+            help="keep the composed runs in this Parquet file; a later run given the same file skips composing "
+                 "them")] = None) -> None:
+    """Predict Lambda's public training runs (1,986 runs: TF32/AMP, 1-16 GPUs) with each model family and each chip
+    held out of the whole-step stage; write gpu-accuracy.md and its plots to --out and print the report. Nothing
+    runs on a GPU: the runs are read from --datasets and predicted on the CPU. Slow: composing every run takes about
+    16 minutes on a 2-core machine, about 6 when --cache holds the runs an earlier run composed."""
     from perfmodel.core.errors import PerfmodelError
     from perfmodel.evaluation.gpu_report import gpu_accuracy, write_gpu_report
     from perfmodel.settings import get_settings

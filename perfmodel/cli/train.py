@@ -19,12 +19,12 @@ from perfmodel.evaluation.training import DEVICE_OPS_SOURCES
 
 Opt = typer.Option
 ProfilesDirOpt = Annotated[Optional[Path], typer.Option(
-    "--profiles", help="a Parquet export to learn from [profiles/cpu-corpus]; --store reads a store instead")]
+    "--profiles", help="a Parquet export to learn from \\[profiles/cpu-corpus]; --store reads a store instead")]
 
 
 @user_errors
 def train(regressor: Annotated[str, typer.Option(help="roofline, xgb-ops, xgb-graph or gnn")] = "xgb-ops",
-          name: Annotated[Optional[str], typer.Option(help="registry name [the regressor's]")] = None,
+          name: Annotated[Optional[str], typer.Option(help="registry name \\[the regressor's]")] = None,
           promote: Annotated[bool, typer.Option(help="make it the default model")] = False,
           seed: Annotated[int, typer.Option(help="random seed")] = 0,
           profiles: ProfilesDirOpt = None, store: StoreOpt = None) -> None:
@@ -98,9 +98,9 @@ def _setting(value: str, previous: dict[str, Any] | None) -> dict[str, Any]:
 
 
 def retrain(
-        store: Annotated[Optional[str], Opt("--store", help="store URL [env PERFMODEL_STORE_URL, default SQLite "
+        store: Annotated[Optional[str], Opt("--store", help="store URL \\[env PERFMODEL_STORE_URL, default SQLite "
                                                              "under PERFMODEL_HOME]")] = None,
-        models_dir: Annotated[Optional[Path], Opt("--models-dir", help="model registry [env PERFMODEL_MODELS_DIR, "
+        models_dir: Annotated[Optional[Path], Opt("--models-dir", help="model registry \\[env PERFMODEL_MODELS_DIR, "
                                                                        "the shipped models/]")] = None,
         report: Annotated[Optional[Path], Opt("--report", help="write the JSON report here (atomically)")] = None,
         roles: Annotated[str, Opt(help="roles to retrain, comma-separated: cpu-step, device-ops, whole-step "

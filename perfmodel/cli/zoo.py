@@ -51,7 +51,7 @@ def zoo_list(as_json: JsonOpt = False) -> None:
 @user_errors
 def zoo_show(name: Annotated[str, typer.Argument(help="zoo model name (see `perfmodel zoo list`)")],
              seq_len: Annotated[Optional[int], typer.Option(
-                 "--seq-len", help="sequence length items_per_sample is given at [the model's reference, else 128]")]
+                 "--seq-len", help="sequence length items_per_sample is given at \\[the model's reference, else 128]")]
              = None,
              as_json: JsonOpt = False) -> None:
     """One zoo model: family, library, inputs, the benchmark unit and items per sample, reference sequence length,

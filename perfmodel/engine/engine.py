@@ -518,11 +518,10 @@ class PredictionEngine:
         `prediction_json`), completed in place."""
         iter_time_ms, throughput = data["iter_time_ms"], data["throughput_samples_per_s"]
         applied = self.applied(entry, data["accelerator"], data["devices"],
-                               _communication_share(data["breakdown_ms"], iter_time_ms), calibration, fleet)
+                               _communication_share(data["breakdown_ms"], iter_time_ms), calibration, fleet,
+                               interval_ms=data["interval_ms"])
         if placement is not None:
             applied = self.within_physics(entry, placement, throughput, applied)
-        if applied.level == "job" and applied.log_sigma is not None:
-            applied = replace(applied, interval_scale=own_interval_scale(applied.log_sigma, data["interval_ms"]))
         factor = applied.throughput_factor
         data.update(job_id=entry.key, calibrated=applied.level != "none", calibration_factor=factor,
                     observations=applied.observations, calibration=applied.as_dict(),
@@ -538,16 +537,18 @@ class PredictionEngine:
         return data
 
     def applied(self, entry: JobEntry, accelerator: str, devices: int, communication_share: float,
-                calibration: Calibration | None = None, fleet: FleetCalibration | None = None) -> Applied:
-        """What calibrates `entry` on `devices` × `accelerator`: its own observations there (level `job`), else the
-        fleet's evidence (`FleetCalibration.apply`: the job elsewhere, other jobs on the accelerator or its
-        chip), else nothing."""
+                calibration: Calibration | None = None, fleet: FleetCalibration | None = None,
+                interval_ms: Sequence[float] | None = None) -> Applied:
+        """What calibrates `entry` on `devices` × `accelerator`: its own observations there (level `job`; with the
+        served `interval_ms`, narrowed as far as they agree: `own_interval_scale`), else the fleet's evidence
+        (`FleetCalibration.apply`: the job elsewhere, other jobs on the accelerator or its chip), else nothing."""
         calibration = calibration if calibration is not None else entry.calibration
         factor, count = calibration.factor(accelerator, devices)
         if count:
-            return Applied(level="job", throughput_factor=factor, observations=count, jobs=1,
-                           log_sigma=calibration.log_sigma(accelerator, devices),
-                           sources={"job": {"observations": count, "jobs": 1}})
+            log_sigma = calibration.log_sigma(accelerator, devices)
+            scale = 1.0 if log_sigma is None or interval_ms is None else own_interval_scale(log_sigma, interval_ms)
+            return Applied(level="job", throughput_factor=factor, observations=count, jobs=1, interval_scale=scale,
+                           log_sigma=log_sigma, sources={"job": {"observations": count, "jobs": 1}})
         fleet = fleet if fleet is not None else self._fleet
         if not len(fleet):
             return Applied()

@@ -70,6 +70,11 @@ def graph_from_onnx(path: str | Path, *, batch_size: int | None = None, seq_len:
         raise PerfmodelError(f"graph mode must be 'train' or 'inference', got {mode!r}")
     path = Path(path)
     model = _load_checked(path)
+    exported = _static_batch(model)
+    if batch_size is not None and exported is not None and exported != batch_size:
+        raise JobLoadError(f"{path.name}: every input shape is fixed (exported at batch {exported}, the inputs' first "
+                           f"dimension), so batch {batch_size} cannot be priced from it: ask for batch {exported}, or "
+                           f"export the model with a dynamic batch axis")
     _fix_symbolic_dims(model, batch_size or 1, seq_len or DEFAULT_SEQ_LEN)
     try:
         if model.functions:
@@ -88,7 +93,8 @@ def graph_from_onnx(path: str | Path, *, batch_size: int | None = None, seq_len:
                                                       data_prop=True)
     except Exception as exc:  # inference errors come from C++ with long messages: keep the first line
         raise JobLoadError(f"ONNX shape inference failed for {path}: {_first_line(exc)}") from None
-    return _build(model, name=name or path.stem, trainable=trainable)
+    graph = _build(model, name=name or path.stem, trainable=trainable)
+    return graph.model_copy(update={"batch_size": batch_size or exported})
 
 
 _DATA_FIELDS = ("raw_data", "float_data", "int32_data", "int64_data", "double_data", "uint64_data", "string_data")
@@ -161,6 +167,22 @@ def _dim_value(dim_name: str, axis: int, batch_size: int, seq_len: int) -> int |
     if axis == 0:
         return batch_size
     return None
+
+
+def _static_batch(model: Any) -> int | None:
+    """The batch a model whose input shapes are all fixed was exported at: its inputs' shared first dimension (None
+    when some input dimension is symbolic, so the batch can be set, or the inputs do not share one)."""
+    initializers = {init.name for init in model.graph.initializer}
+    leading = set()
+    for value in model.graph.input:
+        if value.name in initializers or not value.type.HasField("tensor_type"):
+            continue
+        dims = value.type.tensor_type.shape.dim
+        if any(not dim.HasField("dim_value") for dim in dims):
+            return None
+        if dims:
+            leading.add(dims[0].dim_value)
+    return leading.pop() if len(leading) == 1 else None
 
 
 def _fix_symbolic_dims(model: Any, batch_size: int, seq_len: int) -> None:

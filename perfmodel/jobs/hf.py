@@ -29,10 +29,13 @@ def build_hf_model(config: dict[str, Any], task: str | None = None) -> Any:
     if model_type is None:
         raise JobLoadError("HF config has no 'model_type'")
     architectures = cfg.pop("architectures", None) or []
+    known = transformers.CONFIG_MAPPING.keys()
+    if model_type not in known:
+        raise UnknownNameError("HF config model_type", str(model_type), known)
     try:
         hf_config = transformers.AutoConfig.for_model(model_type, **cfg)
     except (ValueError, KeyError) as exc:
-        raise JobLoadError(f"HF config not loadable: {exc}") from None
+        raise JobLoadError(f"HF config not loadable: {str(exc)[:500]}") from None
     hf_config.use_cache = False
     if task is not None:
         if task not in TASK_CLASSES:

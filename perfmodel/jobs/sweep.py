@@ -22,7 +22,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from perfmodel.core.errors import PerfmodelError
+from perfmodel.core.errors import PerfmodelError, validation_message
 from perfmodel.jobs.spec import JobSpec
 
 SWEEP_FIELDS = ("zoo", "hf_config", "task", "module", "onnx", "batch_size", "seq_len", "precision", "optimizer",
@@ -82,16 +82,7 @@ def _expand(entry: dict[str, Any], index: int, path: Path) -> list[JobSpec]:
         try:
             specs.append(JobSpec.from_options(**options))
         except ValidationError as exc:
-            raise PerfmodelError(f"sweep file {path}: jobs[{index}]: {format_validation_error(exc)}") from None
+            raise PerfmodelError(f"sweep file {path}: jobs[{index}]: {validation_message(exc)}") from None
     return specs
 
 
-def format_validation_error(exc: ValidationError) -> str:
-    """A pydantic error as one line naming each field at fault."""
-    parts = []
-    for err in exc.errors():
-        loc = ".".join(str(x) for x in err["loc"] if not isinstance(x, int)) or "value"
-        given = err.get("input")
-        shown = f" (got {given!r})" if isinstance(given, (str, int, float)) else ""
-        parts.append(f"{loc}: {err['msg']}{shown}")
-    return "; ".join(parts)

@@ -36,9 +36,9 @@ def test_graph_summary_and_json():
 
 @pytest.mark.parametrize("args,fragment", [
     (("graph", "resnet15"), "did you mean"),
-    (("graph", "resnet18", "-b", 0), "batch_size"),
-    (("graph", "resnet18", "--precision", "fp8"), "precision"),
-    (("graph", "resnet18", "--optimizer", "lamb"), "optimizer"),
+    (("graph", "resnet18", "-b", 0), "-b/--batch-size: Input should be greater than 0 (got 0)"),
+    (("graph", "resnet18", "--precision", "fp8"), "--precision: Input should be"),
+    (("graph", "resnet18", "--optimizer", "lamb"), "--optimizer: Input should be"),
     (("profile", "resnet18", "--device", "cuda"), "cuda"),
     (("graph", "--module", "nowhere.py:make"), "not found"),
     (("graph", "--onnx", "nowhere.onnx"), "not found"),

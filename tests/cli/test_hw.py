@@ -1,7 +1,9 @@
-"""`perfmodel hw list` / `hw show` on the shipped catalog."""
+"""`perfmodel hw list` / `hw show` on the shipped catalog, and what `hw bench` says it kept."""
 
 import json
+from types import SimpleNamespace
 
+import pytest
 from typer.testing import CliRunner
 
 from perfmodel.cli.main import app
@@ -40,3 +42,40 @@ def test_hw_show_of_an_ambiguous_name_lists_the_candidates():
         assert candidate in result.output
     result = run("hw", "show", "RTXPRO6000")  # llmservingsim's folder: the card it measured
     assert result.exit_code == 0 and json.loads(result.stdout)["name"] == "rtx-pro-6000-blackwell-server"
+
+
+@pytest.mark.parametrize("adapt", [False, True])
+def test_hw_bench_says_once_whether_the_adaptation_is_applied(monkeypatch, adapt):
+    """Whole steps judge the op-sweep adaptation: the output says once whether it is applied, with the held-out
+    errors, and names the folder only when the adaptation stays there (the sweep and the steps are stand-ins)."""
+    from perfmodel.evaluation import bench, device_steps, training
+    from perfmodel.evaluation.device_steps import Verdict
+    from perfmodel.regressors.adaptation import adaptations_dir
+    from perfmodel.store import device_steps as stored_steps
+
+    folder = adaptations_dir() / "cpu"
+
+    def fit_adaptation(device, store, catalog, progress):
+        folder.mkdir(parents=True)
+        progress(f"adapted xgb-device-ops/v3 to {device} (linear 3 rows): {folder}")
+        return SimpleNamespace(rows_per_class={"linear": 3})
+
+    mape = {(False, False): 20.0, (True, False): 12.5 if adapt else 160.0, (False, True): 18.0, (True, True): 15.0}
+    monkeypatch.setattr(bench, "bench_device", lambda *args, **kwargs: SimpleNamespace(
+        summary=lambda: "timed 3 shapes", device="cpu", catalog={"cpu": SimpleNamespace(kind="cpu")}))
+    monkeypatch.setattr(training, "fit_adaptation", fit_adaptation)
+    monkeypatch.setattr(device_steps, "time_steps", lambda *args: ["step"] * 3)
+    monkeypatch.setattr(device_steps, "predictors_for", lambda *args: {})
+    monkeypatch.setattr(device_steps, "judge", lambda *args: Verdict(mape, adapt=adapt, calibrate=False))
+    monkeypatch.setattr(stored_steps, "delete_device_steps", lambda device: False)
+    result = run("hw", "bench", "--device", "cpu")
+    assert result.exit_code == 0, result.output
+    assert result.output.count("op-sweep adaptation:") == 1
+    if adapt:
+        assert "op-sweep adaptation: applied (it beat the model as shipped on held-out steps: 12.5 % vs 20.0 % " \
+               "MAPE)" in result.output
+        assert f"adapted xgb-device-ops/v3 to cpu (linear 3 rows): {folder}" in result.output and folder.is_dir()
+    else:
+        assert "op-sweep adaptation: not applied (it did not beat the model as shipped on held-out steps: 160.0 % " \
+               "vs 20.0 % MAPE)" in result.output
+        assert str(folder) not in result.output and not folder.exists()

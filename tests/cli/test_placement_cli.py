@@ -2,6 +2,7 @@
 
 import json
 
+import pytest
 from typer.testing import CliRunner
 
 from perfmodel.cli.main import app
@@ -28,11 +29,69 @@ def test_predict_on_a_spread_placement_reports_communication_memory_and_fit():
 
 def test_bad_placements_exit_2_naming_the_problem():
     result = run("predict", "resnet18", "-b", 8, "--global-batch-size", 10, "--accelerator", "t4", "--nodes", 4)
-    assert result.exit_code == 2 and "global_batch_size" in result.output
+    assert result.exit_code == 2 and "--global-batch-size 10 does not split" in result.output
     result = run("predict", "resnet18", "-b", 8, "--accelerator", "t4", "--per-node", 4, "--tp", 3)
     assert result.exit_code == 2 and "--tp" in result.output
     result = run("predict", "resnet18", "-b", 8, "--accelerator", "t4", "--devices-per-node", "4,x")
     assert result.exit_code == 2 and "--devices-per-node" in result.output
+
+
+def one_error_line(result):
+    """The one `error:` line of a refused command (exit code 2)."""
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    return lines[0]
+
+
+@pytest.mark.parametrize("options,message", [
+    (("--tp", 0), "error: --tp must be >= 1, got 0"),
+    (("--per-node", 8, "--tp", 0), "error: --tp must be >= 1, got 0"),
+    (("--pp", 0), "error: --pp must be >= 1, got 0"),
+    (("--tp", -2), "error: --tp must be >= 1, got -2"),
+    (("--ep", 0), "error: --ep must be >= 1, got 0"),
+    (("--micro-batches", 0), "error: --micro-batches must be >= 1, got 0"),
+])
+def test_a_degree_below_one_is_refused_naming_its_option(options, message):
+    assert one_error_line(run("predict", "resnet18", "-b", 4, "--accelerator", "h100", *options)) == message
+
+
+@pytest.mark.parametrize("options,message", [
+    (("-b", 10**12), "error: -b/--batch-size 1,000,000,000,000 is over the limit of 2,147,483,647 samples per "
+                     "replica"),
+    (("-b", 4, "--global-batch-size", 7, "--per-node", 2),
+     "error: --global-batch-size 7 does not split into 2 data-parallel replica(s) x 1 micro-batch(es)"),
+    (("-b", 0), "error: -b/--batch-size: Input should be greater than 0 (got 0)"),
+    (("-b", 4, "--zero", 5), "error: --zero: Input should be 0, 1, 2 or 3 (got 5)"),
+    (("-b", 4, "--devices-per-node", "4,0"), "error: --devices-per-node: every node needs ≥ 1 device, got [4, 0]"),
+])
+def test_refused_values_are_named_in_the_users_terms_without_pydantics_wrapper(options, message):
+    line = one_error_line(run("predict", "resnet18", "--accelerator", "a100", *options))
+    assert line == message and "Value error" not in line
+
+
+def test_the_header_shows_the_jobs_batch_and_the_global_batch_where_it_differs():
+    header = {}
+    for name, options in (("one", ("-b", 8)), ("data", ("-b", 32, "--per-node", 2)),
+                          ("micro", ("-b", 1, "--micro-batches", 16))):
+        result = run("predict", "resnet18", "--accelerator", "a100", *options)
+        assert result.exit_code == 0, result.output
+        header[name] = result.stdout.splitlines()[0]
+    assert header["one"].startswith("resnet18 b=8 train on 1 x ") and "global batch" not in header["one"]
+    assert header["data"].startswith("resnet18 b=32 (global batch 64) train on 2 x ")
+    assert header["micro"].startswith("resnet18 b=1 (global batch 16) train on 1 x ")
+    shared = run("predict", "resnet18", "-b", 8, "--accelerator", "t4", "--per-node", 2, "--with", "lstm-lm:16")
+    assert shared.exit_code == 0, shared.output
+    lines = shared.stdout.splitlines()
+    assert lines[0].startswith("resnet18 b=8 (global batch 16): ") and lines[1].startswith("lstm-lm b=16 (global "
+                                                                                            "batch 32): ")
+
+
+def test_a_batch_axis_and_an_explicit_batch_are_refused_together():
+    line = one_error_line(run("predict", "resnet18", "--batch-sizes", "8,16", "-b", 32, "--accelerator", "t4"))
+    assert line == "error: --batch-sizes replaces -b/--batch-size: give one or the other"
+    line = one_error_line(run("predict", "resnet18", "--batch-sizes", "8,16", "-b", 1, "--accelerator", "t4"))
+    assert "--batch-sizes replaces -b/--batch-size" in line  # given, even at its default
 
 
 def test_predict_over_a_batch_axis_answers_each_batch_as_predict_at_that_batch_would():

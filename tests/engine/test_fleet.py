@@ -146,3 +146,6 @@ def test_a_jobs_own_consistent_observations_narrow_its_interval_there_and_a_step
     elsewhere = engine.predict(key, _placement("t4", 4, 64))
     assert elsewhere["calibration"]["level"] == "job"
     assert four["calibration"]["interval_scale"] < elsewhere["calibration"]["interval_scale"] <= 1
+    # on another GPU the fleet carries the job's evidence over, with its own (narrower than served) interval
+    other_gpu = engine.predict(key, _placement("a100-sxm4-80gb", 1, 64))
+    assert other_gpu["calibration"]["level"] == "job" and other_gpu["calibration"]["interval_scale"] < 1

@@ -121,3 +121,15 @@ def test_a_convolution_keeps_its_dilation(tmp_path):
     convs = {n.module: n for n in graph_from_onnx(path, batch_size=2).nodes if n.kind == OpKind.conv}
     assert convs["dilated"].dilation == 3 and convs["plain"].dilation == 1
     assert convs["dilated"].flops_fwd == 2 * 2 * 8 * 32 * 4 * 3
+
+
+def test_a_model_with_every_shape_fixed_is_priced_only_at_the_batch_it_was_exported_at(resnet18_onnx):
+    """Its graph is the same whatever batch is asked: pricing it at another would scale the throughput by the batch
+    and not the work. Refused, naming the batch it was exported at; at that batch it is priced."""
+    _, path = resnet18_onnx
+    model = onnx.load(str(path))
+    if any(not d.HasField("dim_value") for v in model.graph.input for d in v.type.tensor_type.shape.dim):
+        pytest.skip("the exporter left a symbolic dimension: not a fully static model")
+    with pytest.raises(PerfmodelError, match=r"exported at batch 2.*ask for batch 2"):
+        graph_for_job(JobSpec(source=OnnxSource(path=str(path)), batch_size=8))
+    assert graph_for_job(JobSpec(source=OnnxSource(path=str(path)), batch_size=2)).inputs[0].shape[0] == 2

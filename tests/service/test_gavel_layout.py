@@ -81,7 +81,7 @@ def test_an_unknown_accelerator_in_worker_types_is_a_422_at_its_entry(client):
     assert "did you mean: k80?" in errors[("body", "worker_types", "k80")]
     ambiguous = _errors(_gavel(client, grid=grid, worker_types={"k80": "P100"}))[("body", "worker_types", "k80")]
     assert "p100-pcie-16gb" in ambiguous and "p100-sxm2-16gb" in ambiguous
-    in_grid = _errors(_gavel(client, grid={**grid, "accelerators": ["k80", "t5"]}))
+    in_grid = _errors(_gavel(client, grid={**grid, "accelerators": ["k80", "t44"]}))
     assert list(in_grid) == [("body", "grid", "accelerators", 1)] and "did you mean" in in_grid[
         ("body", "grid", "accelerators", 1)]
     explicit = _errors(_gavel(client, grid=None, placements=[{"accelerator": "k80"}],
