@@ -47,7 +47,7 @@ COMPOSITION_FEATURES: tuple[str, ...] = (
 
 def conv_amp_share(share_conv: Any, amp: Any) -> Any:
     """The share of device time in convolutions run in half precision (AMP): `share_conv` where the GEMM math is
-    fp16/bf16, else 0 (floats or columns)."""
+    fp16/bf16 on units of its own (`amp` 1), else 0 (floats or columns)."""
     return share_conv * amp
 
 
@@ -128,6 +128,10 @@ def composition_feature_arrays(spec: JobSpec, hardware: HardwareSpec, rows: pd.D
     tensor = np.array([on_tensor_cores(hardware, m, bool(g)) for m, g in zip(maths, gemm)], dtype=bool)
     table = resolved_table(spec.precision, hardware)
     gemm_math = table["matmul"].math
+    # half-precision GEMMs on units of their own: where the spec sheet gives no faster peak for the half math (a
+    # GTX 1080 Ti's fp16, a V100's bf16), the libraries run it at the fp32 rate and the step is not an AMP step
+    half = float(gemm_math in ("fp16", "bf16")
+                 and peak_gflops(hardware, gemm_math, True) > peak_gflops(hardware, "fp32", True))
     log_peak = gemm_log_peak_tflops(np.asarray(compute_ms, dtype=np.float64), gemm, row_peaks(rows, hardware),
                                     peak_gflops(hardware, gemm_math, True))
     batch = np.maximum(batch, 1)
@@ -144,7 +148,7 @@ def composition_feature_arrays(spec: JobSpec, hardware: HardwareSpec, rows: pd.D
     out = {
         "log_composed_ms": _log2(composed_ms),
         **{f"share_{g}": share((groups == g) & ~optimizer) for g in GROUPS},
-        "share_conv_amp": conv_amp_share(conv, float(gemm_math in ("fp16", "bf16"))),
+        "share_conv_amp": conv_amp_share(conv, half),
         "share_optimizer": share(optimizer),
         "share_tensor_math": share(tensor),
         "share_memory_bound": (ms * (memory_ms > compute_ms)).sum(axis=1) / device_ms,
@@ -163,6 +167,6 @@ def composition_feature_arrays(spec: JobSpec, hardware: HardwareSpec, rows: pd.D
         "log_ridge": log_peak + _log2(1e3 * cost.ridge_point(1.0, hardware.memory_bandwidth_gb_s)),
         "log_peak_per_watt": log_peak + _log2(1e3 / watts) if watts == watts else same(float("nan")),
         "log_memory_gb": same(_log2(hardware.memory_gb)),
-        "amp": same(float(gemm_math in ("fp16", "bf16"))),
+        "amp": same(half),
     }
     return {name: np.asarray(out[name], dtype=np.float64) for name in COMPOSITION_FEATURES}

@@ -399,3 +399,15 @@ def test_more_memory_bandwidth_on_the_same_die_is_never_slower(predictor, job):
                       ["roofline_over_composed"] for gpu in (less, more)]
             if all(f > floor * (1 + 1e-9) for f, floor in zip(factors, floors)):  # else the roofline binds
                 assert factors[1] == pytest.approx(factors[0], rel=1e-6), (less, more)
+
+
+@pytest.mark.parametrize(("precision", "gpu", "amp"), [
+    ("amp", "v100-sxm2-16gb", 1.0), ("amp", "gtx-1080-ti", 0.0),  # no fp16 peak: the fp32 rate, not an AMP step
+    ("amp-bf16", "a100-sxm4-80gb", 1.0), ("amp-bf16", "v100-sxm2-16gb", 0.0), ("amp-bf16", "t4", 0.0),
+    ("tf32", "a100-sxm4-80gb", 0.0),
+])
+def test_a_step_is_an_amp_step_to_the_stage_only_where_its_half_math_has_units(predictor, precision, gpu, amp):
+    job = JobSpec.from_options(zoo="resnet18", batch_size=16, precision=precision)
+    features = predictor.composition(job, PlacementSpec(accelerator=gpu, global_batch_size=16))
+    assert features["amp"] == amp
+    assert (features["share_conv_amp"] > 0) == (amp == 1.0)
