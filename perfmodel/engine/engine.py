@@ -539,12 +539,13 @@ class PredictionEngine:
     def applied(self, entry: JobEntry, accelerator: str, devices: int, communication_share: float,
                 calibration: Calibration | None = None, fleet: FleetCalibration | None = None,
                 interval_ms: Sequence[float] | None = None) -> Applied:
-        """What calibrates `entry` on `devices` × `accelerator`: its own observations there (level `job`; with the
-        served `interval_ms`, narrowed as far as they agree: `own_interval_scale`), else the fleet's evidence
-        (`FleetCalibration.apply`: the job elsewhere, other jobs on the accelerator or its chip), else nothing."""
+        """What calibrates `entry` on `devices` × `accelerator`: its own observations there, at that device count
+        (level `job`; with the served `interval_ms`, narrowed as far as they agree: `own_interval_scale`), else the
+        fleet's evidence (`FleetCalibration.apply`: the job at other device counts or elsewhere, through its compute
+        and the links apart; other jobs on the accelerator or its chip), else nothing."""
         calibration = calibration if calibration is not None else entry.calibration
         factor, count = calibration.factor(accelerator, devices)
-        if count:
+        if count and devices in calibration.device_counts.get(accelerator, frozenset()):
             log_sigma = calibration.log_sigma(accelerator, devices)
             scale = 1.0 if log_sigma is None or interval_ms is None else own_interval_scale(log_sigma, interval_ms)
             return Applied(level="job", throughput_factor=factor, observations=count, jobs=1, interval_scale=scale,
