@@ -208,17 +208,13 @@ class Calibration:
     spread: Mapping[str, float] = field(default_factory=dict)
     device_counts: Mapping[str, frozenset[int]] = field(default_factory=dict)
 
-    def log_sigma(self, accelerator: str, devices: int) -> float | None:
-        """The predictive standard deviation (log) of the job's next run on `devices` of `accelerator`, as its own
-        points there say: their spread, and the uncertainty of their median (spread / sqrt(n)); with no point at
-        this device count, one run's noise more (what a device count adds is not seen). None with no points."""
+    def log_sigma(self, accelerator: str) -> float | None:
+        """The predictive standard deviation (log) of the job's next run on `accelerator`, as its own points there
+        say: their spread, and the uncertainty of their median (spread / sqrt(n)). None with no points."""
         _, count = self.by_accelerator.get(accelerator, (1.0, 0))
         if not count:
             return None
-        variance = self.spread[accelerator] ** 2 * (1.0 + 1.0 / count)
-        if devices not in self.device_counts.get(accelerator, frozenset()):
-            variance += RUN_NOISE_LOG ** 2
-        return math.sqrt(variance)
+        return self.spread[accelerator] * math.sqrt(1.0 + 1.0 / count)
 
     def factor(self, accelerator: str, devices: int) -> tuple[float, int]:
         """(factor, points behind it) for a prediction on `devices` of `accelerator`; (1, 0) with none."""

@@ -546,7 +546,7 @@ class PredictionEngine:
         calibration = calibration if calibration is not None else entry.calibration
         factor, count = calibration.factor(accelerator, devices)
         if count and devices in calibration.device_counts.get(accelerator, frozenset()):
-            log_sigma = calibration.log_sigma(accelerator, devices)
+            log_sigma = calibration.log_sigma(accelerator)
             scale = 1.0 if log_sigma is None or interval_ms is None else own_interval_scale(log_sigma, interval_ms)
             return Applied(level="job", throughput_factor=factor, observations=count, jobs=1, interval_scale=scale,
                            log_sigma=log_sigma, sources={"job": {"observations": count, "jobs": 1}})

@@ -130,3 +130,15 @@ def test_steps_per_s_posted_as_samples_per_s_is_refused_and_a_slow_job_is_not():
     with pytest.raises(ObservationRefused, match="per-device batch"):
         check_observation(402.0 / 64, ceiling_samples_per_s=1e4, predicted_samples_per_s=402.0, samples_per_step=64)
     check_observation(100.0, ceiling_samples_per_s=1e4, predicted_samples_per_s=402.0, samples_per_step=4096)
+
+
+def test_a_jobs_spread_there_says_how_sure_its_next_run_is():
+    """One report: one run's noise (and its median's, as much again); consistent reports: their small spread, at
+    least ~5 %; reports far apart: wider. None where the job never ran."""
+    one = calibrate([_point(1, 0.8)], now=NOW)
+    assert one.log_sigma("a100-sxm4-80gb") == pytest.approx(0.17 * math.sqrt(2))
+    agree = calibrate([_point(i, r) for i, r in enumerate((0.80, 0.81, 0.79, 0.80))], now=NOW)
+    apart = calibrate([_point(i, r) for i, r in enumerate((0.6, 0.8, 1.0, 1.2))], now=NOW)
+    assert agree.log_sigma("a100-sxm4-80gb") == pytest.approx(0.05 * math.sqrt(1.25))
+    assert apart.log_sigma("a100-sxm4-80gb") > 3 * agree.log_sigma("a100-sxm4-80gb")
+    assert agree.log_sigma("v100-sxm2-32gb") is None
