@@ -128,14 +128,12 @@ def check_observation(throughput_samples_per_s: float, *, ceiling_samples_per_s:
             f"unit or placement error (samples/s over the whole job, not per device, per minute or per token)")
     if samples_per_step is not None and samples_per_step >= STEPS_SLIP_MIN_BATCH:
         as_samples = value * samples_per_step
-        if (value * samples_per_step / STEPS_SLIP_FACTOR < predicted_samples_per_s
-                and as_samples * STEPS_SLIP_FACTOR > predicted_samples_per_s):
+        if as_samples / STEPS_SLIP_FACTOR < predicted_samples_per_s < as_samples * STEPS_SLIP_FACTOR:
             raise ObservationRefused(
                 f"throughput_samples_per_s {value:.4g} reads as steps/s: times the per-device batch "
                 f"({samples_per_step:g}) it is {as_samples:.4g} samples/s, near the model's "
                 f"{predicted_samples_per_s:.4g}, while as samples/s it would be {predicted_samples_per_s / value:.0f}x "
-                f"below it. Post samples/s over "
-                f"the whole job (steps/s x per-device batch, summed over the workers)")
+                f"below it. Post samples/s over the whole job (steps/s x per-device batch, summed over the workers)")
 
 
 # --- robust statistics ---------------------------------------------------------------------------------------------

@@ -41,7 +41,6 @@ def user_errors(fn: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
-# what pydantic puts before the message of a validator's ValueError / AssertionError
 # --- job options, shared by every command that takes a job ----------------------------------------------------
 ModelArg = Annotated[Optional[str], typer.Argument(help="zoo model name (see `perfmodel zoo list`)")]
 HFConfigOpt = Annotated[Optional[Path], typer.Option("--hf-config", help="HF config.json (or its folder)")]
