@@ -1,7 +1,8 @@
 """Calibration by the throughput running jobs report back, built so that no report can poison it.
 
 An observation is first checked against physics (`check_observation`): a job cannot run faster than the FLOPs of
-one sample allow on the placement's devices at the fastest math its precision uses (`ceiling_samples_per_s`), and
+one sample allow on the placement's devices at the fastest math its precision uses (`ceiling_samples_per_s`; on a
+CPU, `CPU_PROBE_HEADROOM` times its probed GEMM rate), and
 a report more than `MIN_OBSERVED_OVER_PREDICTED`⁻¹ times below the model's own uncalibrated prediction is refused
 as absurd (a unit slip: samples/min, per-device throughput of a 1,000-GPU job, ...). Both refusals are the
 client's error, never stored.
@@ -47,6 +48,11 @@ MIN_OBSERVED_OVER_PREDICTED = 0.01  # a report 100x below the model is refused a
 # way) to the model's samples/s, and the report itself is further below the model than the batch over this factor
 STEPS_SLIP_FACTOR = 2.0
 STEPS_SLIP_MIN_BATCH = 16  # smaller batches leave the two readings too close to tell apart
+# A CPU entry's fp32 figure is what `perfmodel hw probe` measured on one host (a GEMM rate, not a spec-sheet peak),
+# and `cpu` answers for whatever host perfmodel runs on: its ceiling allows this much more. 4x covers the probe's
+# distance to its own host's peak (~2x on the 2-core EPYC of the shipped entry) and a host of the same core count
+# with twice the vector width (AVX-512, two FMA units).
+CPU_PROBE_HEADROOM = 4.0
 LEAVE_ONE_OUT_POINTS = 200  # the report's leave-one-out error is over the most recent points only
 # what one more run of the job may differ by (log), before its own points show their spread: the fleet's prior
 # noise (`FleetPriors.noise`, the part of the public runs' error no effect explains)
@@ -100,6 +106,8 @@ def ceiling_samples_per_s(spec: Any, graph: Any, placement: Any, catalog: Mappin
     hardware = get_accelerator(placement.accelerator, catalog)
     peak = max(peak_gflops(hardware, math_name, gemm=True)
                for math_name in set(maths_by_group(spec.precision, hardware).values()))
+    if hardware.kind == "cpu":
+        peak *= CPU_PROBE_HEADROOM
     per_sample = flops_per_sample(spec, graph)
     if per_sample <= 0:
         return math.inf

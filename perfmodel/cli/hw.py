@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 
@@ -28,13 +28,11 @@ hw_app = typer.Typer(no_args_is_help=True, help="The hardware catalog: list, sho
 
 @hw_app.command("list")
 @user_errors
-def hw_list(as_json: JsonOpt = False) -> None:
-    """List the catalog's accelerators."""
+def hw_list(store: StoreOpt = None, as_json: JsonOpt = False) -> None:
+    """List the catalog's accelerators, and the store's custom ones (`perfmodel hw add`)."""
     from rich.table import Table
 
-    from perfmodel.hardware.catalog import load_catalog
-
-    entries = sorted(load_catalog().values(), key=lambda e: (e.kind, e.vendor, e.release_year or 0, e.name))
+    entries = sorted(_catalog(store).values(), key=lambda e: (e.kind, e.vendor, e.release_year or 0, e.name))
     if as_json:
         print_json([e.model_dump(mode="json") for e in entries])
         return
@@ -52,11 +50,21 @@ def hw_list(as_json: JsonOpt = False) -> None:
 
 @hw_app.command("show")
 @user_errors
-def hw_show(name: Annotated[str, typer.Argument(help="catalog name or alias")]) -> None:
-    """Show one accelerator (any alias resolves)."""
+def hw_show(name: Annotated[str, typer.Argument(help="catalog name or alias")], store: StoreOpt = None) -> None:
+    """Show one accelerator (any alias resolves), the store's custom ones too."""
     from perfmodel.hardware.catalog import get_accelerator
 
-    print_json(get_accelerator(name).model_dump(mode="json"))
+    print_json(get_accelerator(name, _catalog(store)).model_dump(mode="json"))
+
+
+def _catalog(store: str | None) -> dict[str, Any]:
+    """The catalog (shipped + local entries) with the store's custom accelerators, as predictions see it."""
+    from perfmodel.hardware.custom import catalog_with
+    from perfmodel.store import ProfileStore
+    from perfmodel.store.accelerators import custom_accelerators
+
+    with ProfileStore(store) as profile_store:
+        return catalog_with(custom_accelerators(profile_store))
 
 
 @hw_app.command("probe")
@@ -106,8 +114,8 @@ def hw_add(
         typer.echo(json.dumps({"created": created, **record.spec.model_dump(mode="json")}, indent=2))
     else:
         verb = "added" if created else "already stored (same figures)"
-        typer.echo(f"{record.spec.name}: {verb} in {profile_store!r}; the service on this store predicts for "
-                   f"it (flagged extrapolated: a spec sheet, no measurements)")
+        typer.echo(f"{record.spec.name}: {verb} in {profile_store!r}; `perfmodel predict` and the service on this "
+                   f"store predict for it (flagged extrapolated: a spec sheet, no measurements)")
 
 
 @hw_app.command("bench")

@@ -19,6 +19,7 @@ from perfmodel.cli.common import (
     OptimizerOpt,
     PrecisionOpt,
     SeqOpt,
+    StoreOpt,
     TaskOpt,
     job_spec,
     out,
@@ -62,6 +63,7 @@ def predict(ctx: typer.Context, model: ModelArg = None, hf_config: HFConfigOpt =
                      "100]")] = None,
             inter_node_latency_us: Annotated[float, typer.Option(help="network latency, us")] = 5.0,
             model_version: Annotated[Optional[str], typer.Option(help="NAME/VERSION \\[the promoted models]")] = None,
+            store: StoreOpt = None,
             with_job: Annotated[Optional[str], typer.Option(
                 "--with", help="ZOO_NAME:BATCH of a second job sharing the same GPU(s): both jobs' throughput "
                                "while they do (co-location)")] = None,
@@ -91,21 +93,39 @@ def predict(ctx: typer.Context, model: ModelArg = None, hf_config: HFConfigOpt =
         checkpointing=checkpointing, intra_link=intra_link, ep=ep, inter_node_gbit_s=inter_node_gbit_s,
         inter_node_latency_us=inter_node_latency_us)
     from perfmodel.settings import get_settings
+    from perfmodel.store.jobs import JobStore
 
-    engine = PredictionEngine.open(EngineConfig(model_version=model_version, isolate_captures=False,
-                                                graph_dir=get_settings().home / "graphs"))
+    # on the store the service uses: its custom accelerators, its promoted models and the fleet's observations
+    job_store = JobStore(store)
+    try:
+        engine = PredictionEngine.open(EngineConfig(model_version=model_version, isolate_captures=False,
+                                                    graph_dir=get_settings().home / "graphs"), store=job_store)
+        _answer(engine, spec, placement, with_job=with_job, sharing=sharing, batch_sizes=batch_sizes,
+                global_batch_size=global_batch_size, accelerator=accelerator, seq_len=seq_len, precision=precision,
+                optimizer=optimizer, mode=mode, as_json=as_json,
+                options=dict(nodes=nodes, per_node=per_node, devices_per_node=devices_per_node, tp=tp, pp=pp,
+                             micro_batches=micro_batches, zero=zero, checkpointing=checkpointing,
+                             intra_link=intra_link, ep=ep, inter_node_gbit_s=inter_node_gbit_s,
+                             inter_node_latency_us=inter_node_latency_us))
+    finally:
+        job_store.close()
+
+
+def _answer(engine: Any, spec: Any, placement: Any, *, with_job: str | None, sharing: str, batch_sizes: str | None,
+            global_batch_size: int | None, accelerator: str, seq_len: Any, precision: str, optimizer: str, mode: str,
+            as_json: bool, options: dict[str, Any]) -> None:
+    """Print the engine's answer for the job on the placement (or both jobs with `--with`, or the batch axis)."""
     if with_job is not None:
         _colocated(engine, spec, with_job, placement, sharing, seq_len, precision, optimizer, mode, as_json)
         return
     if batch_sizes is not None:
         if global_batch_size is not None:
             raise PerfmodelError("--batch-sizes sets each answer's batch: leave --global-batch-size out")
-        options = dict(nodes=nodes, per_node=per_node, devices_per_node=devices_per_node, tp=tp, pp=pp,
-                       micro_batches=micro_batches, zero=zero, checkpointing=checkpointing, intra_link=intra_link,
-                       ep=ep, inter_node_gbit_s=inter_node_gbit_s, inter_node_latency_us=inter_node_latency_us)
         _batch_axis(engine, spec, _sizes(batch_sizes), accelerator, options, as_json)
         return
-    result = engine.predict(spec, placement)  # calibrated by what `perfmodel hw bench` kept of this device
+    # a job the service registered answers as it does there, with its own observations; else the spec inline
+    ref = spec.key() if engine.store.get_job(spec.key()) is not None else spec
+    result = engine.predict(ref, placement)  # calibrated by what `perfmodel hw bench` kept of this device
     if as_json:
         print_json(result)
         return

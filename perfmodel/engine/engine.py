@@ -57,7 +57,7 @@ from perfmodel.engine.models import LOAD_ERRORS, ModelLifecycle
 from perfmodel.hardware.spec import HardwareSpec
 from perfmodel.jobs.spec import GraphSource, JobSpec
 from perfmodel.placement.colocation import Sharing, SharingJob
-from perfmodel.placement.spec import PlacementSpec
+from perfmodel.placement.spec import PlacementSpec, data_parallel
 from perfmodel.predictor.predict import Prediction, prediction_json
 from perfmodel.records import utc_now
 
@@ -521,7 +521,7 @@ class PredictionEngine:
                                _communication_share(data["breakdown_ms"], iter_time_ms), calibration, fleet,
                                interval_ms=data["interval_ms"])
         if placement is not None:
-            applied = self.within_physics(entry, placement, throughput, applied)
+            applied = self.within_physics(entry, placement, throughput, applied, calibration)
         factor = applied.throughput_factor
         data.update(job_id=entry.key, calibrated=applied.level != "none", calibration_factor=factor,
                     observations=applied.observations, calibration=applied.as_dict(),
@@ -556,14 +556,57 @@ class PredictionEngine:
         return fleet.apply(self._query(entry, accelerator, communication_share))
 
     def within_physics(self, entry: JobEntry, placement: PlacementSpec, raw_throughput_samples_per_s: float,
-                       applied: Applied) -> Applied:
+                       applied: Applied, calibration: Calibration | None = None) -> Applied:
         """`applied` with its factor lowered where it would lift the answer above the placement's peak FLOP/s
-        (`ceiling_samples_per_s`)."""
-        if applied.throughput_factor <= 1 or raw_throughput_samples_per_s <= 0:
+        (`ceiling_samples_per_s`), and kept within linear scaling of the job's own answers at the other device
+        counts it reported on the accelerator (`_within_scaling`)."""
+        if raw_throughput_samples_per_s <= 0:
             return applied
-        ceiling = ceiling_samples_per_s(entry.spec, entry.graph, placement, self.catalog)
-        return replace(applied, throughput_factor=min(applied.throughput_factor,
-                                                      ceiling / raw_throughput_samples_per_s))
+        if applied.throughput_factor > 1:
+            ceiling = ceiling_samples_per_s(entry.spec, entry.graph, placement, self.catalog)
+            applied = replace(applied, throughput_factor=min(applied.throughput_factor,
+                                                             ceiling / raw_throughput_samples_per_s))
+        return self._within_scaling(entry, placement, raw_throughput_samples_per_s, applied,
+                                    calibration if calibration is not None else entry.calibration)
+
+    def _within_scaling(self, entry: JobEntry, placement: PlacementSpec, raw_throughput_samples_per_s: float,
+                        applied: Applied, calibration: Calibration) -> Applied:
+        """Where the job reported other device counts n on the accelerator (data parallelism, same per-device batch):
+        the answer at m devices is at most m/n times its own answer at n < m (never faster than linear), and, where
+        m has no report of its own, at least m/n times its own answer at n > m (what n devices did, fewer did at
+        no worse than linear). Its reports at different counts are each right where they ran; the fleet's answer
+        between them may not be (a job effect shared with its other batches)."""
+        parallelism = placement.parallelism
+        if parallelism.devices != parallelism.data or parallelism.micro_batches != 1:
+            return applied
+        hardware = self.hardware(placement.accelerator)
+        name = hardware.name
+        counts = calibration.device_counts.get(name, frozenset())
+        m = placement.devices
+        others = sorted(n for n in counts if n != m)
+        if not others:
+            return applied
+        # n devices laid out as the asked placement's nodes, else as the accelerator's servers
+        per_node = max(placement.devices_per_node) if placement.nodes > 1 else max(hardware.node_devices or 8, m)
+        low, high = 0.0, math.inf
+        for n in others:
+            if n > m and m in counts:
+                continue
+            layout = (per_node,) * (n // per_node) + ((n % per_node,) if n % per_node else ())
+            at_n = placement.model_copy(update={
+                "devices_per_node": layout, "parallelism": data_parallel(n),
+                "global_batch_size": placement.global_batch_size // m * n})
+            own_n = self._raw(self.predictor, entry, at_n, ("placement",)).throughput_samples_per_s
+            own_n *= calibration.factor(name, n)[0]
+            if n < m:
+                high = min(high, own_n * m / n)
+            else:
+                low = max(low, own_n * m / n)
+        value = raw_throughput_samples_per_s * applied.throughput_factor
+        bounded = min(max(value, low), high)
+        if bounded == value:
+            return applied
+        return replace(applied, throughput_factor=bounded / raw_throughput_samples_per_s)
 
     def _query(self, entry: JobEntry, accelerator: str, communication_share: float) -> FleetQuery:
         from perfmodel.hardware.chips import die_of

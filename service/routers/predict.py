@@ -164,9 +164,9 @@ def matrix(engine: PredictionEngine, entries: Sequence[JobEntry],
             continue
         for j, (accelerator, placement) in enumerate(zip(accelerators, given)):
             applied = engine.applied(entry, accelerator, placement.devices, float(share[i, j]), calibration, fleet)
-            if applied.throughput_factor > 1:
+            if applied.throughput_factor > 1 or calibration.points:  # the peak, and the job's own scaling
                 full = engine.placement(placement, entry.spec.batch_size, (*where, j))
-                applied = engine.within_physics(entry, full, float(raw_throughput[i, j]), applied)
+                applied = engine.within_physics(entry, full, float(raw_throughput[i, j]), applied, calibration)
             factor[i, j] = applied.throughput_factor
             calibrated[i, j] = applied.level != "none"
     throughput = raw_throughput * factor

@@ -53,6 +53,20 @@ def test_the_issue_probe_1e12_samples_per_s_on_one_a100_is_refused_by_physics(re
     check_observation(1_200.0, ceiling_samples_per_s=ceiling, predicted_samples_per_s=402.0)  # fast but possible
 
 
+def test_a_cpus_ceiling_allows_headroom_over_its_probed_gemm_rate(resnet50):
+    """A CPU entry's fp32 figure is a GEMM probe of one host, not a peak, and `cpu` answers for any host: its
+    ceiling is `CPU_PROBE_HEADROOM` times what that rate gives; a GPU's is its spec-sheet peak's."""
+    from perfmodel.calibration.job import CPU_PROBE_HEADROOM
+    from perfmodel.core import cost
+
+    spec, graph = resnet50
+    catalog = load_catalog()
+    cpu = PlacementSpec(accelerator="cpu", global_batch_size=32)
+    at_probe = 1e3 / cost.compute_ms(flops_per_sample(spec, graph), catalog["cpu"].peak_fp32_gflops)
+    assert ceiling_samples_per_s(spec, graph, cpu, catalog) == pytest.approx(CPU_PROBE_HEADROOM * at_probe)
+    assert CPU_PROBE_HEADROOM > 1
+
+
 @pytest.mark.parametrize("value", [0.0, -5.0, math.inf, math.nan, 1.0])
 def test_non_positive_non_finite_and_absurdly_low_reports_are_refused(value):
     with pytest.raises(ObservationRefused):

@@ -54,3 +54,26 @@ def test_hw_add_refuses_bad_sheets_with_exit_2(tmp_path, sqlite_url):
     assert missing.exit_code == 2
     with ProfileStore(sqlite_url) as store:
         assert custom_accelerators(store) == []
+
+
+def test_an_added_accelerator_is_shown_listed_and_predicted_on_the_cli(tmp_path, sqlite_url):
+    """`hw show`, `hw list` and `predict` read the store's custom accelerators, as the service does; another store
+    does not know it (exit 2 naming the accelerator)."""
+    sheet = tmp_path / "x1.yaml"
+    sheet.write_text(SHEET)
+    assert runner.invoke(app, ["hw", "add", str(sheet), "--store", sqlite_url]).exit_code == 0
+    shown = runner.invoke(app, ["hw", "show", "acme-x1", "--store", sqlite_url])
+    assert shown.exit_code == 0, shown.output
+    assert json.loads(shown.stdout)["peak_fp32_gflops"] == 60_000.0
+    listed = runner.invoke(app, ["hw", "list", "--store", sqlite_url, "--json"])
+    assert "acme-x1" in {entry["name"] for entry in json.loads(listed.stdout)}
+    predicted = runner.invoke(app, ["predict", "mlp-recommender", "-b", "64", "--accelerator", "acme-x1",
+                                    "--store", sqlite_url, "--json"])
+    assert predicted.exit_code == 0, predicted.output
+    answer = json.loads(predicted.stdout)
+    assert answer["accelerator"] == "acme-x1" and answer["throughput_samples_per_s"] > 0
+    assert answer["extrapolated"] and any("custom accelerator" in r for r in answer["extrapolation_reasons"])
+    other = f"sqlite:///{tmp_path / 'other.db'}"
+    unknown = runner.invoke(app, ["predict", "mlp-recommender", "-b", "64", "--accelerator", "acme-x1",
+                                  "--store", other])
+    assert unknown.exit_code == 2 and "acme-x1" in unknown.output

@@ -24,8 +24,8 @@ def commands(command=None, path=("perfmodel",)):
 
 
 @pytest.mark.parametrize("args,message", [
-    (("hw", "show", "X", "--store", "sqlite:///x"), "error: No such option: --store (see `perfmodel hw show --help`)"),
-    (("predict", "resnet50", "--store", "x"), "error: No such option: --store"),
+    (("hw", "show", "X", "--stor", "sqlite:///x"), "error: No such option: --stor"),
+    (("predict", "resnet50", "--devices", "x"), "error: No such option: --devices"),
     (("nosuch",), "error: No such command 'nosuch' (see `perfmodel --help`)"),
     (("hw", "lst"), "error: No such command 'lst'. Did you mean 'list'? (see `perfmodel hw --help`)"),
     (("hw", "show"), "error: Missing argument 'name' (see `perfmodel hw show --help`)"),

@@ -5,7 +5,7 @@ real parts for the models (`tests.engine.helpers`)."""
 from __future__ import annotations
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from perfmodel.calibration import ceiling_samples_per_s
@@ -87,6 +87,9 @@ def fleet_store(tmp_path_factory):
                                    st.sampled_from([1, 2, 4]), st.floats(0.05, 8.0)), min_size=1, max_size=8),
        asked=st.tuples(st.sampled_from([8, 24, 32]), st.sampled_from(["t4", "a10", "a100-sxm4-80gb", "a100-pcie-40gb"]),
                        st.sampled_from([2, 4, 8])))
+# the job (batch 32) reported 4x faster than the model on 2 GPUs only, another batch 5x slower on one: the fleet's
+# one-GPU answer for it must still be at least half its own 2-GPU answer
+@example(observed=[(8, "a100-sxm4-80gb", 1, 5.0), (32, "a100-sxm4-80gb", 2, 0.25)], asked=(32, "a100-sxm4-80gb", 2))
 def test_no_calibrated_answer_is_physically_impossible(fleet_store, observed, asked):
     """Over random observations (jobs, accelerators, device counts, from 20x faster than predicted to 8x slower,
     what the physics check lets in): every calibrated answer stays under the placement's peak FLOP/s, and n devices
@@ -151,3 +154,4 @@ def test_a_jobs_own_consistent_observations_narrow_its_interval_there_and_a_step
     # on another GPU the fleet carries the job's evidence over, with its own (narrower than served) interval
     other_gpu = engine.predict(key, _placement("a100-sxm4-80gb", 1, 64))
     assert other_gpu["calibration"]["level"] == "job" and other_gpu["calibration"]["interval_scale"] < 1
+
