@@ -80,14 +80,13 @@ class JobGraphs:
 
     @staticmethod
     def _capture(model: str, batch_size: int, precision: str) -> Graph:
-        from perfmodel.evaluation.real_runs import OPTIMIZER_OF
         from perfmodel.graph import graph_for_job
         from perfmodel.jobs.spec import JobSpec
         from perfmodel.jobs.zoo import ZOO
 
         # `RealRun.spec`: the zoo model at the entry's reference sequence length, the reference optimizer
         spec = JobSpec.from_options(zoo=model, batch_size=batch_size, seq_len=ZOO[model].reference_seq_len or 128,
-                                    precision=precision, optimizer=OPTIMIZER_OF.get(model, "adam"))
+                                    precision=precision)
         return graph_for_job(spec)
 
 

@@ -53,7 +53,8 @@ SeqOpt = Annotated[Optional[int], typer.Option("--seq-len", help="sequence lengt
                                                                   "own (`zoo show NAME`), else 128]")]
 PrecisionOpt = Annotated[str, typer.Option(help="fp32 (PyTorch's defaults: TF32 convs on Ampere+), fp32-strict, "
                                                 "tf32, amp, amp-bf16, fp16 or bf16")]
-OptimizerOpt = Annotated[str, typer.Option(help="sgd (momentum 0.9), adam or adamw")]
+OptimizerOpt = Annotated[Optional[str], typer.Option(
+    help="sgd (momentum 0.9), adam or adamw \\[a zoo model's reference optimizer (`zoo show NAME`), else sgd]")]
 ModeOpt = Annotated[str, typer.Option(help="train or inference")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="machine-readable output")]
 StoreOpt = Annotated[Optional[str], typer.Option("--store", help="store URL \\[env PERFMODEL_STORE_URL, "
@@ -66,7 +67,7 @@ JOB_OPTIONS = {"batch_size": "-b/--batch-size", "seq_len": "--seq-len", "precisi
 
 
 def job_spec(model: str | None, hf_config: Path | None, task: str | None, module: str | None,
-             onnx: Path | None, batch_size: int, seq_len: int | None, precision: str, optimizer: str,
+             onnx: Path | None, batch_size: int, seq_len: int | None, precision: str, optimizer: str | None,
              mode: str, *, options: Mapping[str, str] | None = JOB_OPTIONS) -> Any:
     """The JobSpec the job options describe; a value pydantic refuses is a PerfmodelError naming its option in
     `options` (None: the ValidationError itself, for a caller that names the values its own way)."""

@@ -23,8 +23,9 @@ JobsSeqOpt = Annotated[Optional[int], typer.Option(
 JobsPrecisionOpt = Annotated[str, typer.Option(
     help="every job's precision, unless its --job gives one: fp32 (PyTorch's defaults: TF32 convs on Ampere+), "
          "fp32-strict, tf32, amp, amp-bf16, fp16 or bf16")]
-JobsOptimizerOpt = Annotated[str, typer.Option(
-    help="every job's optimizer, unless its --job gives one: sgd (momentum 0.9), adam or adamw")]
+JobsOptimizerOpt = Annotated[Optional[str], typer.Option(
+    help="every job's optimizer, unless its --job gives one: sgd (momentum 0.9), adam or adamw \\[each zoo model's "
+         "reference optimizer (`zoo show NAME`), else sgd]")]
 
 export_app = typer.Typer(no_args_is_help=True, help="Export predictions for schedulers.")
 
@@ -48,7 +49,7 @@ def export_gavel(
         help="comma-separated batch sizes per worker: every job at each, as its own job type (a batch axis)")] = None,
     colocation: Annotated[bool, typer.Option(help="also every pair of jobs sharing each placement's GPUs")] = False,
     sharing: Annotated[str, typer.Option(help="co-location: time-slicing (two processes) or mps")] = "time-slicing",
-    seq_len: JobsSeqOpt = None, precision: JobsPrecisionOpt = "fp32", optimizer: JobsOptimizerOpt = "sgd",
+    seq_len: JobsSeqOpt = None, precision: JobsPrecisionOpt = "fp32", optimizer: JobsOptimizerOpt = None,
     inter_node_gbit_s: Annotated[Optional[float], typer.Option(
         "--inter-node-gbit-s", "--inter-node-gbps",
         help="network of one node over all its NICs, Gb/s \\[the catalog's node_network_gbit_s, else 100]")] = None,

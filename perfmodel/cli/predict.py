@@ -40,7 +40,7 @@ def predict(ctx: typer.Context, model: ModelArg = None, hf_config: HFConfigOpt =
             global_batch_size: Annotated[Optional[int], typer.Option(
                 help="samples per iteration over all replicas and micro-batches [--batch-size x data-parallel "
                      "degree x --micro-batches]")] = None,
-            seq_len: SeqOpt = None, precision: PrecisionOpt = "fp32", optimizer: OptimizerOpt = "sgd",
+            seq_len: SeqOpt = None, precision: PrecisionOpt = "fp32", optimizer: OptimizerOpt = None,
             mode: ModeOpt = "train",
             accelerator: Annotated[str, typer.Option(help="catalog name or alias (`perfmodel hw list`)")] = "cpu",
             nodes: Annotated[int, typer.Option(help="nodes (with --per-node devices each)")] = 1,
@@ -112,8 +112,8 @@ def predict(ctx: typer.Context, model: ModelArg = None, hf_config: HFConfigOpt =
 
 
 def _answer(engine: Any, spec: Any, placement: Any, *, with_job: str | None, sharing: str, batch_sizes: str | None,
-            global_batch_size: int | None, accelerator: str, seq_len: Any, precision: str, optimizer: str, mode: str,
-            as_json: bool, options: dict[str, Any]) -> None:
+            global_batch_size: int | None, accelerator: str, seq_len: Any, precision: str, optimizer: str | None,
+            mode: str, as_json: bool, options: dict[str, Any]) -> None:
     """Print the engine's answer for the job on the placement (or both jobs with `--with`, or the batch axis)."""
     if with_job is not None:
         _colocated(engine, spec, with_job, placement, sharing, seq_len, precision, optimizer, mode, as_json)
@@ -191,7 +191,7 @@ def _batch_axis(engine: Any, spec: Any, sizes: list[int], accelerator: str, opti
 
 
 def _colocated(engine: Any, spec: Any, other: str, placement: Any, sharing: str, seq_len: Any, precision: str,
-               optimizer: str, mode: str, as_json: bool) -> None:
+               optimizer: str | None, mode: str, as_json: bool) -> None:
     """`perfmodel predict ... --with ZOO:BATCH`: both jobs sharing the placement's GPU(s)."""
     from perfmodel.placement.colocation import SHARING_MODES
 

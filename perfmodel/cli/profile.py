@@ -37,7 +37,7 @@ from perfmodel.core.errors import PerfmodelError
 @user_errors
 def profile(model: ModelArg = None, hf_config: HFConfigOpt = None, task: TaskOpt = None,
             module: ModuleOpt = None, onnx: OnnxOpt = None, batch_size: BatchOpt = 1, seq_len: SeqOpt = None,
-            precision: PrecisionOpt = "fp32", optimizer: OptimizerOpt = "sgd", mode: ModeOpt = "train",
+            precision: PrecisionOpt = "fp32", optimizer: OptimizerOpt = None, mode: ModeOpt = "train",
             device: Annotated[str, typer.Option(help="cpu, cuda or cuda:N (ROCm too)")] = "cpu",
             warmup: Annotated[int, typer.Option(min=0, help="untimed steps first")] = 3,
             repeats: Annotated[int, typer.Option(min=1, help="timed steps")] = 10,

@@ -55,7 +55,7 @@ def zoo_show(name: Annotated[str, typer.Argument(help="zoo model name (see `perf
              = None,
              as_json: JsonOpt = False) -> None:
     """One zoo model: family, library, inputs, the benchmark unit and items per sample, reference sequence length,
-    default head and description."""
+    default head, the optimizer a job gets when it names none, and description."""
     from perfmodel.core.errors import PerfmodelError
     from perfmodel.jobs.spec import DEFAULT_SEQ_LEN
     from perfmodel.jobs.zoo import get_entry
@@ -68,6 +68,7 @@ def zoo_show(name: Annotated[str, typer.Argument(help="zoo model name (see `perf
             "unit": entry.unit, "seq_len": at, "items_per_sample": entry.items(at),
             "real_item_share": entry.real_item_share,
             "reference_seq_len": entry.reference_seq_len, "default_task": entry.default_task,
+            "optimizer": entry.reference_optimizer or "sgd",
             "description": entry.description}
     if as_json:
         print_json(info)
@@ -84,7 +85,7 @@ def zoo_show(name: Annotated[str, typer.Argument(help="zoo model name (see `perf
 @user_errors
 def graph(model: ModelArg = None, hf_config: HFConfigOpt = None, task: TaskOpt = None, module: ModuleOpt = None,
           onnx: OnnxOpt = None, batch_size: BatchOpt = 1, seq_len: SeqOpt = None, precision: PrecisionOpt = "fp32",
-          optimizer: OptimizerOpt = "sgd", mode: ModeOpt = "train", as_json: JsonOpt = False) -> None:
+          optimizer: OptimizerOpt = None, mode: ModeOpt = "train", as_json: JsonOpt = False) -> None:
     """Capture a job's graph (no weights allocated) and summarise it; --json prints the IR."""
     from perfmodel.graph import graph_for_job
 

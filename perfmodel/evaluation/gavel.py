@@ -37,15 +37,15 @@ INTER_NODE_GBIT_S = 10.0
 # (`bench/gavel.py` prints the scaling with the catalog's P2P links too).
 GAVEL_INTRA_LINK: IntraNodeLink = "host"
 HOST_BOUND_RATIO = 2.0
-# job type prefix -> (zoo model, seq_len, optimizer), as Gavel's workloads train
-GAVEL_JOBS: dict[str, tuple[str, int | None, str]] = {
-    "ResNet-18": ("gavel-resnet18", None, "sgd"),
-    "ResNet-50": ("gavel-resnet50", None, "sgd"),
-    "Transformer": ("gavel-transformer", 27, "adam"),
-    "LM": ("gavel-lm", 35, "sgd"),
-    "Recommendation": ("gavel-recommendation", None, "adam"),
-    "CycleGAN": ("gavel-cyclegan", None, "adam"),
-    "A3C": ("gavel-a3c", 20, "adam"),
+# job type prefix -> zoo model (its sequence length and optimizer: the zoo's, as Gavel's workloads train)
+GAVEL_JOBS: dict[str, str] = {
+    "ResNet-18": "gavel-resnet18",
+    "ResNet-50": "gavel-resnet50",
+    "Transformer": "gavel-transformer",
+    "LM": "gavel-lm",
+    "Recommendation": "gavel-recommendation",
+    "CycleGAN": "gavel-cyclegan",
+    "A3C": "gavel-a3c",
 }
 _BATCH = re.compile(r"^(.*) \(batch size (\d+)\)$")
 
@@ -59,8 +59,7 @@ def spec_of(job_type: str) -> JobSpec:
     """The zoo job of a Gavel job type ("ResNet-50 (batch size 64)" -> gavel-resnet50 at batch 64)."""
     match = _BATCH.match(job_type)
     name, batch = (match.group(1), int(match.group(2))) if match else (job_type, 1)
-    model, seq_len, optimizer = GAVEL_JOBS[name]
-    return JobSpec.from_options(zoo=model, batch_size=batch, seq_len=seq_len, optimizer=optimizer)
+    return JobSpec.from_options(zoo=GAVEL_JOBS[name], batch_size=batch)
 
 
 def read_gavel(path: str | Path) -> dict[str, dict[tuple[str, int], dict[Any, Any]]]:

@@ -40,9 +40,6 @@ from perfmodel.hardware.chips import die_of as chip_of
 from perfmodel.jobs.spec import JobSpec
 from perfmodel.placement.spec import IntraNodeLink, Parallelism, PlacementSpec
 
-# the optimizer each reference implementation trains with (NVIDIA DeepLearningExamples defaults)
-OPTIMIZER_OF = {"ssd300": "sgd", "maskrcnn": "sgd", "gnmt": "adam", "ncf": "adam", "tacotron2": "adam",
-                "waveglow": "adam", "transformer-xl-base": "adam", "transformer-xl-large": "adam"}
 
 @dataclass(frozen=True)
 class RealRun:
@@ -69,8 +66,9 @@ class RealRun:
         return self.global_batch_size / self.measured_samples_per_s * 1e3
 
     def spec(self, seq_len: int) -> JobSpec:
+        # the optimizer: the zoo model's reference one (NVIDIA DeepLearningExamples' defaults)
         return JobSpec.from_options(zoo=self.model, batch_size=self.batch_size, seq_len=seq_len,
-                                    precision=self.precision, optimizer=OPTIMIZER_OF.get(self.model, "adam"))
+                                    precision=self.precision)
 
     def placement(self, intra_node_link: IntraNodeLink | None = None) -> PlacementSpec:
         """Data parallel over the run's GPUs of one node; one replica on one GPU for a run without gradient

@@ -186,16 +186,20 @@ class JobSpec(BaseModel):
         description=f"sequence length of token models; default: a zoo model's own (its reference implementation's: "
                     f"audio samples per segment, mel frames, bptt; `perfmodel zoo show NAME`), else {DEFAULT_SEQ_LEN}")
     precision: Precision = Precision.fp32
-    optimizer: OptimizerName = OptimizerName.sgd
+    optimizer: OptimizerName = Field(
+        default=OptimizerName.sgd,
+        description="sgd (momentum 0.9), adam or adamw; default: a zoo model's reference optimizer (the one its "
+                    "reference implementation trains with; `perfmodel zoo show NAME`), else sgd")
     mode: Mode = Mode.train
 
     @model_validator(mode="before")
     @classmethod
-    def _zoo_seq_len(cls, data: Any) -> Any:
+    def _zoo_defaults(cls, data: Any) -> Any:
         """A zoo model that trains at its own sequence length gets it when the job names none: WaveGlow's
         8,000-sample segments or Tacotron 2's 850 mel frames asked without `seq_len` are not 128 of them. A zoo
         model with no sequence (an image classifier, a recommender's fixed features) ignores one: the same job
-        whatever `seq_len` a scheduler sends with every job."""
+        whatever `seq_len` a scheduler sends with every job. A zoo model with a reference implementation gets its
+        optimizer when the job names none (GNMT and Gavel's Transformer train with Adam)."""
         if not isinstance(data, dict):
             return data
         source = data.get("source")
@@ -208,6 +212,8 @@ class JobSpec(BaseModel):
         from perfmodel.jobs.zoo import ZOO, InputKind
 
         entry = ZOO.get(name)
+        if entry is not None and entry.reference_optimizer is not None and data.get("optimizer") is None:
+            data = {**data, "optimizer": entry.reference_optimizer}
         given = data.get("seq_len")
         valid = given is None or (isinstance(given, int) and not isinstance(given, bool) and given > 0)
         if entry is not None and entry.inputs in (InputKind.image, InputKind.recsys) and valid:

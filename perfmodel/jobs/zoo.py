@@ -50,6 +50,8 @@ class ZooEntry:
     real_item_share: float = 1.0
     # the head built when the job names no task (transformers models: `task` of the job spec overrides it)
     default_task: str | None = None
+    # the optimizer the reference implementation trains with (a job that names none gets it; None: `sgd`)
+    reference_optimizer: str | None = None
     description: str = ""
 
     def items(self, seq_len: int) -> float:
@@ -211,6 +213,7 @@ def _entries() -> list[ZooEntry]:
     own, per_item = InputKind.custom, lambda seq_len: float(seq_len)
     entries += [
         ZooEntry("ssd300", "ssd", "perfmodel", own, _dle("SSD300"), make_inputs=_own_inputs, unit="images",
+                 reference_optimizer="sgd",
                  description="DLE SSD300 v1.1: ResNet-50 to layer3 (stride 1), 5 extra blocks, 8732 default boxes, "
                              "81 COCO classes, 300x300; smooth-L1 + hard-negative-mined cross-entropy loss"),
         # DLE counts real source tokens + target tokens - 1 (the decoder reads target[:-1]) per sentence pair and
@@ -220,71 +223,85 @@ def _entries() -> list[ZooEntry]:
         # padded to ~32 a side, so 50 of the 63 computed tokens are real.
         ZooEntry("gnmt", "gnmt", "perfmodel", own, _dle("GNMT"), make_inputs=_own_inputs, unit="tokens",
                  items_per_sample=lambda seq_len: 2.0 * seq_len - 1, reference_seq_len=32, real_item_share=50 / 63,
+                 reference_optimizer="adam",
                  description="DLE GNMT v2: vocab 32320, 4+4 LSTM layers of 1024 (first encoder layer bidirectional), "
                              "normalized Bahdanau attention fed to all decoder layers, label-smoothed loss; seq_len = "
                              "tokens a side the batch is padded to (32, of which ~25 real)"),
         ZooEntry("ncf", "ncf", "perfmodel", own, _dle("NeuMF"), make_inputs=_own_inputs, unit="samples",
+                 reference_optimizer="adam",
                  description="DLE NCF NeuMF on MovieLens-20m: 138493 users, 26744 items, GMF 64 + MLP "
                              "[256, 256, 128, 64], BCE-with-logits; a sample is one user-item pair"),
         # DLE pads every batch to its longest utterance (random batches, no bucketing) and counts the real mel
         # frames: LJSpeech's clips average 566 frames, the longest 870, so a batch of 16-336 clips computes ~850
         ZooEntry("tacotron2", "tacotron2", "perfmodel", own, _dle("Tacotron2"), make_inputs=_own_inputs,
                  unit="mel frames", items_per_sample=per_item, reference_seq_len=850, real_item_share=566 / 850,
+                 reference_optimizer="adam",
                  description="DLE Tacotron 2: 512-d conv+BiLSTM encoder, location-sensitive attention, 2 x 1024 "
                              "LSTM decoder looped per mel frame, 5-conv postnet; seq_len = mel frames the batch is "
                              "padded to (LJSpeech: 850, of which 566 real)"),
         ZooEntry("waveglow", "waveglow", "perfmodel", own, _dle("WaveGlow"), make_inputs=_own_inputs,
                  unit="audio samples", items_per_sample=per_item, reference_seq_len=8000,
+                 reference_optimizer="adam",
                  description="DLE WaveGlow: 12 flows, groups of 8, WN 8 layers x 512, 80 mels upsampled x256; "
                              "NLL loss (sigma 1); seq_len = audio samples per segment"),
         ZooEntry("transformer-xl-base", "transformer-xl", "perfmodel", own, _dle("transformer_xl_base"),
                  make_inputs=_own_inputs, unit="tokens", items_per_sample=per_item, reference_seq_len=192,
+                 reference_optimizer="adam",
                  description="DLE Transformer-XL on WikiText-103 as Lambda ran it: 16 layers, d 512, 8 x 64 heads, "
                              "full tied softmax over 267735 words; tgt_len = mem_len = seq_len"),
         ZooEntry("transformer-xl-large", "transformer-xl", "perfmodel", own, _dle("transformer_xl_large"),
                  make_inputs=_own_inputs, unit="tokens", items_per_sample=per_item, reference_seq_len=256,
+                 reference_optimizer="adam",
                  description="DLE Transformer-XL on WikiText-103 as Lambda ran it: 18 layers, d 1024, 16 x 64 heads, "
                              "full tied softmax over 267735 words; tgt_len = mem_len = seq_len"),
         ZooEntry("maskrcnn", "maskrcnn", "perfmodel", own, _dle("MaskRCNN"), make_inputs=_own_inputs,
                  unit="images",
+                 reference_optimizer="sgd",
                  description="Mask R-CNN R-50-FPN 1x (DLE maskrcnn_benchmark), 81 classes, 800x1344; proposal "
                              "selection, NMS and RoI sampling as static equivalents with fixed counts"),
     ]
     # Gavel's seven job types (perfmodel.jobs.gavel_zoo; ../shared/datasets/gavel/PROVENANCE.md), loss in the graph.
-    # Gavel counts steps: a sample is what one step's batch holds one of. The optimizer Gavel trains each with is in
-    # its description (a zoo entry has no default optimizer: the job spec's `optimizer` prices the step).
+    # Gavel counts steps: a sample is what one step's batch holds one of. A job that names no optimizer gets the one
+    # Gavel trains the model with (A3C's shared Adam with amsgrad and LM's plain SGD priced as Adam and SGD).
     entries += [
         ZooEntry("gavel-resnet18", "resnet", "perfmodel", own, _gavel("CifarResNet18"), make_inputs=_own_inputs,
                  unit="images",
+                 reference_optimizer="sgd",
                  description="Gavel ResNet-18: CIFAR-10 ResNet-18 (kuangliu: 3x3 stem at stride 1, no max-pool, "
                              "stages 64-512, avgpool, linear 10), 32x32, cross-entropy; Gavel: SGD momentum 0.9"),
         ZooEntry("gavel-resnet50", "resnet", "perfmodel", own, _gavel("ImageNetResNet50"), make_inputs=_own_inputs,
                  unit="images",
+                 reference_optimizer="sgd",
                  description="Gavel ResNet-50: torchvision ResNet-50, ImageNet 224x224, cross-entropy; Gavel: SGD "
                              "momentum 0.9"),
         ZooEntry("gavel-transformer", "transformer-nmt", "perfmodel", own, _gavel("Transformer"),
                  make_inputs=_own_inputs, unit="sentence pairs", reference_seq_len=27,
+                 reference_optimizer="adam",
                  description="Gavel Transformer (jadore801120) on Multi30k en-de: 6+6 layers, d 512, inner 2048, 8 "
                              "heads, vocab 2911/3149, target projection shared with the target embedding, summed "
                              "cross-entropy (no label smoothing: Gavel omits the flag); seq_len = padded sentence "
                              "length (BOS/EOS included; 27 is an estimate at batch 64); Gavel: Adam"),
         ZooEntry("gavel-lm", "rnn", "perfmodel", own, _gavel("WordLanguageModel"), make_inputs=_own_inputs,
                  unit="tokens", items_per_sample=per_item, reference_seq_len=35,
+                 reference_optimizer="sgd",
                  description="Gavel LM: PyTorch word_language_model on WikiText-2, 2-layer LSTM 200/200, vocab "
                              "33278, untied (Gavel omits --tied), dropout 0.2, cross-entropy; seq_len = bptt; Gavel: "
                              "plain SGD with gradient clipping"),
         ZooEntry("gavel-recommendation", "recoder", "perfmodel", own, _gavel("DynamicAutoencoder"),
                  make_inputs=_own_inputs, unit="users",
+                 reference_optimizer="adam",
                  description="Gavel Recommendation: recoder DynamicAutoencoder on MovieLens-20M, 20108 items -> 200 "
                              "(tanh) -> items, input noise 0.5, BCE-with-logits; input width = all 20108 items (the "
                              "static bound of the batch's item union); a sample is one user; Gavel: Adam"),
         ZooEntry("gavel-cyclegan", "cyclegan", "perfmodel", own, _gavel("CycleGAN"), make_inputs=_own_inputs,
                  unit="image pairs",
+                 reference_optimizer="adam",
                  description="Gavel CycleGAN (PyTorch-GAN) 256x256: two 9-block ResNet generators, two PatchGAN "
                              "discriminators; generator (adversarial + cycle + identity) and discriminator losses "
                              "summed in one graph: 6 generator and 6 discriminator passes; Gavel: batch 1, Adam"),
         ZooEntry("gavel-a3c", "a3c", "perfmodel", own, _gavel("A3C"), make_inputs=_own_inputs, unit="rollouts",
                  reference_seq_len=20,
+                 reference_optimizer="adam",
                  description="Gavel A3C (rl_a3c_pytorch) on Pong: 4 convs + max-pools on 1x80x80, LSTM cell 1024 -> "
                              "512, actor (6) and critic heads; a seq_len-step rollout (20 in Gavel) + bootstrap "
                              "value and the A3C loss (GAE) per sample; batch = rollouts stacked (Gavel: 1 per worker, "

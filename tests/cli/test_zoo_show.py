@@ -24,6 +24,7 @@ def test_zoo_show_json_at_the_reference_and_another_seq_len():
     # 63 tokens computed per padded sentence pair, 50 of them real (what the benchmark counts)
     assert info["items_per_sample"] == pytest.approx(50) and info["real_item_share"] == pytest.approx(50 / 63)
     assert info["default_task"] is None and "GNMT" in info["description"]
+    assert info["optimizer"] == "adam"  # what DLE GNMT trains with: a job naming none gets it
     info = json.loads(run("zoo", "show", "gnmt", "--seq-len", 50, "--json").stdout)
     assert info["seq_len"] == 50 and info["items_per_sample"] == pytest.approx(99 * 50 / 63)
 
@@ -31,6 +32,7 @@ def test_zoo_show_json_at_the_reference_and_another_seq_len():
 def test_zoo_show_defaults_and_table():
     info = json.loads(run("zoo", "show", "bert-base", "--json").stdout)
     assert info["default_task"] == "sequence-classification" and info["reference_seq_len"] is None
+    assert info["optimizer"] == "sgd"
     assert info["seq_len"] == 128 and info["items_per_sample"] == 1 and info["unit"] == "samples"
     result = run("zoo", "show", "tacotron2")
     assert result.exit_code == 0, result.output

@@ -114,6 +114,32 @@ def test_a_job_whose_model_has_no_reference_length_keeps_the_default():
     assert len([n for n, e in ZOO.items() if e.reference_seq_len is not None]) >= 8  # the DLE and Gavel models
 
 
+REFERENCE_OPTIMIZERS = {  # what the reference implementations train with (DLE defaults; Gavel's workloads)
+    "ssd300": "sgd", "maskrcnn": "sgd", "gnmt": "adam", "ncf": "adam", "tacotron2": "adam", "waveglow": "adam",
+    "transformer-xl-base": "adam", "transformer-xl-large": "adam", "gavel-resnet18": "sgd", "gavel-resnet50": "sgd",
+    "gavel-transformer": "adam", "gavel-lm": "sgd", "gavel-recommendation": "adam", "gavel-cyclegan": "adam",
+    "gavel-a3c": "adam"}
+
+
+@pytest.mark.parametrize("name,optimizer", sorted(REFERENCE_OPTIMIZERS.items()))
+def test_a_zoo_job_without_an_optimizer_trains_with_its_reference_implementations(name, optimizer):
+    assert get_entry(name).reference_optimizer == optimizer
+    assert JobSpec.from_options(zoo=name, batch_size=2).optimizer.value == optimizer
+    for body in ({}, {"optimizer": None}):  # as posted: left out, or null
+        posted = JobSpec.model_validate({"source": {"kind": "zoo", "name": name}, "batch_size": 2, **body})
+        assert posted.optimizer.value == optimizer
+        assert posted.key() == JobSpec.from_options(zoo=name, batch_size=2, optimizer=optimizer).key()
+    other = "adamw" if optimizer != "adamw" else "sgd"
+    assert JobSpec.from_options(zoo=name, batch_size=2, optimizer=other).optimizer.value == other  # given wins
+
+
+def test_a_job_without_a_reference_optimizer_trains_with_sgd():
+    assert JobSpec.from_options(zoo="resnet50", batch_size=2).optimizer.value == "sgd"
+    assert JobSpec.from_options(zoo="bert-base", batch_size=2).optimizer.value == "sgd"
+    assert JobSpec.from_options(module="m.py:make", batch_size=2).optimizer.value == "sgd"
+    assert {n for n, e in ZOO.items() if e.reference_optimizer} == set(REFERENCE_OPTIMIZERS)
+
+
 def test_a_zoo_model_without_a_sequence_is_the_same_job_whatever_seq_len_comes_with_it():
     image = JobSpec.from_options(zoo="resnet50", batch_size=32, seq_len=384)
     assert image.key() == JobSpec.from_options(zoo="resnet50", batch_size=32).key()
