@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING, Any
 
 from perfmodel.core.errors import DeviceError
@@ -45,3 +46,12 @@ def synchronize(device: Any) -> None:
 
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+KINETO_QUIET_LEVEL = "6"  # above every level kineto logs at (its profiler_start / profiler_stop lines included)
+
+
+def quiet_profiler_logs() -> None:
+    """Keep the profiler library's own log lines (kineto's "USDT: ... profiler_start" on stderr at every profile)
+    out of the user's output, unless the user set KINETO_LOG_LEVEL. Kineto reads it when a profiler first starts."""
+    os.environ.setdefault("KINETO_LOG_LEVEL", KINETO_QUIET_LEVEL)

@@ -36,7 +36,7 @@ from perfmodel.core.units import MS_PER_S, s_to_ms, samples_per_s
 from perfmodel.jobs.build import BuiltJob
 from perfmodel.jobs.spec import Mode, OptimizerName
 from perfmodel.records import IterationStats, Outcome, Phase
-from perfmodel.torch_device import synchronize
+from perfmodel.torch_device import quiet_profiler_logs, synchronize
 
 # record_function labels around the phases of a step; the per-op profiler assigns ops to phases with them.
 PHASE_LABELS: dict[Phase, str] = {
@@ -204,6 +204,7 @@ def peak_memory_bytes(step: Callable[[], None], device: torch.device) -> int | N
 def cpu_allocator_peak_bytes(step: Callable[[], None]) -> int | None:
     """Peak growth of the bytes held by torch's CPU allocator during one call of `step`, from the allocation
     events torch.profiler records with `profile_memory=True`; None if this torch does not expose them."""
+    quiet_profiler_logs()
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         step()
     try:

@@ -53,7 +53,7 @@ from perfmodel.core.units import us_to_ms
 from perfmodel.jobs.build import BuiltJob
 from perfmodel.profilers.iteration import PHASE_LABELS, make_step
 from perfmodel.records import OpProfile, OpRecord, Phase
-from perfmodel.torch_device import synchronize
+from perfmodel.torch_device import quiet_profiler_logs, synchronize
 
 STEP_LABEL = "perfmodel::step"
 ATEN_PREFIX = "aten::"
@@ -119,6 +119,7 @@ def profile_ops(job: BuiltJob, graph: Graph | None = None, warmup: int = 2, step
     synchronize(job.device)
     on_gpu = job.device.type == "cuda"
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_gpu else [])
+    quiet_profiler_logs()
     with profile(activities=activities, record_shapes=True) as prof:
         for _ in range(steps):
             with record_function(STEP_LABEL):

@@ -132,3 +132,20 @@ def test_inference_profile_has_only_forward_ops():
     assert {r.phase for r in profile.ops} == {"forward"}
     assert profile.matched_fraction == pytest.approx(1.0)
     assert {r.name for r in profile.ops} >= {"aten::linear", "aten::addmm", "aten::relu"}
+
+
+def test_profiling_prints_none_of_the_profiler_librarys_own_log_lines():
+    """kineto writes "USDT: ... profiler_start" to stderr at every profile: not the user's output (a fresh process,
+    since kineto reads its log level once)."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("from perfmodel.profilers.ops import profile_ops\n"
+            "from perfmodel.jobs.build import build_job\n"
+            "from tests.profilers.helpers import zoo_spec\n"
+            "profile_ops(build_job(zoo_spec('mlp-recommender', 4)), warmup=0, steps=1)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                          env={k: v for k, v in os.environ.items() if k != "KINETO_LOG_LEVEL"})
+    assert done.returncode == 0, done.stderr
+    assert "profiler_start" not in done.stderr and "USDT" not in done.stderr, done.stderr
