@@ -17,9 +17,9 @@ the single-GPU job's at the per-GPU batch):
 - precision: FP32 -> tf32 (PyTorch's default on the containers' Ampere GPUs; the same bytes as fp32 elsewhere),
   FP16/AMP -> amp, except runs whose log shows mixed precision off (`amp_in_log` false: 6 NCF runs of the v1 80 GB
   template, and the Tacotron 2 runs without `amp : True`) -> tf32;
-- optimizer: Adam for GNMT, NCF, Tacotron 2, WaveGlow and Transformer-XL large (DLE's defaults, GNMT's logged run
-  arguments); Transformer-XL base's `jitlamb` keeps Adam's two moments -> adam; SGD with momentum for SSD and Mask
-  R-CNN (DLE SSD and maskrcnn_benchmark).
+- optimizer: the zoo entry's reference optimizer: Adam for GNMT, NCF, Tacotron 2, WaveGlow and Transformer-XL large
+  (DLE's defaults, GNMT's logged run arguments); Transformer-XL base's `jitlamb` keeps Adam's two moments -> adam; SGD
+  with momentum for SSD and Mask R-CNN (DLE SSD and maskrcnn_benchmark).
 The accelerator is `perfmodel.hardware.catalog.get_accelerator(gpu)`, its capacity
 `perfmodel.predictor.placed.capacity_bytes`. Rows whose model or GPU does not resolve (yet) are skipped and counted.
 
@@ -78,10 +78,6 @@ DEFAULT_DATASETS = ROOT.parent / "shared" / "datasets"
 ZOO_NAMES = {"ssd": "ssd300", "gnmt": "gnmt", "ncf": "ncf", "tacotron2": "tacotron2", "waveglow": "waveglow",
              "transformerxlbase": "transformer-xl-base", "transformerxllarge": "transformer-xl-large",
              "maskrcnn": "maskrcnn"}
-OPTIMIZERS = {"gnmt": OptimizerName.adam, "ncf": OptimizerName.adam, "tacotron2": OptimizerName.adam,
-              "waveglow": OptimizerName.adam, "transformerxllarge": OptimizerName.adam,
-              "transformerxlbase": OptimizerName.adam,  # jitlamb: Adam's two moments per parameter
-              "ssd": OptimizerName.sgd, "maskrcnn": OptimizerName.sgd}
 OOM_REASON = "out of memory"
 OUTCOMES = ("ran & fits", "ran & unfit", "OOM & unfit", "OOM & fits")
 
@@ -150,10 +146,8 @@ def spec_of(row: Row) -> JobSpec | None:
     name = ZOO_NAMES.get(row.model)
     if name is None or name not in ZOO:
         return None
-    entry = ZOO[name]
-    extra = {"seq_len": entry.reference_seq_len} if entry.reference_seq_len else {}
-    return JobSpec(source=ZooSource(name=name), batch_size=math.ceil(row.batch_per_gpu), precision=precision_of(row),
-                   optimizer=OPTIMIZERS[row.model], **extra)
+    # seq_len and optimizer: the zoo entry's reference ones (Transformer-XL base's jitlamb keeps Adam's two moments)
+    return JobSpec(source=ZooSource(name=name), batch_size=math.ceil(row.batch_per_gpu), precision=precision_of(row))
 
 
 class Graphs:
