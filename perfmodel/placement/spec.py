@@ -142,5 +142,24 @@ class PlacementSpec(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _renamed_fields(cls, data: Any) -> Any:
-        """Inputs written before the renames of issue 15 (`perfmodel.core.renamed`) under today's names."""
-        return upgrade_names(data)
+        """Inputs written before the renames of issue 15 (`perfmodel.core.renamed`) under today's names; a
+        `parallelism` that names no `data` degree gets the one its devices leave (`_data_degree`)."""
+        return _data_degree(upgrade_names(data))
+
+
+def _data_degree(data: Any) -> Any:
+    """A placement whose `parallelism` is given without `data` (`{"tensor": 2}`, `{"zero_stage": 1}`) is data
+    parallel over the devices the other degrees leave: 8 devices with tensor 2 are 4 replicas, as the CLI's options
+    make them. Anything malformed is left to validation, which names it."""
+    if not isinstance(data, dict):
+        return data
+    parallelism, layout = data.get("parallelism"), data.get("devices_per_node", (1,))
+    if not isinstance(parallelism, dict) or "data" in parallelism or not isinstance(layout, (list, tuple)):
+        return data
+    model = [parallelism.get("tensor", 1), parallelism.get("pipeline", 1)]
+    if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in (*layout, *model)):
+        return data
+    devices, split = sum(layout), model[0] * model[1]
+    if devices % split:
+        return data
+    return {**data, "parallelism": {**parallelism, "data": devices // split}}

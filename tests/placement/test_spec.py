@@ -64,3 +64,17 @@ def test_the_network_defaults_to_the_catalog_and_is_in_gbit_per_s():
     assert "Gb/s" in PlacementSpec.model_fields["inter_node_bandwidth_gbit_s"].description
     given = PlacementSpec.grid("t4", nodes=2, global_batch_size=2, inter_node_bandwidth_gbit_s=25)
     assert given.inter_node_bandwidth_gbit_s == 25
+
+
+def test_a_parallelism_naming_no_data_degree_gets_the_one_the_devices_leave():
+    def placed(parallelism):
+        return PlacementSpec.model_validate({"accelerator": "h100-sxm5", "devices_per_node": [8, 8],
+                                             "global_batch_size": 64, "parallelism": parallelism}).parallelism
+
+    assert placed({"tensor": 4}).data == 4 and placed({"tensor": 2, "pipeline": 2}).data == 4
+    assert placed({"zero_stage": 3}).data == 16
+    assert placed({"data": 16}).data == 16  # given: kept
+    with pytest.raises(ValidationError, match="parallelism"):
+        placed({"tensor": 3})  # 16 devices do not split into groups of 3
+    with pytest.raises(ValidationError, match="parallelism"):
+        placed({"data": 4})  # given and inconsistent: refused, not overridden

@@ -95,6 +95,23 @@ def test_predict_returns_the_fields_of_perfmodel_predict_and_matches_the_predict
     assert inline["throughput_samples_per_s"] == body["throughput_samples_per_s"]
 
 
+def test_a_parallelism_without_a_data_degree_is_data_parallel_over_the_devices_the_others_leave(client):
+    """`{"tensor": 2}` on 8 devices is 4 replicas and `{"zero_stage": 1}` 8, as the CLI's options make them (it was
+    a 422: data 1 x tensor 1 = 1 device, but the placement has 8)."""
+    cases = {"zero_stage": ({"zero_stage": 1}, 8, 1), "tensor": ({"tensor": 2}, 4, 2),
+             "checkpointing": ({"activation_checkpointing": True}, 8, 1)}
+    for name, (given, data, tensor) in cases.items():
+        placement = {"accelerator": "a100-sxm4-80gb", "devices_per_node": [8], "parallelism": given}
+        response = client.post("/v1/predict", json={"job": SMALL_JOB, "placement": placement})
+        assert response.status_code == 200, (name, response.text)
+        parallelism = response.json()["placement"]["parallelism"]
+        assert parallelism["data"] == data and parallelism["tensor"] == tensor, name
+        assert all(parallelism[k] == v for k, v in given.items()), name
+    uneven = {"accelerator": "a100-sxm4-80gb", "devices_per_node": [8], "parallelism": {"tensor": 3}}
+    refused = client.post("/v1/predict", json={"job": SMALL_JOB, "placement": uneven})
+    assert refused.status_code == 422 and "parallelism" in refused.text
+
+
 def test_an_ir_job_from_a_client_machine_is_predicted_without_capture(client, small_ir, monkeypatch):
     import perfmodel.graph.from_torch as from_torch
 
