@@ -8,8 +8,8 @@ in that log space:
     log ratio = log( compute_share · exp(job + job_arch + chip + accelerator + conv_share · accelerator_conv)
                      + communication_share · exp(link) )
 
-- `job`: the job's own error, shared by every accelerator (its graph, its input pipeline, kernels the per-op model
-  misprices for it);
+- `job`: the job's own error, shared by every GPU (its graph, its input pipeline, kernels the per-op model misprices
+  for it); the engine keys a job's CPU points apart, the CPU being priced by another model;
 - `job_arch`: the job's error on one GPU generation (TF32 convolutions on Ampere are not FP32 ones on Turing);
 - `chip` (per die and precision) and `accelerator` (per SKU and precision, on top of its chip): the device's error
   on every job of that math;

@@ -613,7 +613,9 @@ class PredictionEngine:
         from perfmodel.predictor.math_modes import conv_flop_share
 
         hardware = self.hardware(accelerator)
-        return FleetQuery(job=entry.model_key, accelerator=hardware.name, chip=die_of(hardware.name),
+        # the CPU is priced by a model of its own: a job's error there says nothing of its error on GPUs (and back)
+        job = entry.model_key if hardware.kind != "cpu" else f"{entry.model_key}@cpu"
+        return FleetQuery(job=job, accelerator=hardware.name, chip=die_of(hardware.name),
                           architecture=hardware.architecture or hardware.name, precision=entry.spec.precision.value,
                           communication_share=communication_share, conv_share=conv_flop_share(entry.graph.totals))
 
@@ -710,7 +712,7 @@ class PredictionEngine:
         calibration = calibrate(points, now=utc_now())
         weights = dict(zip((p.id for p in points), recency_weights(points, calibration.now)))
         fleet_points = tuple(
-            FleetPoint(o.id, entry.model_key, q.accelerator, q.chip, q.architecture, q.precision,
+            FleetPoint(o.id, q.job, q.accelerator, q.chip, q.architecture, q.precision,
                        log_ratio=math.log(predicted[p].throughput_samples_per_s / o.throughput_samples_per_s),
                        communication_share=q.communication_share, weight=weights[o.id])
             for o, p in zip(observations, placements) if p in predicted

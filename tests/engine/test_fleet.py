@@ -155,3 +155,21 @@ def test_a_jobs_own_consistent_observations_narrow_its_interval_there_and_a_step
     other_gpu = engine.predict(key, _placement("a100-sxm4-80gb", 1, 64))
     assert other_gpu["calibration"]["level"] == "job" and other_gpu["calibration"]["interval_scale"] < 1
 
+
+
+
+def test_a_jobs_gpu_observations_leave_its_cpu_answer_alone(tmp_path):
+    """The CPU is priced by a model of its own: what a job showed on a GPU says nothing of the CPU model's error for
+    it (an A100 report 1.9x faster moved the job's CPU answer 1.6x). (This engine has no CPU model: what calibrates
+    a CPU answer is asked directly.)"""
+    engine = _engine(f"sqlite:///{tmp_path / 'store.db'}")
+    key = engine.register(_job(64))[0].key
+    a100 = _placement("a100-sxm4-80gb", 2, 64)
+    raw = engine.predict(key, a100)["uncalibrated_throughput_samples_per_s"]
+    engine.observe(key, a100, raw * 0.5)
+    assert engine.predict(key, a100)["calibration"]["level"] == "job"
+    assert engine.predict(key, _placement("a100-sxm4-80gb", 1, 64))["calibration"]["level"] == "job"
+    entry = engine.job(key)
+    on_cpu = engine.applied(entry, "cpu", 1, 0.0, engine.calibration(entry))
+    assert on_cpu.level == "none" and on_cpu.throughput_factor == 1.0
+    assert engine.applied(entry, "t4", 1, 0.0, engine.calibration(entry)).level == "job"  # other GPUs: it says
