@@ -553,7 +553,15 @@ class PredictionEngine:
         fleet = fleet if fleet is not None else self._fleet
         if not len(fleet):
             return Applied()
-        return fleet.apply(self._query(entry, accelerator, communication_share))
+        applied = fleet.apply(self._query(entry, accelerator, communication_share))
+        log_sigma = calibration.log_sigma(accelerator) if count else None
+        if log_sigma is not None and interval_ms is not None:
+            # the job's reports at other device counts here: an answer where it never ran is no surer than where
+            # it did (the fleet's narrowing is against its own prior, wider than the served band)
+            floor = own_interval_scale(log_sigma, interval_ms)
+            if applied.interval_scale < floor:
+                applied = replace(applied, interval_scale=floor)
+        return applied
 
     def within_physics(self, entry: JobEntry, placement: PlacementSpec, raw_throughput_samples_per_s: float,
                        applied: Applied, calibration: Calibration | None = None) -> Applied:

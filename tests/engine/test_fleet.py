@@ -173,3 +173,19 @@ def test_a_jobs_gpu_observations_leave_its_cpu_answer_alone(tmp_path):
     on_cpu = engine.applied(entry, "cpu", 1, 0.0, engine.calibration(entry))
     assert on_cpu.level == "none" and on_cpu.throughput_factor == 1.0
     assert engine.applied(entry, "t4", 1, 0.0, engine.calibration(entry)).level == "job"  # other GPUs: it says
+
+
+def test_an_answer_where_the_job_never_ran_is_no_surer_than_where_it_did(tmp_path):
+    """A job reported on 8 A100s only: its answers on 1, 2 and 4 A100s (the fleet's, through its compute) narrow
+    the served interval no more than its own reports narrow the 8-GPU one (QA saw 0.35 against 0.68)."""
+    engine = _engine(f"sqlite:///{tmp_path / 'store.db'}")
+    key = engine.register(_job(64))[0].key
+    eight = _placement("a100-sxm4-80gb", 8, 64)
+    raw = engine.predict(key, eight)["uncalibrated_throughput_samples_per_s"]
+    engine.observe(key, eight, raw * 0.8)
+    observed = engine.predict(key, eight)["calibration"]
+    assert observed["level"] == "job"
+    for devices in (1, 2, 4):
+        elsewhere = engine.predict(key, _placement("a100-sxm4-80gb", devices, 64))["calibration"]
+        assert elsewhere["level"] == "job"
+        assert elsewhere["interval_scale"] >= observed["interval_scale"] - 1e-9, devices
