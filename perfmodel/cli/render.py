@@ -17,7 +17,9 @@ def render_graph_summary(console: Console, g: Graph) -> None:
     t = g.totals
     console.print(f"[bold]{g.name}[/] ({g.source}, {g.mode}): {t.nodes} ops, {human_count(t.params)} params "
                   f"({human_bytes(t.param_bytes)}), forward {human_count(t.flops_fwd)}FLOP, backward "
-                  f"{human_count(t.flops_bwd)}FLOP, activations {human_bytes(t.activation_bytes)}")
+                  f"{human_count(t.flops_bwd)}FLOP, op outputs {human_bytes(t.activation_bytes)}"
+                  + (f", saved for backward {human_bytes(t.saved_activation_bytes)} (what the memory estimate uses)"
+                     if t.saved_activation_bytes is not None else ""))
     table = Table("kind", "ops", "forward FLOPs", "share", title="ops by kind")
     total = max(t.flops_fwd, 1)
     for kind, count in sorted(t.ops_by_kind.items(), key=lambda kv: -t.flops_fwd_by_kind.get(kv[0], 0)):

@@ -63,6 +63,9 @@ if TYPE_CHECKING:
     from perfmodel.predictor.batch_sweep import Sweep
     from perfmodel.regressors.device_ops import OpLatencyModel, OpPrediction
 
+# row op classes as a user reads them: the per-op model prices every normalization (batch, group, layer, RMS) as
+# its `layernorm` class
+SHOWN_CLASS = {"layernorm": "normalization"}
 OPTIMIZER = "optimizer"
 # tensor passes (reads + writes per parameter element) of PyTorch's default foreach optimizer steps:
 # SGD momentum: mul_ + add_ on the buffer, add_ on the params (2 + 3 + 3); Adam: lerp_ (3), mul_ (2), addcmul_ (3),
@@ -435,9 +438,9 @@ class DevicePredictor:
         reasons = custom_reasons(hardware)
         if extrapolated.any():
             outside = rows.loc[extrapolated]
-            classes = ", ".join(sorted(set(outside["op_class"])))
-            reasons.append(f"{int(extrapolated.sum())} of {len(rows)} ops ({classes}) lie outside the model's "
-                           f"training devices or maths on {hardware.name}")
+            classes = ", ".join(sorted({SHOWN_CLASS.get(c, c) for c in outside["op_class"]}))
+            reasons.append(f"{int(extrapolated.sum())} of the step's {len(rows)} kernels ({classes}) lie outside the "
+                           f"model's training devices or maths on {hardware.name}")
         _, filled = imputed(hardware, self.catalog.values())
         if filled:
             reasons.append(f"{hardware.name} gives no " + "; no ".join(f"{field} ({how})"
