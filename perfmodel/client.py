@@ -6,6 +6,7 @@
         job = pm.register_job(zoo="resnet50", batch_size=32)["job_id"]
         pm.predict(job, {"accelerator": "a100-sxm4-80gb", "devices_per_node": [8]})["throughput_samples_per_s"]
         pm.matrix([job], grid={"accelerators": ["t4", "v100-sxm2-32gb"], "device_counts": [1, 2, 4]})
+        pm.colocation([job, other_job], {"accelerator": "a100-sxm4-80gb"}, sharing="mps")
         pm.observe(job, {"accelerator": "t4"}, throughput_samples_per_s=412.0)
 
 Jobs are given by id or as a `JobSpec` (or its dict); placements as a `PlacementSpec` or a dict. A job's
@@ -72,6 +73,9 @@ class Client:
         graph --json` printed, as text or dict) plus `batch_size` (one replica's forward/backward pass; an IR's
         must be the batch it was captured at) and run settings (seq_len, precision, optimizer, mode). Returns the
         job (`job_id`, `created`, graph size)."""
+        if isinstance(spec, str):  # refused here: the service would only say "body: Input should be an object"
+            raise TypeError(f"register_job's spec is a JobSpec or its dict, not the name {spec!r}: register a zoo "
+                            f"model with register_job(zoo={spec!r}, batch_size=...)")
         if spec is None:
             spec = _spec_from_options(zoo=zoo, hf_config=hf_config, task=task, ir=ir, batch_size=batch_size, **run)
         return self._call("POST", "/v1/jobs", json=_json(spec))
@@ -101,15 +105,32 @@ class Client:
         return self._call("POST", "/v1/predict", json={"job": _json(job), "placement": _json(placement)})
 
     def matrix(self, jobs: Sequence[JobRef], placements: Sequence[PlacementRef] | None = None, *,
-               grid: Mapping[str, Any] | None = None, layout: str = "matrix", detail: bool = False) -> dict[str, Any]:
+               grid: Mapping[str, Any] | None = None, layout: str = "matrix", detail: bool = False,
+               job_types: Sequence[str] | None = None, worker_types: Mapping[str, str] | None = None,
+               colocation: bool = False, sharing: str = "time-slicing") -> dict[str, Any]:
         """Jobs × placements (or × `grid`: accelerators × device_counts [× spread]) in one call; `layout="gavel"`
-        answers Gavel's throughput dictionaries."""
-        body: dict[str, Any] = {"jobs": [_json(j) for j in jobs], "layout": layout, "detail": detail}
+        answers Gavel's throughput dictionaries: `job_types` names the jobs, `worker_types` maps worker type names
+        to accelerators, and `colocation=True` adds every pair of jobs sharing the GPUs (`sharing`: "time-slicing"
+        or "mps"). docs/api.md, POST /v1/predict/matrix."""
+        body: dict[str, Any] = {"jobs": [_json(j) for j in jobs], "layout": layout, "detail": detail,
+                                "colocation": colocation, "sharing": sharing}
         if placements is not None:
             body["placements"] = [_json(p) for p in placements]
         if grid is not None:
             body["grid"] = dict(grid)
+        if job_types is not None:
+            body["job_types"] = list(job_types)
+        if worker_types is not None:
+            body["worker_types"] = dict(worker_types)
         return self._call("POST", "/v1/predict/matrix", json=body)
+
+    def colocation(self, jobs: Sequence[JobRef], placement: PlacementRef,
+                   sharing: str = "time-slicing") -> dict[str, Any]:
+        """Two jobs sharing the placement's GPUs (`sharing`: "time-slicing", two processes, or "mps"): each one's
+        `throughput_samples_per_s` while sharing, its interval, slowdown and isolated answer, and how busy the
+        device is. A pair that does not fit in memory together raises ServiceError(422)."""
+        return self._call("POST", "/v1/predict/colocation", json={
+            "jobs": [_json(j) for j in jobs], "placement": _json(placement), "sharing": sharing})
 
     def observe(self, job_id: str, placement: PlacementRef, *, throughput_samples_per_s: float) -> dict[str, Any]:
         """Tell the service what a running job measured (samples/s over the whole job); its later predictions are

@@ -478,6 +478,15 @@ class ObservationRequest(_In):
     placement: PlacementIn
     throughput_samples_per_s: float = Field(gt=0, strict=True, description="what the running job measured")
 
+    @field_validator("job", mode="before")
+    @classmethod
+    def _registered_job(cls, value: Any) -> Any:
+        """A job spec inline (as predictions take) is refused saying what to send instead."""
+        if not isinstance(value, str):
+            raise ValueError("observations are of a registered job: register it with POST /v1/jobs and pass its "
+                             "job_id here")
+        return value
+
     @model_validator(mode="after")
     def _finite(self) -> ObservationRequest:
         if not math.isfinite(self.throughput_samples_per_s):

@@ -137,9 +137,11 @@ def _answer(engine: Any, spec: Any, placement: Any, *, with_job: str | None, sha
     out.print("  " + ", ".join(f"{k} {v:.2f} ms" for k, v in result["breakdown_ms"].items()))
     calibration = result["calibration"]
     if calibration["level"] != "none":
-        out.print(f"  calibrated x{calibration['factor']:.3f} ({calibration['level']}: {calibration['observations']} "
-                  f"observation(s) of {calibration['jobs']} job(s); uncalibrated "
-                  f"{result['uncalibrated_iter_time_ms']:.2f} ms)")
+        evidence = "; ".join(f"{'its own' if name == 'job' else 'on the ' + name} {found['observations']} "
+                             f"observation(s)" + ("" if name == "job" else f" of {found['jobs']} job(s)")
+                             for name, found in calibration["sources"].items())
+        out.print(f"  calibrated x{calibration['factor']:.3f} at level {calibration['level']} ({evidence}); "
+                  f"uncalibrated {result['uncalibrated_iter_time_ms']:.2f} ms")
     fits = "fits" if result["fits"] else "[red]does not fit[/]"
     out.print(f"  peak memory per device ~{result['peak_memory_bytes'] / 2**30:.2f} GiB of "
               f"{(result['memory_capacity_bytes'] or 0) / 2**30:.1f} GiB usable: {fits}")

@@ -4,8 +4,10 @@ A spec sheet is YAML or JSON holding `HardwareSpec` fields. Numbers may be given
 its name says: `memory_bandwidth_gb_s` in GB/s) or as text with a unit that converts to it ("3.35 TB/s",
 "989 TFLOP/s", "80 GB", "1.98 GHz", "700 W", "400 Gb/s"); a unit of another quantity is an error naming the field.
 Checks, each naming its field:
-- the schema's own (types, > 0, known fields only);
-- plausible ranges (`MAX_VALUES`: no 10^30 GFLOP/s);
+- the schema's own (types, > 0, known fields only: an unknown field is named with the known one it is closest to,
+  together with any required field missing, so a misspelled field is named even when it leaves one missing);
+- plausible ranges (`check_plausible`: no 10^30 GFLOP/s, `MAX_VALUES`; and, for GPUs, no unit slips below any
+  real part, `MIN_GPU_VALUES`: `peak_fp32_gflops: 60` meant 60 TFLOP/s);
 - what each use needs (`REQUIRED_BY_KIND`: a GPU is predicted by the per-op device model from its fp32 peak,
   memory bandwidth and size and compute units). Custom entries are GPUs: the CPU model knows only the host it
   was trained on, so a CPU spec sheet could not be predicted;
@@ -20,6 +22,7 @@ the part, and fields the sheet leaves out are imputed (`perfmodel.hardware.imput
 
 from __future__ import annotations
 
+import difflib
 import json
 import re
 import threading
@@ -48,6 +51,14 @@ MAX_VALUES: dict[str, float] = {
     "memory_bandwidth_gb_s": 1e6, "memory_gb": 1e5, "l2_cache_mb": 1e5, "compute_units": 1e6,
     "fp32_cores_per_cu": 1e4, "threads": 1e6, "boost_clock_mhz": 1e5, "base_clock_mhz": 1e5, "tdp_w": 1e5,
     "interconnect_bidir_gb_s": 1e6, "node_devices": 1024, "node_network_gbit_s": 1e6,
+}
+# lower bounds of plausible GPU values: (minimum in the field's unit, that unit, the unit 1000x larger). Below them
+# is a unit slip (60 GFLOP/s for 60 TFLOP/s); every GPU of the shipped catalog is well above them (fp64 peaks are
+# left out: a consumer part's may be 1/64 of its fp32)
+MIN_GPU_VALUES: dict[str, tuple[float, str, str]] = {
+    **dict.fromkeys(("peak_fp32_gflops", "peak_fp32_matrix_gflops", "peak_tf32_gflops", "peak_fp16_gflops",
+                     "peak_bf16_gflops", "peak_fp8_gflops"), (100.0, "GFLOP/s", "TFLOP/s")),
+    "memory_bandwidth_gb_s": (10.0, "GB/s", "TB/s"), "memory_gb": (0.5, "GB", "TB"),
 }
 
 # field suffix -> {unit as written, lower case: factor to the field's unit}
@@ -122,33 +133,60 @@ def validate_spec_sheet(data: Mapping[str, Any], catalog: Mapping[str, HardwareS
     local entries) is what it must not clash with. Its `source` is marked as custom."""
     if not isinstance(data, Mapping):
         raise SpecSheetError((), "a spec sheet must be a mapping of HardwareSpec fields")
-    fields = {str(k): _converted(str(k), v) for k, v in upgrade_names(dict(data)).items()}
+    fields = {str(k): _converted(str(k), v) if str(k) in HardwareSpec.model_fields else v
+              for k, v in upgrade_names(dict(data)).items()}  # an unknown field is named below, not its unit
     fields["source"] = CUSTOM_SOURCE_PREFIX + str(fields.get("source") or DEFAULT_SOURCE).removeprefix(
         CUSTOM_SOURCE_PREFIX)
     kind = fields.get("kind")
     if kind == "cpu":
         raise SpecSheetError(("kind",), "custom accelerators are GPUs: the CPU model knows only the host it was "
                                         "trained on (`perfmodel hw probe --save` describes this host)")
-    if kind in REQUIRED_BY_KIND:
-        missing = [f for f in REQUIRED_BY_KIND[kind] if fields.get(f) is None]
-        if missing:
-            raise SpecSheetError((missing[0],), f"a {kind} needs {', '.join(missing)} (missing)")
+    unknown = [f for f in fields if f not in HardwareSpec.model_fields]
+    missing = [f for f in REQUIRED_BY_KIND.get(str(kind), ()) if fields.get(f) is None]
+    problems = [_unknown_fields(unknown)] if unknown else []
+    if missing:
+        problems.append(f"a {kind} needs {', '.join(missing)} (missing)")
+    if problems:  # the field typed wrong first: a misspelled field is often what leaves a required one missing
+        raise SpecSheetError(((unknown or missing)[0],), "; ".join(problems))
     try:
         spec = HardwareSpec.model_validate(fields)
     except ValidationError as exc:
         error = exc.errors(include_url=False)[0]
         more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
         raise SpecSheetError(tuple(error["loc"]), f"{error['msg']}{more}") from None
-    for field, limit in MAX_VALUES.items():
-        value = getattr(spec, field)
-        if value is not None and value > limit:
-            raise SpecSheetError((field,), f"{value:g} is beyond any real part (at most {limit:g}); check the unit")
+    check_plausible(spec)
     for field in ("name", *(f"aliases.{i}" for i in range(len(spec.aliases)))):
         value = spec.name if field == "name" else spec.aliases[int(field.split(".")[1])]
         if not normalize_name(value).strip("-"):
             raise SpecSheetError(tuple(field.split(".")), "must hold a letter or digit")
     check_no_clash(spec, _default_catalog() if catalog is None else catalog)
     return spec
+
+
+def _unknown_fields(unknown: list[str]) -> str:
+    """What names the unknown fields, each with the known field closest to it: "unknown field memory_bandwidth (did
+    you mean memory_bandwidth_gb_s?)"."""
+    named = []
+    for field in unknown:
+        close = difflib.get_close_matches(field, HardwareSpec.model_fields, n=1)
+        named.append(f"{field} (did you mean {close[0]}?)" if close else field)
+    return f"unknown field{'s' if len(unknown) > 1 else ''} {', '.join(named)}"
+
+
+def check_plausible(spec: HardwareSpec) -> None:
+    """A `SpecSheetError` naming the first field of `spec` outside the plausible range: above any real part
+    (`MAX_VALUES`), or, for a GPU, below any (`MIN_GPU_VALUES`: a unit slip, the error says the field's unit)."""
+    for field, limit in MAX_VALUES.items():
+        value = getattr(spec, field)
+        if value is not None and value > limit:
+            raise SpecSheetError((field,), f"{value:g} is beyond any real part (at most {limit:g}); check the unit")
+    if spec.kind != "gpu":
+        return
+    for field, (minimum, unit, larger) in MIN_GPU_VALUES.items():
+        value = getattr(spec, field)
+        if value is not None and value < minimum:
+            raise SpecSheetError((field,), f"{value:g} {unit} is below any GPU's (>= {minimum:g}): the field is in "
+                                           f"{unit}; write \"{value:g} {larger}\" for {value:g} {larger}")
 
 
 def _default_catalog() -> dict[str, HardwareSpec]:

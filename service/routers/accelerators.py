@@ -15,6 +15,7 @@ from perfmodel.core.errors import PerfmodelError
 from perfmodel.hardware.custom import (
     AcceleratorClash,
     SpecSheetError,
+    is_custom,
     parse_spec_sheet,
     spec_sheet_example,
     validate_spec_sheet,
@@ -40,8 +41,10 @@ _SPEC_SHEET_BODY = {
 
 @router.get("", response_model=list[HardwareSpec])
 async def accelerators(engine: Reader) -> Response:
-    """Every accelerator a placement may name (by name or alias), with its figures; custom ones included."""
-    return json_response([spec.model_dump(mode="json") for spec in engine.catalog.values()])
+    """Every accelerator a placement may name (by name or alias), with its figures; custom ones included, each
+    entry's `custom` saying whether it is a user's spec sheet (as `GET /v1/accelerators/{id}` does)."""
+    return json_response([{**spec.model_dump(mode="json"), "custom": is_custom(spec)}
+                          for spec in engine.catalog.values()])
 
 
 @router.get("/{accelerator_id}", response_model=HardwareSpec,
@@ -51,7 +54,6 @@ async def accelerator(engine: Reader,
     """One accelerator by name or alias (shipped or custom); `custom` says whether it is a user's spec sheet."""
     from perfmodel.core.errors import UnknownNameError
     from perfmodel.hardware.catalog import AmbiguousNameError, get_accelerator
-    from perfmodel.hardware.custom import is_custom
 
     try:
         spec = get_accelerator(accelerator_id, engine.catalog)

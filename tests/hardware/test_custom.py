@@ -8,9 +8,11 @@ import pytest
 from perfmodel.hardware.catalog import get_accelerator, load_catalog
 from perfmodel.hardware.custom import (
     CUSTOM_REASON,
+    MIN_GPU_VALUES,
     AcceleratorClash,
     LiveCatalog,
     SpecSheetError,
+    check_plausible,
     custom_reasons,
     is_custom,
     parse_spec_sheet,
@@ -71,3 +73,43 @@ def test_the_live_catalog_resolves_custom_entries_and_refreshes_whole():
     assert get_accelerator("h100", catalog).name == "h100-sxm5"
     catalog.refresh([])
     assert "acme-x1" not in catalog
+
+
+def test_a_misspelled_field_is_named_with_the_close_known_one_even_when_required_fields_are_missing():
+    """`memory_bandwidth` for `memory_bandwidth_gb_s`, and `compute_units` left out: one error names the unknown
+    field, the field it is close to, and the missing ones (before, only the missing ones)."""
+    sheet = {k: v for k, v in SHEET.items() if k not in ("memory_bandwidth_gb_s", "compute_units")}
+    with pytest.raises(SpecSheetError) as caught:
+        validate_spec_sheet({**sheet, "memory_bandwidth": 3000, "clock_ghz": 2})
+    assert caught.value.loc == ("memory_bandwidth",)
+    message = str(caught.value)
+    assert "unknown fields memory_bandwidth (did you mean memory_bandwidth_gb_s?), clock_ghz" in message
+    assert "a gpu needs memory_bandwidth_gb_s, compute_units (missing)" in message
+    with pytest.raises(SpecSheetError, match=r"^xyz: unknown field xyz$"):  # nothing close: no suggestion
+        validate_spec_sheet({**SHEET, "xyz": 1})
+
+
+@pytest.mark.parametrize(("field", "value", "unit"), [
+    ("peak_fp32_gflops", 60, "GFLOP/s"),  # meant 60 TFLOP/s
+    ("peak_bf16_gflops", 80, "GFLOP/s"),
+    ("memory_bandwidth_gb_s", 3, "GB/s"),  # meant 3 TB/s
+    ("memory_gb", 0.08, "GB"),
+])
+def test_unit_slips_below_any_gpu_are_refused_naming_the_field_value_and_unit(field, value, unit):
+    with pytest.raises(SpecSheetError) as caught:
+        validate_spec_sheet({**SHEET, field: value})
+    assert caught.value.loc == (field,)
+    assert str(caught.value).startswith(f"{field}: {value:g} {unit} is below any GPU's")
+    assert f"the field is in {unit}" in str(caught.value)
+
+
+def test_every_gpu_of_the_shipped_catalog_is_within_the_plausible_ranges():
+    """The bounds never refuse a real part: every catalogued GPU passes them (and is above each lower bound)."""
+    gpus = [spec for spec in load_catalog().values() if spec.kind == "gpu"]
+    assert len(gpus) > 50
+    for spec in gpus:
+        check_plausible(spec)
+        for field, (minimum, _unit, _larger) in MIN_GPU_VALUES.items():
+            assert getattr(spec, field) is None or getattr(spec, field) >= minimum, (spec.name, field)
+    assert {"peak_fp32_gflops", "peak_fp16_gflops", "peak_tf32_gflops", "peak_fp8_gflops", "memory_bandwidth_gb_s",
+            "memory_gb"} <= set(MIN_GPU_VALUES)

@@ -78,3 +78,23 @@ def test_yaml_sheets_are_accepted(writer):
     assert response.status_code == 201, response.text
     assert writer.post("/v1/accelerators", content="[1, 2", headers={"Content-Type": "application/yaml"}
                        ).status_code == 422
+
+
+def test_the_list_flags_custom_accelerators_as_one_accelerator_does(writer):
+    """Each entry of `GET /v1/accelerators` carries `custom`, the same flag `GET /v1/accelerators/{id}` answers."""
+    assert writer.post("/v1/accelerators", json=SHEET).status_code == 201
+    listed = {entry["name"]: entry for entry in writer.get("/v1/accelerators").json()}
+    assert listed["acme-x1"]["custom"] is True and listed["h100-sxm5"]["custom"] is False
+    assert all(isinstance(entry["custom"], bool) for entry in listed.values())
+    for name in ("acme-x1", "h100-sxm5"):
+        assert writer.get(f"/v1/accelerators/{name}").json()["custom"] is listed[name]["custom"]
+
+
+def test_a_misspelled_field_is_named_in_the_422_with_the_missing_ones(writer):
+    """An unknown field is named (with the close known field) even when required fields are missing too."""
+    sheet = {k: v for k, v in SHEET.items() if k not in ("memory_bandwidth_gb_s", "compute_units")}
+    response = writer.post("/v1/accelerators", json={**sheet, "memory_bandwidth": 3000})
+    assert response.status_code == 422, response.text
+    error = response.json()["detail"][0]
+    assert error["loc"] == ["body", "memory_bandwidth"]
+    assert "did you mean memory_bandwidth_gb_s?" in error["msg"] and "compute_units (missing)" in error["msg"]

@@ -74,3 +74,12 @@ def test_an_ir_registered_at_another_batch_than_it_was_captured_at_is_refused(cl
     inline = client.post("/v1/predict", json={"job": {"source": {"kind": "ir", "graph": small_ir}, "batch_size": 16},
                                               "placement": {"accelerator": "t4"}})
     assert inline.status_code == 422 and inline.json()["detail"][0]["loc"] == ["body", "job", "batch_size"]
+
+
+def test_an_inline_job_spec_is_refused_saying_to_register_it_first(client):
+    """Observations are of registered jobs: a job spec in `job` is a 422 at `job` that says to POST /v1/jobs."""
+    refused = _observe(client, SMALL_JOB, 100.0)
+    assert refused.status_code == 422, refused.text
+    error = refused.json()["detail"][0]
+    assert error["loc"] == ["body", "job"]
+    assert "registered job" in error["msg"] and "POST /v1/jobs" in error["msg"] and "job_id" in error["msg"]

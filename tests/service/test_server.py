@@ -62,3 +62,29 @@ def test_a_scheduler_talks_to_a_real_server_with_the_client(server, tmp_path):
         assert 'route="/v1/predict",status="200"' in metrics
         pm.delete_job(job["job_id"])
         assert [j["job_id"] for j in pm.jobs()] == [onnx_job["job_id"]]
+
+
+def test_register_job_refuses_a_bare_name_before_sending():
+    """`register_job("resnet50", ...)` says to pass zoo="resnet50" instead of sending a body the service can only
+    call "not an object" (nothing listens at this address: a request would be a connection error)."""
+    with Client("http://127.0.0.1:9") as pm, pytest.raises(TypeError, match=r"zoo='resnet50'"):
+        pm.register_job("resnet50", batch_size=32)
+
+
+@pytest.mark.slow  # starts a real server
+def test_the_client_predicts_colocation_and_gavel_matrices_with_their_options(server):
+    """`colocation` posts POST /v1/predict/colocation; `matrix` passes job_types, worker_types, colocation and
+    sharing through to Gavel's layout."""
+    with Client(server, token=TOKEN) as pm:
+        job = pm.register_job(SMALL_JOB)["job_id"]
+        other = pm.register_job(zoo="mlp-recommender", batch_size=16)["job_id"]
+        shared = pm.colocation([job, other], {"accelerator": "a100-sxm4-80gb"}, sharing="mps")
+        assert shared["sharing"] == "mps" and shared["jobs"] == [job, other]
+        assert all(t > 0 for t in shared["throughput_samples_per_s"]) and all(s >= 1 for s in shared["slowdown"])
+        gavel = pm.matrix([job, other], grid={"accelerators": ["v100"], "device_counts": [1]}, layout="gavel",
+                          job_types=["small", "large"], worker_types={"v100": "v100-sxm2-16gb"}, colocation=True,
+                          sharing="time-slicing")
+        assert gavel["job_types"] == {"small": job, "large": other}
+        assert gavel["worker_types"] == {"v100": "v100-sxm2-16gb"}
+        pair = gavel["throughputs"]["v100"]["('small', 1)"]["('large', 1)"]
+        assert len(pair) == 2 and all(steps > 0 for steps in pair)
