@@ -13,10 +13,20 @@ README, "Batch size"), and without `parallelism` every device is a data-parallel
 from __future__ import annotations
 
 import math
+import re
 from datetime import datetime
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    field_validator,
+    model_validator,
+)
 
 from perfmodel.core.renamed import upgrade_names
 from perfmodel.jobs.limits import JobLimitError, check_graph_nodes, check_spec
@@ -33,8 +43,19 @@ REFUSED_SOURCES = {
 }
 
 ApiModelSource = Annotated[Union[ZooSource, HFConfigSource, GraphSource], Field(discriminator="kind")]
-JobId = Annotated[str, Field(pattern=JOB_ID_PATTERN, description="a job id from POST /v1/jobs",
-                             examples=["572a996d1292de806bef48d2"])]
+_JOB_ID = re.compile(JOB_ID_PATTERN)
+
+
+def _job_id(value: str) -> str:
+    if not _JOB_ID.match(value):
+        raise ValueError(f"not a job id: a job id is the 24 lowercase hex characters POST /v1/jobs answered "
+                         f"(`job_id`), got {value[:40]!r}")
+    return value
+
+
+JobId = Annotated[str, AfterValidator(_job_id),
+                  Field(description="a job id from POST /v1/jobs", examples=["572a996d1292de806bef48d2"],
+                        json_schema_extra={"pattern": JOB_ID_PATTERN})]
 
 
 class _In(BaseModel):

@@ -83,3 +83,14 @@ def test_an_inline_job_spec_is_refused_saying_to_register_it_first(client):
     error = refused.json()["detail"][0]
     assert error["loc"] == ["body", "job"]
     assert "registered job" in error["msg"] and "POST /v1/jobs" in error["msg"] and "job_id" in error["msg"]
+
+
+def test_a_malformed_job_id_says_what_a_job_id_is(client):
+    """"deadbeef" got "String should match pattern '^[0-9a-f]{24}$'"; the answer says where a job id comes from."""
+    for route, body in (("/v1/predict", {"job": "deadbeef", "placement": {"accelerator": "t4"}}),
+                        ("/v1/observations", {"job": "deadbeef", "placement": {"accelerator": "t4"},
+                                              "throughput_samples_per_s": 5.0})):
+        response = client.post(route, json=body)
+        assert response.status_code == 422, route
+        detail = response.json()["detail"][0]
+        assert detail["loc"] == ["body", "job"] and "POST /v1/jobs" in detail["msg"] and "deadbeef" in detail["msg"]
