@@ -40,10 +40,11 @@ def hw_list(store: StoreOpt = None, as_json: JsonOpt = False) -> None:
     def tflops(gflops: float | None) -> str:
         return "-" if gflops is None else f"{gflops / 1000:.3g}" if gflops < 10_000 else f"{gflops / 1000:.0f}"
 
-    table = Table("id", "kind", "vendor", "fp32 TFLOP/s", "fp16 TFLOP/s", "memory GB", "bandwidth GB/s",
+    table = Table("id", "kind", "vendor", "fp32 TFLOP/s", "fp16/bf16 TFLOP/s", "memory GB", "bandwidth GB/s",
                   title=f"{len(entries)} accelerators (`perfmodel hw show ID` for every field)")
     for e in entries:
-        table.add_row(e.name, e.kind, e.vendor, tflops(e.peak_fp32_gflops), tflops(e.peak_fp16_gflops),
+        table.add_row(e.name, e.kind, e.vendor, tflops(e.peak_fp32_gflops), tflops(e.peak_fp16_gflops
+                                                                              or e.peak_bf16_gflops),
                       f"{e.memory_gb:g}", f"{e.memory_bandwidth_gb_s:.0f}")
     out.print(table)
 
@@ -51,7 +52,7 @@ def hw_list(store: StoreOpt = None, as_json: JsonOpt = False) -> None:
 @hw_app.command("show")
 @user_errors
 def hw_show(name: Annotated[str, typer.Argument(help="catalog name or alias")], store: StoreOpt = None) -> None:
-    """Show one accelerator (any alias resolves), the store's custom ones too."""
+    """Show one accelerator (any alias resolves), the store's custom ones too, as JSON."""
     from perfmodel.hardware.catalog import get_accelerator
 
     print_json(get_accelerator(name, _catalog(store)).model_dump(mode="json"))

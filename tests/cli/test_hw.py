@@ -18,7 +18,7 @@ def run(*args):
 def test_hw_list_table_and_json():
     result = run("hw", "list")
     assert result.exit_code == 0, result.output
-    for fragment in ("fp32 TFLOP/s", "fp16 TFLOP/s", "bandwidth GB/s", "h100-sxm5", "mi300x", "cpu"):
+    for fragment in ("fp32 TFLOP/s", "fp16/bf16 TFLOP/s", "bandwidth GB/s", "h100-sxm5", "mi300x", "cpu"):
         assert fragment in result.stdout
     result = run("hw", "list", "--json")
     assert result.exit_code == 0, result.output
