@@ -3,8 +3,11 @@
 A tree model given NaN for a field it never saw missing follows an arbitrary branch (a B200 with no L2 size got
 57 µs for an 8-byte add), so a missing field is never passed on as NaN:
 - `boost_clock_mhz` follows from physics: fp32 peak = fp32 lanes × 2 FLOPs × clock;
-- `l2_cache_mb`, `fp32_cores_per_cu` and `tdp_w` come from the nearest reference device of the same kind and
-  vendor (log peak fp32, log memory bandwidth, log compute units), and the prediction says so.
+- `l2_cache_mb`, `fp32_cores_per_cu` and `tdp_w` come from another SKU of the same die where the catalog has one,
+  the one with the nearest compute (log peak fp32, log tensor peak, log compute units: a GH200 takes the H100
+  SXM's board power, not a 400 W H100 NVL's, so that two SKUs of one die at the same peaks are the same device to
+  the learned models, memory apart); else from the nearest reference device of the same kind and vendor (log peak
+  fp32, log memory bandwidth, log compute units). The prediction says which.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 
+from perfmodel.hardware.chips import die_of
 from perfmodel.hardware.spec import HardwareSpec
 
 NEIGHBOUR_FIELDS = ("l2_cache_mb", "fp32_cores_per_cu", "tdp_w")
@@ -29,6 +33,14 @@ def _distance(a: HardwareSpec, b: HardwareSpec) -> float:
                      (math.log(b.peak_fp32_gflops), math.log(b.memory_bandwidth_gb_s), math.log(b.compute_units)))
 
 
+def _compute_distance(a: HardwareSpec, b: HardwareSpec) -> float:
+    def tensor(spec: HardwareSpec) -> float:
+        return spec.peak_fp16_gflops or spec.peak_bf16_gflops or spec.peak_fp32_gflops
+
+    return math.dist((math.log(a.peak_fp32_gflops), math.log(tensor(a)), math.log(a.compute_units)),
+                     (math.log(b.peak_fp32_gflops), math.log(tensor(b)), math.log(b.compute_units)))
+
+
 def imputed(spec: HardwareSpec, reference: Iterable[HardwareSpec]) -> tuple[HardwareSpec, dict[str, str]]:
     """`spec` with its missing feature fields filled, and {field: where its value came from} for each one filled."""
     filled: dict[str, object] = {}
@@ -37,12 +49,19 @@ def imputed(spec: HardwareSpec, reference: Iterable[HardwareSpec]) -> tuple[Hard
     if missing:
         candidates = [r for r in reference if r.kind == spec.kind and r.name != spec.name
                       and all(getattr(r, field) is not None for field in missing)]
+        die = die_of(spec.name)
+        same_die = [r for r in candidates if die != spec.name and die_of(r.name) == die]
         same_vendor = [r for r in candidates if r.vendor == spec.vendor] or candidates
-        if same_vendor:
+        if same_die:
+            nearest = min(same_die, key=lambda r: (_compute_distance(spec, r), r.name))
+            how = f"taken from another SKU of its die ({die}), {nearest.name}"
+        elif same_vendor:
             nearest = min(same_vendor, key=lambda r: (_distance(spec, r), r.name))
+            how = f"taken from the nearest catalog device, {nearest.name}"
+        if same_die or same_vendor:
             for field in missing:
                 filled[field] = getattr(nearest, field)
-                origin[field] = f"taken from the nearest catalog device, {nearest.name}"
+                origin[field] = how
     if spec.boost_clock_mhz is None:
         clock = derived_boost_clock_mhz(spec.model_copy(update=filled))
         if clock is not None:

@@ -366,8 +366,9 @@ class DevicePredictor:
         breakdown["overhead"] = iter_time_ms - ms.sum(axis=1)
         low, high = host_bound_steps(p10, self.host_ms_per_kernel), host_bound_steps(p90, self.host_ms_per_kernel)
         flops, bytes_ = sweep.graphs.flops_and_bytes(batches)
-        features = composition_feature_arrays(first, hardware, rows, ms, compute_ms, memory_ms, breakdown, flops,
-                                              bytes_, sweep.graphs.params, batches, self.host_ms_per_kernel)
+        features = composition_feature_arrays(first, self._featured(hardware), rows, ms, compute_ms, memory_ms,
+                                              breakdown, flops, bytes_, sweep.graphs.params, batches,
+                                              self.host_ms_per_kernel)
         reasons: dict[bytes, tuple[str, ...]] = {}
         maths = maths_by_group(first.precision, hardware)
         host_issue_ms = {name: float((phase == name).sum()) * self.host_ms_per_kernel
@@ -390,6 +391,12 @@ class DevicePredictor:
             out.append((step, {name: float(value[i]) for name, value in features.items()}))
         return out
 
+    def _featured(self, hardware: HardwareSpec) -> HardwareSpec:
+        """`hardware` with the spec-sheet fields it lacks filled as the per-op model's features fill them
+        (`impute.imputed`), so that the whole-step stage sees a GH200's board power as its die's other SKUs give it,
+        not the average GPU's."""
+        return imputed(hardware, self.catalog.values())[0]
+
     def _composed(self, spec: JobSpec, hardware: HardwareSpec, graph: Graph, rows: pd.DataFrame, out: Any,
                   phases: tuple[str, ...]) -> tuple[Prediction, dict[str, float]]:
         """The composed step of predicted kernel rows, and its composition features."""
@@ -397,8 +404,8 @@ class DevicePredictor:
 
         breakdown = self.breakdown(rows, out.latency_ms, phases)
         keep = rows["phase"].isin(phases).to_numpy()
-        features = composition_features(spec, graph, hardware, rows[keep], out.latency_ms[keep], breakdown,
-                                        self.host_ms_per_kernel)
+        features = composition_features(spec, graph, self._featured(hardware), rows[keep], out.latency_ms[keep],
+                                        breakdown, self.host_ms_per_kernel)
         iter_time_ms = sum(breakdown.values())
         reasons = self._reasons(rows, out.extrapolated, hardware, graph)
         return Prediction(

@@ -60,6 +60,7 @@ from perfmodel.placement.iteration import (
 )
 from perfmodel.placement.spec import PlacementSpec
 from perfmodel.predictor.batch_sweep import GraphLine, RowLine, Sweep, table_key
+from perfmodel.predictor.math_modes import maths_by_group
 from perfmodel.predictor.memory import USABLE_MEMORY_FRACTION, GraphBytes, bytes_per_param, estimate_memory
 from perfmodel.predictor.predict import Prediction
 from perfmodel.predictor.whole_step import WholeStepStage
@@ -75,9 +76,17 @@ DEFAULT_CACHE_SIZE = 4096  # entries of each cache (computes, memory estimates, 
 LINKS_CACHE_SIZE = 1024
 
 
-def level_key(spec: JobSpec) -> str | None:
-    """The key a whole-step stage keeps a measured model's level under (zoo jobs; None for the others)."""
-    return job_level_key(spec.source.name, spec.precision.value) if isinstance(spec.source, ZooSource) else None
+def level_key(spec: JobSpec, hardware: HardwareSpec) -> str | None:
+    """The key a whole-step stage keeps a measured model's level under (zoo jobs; None for the others). A precision
+    whose math on `hardware` is TF32's (fp32 on a GPU without TF32: every op group the same math) takes the TF32
+    runs' level, the runs it is the same step as (the public runs' "FP32" is TF32 where the GPU has it)."""
+    if not isinstance(spec.source, ZooSource):
+        return None
+    precision = spec.precision
+    if precision in (Precision.fp32, Precision.fp32_strict) and (
+            maths_by_group(precision, hardware) == maths_by_group(Precision.tf32, hardware)):
+        precision = Precision.tf32
+    return job_level_key(spec.source.name, precision.value)
 
 
 HOST_LINK = "host"  # the intra-node link a placement names when its GPUs have no peer-to-peer
@@ -301,7 +310,7 @@ class PlacementPredictor:
         single, features = composed
         if self.whole_step is None:
             return single
-        return self.whole_step.correct(single, features, level_key(spec))
+        return self.whole_step.correct(single, features, level_key(spec, hardware))
 
     def _bytes_of(self, micro_spec: JobSpec, graph: Graph) -> GraphBytes:
         """What memory reads of `micro_spec`'s graph (cached: many placements share a micro-batch)."""
@@ -376,7 +385,8 @@ class PlacementPredictor:
         if self.whole_step is not None and made:
             steps = list(made.values())
             corrected = self.whole_step.correct_many([step[0] for _, step in steps], [step[1] for _, step in steps],
-                                                     [level_key(spec) for spec, _ in steps])
+                                                     [level_key(spec, self.hardware(step.accelerator))
+                                                      for spec, (step, _) in steps])
             for key, step in zip(made, corrected):
                 self._corrected.put(key, step)
 

@@ -25,7 +25,8 @@ every run of a level, so any weight there would be arbitrary (`PER_JOB_FEATURES`
 cover (a newer generation) gets the effect of the newest measured ones, not an extrapolated line, and the effect as a
 whole stays within what the measured GPUs got (each feature inside its range, a mix no measured GPU had can still
 add up past them); one below it on any feature (older or smaller than every measured GPU) gets no device effect; a
-feature its spec sheet lacks (no TDP: no FLOP/s per watt) counts as the average GPU's.
+feature its spec sheet lacks (no TDP: no FLOP/s per watt) counts as the average GPU's (the predictor fills a
+missing TDP first, as the per-op model's features do: from another SKU of the die, else the nearest device).
 
 The 80 % band is conformal on out-of-fold residuals: for a job without a level, of folds that hold out whole model
 families (the band of a family never seen); for a job with one, of folds that hold out GPUs.

@@ -39,3 +39,16 @@ def test_a_device_without_l2_gets_the_features_of_its_nearest_neighbour():
     with_l2 = device_op_features(ops.assign(device="h100-sxm5"), both)
     without = device_op_features(ops.assign(device="h100-no-l2"), both)
     pd.testing.assert_frame_equal(with_l2, without)
+
+
+def test_a_field_a_sku_lacks_comes_from_its_dies_sku_of_the_same_compute():
+    """A GH200 gives no board power: it takes the H100 SXM's (same die, same peaks, 700 W), not the nearest part by
+    bandwidth (a 400 W H100 NVL), so the learned models see one device at one compute, memory apart."""
+    catalog = load_catalog()
+    for name in ("gh200-96gb", "gh200-144gb"):
+        filled, origin = imputed(catalog[name], catalog.values())
+        assert filled.tdp_w == catalog["h100-sxm5"].tdp_w == 700.0
+        assert "GH100" in origin["tdp_w"]
+    # a part whose die has no other SKU in the catalog keeps the nearest-device rule
+    _, origin = imputed(catalog["a16"], catalog.values())
+    assert "nearest catalog device" in origin["l2_cache_mb"]

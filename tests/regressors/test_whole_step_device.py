@@ -106,7 +106,7 @@ def test_level_keys_name_a_zoo_model_and_its_math():
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from perfmodel.hardware.catalog import load_catalog  # noqa: E402
+from perfmodel.hardware.catalog import get_accelerator, load_catalog  # noqa: E402
 from perfmodel.jobs.spec import JobSpec  # noqa: E402
 from perfmodel.placement.spec import Parallelism, PlacementSpec  # noqa: E402
 from perfmodel.predictor.placed import PlacementPredictor, level_key  # noqa: E402
@@ -143,7 +143,7 @@ def test_served_answers_take_the_jobs_level_and_stay_physically_possible(served,
     assert single.composed_iter_time_ms is not None and features is not None
     factor = single.iter_time_ms / single.composed_iter_time_ms
     floor = features["roofline_over_composed"]
-    level = SERVED_LEVELS.get(str(level_key(spec)))
+    level = SERVED_LEVELS.get(str(level_key(spec, get_accelerator(gpu))))
     if level is not None and level > 0:  # the job's own (pessimistic) level reached the stage
         assert factor > 1.5
     assert factor >= floor * (1 - 1e-9)  # never faster than every kernel at its roofline
@@ -212,3 +212,14 @@ def test_a_model_never_measured_takes_what_amp_costs_from_each_models_amp_and_tf
     factor = model.predict(probe).log_factor
     assert factor[1] - factor[0] == pytest.approx(-0.25, abs=0.03)
     assert model.levels()["a:amp"] == pytest.approx(np.exp(0.05), abs=0.03)  # the level keeps its own AMP cost
+
+
+def test_fp32_on_a_gpu_without_tf32_takes_the_measured_tf32_level():
+    """On a V100 fp32, fp32-strict and tf32 are the same math: GNMT's answer is the same step whichever is asked (the
+    measured level of the public runs' "FP32", TF32 where the GPU has it, applied to all three); on an A100 fp32
+    (strict matmuls) is another step than tf32 and gets no level of its own."""
+    v100, a100 = get_accelerator("v100-sxm2-16gb"), get_accelerator("a100-sxm4-80gb")
+    specs = {p: JobSpec.from_options(zoo="gnmt", batch_size=8, precision=p) for p in ("fp32", "fp32-strict", "tf32")}
+    assert {level_key(spec, v100) for spec in specs.values()} == {"gnmt:tf32"}
+    assert level_key(specs["tf32"], a100) == "gnmt:tf32" and level_key(specs["fp32"], a100) == "gnmt:fp32"
+    assert level_key(JobSpec.from_options(module="m.py:make", batch_size=8), v100) is None
