@@ -148,12 +148,12 @@ class PlacementSpec(BaseModel):
 
 
 def _data_degree(data: Any) -> Any:
-    """A placement whose `parallelism` is given without `data` (`{"tensor": 2}`, `{"zero_stage": 1}`) is data
-    parallel over the devices the other degrees leave: 8 devices with tensor 2 are 4 replicas, as the CLI's options
-    make them. Anything malformed is left to validation, which names it."""
+    """A placement without `parallelism`, or whose `parallelism` is given without `data` (`{"tensor": 2}`,
+    `{"zero_stage": 1}`), is data parallel over the devices the other degrees leave: 8 devices are 8 replicas, with
+    tensor 2 they are 4, as the CLI's options make them. Anything malformed is left to validation, which names it."""
     if not isinstance(data, dict):
         return data
-    parallelism, layout = data.get("parallelism"), data.get("devices_per_node", (1,))
+    parallelism, layout = data.get("parallelism", {}), data.get("devices_per_node", (1,))
     if not isinstance(parallelism, dict) or "data" in parallelism or not isinstance(layout, (list, tuple)):
         return data
     model = [parallelism.get("tensor", 1), parallelism.get("pipeline", 1)]

@@ -78,3 +78,9 @@ def test_a_parallelism_naming_no_data_degree_gets_the_one_the_devices_leave():
         placed({"tensor": 3})  # 16 devices do not split into groups of 3
     with pytest.raises(ValidationError, match="parallelism"):
         placed({"data": 4})  # given and inconsistent: refused, not overridden
+
+
+def test_a_placement_naming_no_parallelism_is_data_parallel_over_every_device():
+    spec = PlacementSpec(accelerator="a100-sxm4-80gb", devices_per_node=(8, 8), global_batch_size=128)
+    assert spec.parallelism.data == 16 and spec.per_replica_batch_size == 8
+    assert PlacementSpec(accelerator="t4", global_batch_size=8).parallelism.data == 1
