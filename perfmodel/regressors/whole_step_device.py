@@ -29,7 +29,8 @@ feature its spec sheet lacks (no TDP: no FLOP/s per watt) counts as the average 
 missing TDP first, as the per-op model's features do: from another SKU of the die, else the nearest device).
 
 The 80 % band is conformal on out-of-fold residuals: for a job without a level, of folds that hold out whole model
-families (the band of a family never seen); for a job with one, of folds that hold out GPUs.
+families (the band of a family never seen); for a job with one, of folds that hold out GPUs. A GPU outside the
+measured range on any device feature adds the GPU folds' band in quadrature (`_outside`).
 
 scikit-learn contract (`__init__` stores settings, `fit` returns self, `predict` has no side effect); saved as
 `stage.json` (weights, centre, range, levels, bands) and `manifest.json` (feature names in order, settings, data
@@ -234,7 +235,19 @@ class DeviceStepRegressor:
             factor = np.where(known, factor, self._unseen(self.params_, self.extra_weights_, x, frame))
         low = np.where(known, self.bands_["seen"][0], self.bands_["unseen"][0])
         high = np.where(known, self.bands_["seen"][1], self.bands_["unseen"][1])
+        # a GPU outside the measured ones on any device feature (a newer or older generation) adds what an unseen
+        # GPU is off by (the band of folds that hold out chips) to the band, in quadrature: two errors, not one
+        outside = self._outside(x)
+        low = np.where(outside, -np.hypot(np.minimum(low, 0.0), min(self.bands_["seen"][0], 0.0)), low)
+        high = np.where(outside, np.hypot(np.maximum(high, 0.0), max(self.bands_["seen"][1], 0.0)), high)
         return StepCorrection(factor, factor + np.minimum(low, 0.0), factor + np.maximum(high, 0.0))
+
+    def _outside(self, x: np.ndarray) -> np.ndarray:
+        """Rows whose device features (those the spec sheet gives) lie outside the measured GPUs' range."""
+        low, high = np.asarray(self.params_["low"]), np.asarray(self.params_["high"])
+        finite = np.isfinite(x)
+        beyond = (x < low - RANGE_TOLERANCE) | (x > high + RANGE_TOLERANCE)
+        return np.any(finite & beyond, axis=1)
 
     def levels(self) -> dict[str, float]:
         """{job level key: its level as a factor} (how much slower than composed each measured model runs)."""

@@ -57,6 +57,18 @@ def test_a_model_never_measured_gets_the_device_effect_alone_and_the_wider_band(
     assert unseen_band > seen_band  # the levels of unseen models spread far more than one model across GPUs
 
 
+def test_a_gpu_outside_the_measured_ones_adds_an_unseen_gpus_error_to_the_band():
+    """An answer on a newer (or older) generation than every measured GPU is two extrapolations: its band is the
+    job's and the GPU folds' in quadrature, wider than on a measured GPU (at most by the GPU folds' band)."""
+    model = fitted(runs())
+    probe = pd.DataFrame({"log_ridge": [7.0, 12.0, 2.0], "log_bandwidth_gb_s": [9.5] * 3, JOB: [None] * 3})
+    out = model.predict(probe)
+    inside, above, below = (out.log_high - out.log_low)
+    seen = model.bands_["seen"][1] - model.bands_["seen"][0]
+    assert above > inside and below > inside and above <= inside + seen + 1e-9
+    assert np.all(out.log_low <= out.log_factor) and np.all(out.log_factor <= out.log_high)
+
+
 def test_a_gpu_beyond_the_data_gets_the_nearest_measured_effect_and_one_below_it_none():
     frame = runs()
     model = fitted(frame)
