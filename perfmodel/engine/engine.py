@@ -554,11 +554,17 @@ class PredictionEngine:
         if not len(fleet):
             return Applied()
         applied = fleet.apply(self._query(entry, accelerator, communication_share))
-        log_sigma = calibration.log_sigma(accelerator) if count else None
-        if log_sigma is not None and interval_ms is not None:
-            # the job's reports at other device counts here: an answer where it never ran is no surer than where
-            # it did (the fleet's narrowing is against its own prior, wider than the served band)
-            floor = own_interval_scale(log_sigma, interval_ms)
+        if interval_ms is None:
+            return applied
+        # the job's own reports (at other device counts here, or on other accelerators): an answer where it never
+        # ran is no surer than where it did (the fleet's narrowing is against its own prior, wider than the served
+        # band); where it ran on several accelerators, no surer than on the one its reports agree best
+        kind = getattr(self.catalog.get(accelerator), "kind", None)
+        sigmas = [sigma for sigma in (calibration.log_sigma(name) for name in calibration.device_counts
+                                      if getattr(self.catalog.get(name), "kind", None) == kind)
+                  if sigma is not None]
+        if sigmas:
+            floor = own_interval_scale(min(sigmas), interval_ms)
             if applied.interval_scale < floor:
                 applied = replace(applied, interval_scale=floor)
         return applied
@@ -854,6 +860,13 @@ class PredictionEngine:
                    f"observation(s))")
         if record.id in excluded:
             message += f"; this observation is excluded: {excluded[record.id]}"
+        elif count:
+            served = self.within_physics(entry, placement, predicted.throughput_samples_per_s, Applied(
+                level="job", throughput_factor=factor, observations=count, jobs=1), calibration).throughput_factor
+            if not math.isclose(served, factor, rel_tol=1e-6):
+                message += (f"; answered ×{served:.3f}: within linear scaling of the job's own reports at other "
+                            f"device counts on {predicted.accelerator} (faster than linear over them, or slower "
+                            f"than fewer devices did)")
         return {
             "observation_id": record.id, "job_id": entry.key, "accelerator": predicted.accelerator,
             "throughput_samples_per_s": throughput_samples_per_s,

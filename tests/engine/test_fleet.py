@@ -189,3 +189,41 @@ def test_an_answer_where_the_job_never_ran_is_no_surer_than_where_it_did(tmp_pat
         elsewhere = engine.predict(key, _placement("a100-sxm4-80gb", devices, 64))["calibration"]
         assert elsewhere["level"] == "job"
         assert elsewhere["interval_scale"] >= observed["interval_scale"] - 1e-9, devices
+
+
+def test_an_answer_on_a_gpu_where_the_job_never_ran_is_no_surer_than_on_the_one_where_it_did(tmp_path):
+    """A job reported four times on an L40S; two other jobs reported on an L4: the job's answer on the L4 (its own
+    effect from the L40S plus the L4's from the others) narrows the served interval no more than its own reports
+    narrow the L40S one (QA saw 0.35 on the L4 against 0.65 on the L40S)."""
+    engine = _engine(f"sqlite:///{tmp_path / 'store.db'}")
+    key = engine.register(_job(64))[0].key
+    l40s, l4 = _placement("l40s", 1, 64), _placement("l4", 1, 64)
+    raw = engine.predict(key, l40s)["uncalibrated_throughput_samples_per_s"]
+    for seen in (0.79, 0.80, 0.81, 0.80):
+        engine.observe(key, l40s, raw * seen)
+    for batch in (16, 32):
+        other = engine.register(_job(batch))[0].key
+        at = _placement("l4", 1, batch)
+        engine.observe(other, at, engine.predict(other, at)["uncalibrated_throughput_samples_per_s"] * 0.7)
+    observed = engine.predict(key, l40s)["calibration"]
+    elsewhere = engine.predict(key, l4)["calibration"]
+    assert observed["level"] == "job" and observed["interval_scale"] < 1
+    assert elsewhere["level"] == "job"
+    assert elsewhere["interval_scale"] >= observed["interval_scale"] - 1e-9
+
+
+def test_a_report_faster_than_linear_over_the_jobs_own_report_says_what_is_answered(tmp_path):
+    """A job reported on one A100, then on eight at 1.5x linear scaling of that report: eight GPUs are answered at
+    most eight times its one-GPU report (never faster than linear), and the 8-GPU report's response says so instead
+    of announcing its own factor alone (QA read x1.000 there while predictions served x0.54)."""
+    engine = _engine(f"sqlite:///{tmp_path / 'store.db'}")
+    key = engine.register(_job(64))[0].key
+    one, eight = _placement("a100-sxm4-80gb", 1, 64), _placement("a100-sxm4-80gb", 8, 64)
+    raw_one = engine.predict(key, one)["uncalibrated_throughput_samples_per_s"]
+    assert "linear scaling" not in engine.observe(key, one, raw_one * 0.5)["message"]
+    response = engine.observe(key, eight, 8 * raw_one * 0.5 * 1.5)
+    answered = engine.predict(key, eight)
+    assert answered["throughput_samples_per_s"] == pytest.approx(8 * raw_one * 0.5)
+    assert answered["calibration_factor"] < response["calibration_factor"]
+    assert "within linear scaling" in response["message"]
+    assert f"answered ×{answered['calibration_factor']:.3f}" in response["message"]
