@@ -21,9 +21,9 @@ Rows the graph does not show but the framework runs:
   (`AMP_SCALER_PASSES`).
 The device-side launch gap is inside each op's predicted time (the model's floor).
 
-Physically possible by construction: no row faster than its roofline (`ROOFLINE_BOUNDED`, in the regressor), and
-no node whose backward does at least its forward's FLOPs has a backward faster than its forward
-(`backward_at_least_forward`).
+Physically possible by construction: no row faster than its roofline (`ROOFLINE_BOUNDED`, in the regressor), no
+convolution slower than im2col + its GEMM (`IM2COL_PASSES`), and no node whose backward does at least its forward's
+FLOPs has a backward faster than its forward (`backward_at_least_forward`).
 
 The interval sums the rows' p10 and p90: the comonotone bound, since errors of one model on one device are
 correlated. `extrapolated` is set when a row is (its math or the device's peak or bandwidth lies outside the
@@ -90,6 +90,13 @@ HOST_MS_PER_KERNEL = 0.008
 # 2.4x with it). An inference step has no autograd and keeps the per-op price (tensor-parallel prefill on A100s,
 # `bench/splitwise.py --max-shapes 6`: 15.5 % MAPE without the bound, 16.4 % with it).
 HALF_TYPES = frozenset({"fp16", "bf16", "fp8"})
+# A convolution is never priced slower than the same convolution run as im2col + one GEMM (cuDNN's GEMM algorithm,
+# always among those it picks from): the GEMM row (M = batch x output pixels, N = output channels, K = input
+# channels x kernel area) priced by the per-op model, plus writing and reading the im2col matrix (M x K) at the
+# device's bandwidth. The conv model's training sweeps hold few feature maps below 7 x 7; on 1-4 pixel maps (a
+# CIFAR-sized ResNet's last stages) it priced a 512 -> 512 3 x 3 convolution at batch 64 on a V100 at 3.5 ms on a 1 x 1
+# map against 0.6 ms on a 2 x 2 one with four times the work (a smaller input slower than a larger one).
+IM2COL_PASSES = 2  # the im2col matrix written once, read once by the GEMM
 _EMPTY = pd.DataFrame(columns=["op_class", "op_name", "dtype", "math", "batch", "hidden", "phase", "part", "kind",
                                "launch"])
 
@@ -167,6 +174,48 @@ def priced_with_fp32_twins(regressor: OpLatencyModel, rows: pd.DataFrame, catalo
     lift = np.ones(n)
     lift[half] = np.maximum(floor / both.latency_ms[:n][half], 1.0)
     return type(both)(both.latency_ms[:n] * lift, both.p10_ms[:n] * lift, both.p90_ms[:n] * lift,
+                      both.extrapolated[:n])
+
+
+def conv_gemm_twins(rows: pd.DataFrame) -> tuple[np.ndarray, pd.DataFrame, np.ndarray]:
+    """(which rows are convolutions, their GEMM twins as linear rows, the im2col matrix's bytes of each twin): the
+    implicit GEMM of each convolution row (`lowering.ops._conv2d`'s M, N, K) in the row's dtype and math."""
+    from perfmodel.lowering.ops import DTYPE_BYTES, conv_output_size
+
+    conv = (rows["op_class"] == "conv2d").to_numpy() if len(rows) else np.zeros(0, dtype=bool)
+    own = rows[conv]
+    if not conv.any():
+        return conv, own, np.zeros(0)
+
+    def col(name: str) -> np.ndarray:
+        return own[name].fillna(0).to_numpy(dtype=np.float64)
+
+    batch = np.maximum(col("batch"), 1)
+    cin, cout = np.maximum(col("in_channels"), 1), np.maximum(col("out_channels"), 1)
+    size, kernel = np.maximum(col("input_size"), 1), np.maximum(col("kernel_size"), 1)
+    out = conv_output_size(size, kernel, np.maximum(col("stride"), 1), col("padding"))
+    m, k = batch * out * out, cin * kernel * kernel
+    twins = own.assign(op_class="linear", op_name="linear", kind="linear", batch=1, m=m, n=cout, k=k,
+                       in_channels=0.0, out_channels=0.0, kernel_size=0.0, input_size=0.0, stride=0.0, padding=0.0)
+    elem = own["dtype"].map(DTYPE_BYTES).fillna(4).to_numpy(dtype=np.float64)
+    return conv, twins, IM2COL_PASSES * m * k * elem
+
+
+def priced(regressor: OpLatencyModel, rows: pd.DataFrame, catalog: Mapping[str, HardwareSpec],
+           training: np.ndarray) -> OpPrediction:
+    """`priced_with_fp32_twins` of `rows`, every convolution row bounded above by its GEMM twin plus the im2col
+    passes (see `IM2COL_PASSES`), the twins priced in the same call."""
+    conv, twins, im2col_bytes = conv_gemm_twins(rows)
+    if not conv.any():
+        return priced_with_fp32_twins(regressor, rows, catalog, training)
+    n = len(rows)
+    both = priced_with_fp32_twins(regressor, pd.concat([rows, twins], ignore_index=True), catalog,
+                                  np.concatenate([training, training[conv]]))
+    bandwidth = twins["device"].map(lambda name: catalog[name].memory_bandwidth_gb_s).to_numpy(dtype=np.float64)
+    bound = both.latency_ms[n:] + im2col_bytes / (bandwidth * 1e6)
+    scale = np.ones(n)
+    scale[conv] = np.minimum(bound / both.latency_ms[:n][conv], 1.0)
+    return type(both)(both.latency_ms[:n] * scale, both.p10_ms[:n] * scale, both.p90_ms[:n] * scale,
                       both.extrapolated[:n])
 
 
@@ -263,8 +312,9 @@ class DevicePredictor:
         return rows, out
 
     def _priced(self, rows: pd.DataFrame, training: np.ndarray) -> OpPrediction:
-        """The per-op model's prediction of `rows`, half rows of training steps bounded by their fp32 twins."""
-        return priced_with_fp32_twins(self.regressor, rows, self.catalog, training)
+        """The per-op model's prediction of `rows`, half rows of training steps bounded by their fp32 twins and
+        convolutions by their GEMM twins (`priced`)."""
+        return priced(self.regressor, rows, self.catalog, training)
 
     def predict(self, spec: JobSpec, accelerator: str, *, graph: Any = None) -> Prediction:
         return self.predict_composed(spec, accelerator, graph=graph)[0]

@@ -136,3 +136,40 @@ def test_a_training_steps_half_kernel_never_beats_its_fp32_twin_by_more_than_the
     assert np.all(training.p10_ms <= training.latency_ms) and np.all(training.latency_ms <= training.p90_ms)
     inference = priced_with_fp32_twins(model, rows, catalog, np.zeros(len(rows), dtype=bool))
     assert np.array_equal(inference.latency_ms, alone.latency_ms)
+
+
+def _conv_rows(batch, cin, cout, kernel, size, stride, device, dtype="fp32"):
+    n = len(batch)
+    return pd.DataFrame({"op_class": "conv2d", "op_name": "conv2d", "kind": "conv", "dtype": dtype, "math": dtype,
+                         "device": device, "launch": "eager", "phase": "forward", "part": "fwd", "batch": batch,
+                         "m": 0.0, "n": 0.0, "k": 0.0, "hidden": 0, "in_channels": cin, "out_channels": cout,
+                         "kernel_size": kernel, "input_size": size, "stride": stride,
+                         "padding": [k // 2 for k in kernel]}, index=range(n))
+
+
+def test_a_convolution_is_never_priced_above_its_im2col_gemm_nor_a_smaller_map_above_a_larger_one():
+    """The shipped conv model, outside its sweeps (maps below 5 x 5), priced a 512 -> 512 3 x 3 convolution at batch 64
+    on a V100 at 3.5 ms on a 1 x 1 map and 0.6 ms on a 2 x 2 one. Bounded by im2col + its GEMM, no convolution costs
+    more than that, none less than its roofline, and a CIFAR-sized ResNet's last stages cost less on smaller maps."""
+    from perfmodel.lowering.ops import op_roofline_ms
+    from perfmodel.predictor.gpu_iteration import conv_gemm_twins, priced
+
+    predictor = DevicePredictor.load()
+    catalog = predictor.catalog
+    rng = np.random.default_rng(0)
+    n = 200
+    for device in ("v100-sxm2-16gb", "a100-sxm4-80gb", "k80"):
+        rows = _conv_rows(rng.choice([1, 8, 64, 256], n).tolist(), rng.choice([3, 64, 256, 512], n).tolist(),
+                          rng.choice([16, 128, 512], n).tolist(), rng.choice([1, 3, 5], n).tolist(),
+                          rng.choice([1, 2, 4, 7, 14, 56], n).tolist(), rng.choice([1, 2], n).tolist(), device)
+        training = np.ones(n, dtype=bool)
+        out = priced(predictor.regressor, rows, catalog, training)
+        _, twins, im2col_bytes = conv_gemm_twins(rows)
+        gemm = priced(predictor.regressor, twins.reset_index(drop=True), catalog, training).latency_ms
+        bound = gemm + im2col_bytes / (catalog[device].memory_bandwidth_gb_s * 1e6)
+        assert np.all(out.latency_ms <= bound * (1 + 1e-9))
+        assert np.all(out.latency_ms >= op_roofline_ms(rows, catalog) * (1 - 1e-9))
+        assert np.all(out.p10_ms <= out.latency_ms) and np.all(out.latency_ms <= out.p90_ms)
+        small = _conv_rows([64, 64], [512, 512], [512, 512], [3, 3], [1, 2], [1, 1], device)
+        one, two = priced(predictor.regressor, small, catalog, np.ones(2, dtype=bool)).latency_ms
+        assert one <= two, device
