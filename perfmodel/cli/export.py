@@ -10,11 +10,12 @@ from typing import TYPE_CHECKING, Annotated, Any, Optional, get_args
 
 import typer
 
-from perfmodel.cli.common import job_spec, out, user_errors, validation_message, writable_folder
+from perfmodel.cli.common import StoreOpt, job_spec, out, user_errors, validation_message, writable_folder
 from perfmodel.core.errors import PerfmodelError
 
 if TYPE_CHECKING:
     from perfmodel.jobs.spec import JobSpec
+    from perfmodel.placement.colocation import Sharing
 
 # every job's settings, unless its --job gives its own
 JobsSeqOpt = Annotated[Optional[int], typer.Option(
@@ -56,18 +57,17 @@ def export_gavel(
     intra_link: Annotated[Optional[str], typer.Option(
         help="every server's intra-node link instead of the catalog's: nvlink1..5, infinity-fabric, pcie3..5, or "
              "host (no GPU peer-to-peer: cloud VMs, NCCL_P2P_DISABLE=1)")] = None,
+    store: StoreOpt = None,
 ) -> None:
     """Gavel's throughputs file: {worker_type: {"(JOB_TYPE, SCALE_FACTOR)": {"null": steps/s, "(OTHER, SF)":
     \\[this, other]}}} for every job x worker type x scale factor, data parallel with the job's batch on every worker,
     consolidated (worker type) and one device per server (`<worker type>_unconsolidated`); with --colocation every
     pair of jobs sharing the GPUs. A job (or pair) that does not fit in a device's memory gets 0. --seq-len,
     --optimizer and --precision are every job's defaults; a --job's own settings win over them."""
-    from perfmodel.core.atomic import write_text_atomically
     from perfmodel.engine import EngineConfig, PredictionEngine
-    from perfmodel.engine.gavel import expand_batches, gavel_throughputs, grid_columns
     from perfmodel.placement.colocation import SHARING_MODES
-    from perfmodel.placement.gavel import job_type_names
     from perfmodel.placement.spec import IntraNodeLink
+    from perfmodel.store.jobs import JobStore
 
     if sharing not in SHARING_MODES:
         raise PerfmodelError(f"--sharing: expected one of {', '.join(SHARING_MODES)}, got {sharing!r}")
@@ -84,7 +84,24 @@ def export_gavel(
         names.append(name)
         specs.append(spec)
     writable_folder(output)
-    engine = PredictionEngine.open(EngineConfig(isolate_captures=False))
+    # on the store the service uses: its custom accelerators, its promoted models and the fleet's observations
+    job_store = JobStore(store)
+    try:
+        engine = PredictionEngine.open(EngineConfig(isolate_captures=False), store=job_store)
+        _export(engine, output, specs, names, workers, factors, batch_sizes=batch_sizes, colocation=colocation,
+                sharing=sharing, inter_node_gbit_s=inter_node_gbit_s, intra_link=intra_link)
+    finally:
+        job_store.close()
+
+
+def _export(engine: Any, output: Path, specs: list[JobSpec], names: list[str | None], workers: dict[str, str],
+            factors: list[int], *, batch_sizes: str | None, colocation: bool, sharing: Sharing,
+            inter_node_gbit_s: float | None, intra_link: str | None) -> None:
+    """Predict and write the throughputs file (`export_gavel`, on an open engine)."""
+    from perfmodel.core.atomic import write_text_atomically
+    from perfmodel.engine.gavel import expand_batches, gavel_throughputs, grid_columns
+    from perfmodel.placement.gavel import job_type_names
+
     entries = [engine.job(spec) for spec in specs]
     default_names = job_type_names([(s.key(), s.name, s.batch_size) for s in specs])
     job_types = [given or default for given, default in zip(names, default_names)]
@@ -94,8 +111,11 @@ def export_gavel(
         for entry in entries:
             engine.graphs.prepare_batches(entry.spec, entry.graph)  # every other batch without a capture
         entries, job_types = expand_batches(engine, entries, job_types, _int_list(batch_sizes, "--batch-sizes"))
-    columns = grid_columns(engine, workers, factors, inter_node_gbit_s=inter_node_gbit_s,
-                           intra_node_link=intra_link)  # type: ignore[arg-type]  # one of `links`, checked above
+    try:
+        columns = grid_columns(engine, workers, factors, inter_node_gbit_s=inter_node_gbit_s,
+                               intra_node_link=intra_link)  # type: ignore[arg-type]  # one of `links`, checked above
+    except PerfmodelError as exc:
+        raise PerfmodelError(f"--worker-type: {exc}") from None
     calibrated: dict[str, dict[str, str]] = {}
     throughputs = gavel_throughputs(engine, entries, job_types, columns, colocation=colocation,
                                     sharing=sharing, calibrated=calibrated)
@@ -153,6 +173,8 @@ def _worker_types(items: list[str], accelerators: str | None) -> dict[str, str]:
         if not name.strip() or not accelerator.strip():
             raise PerfmodelError(f"--worker-type: expected WORKER_TYPE=ACCELERATOR like v100=v100-sxm2-16gb, "
                                  f"got {item!r}")
+        if name.strip() in out:
+            raise PerfmodelError(f"--worker-type: worker type {name.strip()!r} is given twice")
         out[name.strip()] = accelerator.strip()
     for name in (accelerators or "").split(","):
         if name.strip():

@@ -56,3 +56,12 @@ def test_a_bad_job_spec_exits_2_naming_it(tmp_path, job, words):
     assert result.exit_code == 2, result.output
     assert all(word in result.output for word in words), result.output
     assert not out.exists()
+
+
+def test_a_worker_type_given_twice_exits_2_naming_it(tmp_path):
+    out = tmp_path / "x.json"
+    result = runner.invoke(app, ["export", "gavel", str(out), "--worker-type", "v100=v100-sxm2-16gb",
+                                 "--worker-type", "v100=k80", "--job", "gavel-lm:8", "--scale-factors", "1"])
+    assert result.exit_code == 2, result.output
+    assert "'v100' is given twice" in result.output
+    assert not out.exists()

@@ -57,8 +57,8 @@ def test_hw_add_refuses_bad_sheets_with_exit_2(tmp_path, sqlite_url):
 
 
 def test_an_added_accelerator_is_shown_listed_and_predicted_on_the_cli(tmp_path, sqlite_url):
-    """`hw show`, `hw list` and `predict` read the store's custom accelerators, as the service does; another store
-    does not know it (exit 2 naming the accelerator)."""
+    """`hw show`, `hw list`, `predict` and `export gavel` read the store's custom accelerators, as the service does;
+    another store does not know it (exit 2 naming the accelerator, and for the export the option)."""
     sheet = tmp_path / "x1.yaml"
     sheet.write_text(SHEET)
     assert runner.invoke(app, ["hw", "add", str(sheet), "--store", sqlite_url]).exit_code == 0
@@ -77,3 +77,11 @@ def test_an_added_accelerator_is_shown_listed_and_predicted_on_the_cli(tmp_path,
     unknown = runner.invoke(app, ["predict", "mlp-recommender", "-b", "64", "--accelerator", "acme-x1",
                                   "--store", other])
     assert unknown.exit_code == 2 and "acme-x1" in unknown.output
+    exported = tmp_path / "gavel.json"
+    result = runner.invoke(app, ["export", "gavel", str(exported), "--worker-type", "x1=acme-x1", "--job",
+                                 "MLP=mlp-recommender:64", "--scale-factors", "1", "--store", sqlite_url])
+    assert result.exit_code == 0, result.output
+    assert json.loads(exported.read_text())["x1"]["('MLP', 1)"]["null"] > 0
+    elsewhere = runner.invoke(app, ["export", "gavel", str(tmp_path / "other.json"), "--worker-type", "x1=acme-x1",
+                                    "--job", "MLP=mlp-recommender:64", "--scale-factors", "1", "--store", other])
+    assert elsewhere.exit_code == 2 and "--worker-type" in elsewhere.output and "acme-x1" in elsewhere.output
