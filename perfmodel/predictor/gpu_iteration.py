@@ -93,7 +93,7 @@ HALF_TYPES = frozenset({"fp16", "bf16", "fp8"})
 # A convolution is never priced slower than the same convolution run as im2col + one GEMM (cuDNN's GEMM algorithm,
 # always among those it picks from): the GEMM row (M = batch x output pixels, N = output channels, K = input
 # channels x kernel area) priced by the per-op model, plus writing and reading the im2col matrix (M x K) at the
-# device's bandwidth. The conv model's training sweeps hold few feature maps below 7 x 7; on 1-4 pixel maps (a
+# device's bandwidth. The conv model's training sweeps hold no feature map below 5 x 5; on 1-4 pixel maps (a
 # CIFAR-sized ResNet's last stages) it priced a 512 -> 512 3 x 3 convolution at batch 64 on a V100 at 3.5 ms on a 1 x 1
 # map against 0.6 ms on a 2 x 2 one with four times the work (a smaller input slower than a larger one).
 IM2COL_PASSES = 2  # the im2col matrix written once, read once by the GEMM
@@ -179,26 +179,20 @@ def priced_with_fp32_twins(regressor: OpLatencyModel, rows: pd.DataFrame, catalo
 
 def conv_gemm_twins(rows: pd.DataFrame) -> tuple[np.ndarray, pd.DataFrame, np.ndarray]:
     """(which rows are convolutions, their GEMM twins as linear rows, the im2col matrix's bytes of each twin): the
-    implicit GEMM of each convolution row (`lowering.ops._conv2d`'s M, N, K) in the row's dtype and math."""
-    from perfmodel.lowering.ops import DTYPE_BYTES, conv_output_size
+    implicit GEMM of each convolution row (`lowering.ops.op_work`'s M, N and K = FLOPs / 2MN) in the row's dtype
+    and math."""
+    from perfmodel.lowering.ops import dtype_bytes, op_work
 
     conv = (rows["op_class"] == "conv2d").to_numpy() if len(rows) else np.zeros(0, dtype=bool)
     own = rows[conv]
     if not conv.any():
         return conv, own, np.zeros(0)
-
-    def col(name: str) -> np.ndarray:
-        return own[name].fillna(0).to_numpy(dtype=np.float64)
-
-    batch = np.maximum(col("batch"), 1)
-    cin, cout = np.maximum(col("in_channels"), 1), np.maximum(col("out_channels"), 1)
-    size, kernel = np.maximum(col("input_size"), 1), np.maximum(col("kernel_size"), 1)
-    out = conv_output_size(size, kernel, np.maximum(col("stride"), 1), col("padding"))
-    m, k = batch * out * out, cin * kernel * kernel
-    twins = own.assign(op_class="linear", op_name="linear", kind="linear", batch=1, m=m, n=cout, k=k,
+    work = op_work(own)
+    m, n = work.gemm_m, work.gemm_n
+    k = work.flops / (2 * m * n)
+    twins = own.assign(op_class="linear", op_name="linear", kind="linear", batch=1, m=m, n=n, k=k,
                        in_channels=0.0, out_channels=0.0, kernel_size=0.0, input_size=0.0, stride=0.0, padding=0.0)
-    elem = own["dtype"].map(DTYPE_BYTES).fillna(4).to_numpy(dtype=np.float64)
-    return conv, twins, IM2COL_PASSES * m * k * elem
+    return conv, twins, IM2COL_PASSES * m * k * dtype_bytes(own["dtype"])
 
 
 def priced(regressor: OpLatencyModel, rows: pd.DataFrame, catalog: Mapping[str, HardwareSpec],
