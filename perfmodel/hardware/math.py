@@ -36,18 +36,20 @@ def has_tf32(spec: HardwareSpec) -> bool:
     return spec.vendor.upper() == "NVIDIA" and spec.peak_tf32_gflops is not None
 
 
-# fp32 lanes one compute unit's warp schedulers can feed per clock with one instruction per warp (no dual issue), for
-# the micro-architectures whose compute units have more fp32 lanes than that. Kepler's SMX has 192 lanes and four
-# warp schedulers of 32: the CUDA C Programming Guide (compute capability 3.x) counts on pairs of independent
-# instructions from one warp to issue more, so a kernel reaches at most 128 / 192 of the datasheet's fp32 peak
-# without instruction-level parallelism (Maxwell and later: as many lanes as the schedulers issue to).
-ISSUE_LANES_PER_CU: dict[str, int] = {"kepler": 128}
+# fp32 lanes one compute unit's warp schedulers can feed per clock with one instruction per warp (no dual issue), by
+# vendor. Every NVIDIA SM since Kepler has four warp schedulers that each issue one 32-thread instruction per clock:
+# 128 lanes. Kepler's SMX has 192 fp32 lanes: the CUDA C Programming Guide (compute capability 3.x) counts on pairs of
+# independent instructions from one warp to issue more, so a kernel reaches at most 128 / 192 of the datasheet's fp32
+# peak without instruction-level parallelism (Maxwell and later have at most as many lanes as the schedulers issue
+# to). By vendor, not by architecture, so that a spec sheet that names no architecture but gives (or is imputed)
+# 192 lanes per SM is priced as the Kepler it is.
+ISSUE_LANES_PER_CU: dict[str, int] = {"NVIDIA": 128}
 
 
 def fp32_issue_fraction(spec: HardwareSpec) -> float:
     """The share of the datasheet fp32 peak the warp schedulers can issue to without dual issue
-    (`ISSUE_LANES_PER_CU`); 1 where the architecture is not listed or the lanes per compute unit are not known."""
-    lanes = ISSUE_LANES_PER_CU.get((spec.architecture or "").lower())
+    (`ISSUE_LANES_PER_CU`); 1 where the vendor is not listed or the lanes per compute unit are not known."""
+    lanes = ISSUE_LANES_PER_CU.get(spec.vendor.upper())
     if lanes is None or not spec.fp32_cores_per_cu:
         return 1.0
     return min(1.0, lanes / spec.fp32_cores_per_cu)

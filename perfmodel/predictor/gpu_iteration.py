@@ -177,36 +177,39 @@ def priced_with_fp32_twins(regressor: OpLatencyModel, rows: pd.DataFrame, catalo
                       both.extrapolated[:n])
 
 
-def conv_gemm_twins(rows: pd.DataFrame) -> tuple[np.ndarray, pd.DataFrame, np.ndarray]:
-    """(which rows are convolutions, their GEMM twins as linear rows, the im2col matrix's bytes of each twin): the
-    implicit GEMM of each convolution row (`lowering.ops.op_work`'s M, N and K = FLOPs / 2MN) in the row's dtype
-    and math."""
+def conv_gemm_twins(rows: pd.DataFrame) -> tuple[np.ndarray, pd.DataFrame, np.ndarray, np.ndarray]:
+    """(which rows are convolutions, their GEMM twins as linear rows, the im2col matrix's bytes of each twin, each
+    convolution's own bytes read and written): the implicit GEMM of each convolution row (`lowering.ops.op_work`'s
+    M, N and K = FLOPs / 2MN) in the row's dtype and math."""
     from perfmodel.lowering.ops import dtype_bytes, op_work
 
     conv = (rows["op_class"] == "conv2d").to_numpy() if len(rows) else np.zeros(0, dtype=bool)
     own = rows[conv]
     if not conv.any():
-        return conv, own, np.zeros(0)
+        return conv, own, np.zeros(0), np.zeros(0)
     work = op_work(own)
     m, n = work.gemm_m, work.gemm_n
     k = work.flops / (2 * m * n)
     twins = own.assign(op_class="linear", op_name="linear", kind="linear", batch=1, m=m, n=n, k=k,
                        in_channels=0.0, out_channels=0.0, kernel_size=0.0, input_size=0.0, stride=0.0, padding=0.0)
-    return conv, twins, IM2COL_PASSES * m * k * dtype_bytes(own["dtype"])
+    return (conv, twins, IM2COL_PASSES * m * k * dtype_bytes(own["dtype"]),
+            np.asarray(work.bytes_read + work.bytes_written, dtype=np.float64))
 
 
 def priced(regressor: OpLatencyModel, rows: pd.DataFrame, catalog: Mapping[str, HardwareSpec],
            training: np.ndarray) -> OpPrediction:
     """`priced_with_fp32_twins` of `rows`, every convolution row bounded above by its GEMM twin plus the im2col
-    passes (see `IM2COL_PASSES`), the twins priced in the same call."""
-    conv, twins, im2col_bytes = conv_gemm_twins(rows)
+    passes (see `IM2COL_PASSES`), the twins priced in the same call, and never below the convolution's own memory
+    time: a strided 1 x 1 convolution's im2col matrix is smaller than the map it reads, so its twin alone could
+    price it past the bandwidth."""
+    conv, twins, im2col_bytes, conv_bytes = conv_gemm_twins(rows)
     if not conv.any():
         return priced_with_fp32_twins(regressor, rows, catalog, training)
     n = len(rows)
     both = priced_with_fp32_twins(regressor, pd.concat([rows, twins], ignore_index=True), catalog,
                                   np.concatenate([training, training[conv]]))
     bandwidth = twins["device"].map(lambda name: catalog[name].memory_bandwidth_gb_s).to_numpy(dtype=np.float64)
-    bound = both.latency_ms[n:] + im2col_bytes / (bandwidth * 1e6)
+    bound = np.maximum(both.latency_ms[n:] + im2col_bytes / (bandwidth * 1e6), conv_bytes / (bandwidth * 1e6))
     scale = np.ones(n)
     scale[conv] = np.minimum(bound / both.latency_ms[:n][conv], 1.0)
     return type(both)(both.latency_ms[:n] * scale, both.p10_ms[:n] * scale, both.p90_ms[:n] * scale,
