@@ -47,7 +47,8 @@ less than the sharded step would save.
 G is the gradient bytes of a rank's shard (params · grad bytes / (t·p)); the ZeRO parameter all-gathers move the
 same bytes (the working parameters and the gradients share a dtype). h_b = overlap · (backward + recompute of a
 micro-batch stage): DDP buckets all-reduce while backward still runs, all but what backward cannot hide is
-overlapped, and the last bucket (25 MB, PyTorch's default) never is; h_f = overlap · forward (ZeRO-3 prefetch).
+overlapped, and the last bucket never is: at least 25 MB (PyTorch's default cap), more where the model's first
+parameters are large (an input embedding: `ddp_last_bucket_bytes`); h_f = overlap · forward (ZeRO-3 prefetch).
 `overlap` is the fitted `dp_overlap`, times comm.NO_P2P_OVERLAP_SCALE on GPUs without peer-to-peer.
 ZeRO-3 communication is never less than ZeRO-0's (AG + RS = AR for rings), nor is ZeRO-1/2's.
 
@@ -87,6 +88,7 @@ from perfmodel.placement.comm import NO_P2P_OVERLAP_SCALE
 
 PARAMS_FILE = "iteration_params.json"
 DDP_BUCKET_BYTES = 25 * 2**20  # PyTorch DDP's default bucket_cap_mb = 25
+DDP_FIRST_BUCKET_BYTES = 2**20  # DDP's first bucket (the last layers' gradients, ready first) is 1 MiB
 TP_ALLREDUCES_FORWARD = 2  # Megatron: attention and MLP outputs in forward, as many in backward
 TP_ALLREDUCES_RECOMPUTE = 2  # the recomputed forward's
 MOE_ALL_TO_ALLS_FORWARD = 2  # dispatch and combine in forward, as many in backward
@@ -109,6 +111,27 @@ class ShardCompute:
     expert_params: int = 0  # parameters of all experts of all MoE layers (split over expert-parallel ranks)
     host_forward_ms: float = 0.0  # host time to issue the forward's kernels (eager PyTorch), whatever t and p
     host_backward_ms: float = 0.0  # and the backward's
+    # gradient bytes DDP all-reduces after backward ends: its last buckets, which hold the model's first parameters
+    # (`ddp_last_bucket_bytes`); 0: not known (a bucket of DDP_BUCKET_BYTES)
+    last_bucket_bytes: float = 0.0
+
+
+def ddp_last_bucket_bytes(params_in_forward_order: Sequence[int], gradient_bytes_per_param: int) -> int:
+    """The gradient bytes DistributedDataParallel all-reduces after backward ends. DDP fills buckets in reverse
+    parameter order (the order backward produces gradients), closing one as soon as it holds at least its cap (1 MiB
+    for the first, 25 MiB after), the tensor that crosses the cap included. The last bucket holds the model's first
+    parameters, and the closed bucket before it is ready only once the first layers' backward (little work) remains:
+    both all-reduce after backward ends. A large input embedding (a language model's vocabulary, a recommender's
+    tables) makes that tail far larger than the cap. `params_in_forward_order`: parameter elements of each graph
+    node in execution order (a node's parameters taken as one tensor)."""
+    filled, last, cap = 0, 0, DDP_FIRST_BUCKET_BYTES
+    for count in reversed(params_in_forward_order):
+        if count <= 0:
+            continue
+        filled += int(count) * gradient_bytes_per_param
+        if filled >= cap:
+            last, filled, cap = filled, 0, DDP_BUCKET_BYTES
+    return last + filled
 
 
 @dataclass(frozen=True)
@@ -178,6 +201,7 @@ class ComputeArrays:
     expert_params: np.ndarray | float = 0.0
     host_forward_ms: np.ndarray | float = 0.0
     host_backward_ms: np.ndarray | float = 0.0
+    last_bucket_bytes: np.ndarray | float = 0.0
 
     @classmethod
     def stack(cls, computes: list[ShardCompute]) -> ComputeArrays:
@@ -372,7 +396,7 @@ def iteration_breakdown(c: ComputeArrays, p: PlacementArrays, params: IterationP
         group = _Group.of(p, d, p.nodes)
         half = _half_ring(p, group, dense_bytes) + _when(moe, lambda: _half_ring(
             p, _Group.of(p, d / e, p.expert_data_nodes), expert_bytes / e))
-        bucket = _half_ring(p, group, _minimum(dense_bytes, DDP_BUCKET_BYTES))
+        bucket = _half_ring(p, group, _minimum(dense_bytes, _maximum(c.last_bucket_bytes / split, DDP_BUCKET_BYTES)))
         zero0 = _maximum(2 * half - hidden_by_backward, 2 * bucket)
         zero12 = _maximum(half - hidden_by_backward, bucket) + half
         zero3 = m * (_maximum(half - hidden_by_forward, bucket) + _maximum(2 * half - hidden_by_backward, 2 * bucket))

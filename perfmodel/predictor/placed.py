@@ -54,6 +54,7 @@ from perfmodel.placement.iteration import (
     IterationParams,
     PlacementArrays,
     ShardCompute,
+    ddp_last_bucket_bytes,
     iteration_breakdown,
     layer_stats,
     load_params,
@@ -283,7 +284,9 @@ class PlacementPredictor:
             gradient_bytes_per_param=per_param.gradients if spec.mode.value == "train" else 0,
             layers=blocks, layer_activation_bytes=block_bytes, **moe_fields(moe, spec.precision),
             host_forward_ms=(single.host_issue_ms or {}).get("forward", 0.0),
-            host_backward_ms=(single.host_issue_ms or {}).get("backward", 0.0))
+            host_backward_ms=(single.host_issue_ms or {}).get("backward", 0.0),
+            last_bucket_bytes=ddp_last_bucket_bytes(stats.params.tolist(), per_param.gradients)
+            if spec.mode.value == "train" else 0)
         self._computes.put(key, (compute, single))
         if micro_graph is not None:
             self._graphs.setdefault(micro_spec.key(), micro_graph)

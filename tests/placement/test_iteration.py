@@ -10,6 +10,7 @@ from perfmodel.placement.iteration import (
     IterationParams,
     PlacementArrays,
     ShardCompute,
+    ddp_last_bucket_bytes,
     expected_max_normal,
     iteration_breakdown,
     load_params,
@@ -30,7 +31,8 @@ def computes(n: int = N, *, batch_scale: np.ndarray | None = None, params_scale:
     return ComputeArrays(forward_ms=fwd, backward_ms=2 * fwd, optimizer_ms=RNG.uniform(0, 5, n),
                          overhead_ms=RNG.uniform(0, 2, n), params=RNG.uniform(1e6, 1e9, n) * params_scale,
                          gradient_bytes_per_param=np.full(n, 4.0), layers=RNG.integers(1, 48, n).astype(float),
-                         layer_activation_bytes=RNG.uniform(1e5, 1e8, n) * scale)
+                         layer_activation_bytes=RNG.uniform(1e5, 1e8, n) * scale,
+                         last_bucket_bytes=RNG.choice([0.0, 1.0], n) * RNG.uniform(1e6, 2e9, n) * params_scale)
 
 
 def placements(n: int = N, *, data: np.ndarray, nodes: np.ndarray, tensor=None, pipeline=None,
@@ -155,3 +157,29 @@ def test_a_pair_made_from_its_floats_equals_the_dataclass_made_field_by_field():
     assert made == PlacementArrays(*values) and vars(made) == vars(PlacementArrays(*values))
     with pytest.raises(ValueError, match="fields of PlacementArrays"):
         PlacementArrays.of_floats(values[:-1])
+
+
+def test_ddps_last_buckets_hold_the_models_first_parameters():
+    """DDP fills buckets from the last parameters (1 MiB first, 25 MiB after, the crossing tensor included): what it
+    all-reduces after backward ends is its last buckets, a large input embedding included whole."""
+    mib = 2**20
+    # a language model: a 125 MiB embedding first, then 24 layers of 12 MiB each, a small head
+    lm = [125 * mib // 4] + [12 * mib // 4] * 24 + [mib // 8]
+    tail = ddp_last_bucket_bytes(lm, 4)
+    assert 125 * mib <= tail <= 125 * mib + 2 * 25 * mib
+    # a ResNet: small first layers, so the tail is about one bucket
+    resnet = [9408, 128] + [2 * mib // 4] * 40 + [8 * mib // 4]
+    assert 25 * mib <= ddp_last_bucket_bytes(resnet, 4) <= 2 * 25 * mib + 2 * mib
+    # never more than all the gradients, nothing without parameters, and it scales with the gradient's bytes
+    assert ddp_last_bucket_bytes(lm, 4) <= sum(lm) * 4
+    assert ddp_last_bucket_bytes([0, 0], 4) == 0
+    assert ddp_last_bucket_bytes(lm, 2) <= ddp_last_bucket_bytes(lm, 4)
+
+
+def test_a_larger_tail_bucket_exposes_more_data_parallel_communication_never_less():
+    c = with_compute(computes(), last_bucket_bytes=np.zeros(N))  # unknown: one bucket of DDP's default cap
+    p = placements(data=np.full(N, 8), nodes=np.ones(N))
+    base = iteration_breakdown(c, p, load_params())
+    bigger = iteration_breakdown(with_compute(c, last_bucket_bytes=np.full(N, 5e8)), p, load_params())
+    assert np.all(bigger["communication"] >= base["communication"] - 1e-9)
+    assert np.any(bigger["communication"] > base["communication"])

@@ -78,7 +78,8 @@ def draw_computes(rng: np.random.Generator, n: int) -> ComputeArrays:
         moe_layers=np.where(moe, rng.integers(1, 48, n), 0).astype(float),
         moe_dispatch_bytes=np.where(moe, 10 ** rng.uniform(3, 9, n), 0.0),
         expert_params=np.where(moe, params * rng.uniform(0.1, 0.95, n), 0.0),
-        host_forward_ms=rng.uniform(0, 20, n), host_backward_ms=rng.uniform(0, 40, n))
+        host_forward_ms=rng.uniform(0, 20, n), host_backward_ms=rng.uniform(0, 40, n),
+        last_bucket_bytes=rng.choice([0.0, 1.0], n) * params * rng.uniform(0.01, 0.5, n))
 
 
 def arrays(placements: list[PlacementSpec]) -> PlacementArrays:
