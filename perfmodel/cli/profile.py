@@ -67,12 +67,13 @@ def profile(model: ModelArg = None, hf_config: HFConfigOpt = None, task: TaskOpt
         resolve_device(device)  # fail fast, before any work
     if sweep is not None and (model or hf_config or module or onnx):
         raise PerfmodelError("give either a job or --sweep, not both")
-    if sweep is not None:
-        from perfmodel.jobs.sweep import load_sweep
+    from perfmodel.jobs.sweep import check_source, load_sweep
 
-        specs = load_sweep(sweep)[0]
+    if sweep is not None:
+        specs = load_sweep(sweep)[0]  # every job checked, its model source resolved, before the first runs
     else:
         specs = [job_spec(model, hf_config, task, module, onnx, batch_size, seq_len, precision, optimizer, mode)]
+        check_source(specs[0])  # a missing file or unknown name is one line, before any progress line
     if ray is not None:
         on_ray = profile_on_ray(specs, device, ray, store, force=force, progress=say, options=options)
         if as_json:

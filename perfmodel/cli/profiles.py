@@ -3,6 +3,8 @@ imported op measurements) a store holds."""
 
 from __future__ import annotations
 
+import os
+import shutil
 import sys
 from dataclasses import asdict
 from pathlib import Path
@@ -11,6 +13,7 @@ from typing import Annotated, Optional
 import typer
 
 from perfmodel.cli.common import JsonOpt, StoreOpt, out, print_json, say, user_errors
+from perfmodel.core.errors import PerfmodelError
 
 profiles_app = typer.Typer(no_args_is_help=True, help="Profiles in the store: list, show, export, import, "
                                                       "add-graphs, ops-summary.")
@@ -53,14 +56,48 @@ def profiles_show(profile_id: Annotated[int, typer.Argument(help="profile id (se
 
 @profiles_app.command("export")
 @user_errors
-def profiles_export(directory: Annotated[Path, typer.Argument(help="folder to write Parquet files to")],
+def profiles_export(directory: Annotated[Path, typer.Argument(
+                        help="folder to write the Parquet files and manifest.json to (created when missing, inside "
+                             "an existing folder)")],
                     store: StoreOpt = None) -> None:
     """Export every stored profile to Parquet (for shipping under profiles/)."""
     from perfmodel.store import ProfileStore
 
-    with ProfileStore(store) as profile_store:
-        counts = profile_store.export_parquet(directory)
+    created = _export_folder(directory)  # before the store is opened: a bad destination touches nothing
+    try:
+        with ProfileStore(store) as profile_store:
+            counts = profile_store.export_parquet(directory)
+    except OSError as exc:  # e.g. the disk filled up, or the folder is read-only to this user
+        if created:
+            shutil.rmtree(directory, ignore_errors=True)
+        raise PerfmodelError(f"cannot export to {directory}: {exc.strerror or exc}") from None
+    except BaseException:
+        if created:
+            shutil.rmtree(directory, ignore_errors=True)
+        raise
     out.print(", ".join(f"{n} {table}" for table, n in counts.items()) + f" -> {directory}")
+
+
+def _export_folder(directory: Path) -> bool:
+    """Check that an export can be written to `directory`, creating it when missing (True: created here). Exit 2
+    for an existing file, a missing parent folder (the CLI never creates more than the export's own folder) and a
+    place this user cannot write to."""
+    if directory.exists() and not directory.is_dir():
+        raise PerfmodelError(f"cannot export to {directory}: it is a file; give a folder (the export writes "
+                             "Parquet files and manifest.json into it)")
+    if directory.is_dir():
+        if not os.access(directory, os.W_OK | os.X_OK):
+            raise PerfmodelError(f"cannot export to {directory}: the folder is not writable")
+        return False
+    if directory.parent.exists() and not directory.parent.is_dir():
+        raise PerfmodelError(f"cannot export to {directory}: {directory.parent} is a file, not a folder")
+    if not directory.parent.is_dir():
+        raise PerfmodelError(f"cannot export to {directory}: no such folder {directory.parent}")
+    try:
+        directory.mkdir()
+    except OSError as exc:
+        raise PerfmodelError(f"cannot export to {directory}: {exc.strerror or exc}") from None
+    return True
 
 
 @profiles_app.command("import")

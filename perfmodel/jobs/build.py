@@ -201,10 +201,18 @@ def load_user_module(path: str, batch_size: int,
         user = importlib.util.module_from_spec(import_spec)
         sys.modules[module_name] = user
         import_spec.loader.exec_module(user)
-        factory = getattr(user, name)
+        factory = getattr(user, name, None)
     except Exception as exc:  # user code: anything it raises is bad input, reported in one line
         sys.modules.pop(module_name, None)
         raise JobLoadError(f"could not load {path}: {type(exc).__name__}: {exc}") from None
+    if factory is None or not callable(factory):
+        sys.modules.pop(module_name, None)
+        defined = [key for key, value in vars(user).items()
+                   if callable(value) and getattr(value, "__module__", None) == module_name]
+        kind = type(factory).__name__
+        what = (f"defines no {name!r}" if factory is None else
+                f"defines {name!r} as {'an' if kind[0] in 'aeiou' else 'a'} {kind}, not a function")
+        raise JobLoadError(f"{file_path} {what}; the functions and classes it defines: {', '.join(defined) or 'none'}")
     try:
         how = _seq_len_call(factory)
         length = DEFAULT_SEQ_LEN if seq_len is None else seq_len

@@ -31,6 +31,9 @@ from perfmodel.records import OnnxNodeRecord, OnnxProfile
 from perfmodel.torch_device import resolve_device
 
 GraphOptimization = Literal["disabled", "enabled"]
+# ORT's own log lines (coloured, on stderr) would precede perfmodel's one-line error for a file it cannot load
+# ("Could not write a profile because no model was loaded"); every failure reaches perfmodel as an exception
+_ORT_LOG_FATAL_ONLY = 4
 KERNEL_SUFFIX = "_kernel_time"
 
 _NUMPY_DTYPES: dict[str, Any] = {
@@ -85,6 +88,7 @@ def profile_onnx(path: str | Path, device: str | torch.device = "cpu", *, batch_
             options.enable_profiling = True
             options.profile_file_prefix = str(Path(tmp) / f"ort-{label}")
             options.graph_optimization_level = level
+            options.log_severity_level = _ORT_LOG_FATAL_ONLY
             session = _open_session(ort, path, options, provider, provider_options)
             if feeds is None:
                 feeds = input_feeds(session.get_inputs(), batch_size, seq_len, np.random.default_rng(seed))

@@ -76,7 +76,9 @@ def test_user_module_with_and_without_loss(tmp_path):
     assert torch.equal(custom.loss_fn(out), out.pow(2).sum())
     with pytest.raises(JobLoadError, match="boom"):
         build_job(JobSpec.from_options(module=f"{path}:broken", batch_size=1), "cpu")
-    with pytest.raises(JobLoadError, match="missing"):
+    with pytest.raises(JobLoadError) as info:
         build_job(JobSpec.from_options(module=f"{path}:missing", batch_size=1), "cpu")
+    assert str(info.value) == (f"{path} defines no 'missing'; the functions and classes it defines: plain, "
+                               "with_loss, broken")
     with pytest.raises(JobLoadError, match="not found"):
         build_job(JobSpec.from_options(module=f"{tmp_path}/nope.py:f", batch_size=1), "cpu")

@@ -85,6 +85,15 @@ def test_corrupt_or_missing_onnx_is_a_one_line_error(tmp_path):
         profile_onnx(tmp_path / "missing.onnx", "cpu", batch_size=1, seq_len=1)
 
 
+def test_a_file_onnxruntime_cannot_load_leaves_no_log_line_of_its_own(tmp_path, capfd):
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(b"\x08\x07\x12\x04junk-not-a-model")
+    with pytest.raises(PerfmodelError, match="onnxruntime cannot load"):
+        profile_onnx(bad, "cpu", batch_size=1, seq_len=1)
+    captured = capfd.readouterr()  # ORT logs from C++, to the process's stderr: only the error above may speak
+    assert "onnxruntime" not in captured.err and "Could not write a profile" not in captured.err
+
+
 def test_gpu_provider_missing_is_named():
     import onnxruntime as ort
 
