@@ -6,6 +6,7 @@ perfmodel/evaluation/ (training.py, retrain.py); these commands parse options an
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Annotated, Any, Optional
@@ -25,16 +26,22 @@ ProfilesDirOpt = Annotated[Optional[Path], typer.Option(
 @user_errors
 def train(regressor: Annotated[str, typer.Option(help="roofline, xgb-ops, xgb-graph or gnn")] = "xgb-ops",
           name: Annotated[Optional[str], typer.Option(help="registry name \\[the regressor's]")] = None,
-          promote: Annotated[bool, typer.Option(help="make it the default model")] = False,
+          promote: Annotated[bool, typer.Option(help="promote it for its role, as `perfmodel models promote` "
+                                                     "does (recorded in the --store store)")] = False,
           seed: Annotated[int, typer.Option(help="random seed")] = 0,
           profiles: ProfilesDirOpt = None, store: StoreOpt = None) -> None:
-    """Train a regressor on the profile corpus and save it to the registry (seeded, reproducible)."""
+    """Train a regressor on the profile corpus and save it to the registry (seeded, reproducible). With --promote
+    it is promoted as `perfmodel models promote` does: in the store (--store, else the default one) that services
+    and `perfmodel predict` follow, and in the registry's promoted.json."""
+    from perfmodel.cli.models import promote_recorded
     from perfmodel.evaluation.training import train_iteration_model, training_samples
     from perfmodel.regressors import regressor_class
 
     regressor_class(regressor, iteration=True)  # an unknown name fails before the corpus is read
     entry = train_iteration_model(regressor, training_samples(profiles, store, progress=say), name=name, seed=seed,
-                                  promote=promote, progress=say)
+                                  promote=False, progress=say)
+    if promote:
+        entry = promote_recorded(entry.ref, store, command="train")
     out.print(f"saved {entry.ref} ({entry.path})" + (" and promoted it" if promote else ""))
 
 
@@ -43,12 +50,17 @@ def train_ops(store: StoreOpt = None,
               sources: Annotated[str, typer.Option(help="comma-separated import sources to learn from")] =
               ",".join(DEVICE_OPS_SOURCES),
               name: Annotated[str, typer.Option(help="registry name")] = "xgb-device-ops",
-              promote: Annotated[bool, typer.Option(help="make it the promoted device-ops model")] = False,
+              promote: Annotated[bool, typer.Option(help="make it the promoted device-ops model, as `perfmodel "
+                                                         "models promote` does (recorded in the --store store)")
+                                 ] = False,
               seed: Annotated[int, typer.Option(help="random seed")] = 0) -> None:
     """Train the per-op device regressor (xgb-device-ops) on imported GPU measurements (`perfmodel import`)."""
+    from perfmodel.cli.models import promote_recorded
     from perfmodel.evaluation.training import train_device_ops_model
 
-    entry = train_device_ops_model(store, sources.split(","), name=name, seed=seed, promote=promote, progress=say)
+    entry = train_device_ops_model(store, sources.split(","), name=name, seed=seed, promote=False, progress=say)
+    if promote:
+        entry = promote_recorded(entry.ref, store, command="train-ops", role="device-ops")
     out.print(f"saved {entry.ref} ({entry.path})" + (" and promoted it for device-ops" if promote else ""))
 
 
@@ -82,7 +94,8 @@ def _role_values(items: list[str], option: str, parse: Any) -> dict[str, Any]:
         role, sep, value = item.partition("=")
         if not sep or not role or not value:
             raise PerfmodelError(f"{option}: expected ROLE=VALUE, got {item!r}")
-        values[role.strip()] = parse(value.strip(), values.get(role.strip()))
+        role = RENAMED_ROLES.get(role.strip(), role.strip())
+        values[role] = parse(value.strip(), values.get(role))
     return values
 
 
@@ -100,8 +113,9 @@ def _setting(value: str, previous: dict[str, Any] | None) -> dict[str, Any]:
 def retrain(
         store: Annotated[Optional[str], Opt("--store", help="store URL \\[env PERFMODEL_STORE_URL, default SQLite "
                                                              "under PERFMODEL_HOME]")] = None,
-        models_dir: Annotated[Optional[Path], Opt("--models-dir", help="model registry \\[env PERFMODEL_MODELS_DIR, "
-                                                                       "the shipped models/]")] = None,
+        models_dir: Annotated[Optional[Path], Opt("--models-dir", help="model registry, an existing folder \\[env "
+                                                                       "PERFMODEL_MODELS_DIR, the shipped models/]")
+                              ] = None,
         report: Annotated[Optional[Path], Opt("--report", help="write the JSON report here (atomically)")] = None,
         roles: Annotated[str, Opt(help="roles to retrain, comma-separated: cpu-step, device-ops, whole-step "
                                        "(the stage learned from whole-job runs: perfmodel import lambda)")
@@ -126,13 +140,17 @@ def retrain(
     promoted model (champion) on the same held-out split, by model family (profiles) or chip (op measurements).
 
     Idempotent: unchanged data trains nothing and adds no version. Safe from cron: a lock stops overlapping runs;
-    new versions are written to a temporary folder and renamed into place.
+    new versions are written to a temporary folder and renamed into place. A champion is replaced only on at least
+    10 held-out rows of at least 2 groups. A promotion is recorded in the store, which services and `perfmodel
+    predict` on it follow, and in the registry's promoted.json.
 
-    Exit codes: 0 a challenger was promoted; 3 kept (every champion was better, or there was no new data);
+    Exit codes: 0 a challenger was promoted; 3 kept (every champion was better, the held-out evidence too little
+    to replace it, or there was no new data);
     1 failed (a role failed, the store could not be read, or another run holds the lock); 2 bad options."""
     from perfmodel.core.atomic import write_json_atomically
     from perfmodel.evaluation.retrain import RetrainSettings
     from perfmodel.evaluation.retrain import retrain as run_retrain
+    from perfmodel.registry.registry import default_models_dir
 
     @user_errors  # here, not on the command: its own exit codes 0, 1 and 3 pass through
     def settings() -> RetrainSettings:
@@ -144,6 +162,12 @@ def retrain(
             gpu_report_dir=gpu_report)
         if report is not None:
             writable_folder(report)
+        root = models_dir if models_dir is not None else default_models_dir()
+        if not root.is_dir():
+            where = "--models-dir" if models_dir is not None else \
+                "PERFMODEL_MODELS_DIR" if os.environ.get("PERFMODEL_MODELS_DIR") else "the shipped models/"
+            raise PerfmodelError(f"{where}: no model registry at {root} (no such folder; retrain never creates "
+                                 "one: give an existing registry, e.g. a copy of the shipped models/)")
         return chosen
 
     result = run_retrain(store, models_dir, settings(), progress=say)

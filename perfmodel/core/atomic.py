@@ -1,14 +1,19 @@
 """Write a file so that readers and crashes see the old file or the new one, never part of one: the bytes go to a
-temporary file beside the target (same filesystem), which is then renamed over it (`os.replace` is atomic)."""
+temporary file beside the target (same filesystem), which is then renamed over it (`os.replace` is atomic). The
+temporary file is created as any file the process creates is (0666 less the umask: 0644 under the usual 022), so
+the renamed file is readable by whom a plain write would let read it (`tempfile.mkstemp`'s 0600 would be kept by the
+rename: a service running as another user could not read a model's manifest on a shared volume)."""
 
 from __future__ import annotations
 
 import json
 import os
-import tempfile
+import secrets
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+_TEMP_NAME_ATTEMPTS = 100
 
 
 def atomic_write(path: str | Path, write: Callable[[Path], object], *, make_parents: bool = True) -> Path:
@@ -20,9 +25,7 @@ def atomic_write(path: str | Path, write: Callable[[Path], object], *, make_pare
         path.parent.mkdir(parents=True, exist_ok=True)
     elif not path.parent.is_dir():
         raise FileNotFoundError(f"cannot write {path}: no such folder {path.parent}")
-    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    tmp = Path(name)
+    tmp = _new_temp_file(path)
     try:
         write(tmp)
         os.replace(tmp, path)
@@ -30,6 +33,18 @@ def atomic_write(path: str | Path, write: Callable[[Path], object], *, make_pare
         tmp.unlink(missing_ok=True)
         raise
     return path
+
+
+def _new_temp_file(path: Path) -> Path:
+    """A new, empty file beside `path` with a unique name, mode 0666 less the umask."""
+    for _ in range(_TEMP_NAME_ATTEMPTS):
+        tmp = path.parent / f".{path.name}.{secrets.token_hex(8)}.tmp"
+        try:
+            os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+        except FileExistsError:
+            continue
+        return tmp
+    raise FileExistsError(f"no free temporary file name beside {path}")
 
 
 def write_text_atomically(path: str | Path, text: str, *, make_parents: bool = True) -> Path:

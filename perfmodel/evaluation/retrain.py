@@ -15,11 +15,16 @@ fit the regressor. One run:
    once) is compared on the rows both can predict. The champion may have
    been trained on the held-out rows (the report says so when its domain shows it): the comparison then favours the
    champion, so a promotion is never flattered;
-4. promotes only a challenger whose held-out MAPE beats the champion's by `min_improvement_pct` (relative); a role
+4. replaces a champion only on enough held-out evidence: at least `MIN_COMPARED_ROWS` rows of at least
+   `MIN_COMPARED_GROUPS` groups that both models predict (else the champion is kept and the report says why), and
+   only with a challenger whose held-out MAPE beats the champion's by `min_improvement_pct` (relative); a role
    without a champion promotes its first candidate. The promoted artifact is refitted on all the role's data,
-   written to a temporary folder and renamed to the next version (a crash leaves no partial version), promoted in
-   the registry (`promoted.json`, which running services watch) and recorded as a `promoted` model event in the
-   store (detail: JSON with the role) for services that follow the store.
+   written to a temporary folder and renamed to the next version (a crash leaves no partial version), recorded as
+   a `promoted` model event in the store (detail: JSON with the role and `"by": "retrain"`), which services and
+   `perfmodel predict` on the store follow, and written to the registry's `promoted.json`.
+
+The champion of a role is what the store promotes (its newest `promoted` event for the role, else `promoted.json`):
+the model a service on the same store serves. The registry folder must exist: a run never creates one.
 
 Observations posted to the service are read and summarised in the report (per accelerator: count and MAPE of the
 throughput predicted then); they are whole-placement throughputs, used online by calibration, not a training signal
@@ -37,7 +42,6 @@ import inspect
 import json
 import os
 import shutil
-import tempfile
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
@@ -52,6 +56,7 @@ import pandas as pd
 
 from perfmodel.core.atomic import write_json_atomically
 from perfmodel.core.errors import PerfmodelError
+from perfmodel.registry.files import new_folder
 from perfmodel.registry.registry import DOMAIN_FILE, ModelRegistry
 from perfmodel.regressors import regressor_class as _regressor_class
 from perfmodel.regressors.manifest import Manifest, data_hash
@@ -59,6 +64,12 @@ from perfmodel.regressors.manifest import Manifest, data_hash
 LOCK_FILE = ".retrain.lock"
 STATE_FILE = "retrain-state.json"
 _TMP_PREFIX = ".retrain-tmp-"
+
+# The least held-out evidence on which a challenger may replace a champion: rows both models predict, and groups
+# (chips, model families) they come from. Below it the champion is kept, whatever the MAPEs say: a few rows, or one
+# chip or family, say little about the others.
+MIN_COMPARED_ROWS = 10
+MIN_COMPARED_GROUPS = 2
 
 EXIT_PROMOTED = 0
 EXIT_FAILED = 1
@@ -96,6 +107,12 @@ class RetrainSettings:
         unknown = sorted(set(self.roles) - set(RECIPES))
         if unknown or not self.roles:
             raise PerfmodelError(f"unknown role(s) {unknown}: choose from {', '.join(RECIPES)}")
+        for option, values in (("regressor", self.regressors), ("set", self.estimator_settings)):
+            unknown = sorted(set(values) - set(RECIPES))
+            if unknown:
+                raise PerfmodelError(f"--{option}: unknown role(s) {unknown}: choose from {', '.join(RECIPES)}")
+        for role, regressor in self.regressors.items():
+            RECIPES[role].check_regressor(regressor)
 
 
 # --- the roles' recipes ---------------------------------------------------------------------------------------------
@@ -121,6 +138,18 @@ class RoleRecipe(ABC):
     role: str
     default_regressor: str
     group_by: str
+
+    @classmethod
+    def regressors(cls) -> tuple[str, ...]:
+        """The regressor kinds this role learns with."""
+        return (cls.default_regressor,)
+
+    @classmethod
+    def check_regressor(cls, regressor: str) -> None:
+        """PerfmodelError unless the role learns with `regressor`."""
+        if regressor not in cls.regressors():
+            raise PerfmodelError(f"role {cls.role} does not learn with regressor {regressor!r}: choose from "
+                                 f"{', '.join(cls.regressors())}")
 
     @abstractmethod
     def load(self, store: Any, catalog: Mapping[str, Any], progress: Progress) -> RoleData:
@@ -183,9 +212,12 @@ class DeviceOpsRecipe(RoleRecipe):
     def fit(self, regressor: str, settings: Mapping[str, Any], rows: Any, catalog: Mapping[str, Any]) -> Any:
         from perfmodel.regressors import regressor_class
 
-        if regressor != self.default_regressor:
-            raise PerfmodelError(f"role device-ops learns with {self.default_regressor!r}, not {regressor!r}")
-        return regressor_class(regressor)(**settings).fit(rows, catalog)
+        self.check_regressor(regressor)
+        cls = regressor_class(regressor)
+        unknown = sorted(set(settings) - set(inspect.signature(cls).parameters))
+        if unknown:
+            raise PerfmodelError(f"{regressor} takes no setting(s) {unknown}")
+        return cls(**settings).fit(rows, catalog)
 
     def predict_ms(self, model: Any, rows: Any, catalog: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray]:
         known = rows["op_class"].isin(list(getattr(model, "boosters_", {}))).to_numpy()
@@ -214,6 +246,12 @@ class IterationRecipe(RoleRecipe):
 
     def __init__(self, graph_cache_dir: Path | None = None):
         self.graph_cache_dir = graph_cache_dir
+
+    @classmethod
+    def regressors(cls) -> tuple[str, ...]:
+        from perfmodel.regressors import ITERATION_REGRESSORS
+
+        return ITERATION_REGRESSORS
 
     def load(self, store: Any, catalog: Mapping[str, Any], progress: Progress) -> RoleData:
         from perfmodel.features.dataset import samples_from_store
@@ -267,6 +305,12 @@ class WholeStepRecipe(RoleRecipe):
     def __init__(self, models_dir: Path | None = None):
         self.models_dir = models_dir
 
+    @classmethod
+    def regressors(cls) -> tuple[str, ...]:
+        from perfmodel.evaluation.real_runs import STAGES
+
+        return tuple(STAGES)
+
     def load(self, store: Any, catalog: Mapping[str, Any], progress: Progress) -> RoleData:
         from perfmodel.evaluation.real_runs import composed_frame, stored_runs
         from perfmodel.predictor.placed import PlacementPredictor
@@ -309,8 +353,8 @@ class WholeStepRecipe(RoleRecipe):
         return None if families is None else set(families)
 
 
-RECIPES: dict[str, Callable[[], RoleRecipe]] = {"cpu-step": IterationRecipe, "device-ops": DeviceOpsRecipe,
-                                                "whole-step": WholeStepRecipe}
+RECIPES: dict[str, type[RoleRecipe]] = {"cpu-step": IterationRecipe, "device-ops": DeviceOpsRecipe,
+                                         "whole-step": WholeStepRecipe}
 
 
 # --- the run ---------------------------------------------------------------------------------------------------------
@@ -330,6 +374,7 @@ class RoleOutcome:
     train_rows: int = 0
     held_out_rows: int = 0
     compared_rows: int = 0
+    compared_groups: int = 0
     regressor: str | None = None
     champion: str | None = None
     champion_mape_pct: float | None = None
@@ -392,8 +437,10 @@ def _mape(predicted: np.ndarray, measured: np.ndarray, groups: np.ndarray) -> tu
 
 @contextmanager
 def run_lock(models_dir: Path) -> Iterator[None]:
-    """An exclusive, non-blocking lock on `<models_dir>/.retrain.lock` (released by the OS if the process dies)."""
-    models_dir.mkdir(parents=True, exist_ok=True)
+    """An exclusive, non-blocking lock on `<models_dir>/.retrain.lock` (released by the OS if the process dies).
+    The folder must exist: a run never creates a registry."""
+    if not models_dir.is_dir():
+        raise PerfmodelError(f"the model registry {models_dir} does not exist")
     with open(models_dir / LOCK_FILE, "a+") as handle:
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -407,6 +454,15 @@ def run_lock(models_dir: Path) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def promoted_refs(registry: ModelRegistry, store: Any) -> dict[str, str]:
+    """role -> the model the store promotes (its newest `promoted` event for the role, else promoted.json's): the
+    champion, the model a service on the same store serves."""
+    from perfmodel.engine.models import ModelLifecycle
+
+    lifecycle = ModelLifecycle(registry, store, None, load=lambda refs: refs)
+    return lifecycle.resolved(lifecycle.wanted())
 
 
 def _read_state(models_dir: Path) -> dict[str, Any]:
@@ -423,7 +479,7 @@ def _save_version(registry: ModelRegistry, name: str, model: Any, domain: dict[s
     a crash never leaves a partial version. Its manifest carries the retrain data hash and held-out metrics."""
     target = registry.next_version_dir(name)
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=_TMP_PREFIX))
+    tmp = new_folder(target.parent, _TMP_PREFIX)  # readable as the shipped versions are (mkdtemp's are 0700)
     try:
         model.save(tmp)
         (tmp / DOMAIN_FILE).write_text(json.dumps(domain, indent=2, sort_keys=True) + "\n")
@@ -482,7 +538,7 @@ def _evaluate_role(recipe: RoleRecipe, store: Any, registry: ModelRegistry, sett
 
     role = recipe.role
     outcome = RoleOutcome(role=role, decision="kept", reason="", group_by=recipe.group_by)
-    champion_ref = registry.promoted_ref(role)
+    champion_ref = promoted_refs(registry, store).get(role)
     champion_entry = registry.get(champion_ref) if champion_ref else None
     regressor = settings.regressors.get(role) or (champion_entry.manifest.regressor if champion_entry
                                                   else recipe.default_regressor)
@@ -536,6 +592,7 @@ def _evaluate_role(recipe: RoleRecipe, store: Any, registry: ModelRegistry, sett
     if not common.any():
         raise PerfmodelError(f"{role}: no held-out row that both the challenger and the champion can predict")
     held_groups = data.groups[test][common]
+    outcome.compared_groups = len(set(held_groups))
     outcome.challenger_mape_pct, outcome.challenger_median_ape_pct, challenger_by_group = _mape(
         challenger_ms[common], measured[common], held_groups)
     outcome.per_group = {g: {"rows": int((held_groups == g).sum()), "challenger_mape_pct": m}
@@ -551,6 +608,15 @@ def _evaluate_role(recipe: RoleRecipe, store: Any, registry: ModelRegistry, sett
             outcome.per_group[g]["champion_mape_pct"] = m
         outcome.required_mape_pct = outcome.champion_mape_pct * (1 - settings.min_improvement_pct / 100)
         metrics.update(champion=champion_ref, champion_mape_pct=outcome.champion_mape_pct)
+        if outcome.compared_rows < MIN_COMPARED_ROWS or outcome.compared_groups < MIN_COMPARED_GROUPS:
+            plural = "s" if outcome.compared_groups != 1 else ""
+            outcome.reason = (
+                f"champion {champion_ref} kept: too little held-out evidence to replace it, "
+                f"{outcome.compared_rows} rows of {outcome.compared_groups} {recipe.group_by}{plural} compared "
+                f"(needs at least {MIN_COMPARED_ROWS} rows of {MIN_COMPARED_GROUPS} {recipe.group_by}s; held-out "
+                f"MAPE {outcome.champion_mape_pct:.2f} % vs challenger {outcome.challenger_mape_pct:.2f} %): "
+                f"more data, or a larger --holdout-fraction")
+            return outcome
         if not outcome.challenger_mape_pct < outcome.required_mape_pct:
             outcome.reason = (f"champion {champion_ref} kept: held-out MAPE {outcome.champion_mape_pct:.2f} % vs "
                               f"challenger {outcome.challenger_mape_pct:.2f} % (needs < "
@@ -564,10 +630,9 @@ def _evaluate_role(recipe: RoleRecipe, store: Any, registry: ModelRegistry, sett
     name = champion_entry.name if champion_entry is not None and champion_entry.manifest.regressor == regressor \
         else regressor
     ref = _save_version(registry, name, final, recipe.domain(data.rows), outcome.data_hash, metrics)
-    registry.promote(ref, role=role)
-    detail = json.dumps({"role": role, "by": "retrain", "models_dir": str(registry.root),
-                         "previous": champion_ref, "data_hash": outcome.data_hash})
-    store.add_model_event("promoted", ref, detail)
+    # as `perfmodel models promote` and the service do: a `promoted` event in the store, then promoted.json
+    registry.promote(ref, role=role, store=store, by={"by": "retrain", "data_hash": outcome.data_hash},
+                     previous=champion_ref)
     outcome.decision, outcome.promoted = "promoted", ref
     return outcome
 
@@ -588,7 +653,9 @@ def retrain(store_url: str | None = None, models_dir: Path | None = None, settin
     result = RetrainResult(started_at=started, finished_at=started, store=safe_url(url), models_dir=str(root),
                            settings={**asdict(settings), "roles": list(settings.roles),
                                      "gpu_report_dir": None if settings.gpu_report_dir is None
-                                     else str(settings.gpu_report_dir)}, roles=[], observations={})
+                                     else str(settings.gpu_report_dir),
+                                     "min_compared_rows": MIN_COMPARED_ROWS,
+                                     "min_compared_groups": MIN_COMPARED_GROUPS}, roles=[], observations={})
     try:
         with run_lock(root):
             _clean_stale_tmp(root)
@@ -631,7 +698,7 @@ def _run(result: RetrainResult, url: str, root: Path, settings: RetrainSettings,
             result.roles.append(outcome)
             if outcome.decision != "failed" and outcome.data_hash is not None:
                 state[role] = {"data_hash": outcome.data_hash, "decision": outcome.decision,
-                               "reason": outcome.reason, "champion": registry.promoted_ref(role),
+                               "reason": outcome.reason, "champion": promoted_refs(registry, store).get(role),
                                "finished_at": datetime.now(timezone.utc).isoformat()}
         write_json_atomically(root / STATE_FILE, state)
         if settings.gpu_report_dir is not None and "whole-step" in settings.roles:

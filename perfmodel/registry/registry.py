@@ -5,14 +5,22 @@ latency on any catalog accelerator) and `whole-step` (the learned correction of 
 real end-to-end training runs).
 
 The shipped `models/` folder of a checkout is the default root; `PERFMODEL_MODELS_DIR` points elsewhere.
+
+What is promoted: a service, `perfmodel predict` and `perfmodel retrain` follow the newest `promoted` model event of
+their store for each role, and `promoted.json` for a role the store never promoted (`perfmodel.engine.models`).
+`ModelRegistry.promote` with a store (what `perfmodel models promote`, `train --promote` and `retrain` do) records
+the event there and updates `promoted.json`, as `POST /v1/models/{NAME/VERSION}/promote` does.
 """
 
 from __future__ import annotations
 
+import functools
+import getpass
 import json
 import os
 import re
-from collections.abc import Sequence
+import socket
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,6 +34,39 @@ PROMOTED_FILE = "promoted.json"
 ROLES = ("cpu-step", "device-ops", "whole-step")
 DOMAIN_FILE = "domain.json"
 _VERSION = re.compile(r"^v(\d+)$")
+
+
+class PromotionRefused(PerfmodelError):
+    """A model whose artifact does not load: it is not promoted, and the old model stays promoted."""
+
+
+@functools.cache
+def load_errors() -> tuple[type[BaseException], ...]:
+    """What loading a model artifact raises when the artifact is bad (not when perfmodel has a bug)."""
+    errors: list[type[BaseException]] = [PerfmodelError, OSError, ValueError, KeyError, EOFError]
+    try:
+        from xgboost.core import XGBoostError
+
+        errors.append(XGBoostError)
+    except ImportError:  # xgboost not installed: no xgboost artifacts either
+        pass
+    return tuple(errors)
+
+
+def load_failure(exc: BaseException) -> str:
+    """One line saying why an artifact did not load (a native library's stack trace left out)."""
+    text = str(exc) if isinstance(exc, PerfmodelError) else f"{type(exc).__name__}: {exc}"
+    text = text.split("Stack trace:")[0]
+    return " ".join(text.split())[:500]
+
+
+def actor(command: str) -> dict[str, str]:
+    """Who asked for a model event from the command line: the command, the OS user and the host."""
+    try:
+        user = getpass.getuser()
+    except (OSError, KeyError):  # no login name and no passwd entry for this uid (some containers)
+        user = str(os.getuid())
+    return {"by": "cli", "command": command, "user": user, "host": socket.gethostname()}
 
 
 def default_models_dir() -> Path:
@@ -94,20 +135,44 @@ class ModelRegistry:
             return max(newest, key=lambda e: int(e.version[1:]))
         raise UnknownNameError("model", ref, list(by_ref) + sorted({e.name for e in entries}))
 
-    def promote(self, ref: str, role: str | None = None) -> ModelEntry:
-        """Make `ref` the promoted model of `role` (by default the role of its regressor kind)."""
-        entry = self.get(ref)
+    def promote(self, ref: str, role: str | None = None, *, store: Any | None = None,
+                by: Mapping[str, Any] | None = None, previous: str | None = None) -> ModelEntry:
+        """Make `ref` the promoted model of `role` (by default the role of its regressor kind). An artifact that
+        does not load is never promoted (`PromotionRefused`).
+
+        With `store` (a `perfmodel.store.jobs.JobStore`), the promotion is a `promoted` model event there, which
+        every service worker and `perfmodel predict` on that store follow, and a refusal a `refused` event, as
+        `POST /v1/models/.../promote` records them; the event's detail is JSON: the role, the previous model
+        (`previous`, by default promoted.json's), the registry and `by` (who asked). promoted.json is updated
+        after the event is recorded; a registry that cannot be written raises OSError then."""
         from perfmodel.regressors import load_regressor
 
-        load_regressor(entry.path)  # an artifact that does not load is never promoted
-        self.set_promoted(entry.ref, role or role_of(entry.manifest.regressor))
+        entry = self.get(ref)
+        role = role or role_of(entry.manifest.regressor)
+        if role not in ROLES:
+            raise UnknownNameError("model role", role, ROLES)
+        previous = previous if previous is not None else self.promoted_ref(role)
+        about = {"role": role, **(by or {}), "models_dir": str(self.root), "previous": previous}
+        try:
+            load_regressor(entry.path)
+        except load_errors() as exc:
+            reason = load_failure(exc)
+            if store is not None:
+                store.add_model_event("refused", entry.ref, json.dumps({**about, "reason": reason}))
+            kept = f"{previous} stays promoted for {role}" if previous else f"{role} has no promoted model"
+            raise PromotionRefused(f"model {entry.ref} was not promoted, its artifact does not load ({reason}); "
+                                   f"{kept}") from None
+        if store is not None:
+            store.add_model_event("promoted", entry.ref, json.dumps(about))
+        self.set_promoted(entry.ref, role)
         return self.get(entry.ref)
 
     def set_promoted(self, ref: str, role: str) -> None:
         """Write `ref` as the promoted model of `role` in promoted.json (no load check: `promote` does that). The
         read-modify-write holds an exclusive lock on a lock file beside it, and the new file is written under a
         unique temporary name and renamed over the old one: processes promoting at once lose no role's entry,
-        and readers see the old or the new file, never half a file."""
+        and readers see the old or the new file, never half a file. The file is readable as the shipped one is
+        (0666 less the umask)."""
         import fcntl
 
         if role not in ROLES:

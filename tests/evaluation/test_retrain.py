@@ -1,11 +1,13 @@
 """`perfmodel retrain` on tiny real stores: op rows imported from small slices of the public NeuSight sweeps, and
 profiles made by the real CPU profiler on tiny user modules; a temporary models dir. Exit codes: 0 promoted,
-3 kept (champion better / no new data), 1 failed (unreadable store, lock held)."""
+3 kept (champion better / too little held-out evidence / no new data), 1 failed (unreadable store, lock held),
+2 bad options (a registry folder that does not exist, an unknown regressor)."""
 
 from __future__ import annotations
 
 import fcntl
 import json
+import os
 import textwrap
 from itertools import islice
 from pathlib import Path
@@ -15,7 +17,13 @@ from typer.testing import CliRunner
 
 from perfmodel.cli.main import app
 from perfmodel.core.errors import PerfmodelError
-from perfmodel.evaluation.retrain import LOCK_FILE, RetrainSettings, held_out_groups
+from perfmodel.evaluation.retrain import (
+    LOCK_FILE,
+    MIN_COMPARED_GROUPS,
+    MIN_COMPARED_ROWS,
+    RetrainSettings,
+    held_out_groups,
+)
 from perfmodel.importers import ImportStats, get_importer
 from perfmodel.jobs.spec import JobSpec
 from perfmodel.registry.registry import ModelRegistry
@@ -66,9 +74,19 @@ def versions(models: Path) -> list[str]:
 
 def test_promoted_then_kept_without_new_data_then_kept_by_a_better_champion(op_store, tmp_path):
     models = tmp_path / "models"
+    models.mkdir()
     report = tmp_path / "report.json"
-    first = run("--store", op_store, "--models-dir", models, "--roles", "device-ops", "--report", report, *FAST)
+    umask = os.umask(0o022)
+    try:
+        first = run("--store", op_store, "--models-dir", models, "--roles", "device-ops", "--report", report, *FAST)
+    finally:
+        os.umask(umask)
     assert first.exit_code == 0, first.output
+    # what it wrote is readable as the shipped models are (a service may run as another user)
+    assert (models / "xgb-device-ops" / "v1").stat().st_mode & 0o777 == 0o755
+    for written in (models / "xgb-device-ops" / "v1" / "manifest.json", models / "promoted.json",
+                    models / "retrain-state.json", report):
+        assert written.stat().st_mode & 0o777 == 0o644, written
     data = json.loads(report.read_text())
     (role,) = data["roles"]
     assert data["status"] == "promoted" and role["decision"] == "promoted" and role["champion"] is None
@@ -89,7 +107,7 @@ def test_promoted_then_kept_without_new_data_then_kept_by_a_better_champion(op_s
     with JobStore(op_store) as store:
         (event,) = store.model_events()
     assert event.action == "promoted" and event.model_version == ref
-    assert json.loads(event.detail)["role"] == "device-ops"
+    assert json.loads(event.detail)["role"] == "device-ops" and json.loads(event.detail)["by"] == "retrain"
     # what a running service follows: the engine serves each role's newest `promoted` event of the store
     from perfmodel.engine.models import ModelLifecycle
 
@@ -104,14 +122,16 @@ def test_promoted_then_kept_without_new_data_then_kept_by_a_better_champion(op_s
     assert role["decision"] == "kept" and "no new data" in role["reason"] and role["challenger_mape_pct"] is None
     assert versions(models) == ["xgb-device-ops/v1"]
 
-    # new data, but the challenger must be 99 % better than the champion on the same held-out rows: kept
+    # new data, but the challenger must be 99 % better than the champion on the same held-out rows (2 of the 5
+    # chips: enough evidence to decide): kept
     with JobStore(op_store) as store:
         store.add_op_measurements(neusight_slice("softmax", 40))
     kept = run("--store", op_store, "--models-dir", models, "--roles", "device-ops", "--report", report,
-               "--min-improvement-pct", 99, *FAST)
+               "--min-improvement-pct", 99, "--holdout-fraction", 0.4, *FAST)
     assert kept.exit_code == 3, kept.output
     (role,) = json.loads(report.read_text())["roles"]
-    assert role["decision"] == "kept" and role["champion"] == ref and "kept" in role["reason"]
+    assert role["decision"] == "kept" and role["champion"] == ref and "99 % better" in role["reason"]
+    assert role["compared_groups"] == 2 and role["compared_rows"] >= MIN_COMPARED_ROWS
     # the champion has no softmax booster: compared on the rows both predict (linear), the challenger's own rows
     assert role["compared_rows"] < role["held_out_rows"]
     assert role["champion_mape_pct"] > 0 and role["champion_trained_on_held_out"] is True
@@ -123,6 +143,7 @@ def test_unreadable_store_fails_with_exit_1(tmp_path):
     garbage = tmp_path / "garbage.db"
     garbage.write_bytes(b"this is not a database\n" * 100)
     report = tmp_path / "report.json"
+    (tmp_path / "models").mkdir()
     result = run("--store", f"sqlite:///{garbage}", "--models-dir", tmp_path / "models", "--report", report)
     assert result.exit_code == 1, result.output
     data = json.loads(report.read_text())
@@ -143,6 +164,50 @@ def test_bad_options_exit_2(tmp_path):
     assert run("--roles", "nonsense", "--models-dir", tmp_path).exit_code == 2
     assert run("--holdout-fraction", 1.5, "--models-dir", tmp_path).exit_code == 2
     assert run("--set", "device-ops=n_estimators", "--models-dir", tmp_path).exit_code == 2
+    for bad, named in ((("--regressor", "cpu-step=nope"), "nope"), (("--regressor", "device-ops=xgb-ops"), "xgb-ops"),
+                       (("--regressor", "nope=xgb-ops"), "nope"), (("--set", "nope=n_estimators:5"), "nope")):
+        result = run(*bad, "--models-dir", tmp_path)
+        assert result.exit_code == 2, result.output
+        (line,) = result.stderr.strip().splitlines()
+        assert line.startswith("error: ") and named in line
+    assert list(tmp_path.iterdir()) == []  # refused before any work
+
+
+def test_a_registry_folder_that_does_not_exist_is_exit_2_naming_the_option(op_store, tmp_path, monkeypatch):
+    missing = tmp_path / "no-such-registry"
+    result = run("--store", op_store, "--models-dir", missing, "--roles", "device-ops", *FAST)
+    assert result.exit_code == 2, result.output
+    assert "--models-dir" in result.stderr and str(missing) in result.stderr
+    monkeypatch.setenv("PERFMODEL_MODELS_DIR", str(missing))
+    result = run("--store", op_store, "--roles", "device-ops", *FAST)
+    assert result.exit_code == 2 and "PERFMODEL_MODELS_DIR" in result.stderr
+    assert not missing.exists()
+    with JobStore(op_store) as store:
+        assert store.model_events() == []
+
+
+def test_a_champion_is_kept_on_too_little_held_out_evidence(op_store, tmp_path):
+    """The shipped device model is the champion; one held-out chip (the default fraction of 5 chips) is not enough
+    evidence to replace it, whatever the MAPEs say."""
+    from tests.conftest import copy_shipped_models
+
+    models = copy_shipped_models(tmp_path / "models")
+    champion, shipped = ModelRegistry(models).promoted_ref("device-ops"), versions(models)
+    report = tmp_path / "report.json"
+    result = run("--store", op_store, "--models-dir", models, "--roles", "device-ops", "--report", report,
+                 "--min-improvement-pct", 0, *FAST)
+    assert result.exit_code == 3, result.output
+    data = json.loads(report.read_text())
+    (role,) = data["roles"]
+    assert role["decision"] == "kept" and role["champion"] == champion and role["promoted"] is None
+    assert role["compared_groups"] == 1 < MIN_COMPARED_GROUPS and len(role["held_out_groups"]) == 1
+    assert "too little held-out evidence" in role["reason"] and f"{MIN_COMPARED_ROWS} rows" in role["reason"]
+    assert role["champion_mape_pct"] > 0 and role["challenger_mape_pct"] > 0  # both measured, and reported
+    assert data["settings"]["min_compared_rows"] == MIN_COMPARED_ROWS
+    assert ModelRegistry(models).promoted_ref("device-ops") == champion
+    assert versions(models) == shipped  # no new version
+    with JobStore(op_store) as store:
+        assert store.model_events() == []
 
 
 def test_held_out_groups_are_deterministic_and_never_all():
@@ -191,6 +256,7 @@ def test_default_role_learns_from_profiles_held_out_by_family(tmp_path):
                 spec = JobSpec.from_options(module=f"{path}:make", batch_size=batch)
                 store.add(profile_job(spec, "cpu", warmup=1, repeats=3, op_steps=1, time_budget_s=None))
     models, report = tmp_path / "models", tmp_path / "report.json"
+    models.mkdir()
     args = ("--store", url, "--models-dir", models, "--roles", "cpu-step", "--report", report,
             "--set", "default=n_estimators:20", "--set", "default=inner_folds:2", "--set", "default=nthread:1")
     result = run(*args)
