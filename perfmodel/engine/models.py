@@ -19,21 +19,9 @@ from typing import Any
 
 from perfmodel.core.errors import PerfmodelError, UnknownNameError
 from perfmodel.engine.errors import NotFound, Refused
-from perfmodel.registry.registry import ROLES, ModelRegistry, role_of
+from perfmodel.registry.registry import ROLES, ModelRegistry, load_errors, role_of
 
 log = logging.getLogger("perfmodel.engine")
-
-
-def _load_errors() -> tuple[type[BaseException], ...]:
-    """What loading a model artifact raises when the artifact is bad (not when perfmodel has a bug)."""
-    errors: list[type[BaseException]] = [PerfmodelError, OSError, ValueError, KeyError, EOFError]
-    try:
-        from xgboost.core import XGBoostError
-
-        errors.append(XGBoostError)
-    except ImportError:  # xgboost not installed: no xgboost artifacts either
-        pass
-    return tuple(errors)
 
 
 @dataclass(frozen=True)
@@ -134,4 +122,4 @@ class ModelLifecycle:
             self.store.add_model_event(action, ref, detail)
 
 
-LOAD_ERRORS = _load_errors()
+LOAD_ERRORS = load_errors()
