@@ -90,6 +90,9 @@ class RetrainSettings:
 
     min_improvement_pct: float = 2.0  # the challenger's held-out MAPE must be this % (relative) below the champion's
     holdout_fraction: float = 0.25  # of the groups (families / chips), at least one, never all
+    # the least held-out evidence on which a challenger may replace a champion (rows both predict, and their groups)
+    min_compared_rows: int = MIN_COMPARED_ROWS
+    min_compared_groups: int = MIN_COMPARED_GROUPS
     seed: int = 0
     roles: tuple[str, ...] = ("cpu-step", "device-ops")  # the whole-step stage is fitted by bench/real_runs.py
     regressors: Mapping[str, str] = field(default_factory=dict)
@@ -102,6 +105,9 @@ class RetrainSettings:
     def __post_init__(self) -> None:
         if not 0 < self.holdout_fraction < 1:
             raise PerfmodelError(f"holdout_fraction must be in (0, 1), got {self.holdout_fraction}")
+        if self.min_compared_rows < 1 or self.min_compared_groups < 1:
+            raise PerfmodelError(f"min_compared_rows and min_compared_groups must be at least 1, got "
+                                 f"{self.min_compared_rows} and {self.min_compared_groups}")
         if not 0 <= self.min_improvement_pct < 100:
             raise PerfmodelError(f"min_improvement_pct must be in [0, 100), got {self.min_improvement_pct}")
         unknown = sorted(set(self.roles) - set(RECIPES))
@@ -608,12 +614,14 @@ def _evaluate_role(recipe: RoleRecipe, store: Any, registry: ModelRegistry, sett
             outcome.per_group[g]["champion_mape_pct"] = m
         outcome.required_mape_pct = outcome.champion_mape_pct * (1 - settings.min_improvement_pct / 100)
         metrics.update(champion=champion_ref, champion_mape_pct=outcome.champion_mape_pct)
-        if outcome.compared_rows < MIN_COMPARED_ROWS or outcome.compared_groups < MIN_COMPARED_GROUPS:
-            plural = "s" if outcome.compared_groups != 1 else ""
+        if (outcome.compared_rows < settings.min_compared_rows
+                or outcome.compared_groups < settings.min_compared_groups):
             outcome.reason = (
                 f"champion {champion_ref} kept: too little held-out evidence to replace it, "
-                f"{outcome.compared_rows} rows of {outcome.compared_groups} {recipe.group_by}{plural} compared "
-                f"(needs at least {MIN_COMPARED_ROWS} rows of {MIN_COMPARED_GROUPS} {recipe.group_by}s; held-out "
+                f"{outcome.compared_rows} rows of {outcome.compared_groups} "
+                f"{_plural(recipe.group_by, outcome.compared_groups)} compared (needs at least "
+                f"{settings.min_compared_rows} rows of {settings.min_compared_groups} "
+                f"{_plural(recipe.group_by, settings.min_compared_groups)}; held-out "
                 f"MAPE {outcome.champion_mape_pct:.2f} % vs challenger {outcome.challenger_mape_pct:.2f} %): "
                 f"more data, or a larger --holdout-fraction")
             return outcome
@@ -637,6 +645,13 @@ def _evaluate_role(recipe: RoleRecipe, store: Any, registry: ModelRegistry, sett
     return outcome
 
 
+def _plural(noun: str, count: int) -> str:
+    """`noun` (a group kind: family, chip) for `count` of them."""
+    if count == 1:
+        return noun
+    return noun[:-1] + "ies" if noun.endswith("y") else noun + "s"
+
+
 def retrain(store_url: str | None = None, models_dir: Path | None = None, settings: RetrainSettings | None = None,
             *, progress: Progress | None = None, graph_cache_dir: Path | None = None) -> RetrainResult:
     """One retraining run over every role of `settings` (see the module doc). Never raises for a failed role or an
@@ -653,9 +668,8 @@ def retrain(store_url: str | None = None, models_dir: Path | None = None, settin
     result = RetrainResult(started_at=started, finished_at=started, store=safe_url(url), models_dir=str(root),
                            settings={**asdict(settings), "roles": list(settings.roles),
                                      "gpu_report_dir": None if settings.gpu_report_dir is None
-                                     else str(settings.gpu_report_dir),
-                                     "min_compared_rows": MIN_COMPARED_ROWS,
-                                     "min_compared_groups": MIN_COMPARED_GROUPS}, roles=[], observations={})
+                                     else str(settings.gpu_report_dir)},
+                           roles=[], observations={})
     try:
         with run_lock(root):
             _clean_stale_tmp(root)

@@ -133,7 +133,9 @@ def test_retrain_learns_the_stage_from_stored_runs_and_the_service_path_applies_
     url = f"sqlite:///{tmp_path / 'store.db'}"
     with JobStore(url) as store:
         store.add_whole_job_measurements(records)
-    result = retrain(url, models, RetrainSettings(roles=("whole-step",), holdout_fraction=0.5))
+    # two families: one held out, five runs (fewer than a champion is replaced on by default)
+    result = retrain(url, models, RetrainSettings(roles=("whole-step",), holdout_fraction=0.5, min_compared_rows=5,
+                                                  min_compared_groups=1))
     assert result.error is None, result.error
     [outcome] = result.roles
     assert outcome.decision == "promoted", outcome.reason
