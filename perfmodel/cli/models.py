@@ -15,19 +15,11 @@ from perfmodel.cli.common import JsonOpt, StoreOpt, out, print_json, user_errors
 models_app = typer.Typer(no_args_is_help=True, help="Trained models in the registry: list, promote.")
 
 
-def store_promoted(registry: Any, store: Any) -> dict[str, str]:
-    """role -> the model the store promotes (its newest `promoted` event for the role, else promoted.json's): what
-    a service on that store serves, a pin apart."""
-    from perfmodel.engine.models import ModelLifecycle
-
-    lifecycle = ModelLifecycle(registry, store, None, load=lambda refs: refs)
-    return lifecycle.resolved(lifecycle.wanted())
-
-
 def promote_recorded(ref: str, store_url: str | None, *, command: str, role: str | None = None) -> Any:
     """Promote `ref` (for `role`, by default its regressor's) as the service does: loaded first (PromotionRefused
     if it does not), then a `promoted` event in the store naming who asked, then promoted.json. Returns the
     registry entry."""
+    from perfmodel.engine.models import promoted_by_store
     from perfmodel.registry.registry import ModelRegistry, actor, role_of
     from perfmodel.store.jobs import JobStore
 
@@ -35,7 +27,7 @@ def promote_recorded(ref: str, store_url: str | None, *, command: str, role: str
     entry = registry.get(ref)
     role = role or role_of(entry.manifest.regressor)
     with JobStore(store_url) as store:
-        previous = store_promoted(registry, store).get(role)
+        previous = promoted_by_store(registry, store).get(role)
         try:
             return registry.promote(entry.ref, role, store=store, by=actor(command), previous=previous)
         except OSError as exc:  # a read-only registry: the store says it, every service and predict follow it
@@ -50,13 +42,14 @@ def models_list(as_json: JsonOpt = False, store: StoreOpt = None) -> None:
     """List registered models (* marks the promoted one of each role: the store's promotion, else promoted.json)."""
     from rich.table import Table
 
+    from perfmodel.engine.models import promoted_by_store
     from perfmodel.registry.registry import ModelRegistry
     from perfmodel.store.jobs import JobStore
 
     registry = ModelRegistry()
     entries = registry.entries()
     with JobStore(store) as job_store:
-        promoted = set(store_promoted(registry, job_store).values())
+        promoted = set(promoted_by_store(registry, job_store).values())
     rows = [{"model": e.ref, "regressor": e.manifest.regressor, "promoted": e.ref in promoted,
              "samples": e.manifest.training_samples, "created_at": e.manifest.created_at.isoformat(),
              "metrics": e.manifest.metrics} for e in entries]

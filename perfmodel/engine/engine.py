@@ -962,17 +962,20 @@ class PredictionEngine:
                        f"{', '.join(self.predictor.model_versions.values())}")
 
     def models(self, events: int = 20) -> dict[str, Any]:
-        """The registry's models (PerfmodelError if it cannot be read), what is served, the latest events."""
+        """The registry's models (PerfmodelError if it cannot be read), which is promoted (what the store promotes
+        for its role, else promoted.json: `promoted_by_store`), what is served, the latest events."""
+        from perfmodel.engine.models import promoted_by_store
         from perfmodel.registry.registry import role_of
 
         entries = self.lifecycle.registry.entries()
         serving = self.predictor.model_versions
+        promoted = set(promoted_by_store(self.lifecycle.registry, self.store).values())
         stored = self.store.model_events(events) if self.store is not None else []
         return {
             "serving": serving,
             "pinned": self.lifecycle.pin.ref if self.lifecycle.pin is not None else None,
             "models": [{"model": e.ref, "regressor": e.manifest.regressor, "role": role_of(e.manifest.regressor),
-                        "promoted": e.promoted, "serving": e.ref in serving.values(),
+                        "promoted": e.ref in promoted, "serving": e.ref in serving.values(),
                         "training_samples": e.manifest.training_samples,
                         "created_at": e.manifest.created_at.isoformat(), "metrics": e.manifest.metrics}
                        for e in entries],

@@ -122,4 +122,13 @@ class ModelLifecycle:
             self.store.add_model_event(action, ref, detail)
 
 
+
+def promoted_by_store(registry: ModelRegistry, store: Any | None) -> dict[str, str]:
+    """role -> the model the store promotes (its newest `promoted` event for the role, else the registry's
+    promoted.json): what every service on that store serves, a pin apart, and what `perfmodel retrain` takes as the
+    champion. Read with a lifecycle of its own, so that no engine's record of the events it has seen moves."""
+    lifecycle = ModelLifecycle(registry, store, None, load=lambda refs: refs)
+    return lifecycle.resolved(lifecycle.wanted())
+
+
 LOAD_ERRORS = load_errors()

@@ -462,15 +462,6 @@ def run_lock(models_dir: Path) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def promoted_refs(registry: ModelRegistry, store: Any) -> dict[str, str]:
-    """role -> the model the store promotes (its newest `promoted` event for the role, else promoted.json's): the
-    champion, the model a service on the same store serves."""
-    from perfmodel.engine.models import ModelLifecycle
-
-    lifecycle = ModelLifecycle(registry, store, None, load=lambda refs: refs)
-    return lifecycle.resolved(lifecycle.wanted())
-
-
 def _read_state(models_dir: Path) -> dict[str, Any]:
     path = models_dir / STATE_FILE
     try:
@@ -539,12 +530,13 @@ def observation_summary(store: Any) -> dict[str, Any]:
 
 def _evaluate_role(recipe: RoleRecipe, store: Any, registry: ModelRegistry, settings: RetrainSettings,
                    catalog: Mapping[str, Any], state: dict[str, Any], progress: Progress) -> RoleOutcome:
+    from perfmodel.engine.models import promoted_by_store
     from perfmodel.registry.registry import read_domain
     from perfmodel.regressors import load_regressor
 
     role = recipe.role
     outcome = RoleOutcome(role=role, decision="kept", reason="", group_by=recipe.group_by)
-    champion_ref = promoted_refs(registry, store).get(role)
+    champion_ref = promoted_by_store(registry, store).get(role)
     champion_entry = registry.get(champion_ref) if champion_ref else None
     regressor = settings.regressors.get(role) or (champion_entry.manifest.regressor if champion_entry
                                                   else recipe.default_regressor)
@@ -684,6 +676,7 @@ def _run(result: RetrainResult, url: str, root: Path, settings: RetrainSettings,
          graph_cache_dir: Path | None) -> None:
     from sqlalchemy.exc import SQLAlchemyError
 
+    from perfmodel.engine.models import promoted_by_store
     from perfmodel.hardware.catalog import load_catalog
     from perfmodel.store.jobs import JobStore
 
@@ -712,7 +705,7 @@ def _run(result: RetrainResult, url: str, root: Path, settings: RetrainSettings,
             result.roles.append(outcome)
             if outcome.decision != "failed" and outcome.data_hash is not None:
                 state[role] = {"data_hash": outcome.data_hash, "decision": outcome.decision,
-                               "reason": outcome.reason, "champion": promoted_refs(registry, store).get(role),
+                               "reason": outcome.reason, "champion": promoted_by_store(registry, store).get(role),
                                "finished_at": datetime.now(timezone.utc).isoformat()}
         write_json_atomically(root / STATE_FILE, state)
         if settings.gpu_report_dir is not None and "whole-step" in settings.roles:

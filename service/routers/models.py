@@ -6,15 +6,12 @@ there too)."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from fastapi import APIRouter, Response
 from fastapi import Path as PathParam
 from starlette.concurrency import run_in_threadpool
 
 from perfmodel.core.errors import PerfmodelError
-from perfmodel.engine import PredictionEngine, Refused
-from perfmodel.engine.models import ModelLifecycle
+from perfmodel.engine import Refused
 from service.deps import Reader, Writer
 from service.routers.common import json_response
 from service.schemas import ErrorOut, ModelsResponse, PromoteResponse
@@ -23,25 +20,13 @@ router = APIRouter(prefix="/v1/models", tags=["models"])
 EVENTS_SHOWN = 20
 
 
-def _models(engine: PredictionEngine) -> dict[str, Any]:
-    """`engine.models()`, with `promoted` saying what the store promotes for each role (its newest `promoted`
-    event, else the registry's promoted.json): what every worker on the store serves, a pin apart."""
-    data = engine.models(EVENTS_SHOWN)
-    # a lifecycle of its own: the engine's remembers the newest event it loaded, which this read must not move
-    lifecycle = ModelLifecycle(engine.lifecycle.registry, engine.store, None, load=lambda refs: refs)
-    promoted = set(lifecycle.resolved(lifecycle.wanted()).values())
-    for model in data["models"]:
-        model["promoted"] = model["model"] in promoted
-    return data
-
-
 @router.get("", response_model=ModelsResponse, responses={409: {"model": ErrorOut}})
 async def models(engine: Reader) -> Response:
     """Every model of the registry, which is promoted (what the store promotes for its role, else the registry's
     promoted.json) and which this server answers with; the store's latest model events (promotions and refusals,
     from the service, `perfmodel models promote`, `train --promote` and `retrain`)."""
     try:
-        data = await run_in_threadpool(_models, engine)
+        data = await run_in_threadpool(engine.models, EVENTS_SHOWN)
     except Refused:
         raise
     except PerfmodelError as exc:
