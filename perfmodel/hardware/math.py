@@ -16,13 +16,28 @@ MATHS = ("fp32", "tf32", "fp16", "bf16", "fp8")
 TENSOR_MATHS = frozenset({"tf32", "fp16", "bf16", "fp8"})
 
 
-# micro-architectures with tensor / matrix cores (Pascal's and GCN's fast fp16 is packed vector math)
+# micro-architectures with tensor / matrix cores, and those without (Pascal's and GCN's fast fp16 is packed vector math)
 TENSOR_CORE_ARCHITECTURES = frozenset({"volta", "turing", "ampere", "ada", "hopper", "blackwell", "cdna", "cdna2",
                                        "cdna3", "cdna4"})
+VECTOR_ONLY_ARCHITECTURES = frozenset({"kepler", "maxwell", "pascal", "gcn", "gcn5", "rdna", "rdna2"})
+# a dense fp16 peak this many times the fp32 one is tensor / matrix math: packed half vectors give at most 2x
+TENSOR_FP16_RATIO = 3.0
+
+
+def tensor_peaks_given(spec: HardwareSpec) -> bool:
+    """The sheet's peaks show tensor / matrix cores: a TF32, bf16 or fp8 peak (only matrix units have one), or an
+    fp16 peak of at least `TENSOR_FP16_RATIO` x fp32. It agrees with the architecture of every catalog GPU."""
+    return (any(p is not None for p in (spec.peak_tf32_gflops, spec.peak_bf16_gflops, spec.peak_fp8_gflops))
+            or (spec.peak_fp16_gflops or 0.0) >= TENSOR_FP16_RATIO * spec.peak_fp32_gflops)
 
 
 def has_tensor_cores(spec: HardwareSpec) -> bool:
-    return (spec.architecture or "").lower() in TENSOR_CORE_ARCHITECTURES
+    """By the architecture where it is a known one; else (a spec sheet that names none, or one newer than this
+    table) by what its peaks show (`tensor_peaks_given`)."""
+    architecture = (spec.architecture or "").lower()
+    if architecture in TENSOR_CORE_ARCHITECTURES | VECTOR_ONLY_ARCHITECTURES:
+        return architecture in TENSOR_CORE_ARCHITECTURES
+    return tensor_peaks_given(spec)
 
 
 def on_tensor_cores(spec: HardwareSpec, math: str, gemm: bool = True) -> bool:

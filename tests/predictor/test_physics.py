@@ -178,3 +178,16 @@ def test_no_k80_kernel_beats_the_rate_its_warp_schedulers_can_issue(predictor, g
     achieved_gflops = op_work(rows).flops / (out.latency_ms / 1e3) / 1e9
     assert achieved_gflops.max() > 0.2 * k80.peak_fp32_gflops  # convolutions do run near that rate
     assert np.all(achieved_gflops <= k80.peak_fp32_gflops * 128 / 192 * (1 + 1e-9))
+
+
+@pytest.mark.parametrize("gpu", ["v100-sxm2-16gb", "t4", "a100-sxm4-40gb", "h100-sxm5"])
+def test_a_spec_sheet_without_its_architecture_is_priced_as_the_catalog_part(predictor, graphs, gpu):
+    """A user's sheet that copies a catalog GPU's figures but names no architecture gets the same kernels: tensor
+    cores are read from its peaks (it was priced up to a third slower, as if GEMMs ran on CUDA cores)."""
+    spec = JobSpec.from_options(**{**JOBS["tiny-bert"], "precision": "amp"})
+    hardware = predictor.catalog[gpu]
+    sheet = hardware.model_copy(update={"name": f"my-{gpu}", "aliases": (), "architecture": None})
+    with_sheet = DevicePredictor(predictor.regressor, predictor.model_version, {**predictor.catalog, sheet.name: sheet})
+    _, shipped = predictor.predict_rows(spec, hardware, graphs["tiny-bert"])
+    _, custom = with_sheet.predict_rows(spec, sheet, graphs["tiny-bert"])
+    assert custom.latency_ms.sum() == pytest.approx(shipped.latency_ms.sum(), rel=1e-9)
