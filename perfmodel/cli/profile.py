@@ -70,7 +70,7 @@ def profile(model: ModelArg = None, hf_config: HFConfigOpt = None, task: TaskOpt
     from perfmodel.jobs.sweep import check_source, load_sweep
 
     if sweep is not None:
-        specs = load_sweep(sweep)[0]  # every job checked, its model source resolved, before the first runs
+        specs = load_sweep(sweep)  # every job checked, its model source resolved, before the first runs
     else:
         specs = [job_spec(model, hf_config, task, module, onnx, batch_size, seq_len, precision, optimizer, mode)]
         check_source(specs[0])  # a missing file or unknown name is one line, before any progress line

@@ -10,10 +10,12 @@
 
 Every list-valued field of an entry is expanded; the others are shared. Fields are those of `JobSpec.from_options`:
 zoo, hf_config, task, module, onnx, batch_size, seq_len, precision, optimizer, mode; an entry names exactly one model
-source (zoo, hf_config, module or onnx). Paths are relative to the sweep file. Top-level keys other than `jobs`
-are returned as settings; `perfmodel profile --sweep` uses none of them (its own options set the device).
+source (zoo, hf_config, module or onnx). Paths are relative to the sweep file. `jobs` is the only top-level key: the
+device and the profiling options are the command's (`perfmodel profile --sweep FILE --device cuda`), so a sweep
+that names any other (`device: cuda`) is refused rather than run somewhere it did not ask for.
 
-`load_sweep` checks every job before any runs: a bad value, an unknown field, an empty `jobs` list and a model source
+`load_sweep` checks every job before any runs: a bad value, an unknown field (in an entry or at the top level), an
+empty `jobs` list and a model source
 that does not resolve (`check_source`: an unknown zoo name, a missing or unparsable module file or NAME, a missing
 or unreadable ONNX file) are errors naming the entry (`jobs[i]`). Nothing is built, captured or run to check.
 """
@@ -37,9 +39,10 @@ SOURCE_FIELDS = ("zoo", "hf_config", "module", "onnx")
 _PATH_FIELDS = ("hf_config", "module", "onnx")
 
 
-def load_sweep(path: str | Path) -> tuple[list[JobSpec], dict[str, Any]]:
-    """The jobs of a sweep file, in file order, and its top-level settings. Every job is checked first, its model
-    source resolved (`check_source`): a PerfmodelError naming the file and the entry (`jobs[i]`) otherwise."""
+def load_sweep(path: str | Path) -> list[JobSpec]:
+    """The jobs of a sweep file, in file order. Every job is checked first, its model source resolved
+    (`check_source`): a PerfmodelError naming the file and the entry (`jobs[i]`) otherwise; a top-level key other
+    than `jobs` is one too (the device and the other run options are the command's, never the file's)."""
     path = Path(path)
     try:
         text = path.read_text()
@@ -52,6 +55,11 @@ def load_sweep(path: str | Path) -> tuple[list[JobSpec], dict[str, Any]]:
         raise PerfmodelError(f"sweep file {path} needs a top-level 'jobs' list")
     if not data["jobs"]:
         raise PerfmodelError(f"sweep file {path} holds no job: its 'jobs' list is empty")
+    others = sorted(map(str, set(data) - {"jobs"}))
+    if others:
+        raise PerfmodelError(f"sweep file {path} has top-level fields {others} that nothing reads: a sweep holds only "
+                             "'jobs'; the device and the profiling options are the command's (perfmodel profile "
+                             "--sweep FILE --device cuda ...)")
     specs: list[JobSpec] = []
     checked: set[tuple[str, str]] = set()  # sources already resolved, by (kind, name or path)
     for i, entry in enumerate(data["jobs"]):
@@ -71,8 +79,7 @@ def load_sweep(path: str | Path) -> tuple[list[JobSpec], dict[str, Any]]:
                     raise PerfmodelError(f"{where}: {exc}") from None
                 checked.add(ident)
             specs.append(spec)
-    settings = {k: v for k, v in data.items() if k != "jobs"}
-    return specs, settings
+    return specs
 
 
 def _parse(text: str, path: Path) -> Any:

@@ -63,6 +63,9 @@ def test_a_sweep_with_an_unresolvable_job_runs_nothing(tmp_path, tiny, second, f
      "hf_config"),
     ("jobs:\n  - zoo: [resnet18, resnet50\n    batch_size: 1\n", "is not valid YAML at line 3, column 15: "
      "expected ',' or ']', but got ':' (while parsing a flow sequence that starts at line 2, column 10)"),
+    ("device: cuda\njobs:\n  - zoo: resnet18\n    batch_size: 1\n",
+     "has top-level fields ['device'] that nothing reads: a sweep holds only 'jobs'; the device and the profiling "
+     "options are the command's"),
 ])
 def test_a_sweep_with_nothing_to_run_or_a_bad_entry_is_exit_2(tmp_path, text, fragment):
     sweep = tmp_path / "sweep.yaml"

@@ -6,10 +6,9 @@ from perfmodel.jobs.sweep import load_sweep
 
 def test_sweep_expands_lists_as_cross_products(tmp_path):
     path = tmp_path / "sweep.yaml"
-    path.write_text("device: cpu\njobs:\n  - zoo: [resnet18, vgg11]\n    batch_size: [2, 4, 8]\n"
+    path.write_text("jobs:\n  - zoo: [resnet18, vgg11]\n    batch_size: [2, 4, 8]\n"
                     "  - zoo: bert-small\n    batch_size: 2\n    seq_len: [16, 32]\n    mode: inference\n")
-    specs, settings = load_sweep(path)
-    assert settings == {"device": "cpu"}
+    specs = load_sweep(path)
     assert len(specs) == 2 * 3 + 2
     assert len({s.key() for s in specs}) == len(specs)
     assert specs[-1].mode.value == "inference" and specs[-1].seq_len == 32
@@ -70,7 +69,7 @@ def test_valid_sources_resolve_without_running_anything(tmp_path, exported_mlp_o
     path = sweep_of(tmp_path, f"  - module: [blocks.py:make_linear, blocks.py:make_if, star.py:anything, "
                               f"lazy.py:anything, made.py:make]\n    batch_size: 2\n  - onnx: {exported_mlp_onnx}\n"
                               f"    batch_size: 4\n  - zoo: resnet18\n    batch_size: [2, 4]\n")
-    specs, _ = load_sweep(path)
+    specs = load_sweep(path)
     assert [s.name for s in specs] == ["module:tiny.make", "module:blocks.make_linear", "module:blocks.make_if",
                                        "module:star.anything", "module:lazy.anything", "module:made.make",
                                        "onnx:mlp", "resnet18", "resnet18"]
@@ -98,6 +97,8 @@ def test_a_name_the_module_never_spells_is_a_typo(tmp_path):
     ("jobs:\n  - zoo: resnet18\n    batch_size: [1, 2\n",
      "sweep file {path} is not valid YAML at line 4, column 1: expected ',' or ']'"),
     ("jobs:\n  - zoo: resnet18\n   batch_size: 1\n", "sweep file {path} is not valid YAML at line 3, column 4: "),
+    ("device: cuda\njobs:\n  - zoo: resnet18\n    batch_size: 1\n",
+     "sweep file {path} has top-level fields ['device'] that nothing reads"),
 ])
 def test_sweeps_with_nothing_to_run_or_misplaced_keys_say_where(tmp_path, text, fragment):
     path = tmp_path / "sweep.yaml"
