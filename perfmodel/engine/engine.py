@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
 import logging
 import math
 import re
@@ -928,23 +929,26 @@ class PredictionEngine:
         for listener in self._listeners:
             listener(predictor.model_versions)
 
-    def promote(self, version: str) -> dict[str, Any]:
+    def promote(self, version: str, by: Mapping[str, str] | None = None) -> dict[str, Any]:
         """Load `version` with the other role's model; on success record the promotion in the store (every worker
         follows it) and the registry, and serve it; on failure keep serving the old model and raise Refused.
-        Blocking."""
+        The store's event says who asked (`by`, e.g. the service and its client), the role and the previous model,
+        as the command line's and retrain's do. Blocking."""
+        about: dict[str, Any] = {**(by or {}), "models_dir": str(self.lifecycle.registry.root)}
         with self._promote_lock:
             try:
                 ref, role, refs = self.lifecycle.prepare_promotion(version)
             except (NotFound, Refused):
                 raise
             except PerfmodelError as exc:  # an unreadable manifest somewhere in the registry
-                raise self._refused(version, exc) from None
+                raise self._refused(version, exc, about) from None
+            about = {"role": role, **about}
             try:
                 loaded = self._load_predictor(refs)
             except LOAD_ERRORS as exc:
-                raise self._refused(ref, exc) from None
+                raise self._refused(ref, exc, about) from None
             previous = self.predictor.model_versions
-            self.lifecycle.record("promoted", ref)
+            self.lifecycle.record("promoted", ref, json.dumps({**about, "previous": previous.get(role)}))
             try:
                 self.lifecycle.registry.set_promoted(ref, role)
             except OSError as exc:  # a read-only registry: the store still says it, every worker follows
@@ -953,10 +957,10 @@ class PredictionEngine:
             log.info("promoted %s: now serving %s", ref, loaded.model_versions)
             return {"promoted": ref, "serving": loaded.model_versions, "previous": previous}
 
-    def _refused(self, ref: str, exc: BaseException) -> Refused:
+    def _refused(self, ref: str, exc: BaseException, about: Mapping[str, Any]) -> Refused:
         reason = str(exc) if isinstance(exc, PerfmodelError) else f"{type(exc).__name__}: {exc}"
         reason = " ".join(reason.split())[:1000]
-        self.lifecycle.record("refused", ref, reason)
+        self.lifecycle.record("refused", ref, json.dumps({**about, "reason": reason}))
         log.warning("refused to promote %s: %s", ref, reason)
         return Refused(f"model {ref} was not promoted, its artifact does not load ({reason}); still serving "
                        f"{', '.join(self.predictor.model_versions.values())}")

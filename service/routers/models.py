@@ -6,7 +6,9 @@ there too)."""
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Response
+import socket
+
+from fastapi import APIRouter, Request, Response
 from fastapi import Path as PathParam
 from starlette.concurrency import run_in_threadpool
 
@@ -36,9 +38,12 @@ async def models(engine: Reader) -> Response:
 
 @router.post("/{version:path}/promote", response_model=PromoteResponse,
              responses={401: {"model": ErrorOut}, 404: {"model": ErrorOut}, 409: {"model": ErrorOut}})
-async def promote(engine: Writer, version: str = PathParam(description="NAME/VERSION (or NAME: its newest)",
-                                                          examples=["xgb-ops/v1"])) -> Response:
+async def promote(request: Request, engine: Writer,
+                  version: str = PathParam(description="NAME/VERSION (or NAME: its newest)",
+                                           examples=["xgb-ops/v1"])) -> Response:
     """Load the model, record the promotion in the store (every worker follows it) and serve it without a restart.
     A model that does not load, or whose role this server pins, is refused (409, with the reason) and the old
-    model keeps serving."""
-    return json_response(await run_in_threadpool(engine.promote, version))
+    model keeps serving. The store's event says who asked: this server's host and the client's address."""
+    by = {"by": "service", "host": socket.gethostname(),
+          "client": request.client.host if request.client is not None else "unknown"}
+    return json_response(await run_in_threadpool(engine.promote, version, by))

@@ -29,5 +29,9 @@ def test_promoted_follows_the_store_and_events_list_every_promotion(client, mode
     assert {m["model"]: m["promoted"] for m in listed["models"]}["xgb-ops/v1"] is True
     newest, older = listed["events"][:2]
     assert (newest["model_version"], json.loads(newest["detail"])["by"]) == ("xgb-ops/v1", "cli")
-    assert (older["action"], older["model_version"], older["detail"]) == ("promoted", "xgb-ops/v2", None)
+    assert (older["action"], older["model_version"]) == ("promoted", "xgb-ops/v2")
+    # the service's own event says who asked, the role and what it replaced, as the command line's does
+    asked = json.loads(older["detail"])
+    assert (asked["by"], asked["role"], asked["previous"]) == ("service", "cpu-step", "xgb-ops/v1")
+    assert asked["client"] and asked["host"] and asked["models_dir"] == str(models_dir)
     assert client.post("/v1/models/xgb-ops/v9/promote").status_code == 404
