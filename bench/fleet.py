@@ -2,7 +2,7 @@
 PyTorch runs: 8 DeepLearningExamples models, 27 GPUs, TF32 and AMP, 1-16 GPUs in a node).
 
     .venv/bin/python bench/fleet.py [--datasets DIR] [--cache FILE.parquet] [--graph-cache DIR] [--draws N]
-        [--served OUT-family.csv OUT-chip.csv [--device-bias 1.3 ...]]
+        [--served OUT-family.csv OUT-chip.csv [--device-bias 1.3 ...]] [--job-prior SD] [--chip-prior SD]
 
 Two protocols (`perfmodel.evaluation.fleet`), every prediction of a run whose own measurements were not used:
 - same GPU: on each GPU and math mode, k models observed (k = 0, 1, 2, 4; up to `--draws` random choices of k), the
@@ -18,7 +18,10 @@ chip): the case of a scheduler posting some jobs' throughputs on a GPU and askin
 measured step `--device-bias` times longer (1.3 by default), as on a GPU the model is off on by a constant (a
 generation it never saw): how much of that the fleet learns from k other models. The composed frame
 (`--cache`) is shared with bench/real_runs.py: composing every run takes ~40 min.
-The fleet's priors were set by looking at these runs: the figures are not a hold-out of that choice.
+The fleet's priors were set by looking at these runs: the figures are not a hold-out of that choice. `--job-prior`
+and `--chip-prior` run every protocol with other standard deviations (what `PERFMODEL_FLEET_JOB_PRIOR` and
+`PERFMODEL_FLEET_CHIP_PRIOR` set in the service), to see what a setting costs and buys (recorded only under a run
+name: `--record RUN`).
 `--record [RUN]` records both protocols' MAPE against k for docs/accuracy.md (bench/_figures.py).
 Data: Lambda, lambdal/deeplearning-benchmark (read in place, never copied).
 """
@@ -34,6 +37,7 @@ import numpy as np
 import pandas as pd
 from _figures import add_record_option, figure_key, record_if_asked
 
+from perfmodel.calibration.fleet import FleetPriors
 from perfmodel.evaluation.fleet import error_floors, fleet_frame, job_elsewhere, same_gpu, summary
 from perfmodel.evaluation.real_runs import IMPOSSIBLE_BELOW_ROOFLINE, physically_possible, read_composed
 from perfmodel.hardware.catalog import load_catalog
@@ -94,8 +98,20 @@ def main(argv: list[str] | None = None) -> int:
                              "held-out predictions, e.g. OUT-chip.csv: a GPU whose chip the stage never saw)")
     parser.add_argument("--device-bias", type=float, nargs="*", default=[1.3], metavar="FACTOR",
                         help="with --served, also every measured step this many times longer [1.3]")
+    parser.add_argument("--job-prior", type=float, default=FleetPriors().job, metavar="SD",
+                        help=f"the job effect's prior standard deviation (log) [{FleetPriors().job}]")
+    parser.add_argument("--chip-prior", type=float, default=FleetPriors().chip, metavar="SD",
+                        help=f"the chip effect's prior standard deviation (log) [{FleetPriors().chip}]")
     add_record_option(parser)
     args = parser.parse_args(argv)
+    priors = FleetPriors(job=args.job_prior, chip=args.chip_prior)
+    if not (priors.job > 0 and priors.chip > 0):
+        parser.error("--job-prior and --chip-prior must be positive")
+    if priors != FleetPriors() and args.record == "":
+        parser.error("--record without a RUN name records the shipped priors' figures: name the run (--record RUN)")
+    if priors != FleetPriors():
+        print(f"fleet priors: job {priors.job:g}, chip {priors.chip:g} (shipped: job {FleetPriors().job:g}, "
+              f"chip {FleetPriors().chip:g})")
     if not (args.datasets / "lambda").is_dir() and not (args.cache and args.cache.is_file()):
         print(f"no Lambda runs at {args.datasets / 'lambda'}: nothing to judge", file=sys.stderr)
         return 2
@@ -108,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     frame = fleet_frame(frame[possible & (frame.source == "lambda")], load_catalog())
     print(f"{len(frame)} configurations of {frame.model.nunique()} models on {frame.accelerator.nunique()} GPUs")
 
-    rows = same_gpu(frame, draws=args.draws)
+    rows = same_gpu(frame, draws=args.draws, priors=priors)
     print("\n## Same GPU: k other models observed on it, the rest predicted\n")
     recorded = {"same_gpu": summary(rows)}
     print(recorded["same_gpu"].round(1).to_string())
@@ -128,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
 
     for path in args.served or ():
         served = served_frame(frame, path)
-        rows = same_gpu(served, draws=args.draws)
+        rows = same_gpu(served, draws=args.draws, priors=priors)
         print(f"\n## Same GPU on the served answers of {path.name} ({len(served)} configurations): k other models "
               f"observed, the rest predicted\n")
         table = summary(rows)
@@ -136,14 +152,14 @@ def main(argv: list[str] | None = None) -> int:
         name = f"same_gpu_served_{path.stem.rsplit('-', 1)[-1]}"
         recorded[name] = table
         for bias in args.device_bias:
-            rows = same_gpu(off_by(served, bias), draws=args.draws)
+            rows = same_gpu(off_by(served, bias), draws=args.draws, priors=priors)
             print(f"\n  the same with every measured step {bias:g}x the served answer's error (a GPU the model is "
                   f"off on by a constant, as a new generation may be):\n")
             table = summary(rows)
             print(table.round(1).to_string())
             recorded[f"{name}_off_{figure_key(f'{bias:g}x')}"] = table
 
-    rows = job_elsewhere(frame)
+    rows = job_elsewhere(frame, priors=priors)
     print("\n## The job elsewhere: every other model observed everywhere, the asked one on k other GPUs\n")
     recorded["job_elsewhere"] = summary(rows)
     print(recorded["job_elsewhere"].round(1).to_string())

@@ -64,9 +64,10 @@ def export_gavel(
     consolidated (worker type) and one device per server (`<worker type>_unconsolidated`); with --colocation every
     pair of jobs sharing the GPUs. A job (or pair) that does not fit in a device's memory gets 0. --seq-len,
     --optimizer and --precision are every job's defaults; a --job's own settings win over them."""
-    from perfmodel.engine import EngineConfig, PredictionEngine
+    from perfmodel.engine import EngineConfig, PredictionEngine, fleet_priors_from
     from perfmodel.placement.colocation import SHARING_MODES
     from perfmodel.placement.spec import IntraNodeLink
+    from perfmodel.settings import get_settings
     from perfmodel.store.jobs import JobStore
 
     if sharing not in SHARING_MODES:
@@ -87,7 +88,8 @@ def export_gavel(
     # on the store the service uses: its custom accelerators, its promoted models and the fleet's observations
     job_store = JobStore(store)
     try:
-        engine = PredictionEngine.open(EngineConfig(isolate_captures=False), store=job_store)
+        config = EngineConfig(isolate_captures=False, fleet_priors=fleet_priors_from(get_settings()))
+        engine = PredictionEngine.open(config, store=job_store)
         _export(engine, output, specs, names, workers, factors, batch_sizes=batch_sizes, colocation=colocation,
                 sharing=sharing, inter_node_gbit_s=inter_node_gbit_s, intra_link=intra_link)
     finally:

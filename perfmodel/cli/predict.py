@@ -80,7 +80,7 @@ def predict(ctx: typer.Context, model: ModelArg = None, hf_config: HFConfigOpt =
     bubble and the memory of each device's shard. `--batch-size` is the job's batch (one replica's forward/backward
     pass); the placement runs `--global-batch-size` samples per iteration, by default that batch on every
     data-parallel replica and micro-batch."""
-    from perfmodel.engine import EngineConfig, PredictionEngine
+    from perfmodel.engine import EngineConfig, PredictionEngine, fleet_priors_from
     from perfmodel.placement.build import placement_from_options
 
     given = ctx.get_parameter_source("batch_size")  # click's ParameterSource (typer vendors its own click)
@@ -98,8 +98,10 @@ def predict(ctx: typer.Context, model: ModelArg = None, hf_config: HFConfigOpt =
     # on the store the service uses: its custom accelerators, its promoted models and the fleet's observations
     job_store = JobStore(store)
     try:
+        settings = get_settings()
         engine = PredictionEngine.open(EngineConfig(model_version=model_version, isolate_captures=False,
-                                                    graph_dir=get_settings().home / "graphs"), store=job_store)
+                                                    graph_dir=settings.home / "graphs",
+                                                    fleet_priors=fleet_priors_from(settings)), store=job_store)
         _answer(engine, spec, placement, with_job=with_job, sharing=sharing, batch_sizes=batch_sizes,
                 global_batch_size=global_batch_size, accelerator=accelerator, seq_len=seq_len, precision=precision,
                 optimizer=optimizer, mode=mode, as_json=as_json,

@@ -5,9 +5,9 @@
     engine.predict(job_id, placement)               # blocking: store, capture, per-op model, calibration
 """
 
-from perfmodel.engine.engine import EngineConfig, JobEntry, PredictionEngine, ir_batch
+from perfmodel.engine.engine import EngineConfig, JobEntry, PredictionEngine, fleet_priors_from, ir_batch
 from perfmodel.engine.errors import FieldError, NotFound, Refused
 from perfmodel.engine.graphs import CaptureError, GraphCache, SingleFlight, capture
 
 __all__ = ["CaptureError", "EngineConfig", "FieldError", "GraphCache", "JobEntry", "NotFound", "PredictionEngine",
-           "Refused", "SingleFlight", "capture", "ir_batch"]
+           "Refused", "SingleFlight", "capture", "fleet_priors_from", "ir_batch"]

@@ -47,7 +47,7 @@ from perfmodel.calibration import (
     leave_one_out,
     recency_weights,
 )
-from perfmodel.calibration.fleet import Applied, FleetCalibration, FleetPoint, FleetQuery, fit_fleet
+from perfmodel.calibration.fleet import Applied, FleetCalibration, FleetPoint, FleetPriors, FleetQuery, fit_fleet
 from perfmodel.core.accuracy import Z80
 from perfmodel.core.errors import PerfmodelError
 from perfmodel.core.ir import Graph
@@ -85,6 +85,7 @@ class EngineConfig:
     capture_limits: Any = None  # `perfmodel.jobs.limits.JobLimits`; None: its defaults
     isolate_captures: bool = True  # capture in a time-limited child process (False: the CLI, in-process)
     graph_dir: Path | None = None  # keep captured zoo and HF-config graphs here across processes (the CLI)
+    fleet_priors: FleetPriors = field(default_factory=FleetPriors)  # the fleet's priors (`fleet_priors_from`)
 
     @classmethod
     def from_settings(cls, settings: Any) -> EngineConfig:
@@ -93,11 +94,18 @@ class EngineConfig:
                  "max_cached_computes": "max_cached_computes", "capture_timeout_s": "capture_timeout_s",
                  "capture_limits": "job_limits"}
         return cls(**{name: getattr(settings, source) for name, source in names.items()
-                      if getattr(settings, source, None) is not None})
+                      if getattr(settings, source, None) is not None}, fleet_priors=fleet_priors_from(settings))
 
     def graph_cache(self) -> GraphCache:
         return GraphCache(self.max_cached_jobs, deadline_s=self.capture_timeout_s, limits=self.capture_limits,
                           isolated=self.isolate_captures, directory=self.graph_dir)
+
+
+def fleet_priors_from(settings: Any) -> FleetPriors:
+    """The fleet's priors with the job's and the chip's standard deviations from `settings` (`fleet_job_prior`,
+    `fleet_chip_prior`; fields it lacks keep the defaults)."""
+    given = {name: getattr(settings, f"fleet_{name}_prior", None) for name in ("job", "chip")}
+    return replace(FleetPriors(), **{name: float(value) for name, value in given.items() if value is not None})
 
 
 class Placements(Protocol):
@@ -779,7 +787,7 @@ class PredictionEngine:
             log.warning("the store did not answer (%s): the fleet calibration fitted before is used until it does",
                         type(exc).__name__)
             return self._fleet
-        fleet = fit_fleet([*points, *self._device_points()])
+        fleet = fit_fleet([*points, *self._device_points()], self.config.fleet_priors)
         with self._lock:
             if (self.generation, self.fleet_revision) == (generation, revision):
                 self._fleet, self._fleet_at = fleet, (generation, revision)

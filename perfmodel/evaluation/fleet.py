@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from perfmodel.calibration.fleet import FleetPoint, FleetQuery, fit_fleet
+from perfmodel.calibration.fleet import FleetPoint, FleetPriors, FleetQuery, fit_fleet
 from perfmodel.core.accuracy import Z80, throughput_ape
 from perfmodel.hardware.chips import die_of
 from perfmodel.hardware.spec import HardwareSpec
@@ -51,12 +51,13 @@ def _query(r: dict[Any, Any]) -> FleetQuery:
                       float(r["communication_share"]))
 
 
-def predict_rows(points: Iterable[FleetPoint], targets: pd.DataFrame) -> pd.DataFrame:
+def predict_rows(points: Iterable[FleetPoint], targets: pd.DataFrame,
+                 priors: FleetPriors | None = None) -> pd.DataFrame:
     """`targets` with the fleet's calibrated prediction (`predicted_ms`), its 80 % interval and level. Where the
     targets carry the served answer's band (`served_low_ms`, `served_high_ms` about `placement_ms`), the interval is
     the one the service gives: that band, its log width scaled by the calibration's `interval_scale`; otherwise
     the fleet's own predictive spread."""
-    fleet = fit_fleet(points)
+    fleet = fit_fleet(points, priors if priors is not None else FleetPriors())
     predicted, low, high, level = [], [], [], []
     banded = {"served_low_ms", "served_high_ms"} <= set(targets.columns)
     for r in targets.to_dict("records"):
@@ -77,8 +78,9 @@ def predict_rows(points: Iterable[FleetPoint], targets: pd.DataFrame) -> pd.Data
 
 
 def same_gpu(frame: pd.DataFrame, ks: Sequence[int] = (0, 1, 2, 4), draws: int = 20,
-             seed: int = 0) -> pd.DataFrame:
-    """Protocol `same_gpu`: one row per predicted run and draw, with `k`."""
+             seed: int = 0, priors: FleetPriors | None = None) -> pd.DataFrame:
+    """Protocol `same_gpu`: one row per predicted run and draw, with `k` (`priors`: the fleet's, default its
+    defaults)."""
     rng = random.Random(seed)
     out = []
     for _, gpu in frame.groupby(["accelerator", "precision"]):
@@ -90,15 +92,15 @@ def same_gpu(frame: pd.DataFrame, ks: Sequence[int] = (0, 1, 2, 4), draws: int =
             rng.shuffle(choices)
             for draw, observed in enumerate(choices[:draws]):
                 seen = gpu.model.isin(observed)
-                rows = predict_rows(points_of(gpu[seen]), gpu[~seen])
+                rows = predict_rows(points_of(gpu[seen]), gpu[~seen], priors)
                 out.append(rows.assign(k=k, draw=draw))
     return pd.concat(out, ignore_index=True)
 
 
 def job_elsewhere(frame: pd.DataFrame, ks: Sequence[int] = (0, 1, 2, 4), seed: int = 0,
-                  every: int = 1) -> pd.DataFrame:
+                  every: int = 1, priors: FleetPriors | None = None) -> pd.DataFrame:
     """Protocol `job_elsewhere`: one row per predicted run, with `k` (GPUs the asked model was observed on).
-    `every`: predict every n-th GPU of each model only (faster)."""
+    `every`: predict every n-th GPU of each model only (faster); `priors`: the fleet's, default its defaults."""
     rng = random.Random(seed)
     everything = points_of(frame)
     out = []
@@ -112,7 +114,7 @@ def job_elsewhere(frame: pd.DataFrame, ks: Sequence[int] = (0, 1, 2, 4), seed: i
                 if len(rest) < k:
                     continue
                 seen = runs[runs.accelerator.isin(rest[:k])]
-                rows = predict_rows(others + points_of(seen), runs[runs.accelerator == accelerator])
+                rows = predict_rows(others + points_of(seen), runs[runs.accelerator == accelerator], priors)
                 out.append(rows.assign(k=k))
     return pd.concat(out, ignore_index=True)
 

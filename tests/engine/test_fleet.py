@@ -7,9 +7,11 @@ from __future__ import annotations
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
+from pydantic import ValidationError
 
 from perfmodel.calibration import ceiling_samples_per_s
-from perfmodel.engine import EngineConfig, GraphCache, PredictionEngine
+from perfmodel.calibration.fleet import FleetPriors
+from perfmodel.engine import EngineConfig, GraphCache, PredictionEngine, fleet_priors_from
 from perfmodel.engine.errors import FieldError
 from perfmodel.engine.models import ModelLifecycle
 from perfmodel.jobs.spec import JobSpec, ZooSource
@@ -20,11 +22,11 @@ from perfmodel.store.jobs import JobStore
 from tests.engine.helpers import FixedRateDevice, tiny_graph
 
 
-def _engine(url: str) -> PredictionEngine:
+def _engine(url: str, config: EngineConfig | None = None) -> PredictionEngine:
     graphs = GraphCache(1000, capture_fn=lambda spec, deadline_s, limits: tiny_graph(spec.batch_size))
     predictor = PlacementPredictor(None, FixedRateDevice(), graphs=graphs.graph)
     lifecycle = ModelLifecycle(ModelRegistry(), None, None, load=lambda refs: predictor)
-    engine = PredictionEngine(EngineConfig(), predictor, lifecycle, JobStore(url), graphs=graphs)
+    engine = PredictionEngine(config or EngineConfig(), predictor, lifecycle, JobStore(url), graphs=graphs)
     engine.fleet()
     return engine
 
@@ -227,3 +229,31 @@ def test_a_report_faster_than_linear_over_the_jobs_own_report_says_what_is_answe
     assert answered["calibration_factor"] < response["calibration_factor"]
     assert "within linear scaling" in response["message"]
     assert f"answered ×{answered['calibration_factor']:.3f}" in response["message"]
+
+
+def test_the_fleet_priors_come_from_the_settings_and_a_tighter_job_prior_lets_other_jobs_move_an_answer_further(
+        tmp_path, monkeypatch):
+    from perfmodel.settings import get_settings
+
+    assert fleet_priors_from(get_settings()) == FleetPriors()  # the defaults, unless set
+    monkeypatch.setenv("PERFMODEL_FLEET_JOB_PRIOR", "0.3")
+    monkeypatch.setenv("PERFMODEL_FLEET_CHIP_PRIOR", "0.8")
+    tight = EngineConfig.from_settings(get_settings())  # the service's settings extend these
+    assert tight.fleet_priors == FleetPriors(job=0.3, chip=0.8) == fleet_priors_from(get_settings())
+    factors = []
+    for name, config in (("default", EngineConfig()), ("tight", tight)):
+        engine = _engine(f"sqlite:///{tmp_path / (name + '.db')}", config)
+        observed = engine.register(_job(32, "resnet18"))[0].key
+        raw = engine.predict(observed, _placement("t4", 1, 32))["uncalibrated_throughput_samples_per_s"]
+        engine.observe(observed, _placement("t4", 1, 32), raw * 0.7)
+        asked = engine.register(_job(64, "vgg11"))[0].key
+        answer = engine.predict(asked, _placement("t4", 1, 64))
+        assert answer["calibration"]["level"] == "accelerator"
+        factors.append(answer["calibration_factor"])
+    # one other job at 0.7x the model: the default priors move the next about a third of the way, the tight ones
+    # (a job's own error thought smaller, a chip's larger) most of it; neither past what was observed
+    assert 0.7 < factors[1] < factors[0] < 1.0
+    assert factors[0] > 0.85 and factors[1] < 0.8
+    monkeypatch.setenv("PERFMODEL_FLEET_JOB_PRIOR", "0")
+    with pytest.raises(ValidationError, match="fleet_job_prior"):
+        get_settings()
