@@ -52,12 +52,12 @@ def _query(r: dict[Any, Any]) -> FleetQuery:
 
 
 def predict_rows(points: Iterable[FleetPoint], targets: pd.DataFrame,
-                 priors: FleetPriors | None = None) -> pd.DataFrame:
+                 priors: FleetPriors = FleetPriors()) -> pd.DataFrame:
     """`targets` with the fleet's calibrated prediction (`predicted_ms`), its 80 % interval and level. Where the
     targets carry the served answer's band (`served_low_ms`, `served_high_ms` about `placement_ms`), the interval is
     the one the service gives: that band, its log width scaled by the calibration's `interval_scale`; otherwise
     the fleet's own predictive spread."""
-    fleet = fit_fleet(points, priors if priors is not None else FleetPriors())
+    fleet = fit_fleet(points, priors)
     predicted, low, high, level = [], [], [], []
     banded = {"served_low_ms", "served_high_ms"} <= set(targets.columns)
     for r in targets.to_dict("records"):
@@ -78,9 +78,8 @@ def predict_rows(points: Iterable[FleetPoint], targets: pd.DataFrame,
 
 
 def same_gpu(frame: pd.DataFrame, ks: Sequence[int] = (0, 1, 2, 4), draws: int = 20,
-             seed: int = 0, priors: FleetPriors | None = None) -> pd.DataFrame:
-    """Protocol `same_gpu`: one row per predicted run and draw, with `k` (`priors`: the fleet's, default its
-    defaults)."""
+             seed: int = 0, priors: FleetPriors = FleetPriors()) -> pd.DataFrame:
+    """Protocol `same_gpu`: one row per predicted run and draw, with `k` (`priors`: the fleet's)."""
     rng = random.Random(seed)
     out = []
     for _, gpu in frame.groupby(["accelerator", "precision"]):
@@ -98,9 +97,9 @@ def same_gpu(frame: pd.DataFrame, ks: Sequence[int] = (0, 1, 2, 4), draws: int =
 
 
 def job_elsewhere(frame: pd.DataFrame, ks: Sequence[int] = (0, 1, 2, 4), seed: int = 0,
-                  every: int = 1, priors: FleetPriors | None = None) -> pd.DataFrame:
+                  every: int = 1, priors: FleetPriors = FleetPriors()) -> pd.DataFrame:
     """Protocol `job_elsewhere`: one row per predicted run, with `k` (GPUs the asked model was observed on).
-    `every`: predict every n-th GPU of each model only (faster); `priors`: the fleet's, default its defaults."""
+    `every`: predict every n-th GPU of each model only (faster); `priors`: the fleet's."""
     rng = random.Random(seed)
     everything = points_of(frame)
     out = []
