@@ -26,9 +26,11 @@ from pathlib import Path
 import numpy as np
 from _figures import add_record_option, record_if_asked
 
+from perfmodel.calibration.sharing import SHARING_PRIOR_OBSERVATIONS
 from perfmodel.evaluation.gavel import (
     GAVEL_FILE,
     GAVEL_INTRA_LINK,
+    after_reports,
     error_band,
     family,
     fit_params,
@@ -178,6 +180,21 @@ def main(argv: list[str] | None = None) -> int:
           + ", ".join(f"{f} {c:.0%}" for f, c in coverage.items()) + ")")
     colocation["band_log"] = list(band)
     colocation["leave_one_family_out_band_coverage"] = float(np.mean(list(coverage.values())))
+    params_without = {f: fit_params([p for p in pairs if f not in (family(p.a), family(p.b))], f"without {f}")
+                      for f in families}
+    reports: dict = {}
+    print(f"  after k reports of a job while sharing its GPU (its family held out of the constants), MAPE % of its "
+          f"other pairs, by the prior's weight (served: {SHARING_PRIOR_OBSERVATIONS:g}):")
+    for served in (False, True):
+        found = after_reports(pairs, params_without.__getitem__, served=served)
+        how = "as served (predicted isolated steps)" if served else "from the measured isolated steps"
+        # keyed k{reports}_w{prior weight in hundredths}: k1_w10 is one report at weight 0.1
+        reports["served" if served else "measured_isolated"] = {f"k{k}_w{round(prior * 100)}": value
+                                                                for (k, prior), value in found.items()}
+        for k in sorted({k for k, _ in found}):
+            cells = ", ".join(f"{prior:g}: {value:.1f}" for (j, prior), value in sorted(found.items()) if j == k)
+            print(f"    {how:<38} k={k}  {cells}")
+    colocation["after_reports_mape_pct"] = reports
     for worker in ("k80", "p100"):
         mape, covered = served_coverage([p for p in pairs if p.worker == worker], shipped)
         colocation[f"served_{worker}"] = {"mape_pct": mape, "interval_coverage": covered}

@@ -468,6 +468,14 @@ class ColocationRequest(_In):
                                                     "processes (the default); mps: CUDA MPS, kernels concurrent")
 
 
+class SharingCalibrationOut(BaseModel):
+    level: Literal["job", "none"] = Field(description="job: the job's own reports while sharing; none: the model")
+    factor: float = Field(description="multiplies the model's throughput while sharing (capped: never faster than "
+                                      "alone, never more work per second than the device)")
+    observations: int = Field(description="the job's reports while sharing this accelerator in this mode")
+    partners: int = Field(description="the other jobs those reports were made with")
+
+
 class ColocationResponse(BaseModel):
     jobs: list[str]
     accelerator: str
@@ -484,6 +492,10 @@ class ColocationResponse(BaseModel):
     combined_device_share: float = Field(description="share of the time the device runs kernels of either job, at "
                                                      "most 1: each job's kernel time of a step alone per step while "
                                                      "sharing, summed")
+    calibration: list[SharingCalibrationOut] = Field(description="for each job, what calibrates its answer while "
+                                                                  "sharing: its own reports while sharing this "
+                                                                  "accelerator in this mode (POST /v1/observations "
+                                                                  "with colocated_with)")
     peak_memory_bytes: list[int]
     memory_capacity_bytes: int | None
     fits: bool
@@ -498,6 +510,12 @@ class ObservationRequest(_In):
     job: JobId
     placement: PlacementIn
     throughput_samples_per_s: float = Field(gt=0, strict=True, description="what the running job measured")
+    colocated_with: JobId | None = Field(default=None, description="a registered job that shared the placement's "
+                                                                   "GPUs while this one measured: the report then "
+                                                                   "calibrates this job's answers while sharing, "
+                                                                   "never its answers alone")
+    sharing: Literal["time-slicing", "mps"] = Field(default="time-slicing", description="how the two shared the "
+                                                    "GPUs (with colocated_with only)")
 
     @field_validator("job", mode="before")
     @classmethod
@@ -512,6 +530,9 @@ class ObservationRequest(_In):
     def _finite(self) -> ObservationRequest:
         if not math.isfinite(self.throughput_samples_per_s):
             raise ValueError("throughput_samples_per_s: must be finite")
+        if self.colocated_with is None and "sharing" in self.model_fields_set:
+            raise ValueError("sharing: the mode of a report made while sharing the GPUs; give colocated_with (the "
+                             "other job's id) too")
         return self
 
 
@@ -528,6 +549,8 @@ class ObservationResponse(BaseModel):
     observations: int = Field(description="observations of this job on this accelerator")
     excluded: str | None = Field(default=None, description="why calibration leaves this observation out (an "
                                                            "outlier); None: it is used")
+    colocated_with: str | None = Field(default=None, description="the job that shared the GPUs (as posted)")
+    sharing: Literal["time-slicing", "mps"] | None = None
     message: str
 
 

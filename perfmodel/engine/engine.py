@@ -48,6 +48,13 @@ from perfmodel.calibration import (
     recency_weights,
 )
 from perfmodel.calibration.fleet import Applied, FleetCalibration, FleetPoint, FleetPriors, FleetQuery, fit_fleet
+from perfmodel.calibration.sharing import (
+    SharedPoint,
+    SharingApplied,
+    SharingCalibration,
+    calibrate_sharing,
+    calibrated_steps,
+)
 from perfmodel.core.accuracy import Z80
 from perfmodel.core.errors import PerfmodelError
 from perfmodel.core.ir import Graph
@@ -152,7 +159,8 @@ class Store(Protocol):
 
     def add_observation(self, key: str, *, placement: dict[str, Any], accelerator: str, devices: int,
                         throughput_samples_per_s: float, predicted_throughput_samples_per_s: float,
-                        model_version: str) -> Any: ...
+                        model_version: str, colocated_with: str | None = None,
+                        sharing: str | None = None) -> Any: ...
 
     def observations(self, key: str | None = None, *, after_id: int = 0) -> list[Any]: ...
 
@@ -191,12 +199,56 @@ class JobEntry:
     calibration: Calibration = NO_CALIBRATION
     calibrated_at: tuple[int, int] = (-1, -1)  # (model generation, revision) `calibration` was computed for
     fleet_points: tuple[FleetPoint, ...] = ()  # its observations as the fleet sees them (with `calibration`)
+    sharing: SharingCalibration = field(default_factory=SharingCalibration)  # its reports while sharing its GPUs
+    sharing_at: tuple[int, int, int] = (-1, -1, -1)  # (model generation, revision, fleet revision) of `sharing`
+
+    @property
+    def alone(self) -> list[Any]:
+        """Its observations alone on their placement (what calibrates its isolated answers)."""
+        return [o for o in self.observations if getattr(o, "colocated_with", None) is None]
+
+    @property
+    def shared(self) -> list[Any]:
+        """Its observations while sharing its GPUs with another job (what calibrates its co-located answers)."""
+        return [o for o in self.observations if getattr(o, "colocated_with", None) is not None]
 
     @functools.cached_property
     def model_key(self) -> str:
         """The job whatever its batch: what the fleet's job effect is keyed by (a model's error barely depends on
         the batch it runs, and schedulers ask for batches never observed)."""
         return batch_free_key(self.spec)
+
+
+@dataclass(unsafe_hash=True)  # hashable: engine.placement caches by it
+class SamePlacement:
+    """A placement's devices and parallelism for any job, each at its own batch per replica: how a report of one
+    job while sharing places the other."""
+
+    spec: PlacementSpec
+    accelerator: str = ""
+
+    def __post_init__(self) -> None:
+        self.accelerator = self.spec.accelerator
+
+    def to_spec(self, batch_size: int) -> PlacementSpec:
+        parallelism = self.spec.parallelism
+        return PlacementSpec.model_validate({**self.spec.model_dump(mode="json"), "global_batch_size":
+                                             batch_size * parallelism.data * parallelism.micro_batches})
+
+
+@dataclass(frozen=True)
+class SharedPair:
+    """Two jobs on the same placement (`PredictionEngine._pair`): each one's isolated answer and step as the
+    co-location model sees it, and its step while sharing (calibrated by `applied`)."""
+
+    answers: list[dict[str, Any]]
+    jobs: list[SharingJob]
+    placements: list[PlacementSpec]
+    steps_ms: list[float]
+    applied: tuple[SharingApplied, SharingApplied]
+    device_share: list[float]
+    memory: list[int]
+    capacity: int | None
 
 
 def ir_batch(graph: Graph) -> int | None:
@@ -647,33 +699,19 @@ class PredictionEngine:
     def colocation(self, refs: Sequence[str | JobSpec], given: PlacementTemplate | PlacementSpec,
                    sharing: Sharing = "time-slicing") -> dict[str, Any]:
         """Two jobs sharing the placement's devices: each one's throughput while they do, next to its isolated
-        (calibrated) answer (`perfmodel.placement.colocation`). A pair whose memory does not fit together is
-        refused (FieldError at `jobs`). Blocking."""
-        from perfmodel.placement.colocation import load_colocation_params, share, shared_interval
+        (calibrated) answer (`perfmodel.placement.colocation`), each calibrated by what it reported while sharing
+        that accelerator (`perfmodel.calibration.sharing`). A pair whose memory does not fit together is refused
+        (FieldError at `jobs`). Blocking."""
+        from perfmodel.placement.colocation import combined_device_share, load_colocation_params, shared_interval
 
         if len(refs) != 2:
             raise FieldError(("jobs",), f"co-location takes exactly two jobs, got {len(refs)}")
         params = load_colocation_params()
         entries = [self.job(ref, ("jobs", i)) for i, ref in enumerate(refs)]
-        answers: list[dict[str, Any]] = []
-        jobs: list[SharingJob] = []
-        placements: list[PlacementSpec] = []
-        for entry in entries:
-            placement = self.placement(given, entry.spec.batch_size)
-            self.check_ir_batch(entry, placement)
-            answer, job = self.sharing_input(entry, placement, params.host_share_of_gap)
-            answers.append(answer)
-            placements.append(placement)
-            jobs.append(job)
-        capacity = answers[0]["memory_capacity_bytes"]
-        memory = [int(a["peak_memory_bytes"]) for a in answers]
-        if capacity is not None and sum(memory) > capacity:
-            raise FieldError(("jobs",), (
-                f"the two jobs do not fit together: {memory[0] / 2**30:.2f} + {memory[1] / 2**30:.2f} GiB per device "
-                f"> {capacity / 2**30:.2f} GiB usable on {answers[0]['accelerator']}"))
-        shared = share(jobs[0], jobs[1], sharing, params)
+        pair = self._pair(entries, given, sharing, calibrated=True)
+        answers, jobs, placements = pair.answers, pair.jobs, pair.placements
         out_throughput, intervals, slowdowns = [], [], []
-        for answer, job, step_ms in zip(answers, jobs, shared.step_ms):
+        for answer, job, step_ms in zip(answers, jobs, pair.steps_ms):
             slowdown = step_ms / job.step_ms if job.step_ms > 0 else 1.0
             alone = answer["throughput_samples_per_s"]
             low_ms, high_ms = answer["interval_ms"]
@@ -691,11 +729,72 @@ class PredictionEngine:
                             for t, p in zip(out_throughput, placements)],
             "interval_samples_per_s": intervals,
             "isolated_throughput_samples_per_s": [a["throughput_samples_per_s"] for a in answers],
-            "slowdown": slowdowns, "device_share": list(shared.device_share),
-            "combined_device_share": shared.combined_device_share,
-            "peak_memory_bytes": memory, "memory_capacity_bytes": capacity, "fits": True,
+            "slowdown": slowdowns,
+            "device_share": pair.device_share,
+            "combined_device_share": combined_device_share((jobs[0], jobs[1]), pair.steps_ms),
+            "calibration": [a.as_dict() for a in pair.applied],
+            "peak_memory_bytes": pair.memory, "memory_capacity_bytes": pair.capacity, "fits": True,
             "isolated": answers, "model_versions": self.model_versions,
         }
+
+    def _pair(self, entries: Sequence[JobEntry], given: PlacementTemplate | PlacementSpec, sharing: Sharing,
+              calibrated: bool) -> SharedPair:
+        """The two jobs' isolated answers on the placement and their steps while sharing it: the co-location
+        model's, then (`calibrated`) each job's by what it reported while sharing the accelerator in that mode."""
+        from perfmodel.placement.colocation import load_colocation_params, share
+
+        params = load_colocation_params()
+        answers: list[dict[str, Any]] = []
+        jobs: list[SharingJob] = []
+        placements: list[PlacementSpec] = []
+        for entry in entries:
+            placement = self.placement(given, entry.spec.batch_size)
+            self.check_ir_batch(entry, placement)
+            answer, job = self.sharing_input(entry, placement, params.host_share_of_gap)
+            answers.append(answer)
+            placements.append(placement)
+            jobs.append(job)
+        capacity = answers[0]["memory_capacity_bytes"]
+        memory = [int(a["peak_memory_bytes"]) for a in answers]
+        if capacity is not None and sum(memory) > capacity:
+            raise FieldError(("jobs",), (
+                f"the two jobs do not fit together: {memory[0] / 2**30:.2f} + {memory[1] / 2**30:.2f} GiB per device "
+                f"> {capacity / 2**30:.2f} GiB usable on {answers[0]['accelerator']}"))
+        shared = share(jobs[0], jobs[1], sharing, params)
+        applied = ((self.sharing_calibration(entries[0]).applied(answers[0]["accelerator"], sharing),
+                    self.sharing_calibration(entries[1]).applied(answers[1]["accelerator"], sharing))
+                   if calibrated else (SharingApplied(), SharingApplied()))
+        steps = calibrated_steps(jobs, shared.step_ms, [a.factor for a in applied])
+        device_share = [busy * before / after if after > 0 else 0.0  # the same device time over a longer step
+                        for busy, before, after in zip(shared.device_share, shared.step_ms, steps)]
+        return SharedPair(answers, jobs, placements, steps, applied, device_share, memory, capacity)
+
+    def sharing_calibration(self, entry: JobEntry) -> SharingCalibration:
+        """The job's reports while sharing against what the service answers for each of those pairs without them
+        (recomputed when the model, the job's observations or the fleet changed). Blocking: it predicts every
+        reported pair."""
+        if not entry.shared:
+            return SharingCalibration()
+        at = (self.generation, entry.revision, self.fleet_revision)
+        if entry.sharing_at == at:
+            return entry.sharing
+        points = []
+        for o in entry.shared:
+            try:
+                partner = self.job(o.colocated_with)
+                placement = SamePlacement(PlacementSpec.model_validate(o.placement))
+                pair = self._pair([entry, partner], placement, o.sharing, calibrated=False)
+            except (NotFound, FieldError, PerfmodelError) as exc:  # the partner was deleted, the model changed
+                log.warning("shared observation %s of job %s left out: %s", o.id, entry.key, exc)
+                continue
+            answered = pair.answers[0]["throughput_samples_per_s"] * pair.jobs[0].step_ms / pair.steps_ms[0]
+            points.append(SharedPoint(o.id, o.accelerator, o.sharing, o.colocated_with,
+                                      math.log(o.throughput_samples_per_s / answered)))
+        calibration = calibrate_sharing(points)
+        with self._lock:
+            if (self.generation, entry.revision, self.fleet_revision) == at:
+                entry.sharing, entry.sharing_at = calibration, at
+        return calibration
 
     def sharing_input(self, entry: JobEntry, placement: PlacementSpec, host_share_of_gap: float
                       ) -> tuple[dict[str, Any], SharingJob]:
@@ -707,7 +806,7 @@ class PredictionEngine:
     # --- calibration --------------------------------------------------------------------------------------------
 
     def _current_calibration(self, entry: JobEntry) -> Calibration | None:
-        if not entry.observations:
+        if not entry.alone:
             return NO_CALIBRATION
         if entry.calibrated_at == (self.generation, entry.revision):
             return entry.calibration
@@ -721,7 +820,7 @@ class PredictionEngine:
             return current
         generation, predictor = self.generation, self.predictor
         with self._lock:
-            revision, observations = entry.revision, list(entry.observations)
+            revision, observations = entry.revision, entry.alone
         predicted: dict[PlacementSpec, Prediction] = {}
         placements = [PlacementSpec.model_validate(o.placement) for o in observations]
         for placement in dict.fromkeys(placements):
@@ -838,12 +937,18 @@ class PredictionEngine:
     # --- observations -------------------------------------------------------------------------------------------
 
     def observe(self, job_id: str, given: PlacementTemplate | PlacementSpec, throughput_samples_per_s: float,
-                where: Loc = ("placement",)) -> dict[str, Any]:
-        """Check what a registered job measured against physics and the model, store it, recalibrate. Blocking."""
+                where: Loc = ("placement",), *, colocated_with: str | None = None,
+                sharing: Sharing = "time-slicing") -> dict[str, Any]:
+        """Check what a registered job measured against physics and the model, store it, recalibrate. With
+        `colocated_with` (a registered job's id), the job measured it while sharing the placement's GPUs with that
+        job in `sharing` mode: it calibrates the job's answers while sharing (`sharing_calibration`), never its
+        isolated ones. Blocking."""
         assert self.store is not None
         entry = self.job(job_id)
         placement = self.placement(given, entry.spec.batch_size, where)
         self.check_ir_batch(entry, placement, where)
+        if colocated_with is not None:
+            return self._observe_shared(entry, placement, throughput_samples_per_s, colocated_with, sharing)
         predicted = self._raw(self.predictor, entry, placement, where)
         ceiling = ceiling_samples_per_s(entry.spec, entry.graph, placement, self.catalog)
         try:
@@ -882,6 +987,47 @@ class PredictionEngine:
             "predicted_throughput_samples_per_s": predicted.throughput_samples_per_s, "error_pct": error_pct,
             "calibrated": count > 0, "calibration_factor": factor, "observations": count,
             "excluded": excluded.get(record.id), "message": message,
+        }
+
+    def _observe_shared(self, entry: JobEntry, placement: PlacementSpec, throughput_samples_per_s: float,
+                        colocated_with: str, sharing: Sharing) -> dict[str, Any]:
+        """`observe` of a job measured while sharing the placement with job `colocated_with`."""
+        assert self.store is not None
+        try:
+            partner = self.job(colocated_with)
+        except NotFound:
+            raise FieldError(("colocated_with",), f"no registered job {colocated_with!r}: register it with POST "
+                                                  "/v1/jobs and pass its job_id") from None
+        if not partner.registered:
+            raise FieldError(("colocated_with",), "the other job must be a registered job (its job_id)")
+        pair = self._pair([entry, partner], SamePlacement(placement), sharing, calibrated=False)
+        answered = pair.answers[0]["throughput_samples_per_s"] * pair.jobs[0].step_ms / pair.steps_ms[0]
+        ceiling = ceiling_samples_per_s(entry.spec, entry.graph, pair.placements[0], self.catalog)
+        try:
+            check_observation(throughput_samples_per_s, ceiling_samples_per_s=ceiling,
+                              predicted_samples_per_s=answered,
+                              samples_per_step=pair.placements[0].per_replica_batch_size)
+        except ObservationRefused as exc:
+            raise FieldError((exc.field,), str(exc)) from None
+        accelerator = pair.answers[0]["accelerator"]
+        stored = pair.placements[0].model_copy(update={"accelerator": accelerator})
+        record = self.store.add_observation(
+            entry.key, placement=stored.model_dump(mode="json"), accelerator=accelerator, devices=stored.devices,
+            throughput_samples_per_s=throughput_samples_per_s, predicted_throughput_samples_per_s=answered,
+            model_version=pair.answers[0]["model_version"], colocated_with=partner.key, sharing=sharing)
+        self._add_observations(entry, [record])
+        applied = self.sharing_calibration(entry).applied(accelerator, sharing)
+        error_pct = 100.0 * (answered - throughput_samples_per_s) / throughput_samples_per_s
+        message = (f"stored; the answers of job {entry.key} while sharing {accelerator} ({sharing}) with any job are "
+                   f"calibrated by ×{applied.factor:.3f} (the mean log ratio of {applied.observations} report(s) "
+                   f"with {applied.partners} other job(s), shrunk toward 1); its answers alone are not changed")
+        return {
+            "observation_id": record.id, "job_id": entry.key, "accelerator": accelerator,
+            "throughput_samples_per_s": throughput_samples_per_s,
+            "predicted_throughput_samples_per_s": answered, "error_pct": error_pct,
+            "calibrated": applied.observations > 0, "calibration_factor": applied.factor,
+            "observations": applied.observations, "excluded": None, "message": message,
+            "colocated_with": partner.key, "sharing": sharing,
         }
 
     def _add_observations(self, entry: JobEntry, records: Sequence[Any]) -> None:

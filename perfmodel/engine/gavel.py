@@ -2,7 +2,8 @@
 `/v1/predict/matrix` with `layout: gavel`), predicted by the engine: data parallel with each job's batch on every
 worker (a global batch of batch x scale factor), on the placements `perfmodel.placement.gavel.grid_layouts` gives
 (consolidated per the catalog's node_devices, and one device per server), in steps per second; with `colocation`,
-every pair of jobs sharing each placement's GPUs (`PredictionEngine.sharing_input`, `placement.colocation.share`).
+every pair of jobs sharing each placement's GPUs (`PredictionEngine.sharing_input`, `placement.colocation.share`),
+each job calibrated by what it reported while sharing (`PredictionEngine.sharing_calibration`).
 A job that does not fit gets 0, and so does a pair that does not fit together."""
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from perfmodel.calibration.sharing import calibrated_steps
 from perfmodel.placement.colocation import Sharing, load_colocation_params, share
 from perfmodel.placement.gavel import Layout, gavel_file, grid_layouts, job_type_key, worker_keys
 from perfmodel.placement.spec import IntraNodeLink, Parallelism, PlacementSpec
@@ -118,7 +120,10 @@ def gavel_throughputs(engine: Any, entries: Sequence[Any], job_types: Sequence[s
                         pairs[(i, k, j)] = pairs[(k, i, j)] = (0.0, 0.0)
                         continue
                     shared = share(job_a, job_b, sharing, params)
-                    this = steps[i][j] * job_a.step_ms / shared.step_ms[0]
-                    other = steps[k][j] * job_b.step_ms / shared.step_ms[1]
+                    factors = [engine.sharing_calibration(entries[n]).applied(answer["accelerator"], sharing).factor
+                               for n, answer in ((i, a), (k, b))]
+                    step_a, step_b = calibrated_steps((job_a, job_b), shared.step_ms, factors)
+                    this = steps[i][j] * job_a.step_ms / step_a
+                    other = steps[k][j] * job_b.step_ms / step_b
                     pairs[(i, k, j)], pairs[(k, i, j)] = (this, other), (other, this)
     return gavel_file(job_types, [(c.worker_type, c.layout, c.consolidated) for c in columns], steps, pairs)

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from perfmodel.calibration.sharing import SHARING_PRIOR_OBSERVATIONS, sharing_factor
 from perfmodel.jobs.spec import JobSpec
 from perfmodel.placement.colocation import ColocationParams, SharingJob, share, shared_interval, split_step
 from perfmodel.placement.spec import IntraNodeLink
@@ -326,3 +327,40 @@ def partner_ranking(pairs: Sequence[Pair], params: ColocationParams) -> float:
             if not math.isnan(rho):
                 scores.append(rho)
     return float(np.mean(scores)) if scores else float("nan")
+
+
+def after_reports(pairs: Sequence[Pair], params_of: Callable[[str], ColocationParams], *, served: bool = False,
+                  ks: Sequence[int] = (0, 1, 2, 4), priors: Sequence[float] = (0.0, SHARING_PRIOR_OBSERVATIONS, 0.5),
+                  draws: int = 10, seed: int = 0) -> dict[tuple[int, float], float]:
+    """{(k, prior weight): MAPE %} (k = 0: weight 0 only) of each job's co-located steps/s on the pairs it did not
+    report, once k of its pairs on that GPU (drawn at random, `draws` times) were reported and calibrate its answers
+    while sharing (`calibration.sharing.sharing_factor`, shrunk by `prior` observations' worth). `params_of(family)`:
+    the co-location constants fitted without that job family. From the measured isolated steps, or (`served`) as the
+    service answers: the predicted isolated steps, where the reports also correct the isolated answer's error."""
+    by_job: dict[tuple[str, str], list[tuple[float, float, float]]] = {}
+    for p in pairs:
+        for i, job in enumerate((p.a, p.b)):
+            params = params_of(family(job))
+            if served:
+                predicted, cap = p.predicted[i] / served_slowdowns(p, params)[i], p.predicted[i]
+            else:
+                predicted, cap = float(predict_pairs([p], params)[0][i]), p.isolated[i]
+            if predicted > 0:
+                by_job.setdefault((p.worker, job), []).append((p.measured[i], predicted, cap))
+    rng = np.random.default_rng(seed)
+    out = {}
+    for k in ks:
+        for prior in priors if k else (0.0,):  # nothing reported: no prior to weigh
+            errors = []
+            for rows in by_job.values():
+                if len(rows) <= k:
+                    continue
+                values = np.array(rows)
+                for _ in range(draws if k else 1):
+                    order = rng.permutation(len(values))
+                    seen, rest = values[order[:k]], values[order[k:]]
+                    factor = sharing_factor(list(np.log(seen[:, 0] / seen[:, 1])), prior_observations=prior).factor
+                    answer = np.minimum(rest[:, 1] * factor, rest[:, 2])
+                    errors.extend(np.abs(answer / rest[:, 0] - 1))
+            out[(k, prior)] = float(np.mean(errors) * 100)
+    return out

@@ -52,6 +52,9 @@ class ObservationRecord(_Record):
     predicted_throughput_samples_per_s: float = Field(description="what was predicted for it then, uncalibrated")
     model_version: str = Field(description="the model(s) that predicted it")
     created_at: datetime
+    colocated_with: str | None = Field(default=None, description="the job that shared the placement's GPUs while "
+                                                                 "this one measured (its key); None: alone")
+    sharing: str | None = Field(default=None, description="how the two shared them: time-slicing or mps")
 
 
 class ModelEvent(_Record):
@@ -142,8 +145,12 @@ class JobStore(ProfileStore):
 
     def add_observation(self, key: str, *, placement: dict[str, Any], accelerator: str, devices: int,
                         throughput_samples_per_s: float, predicted_throughput_samples_per_s: float,
-                        model_version: str) -> ObservationRecord:
-        """Store what job `key` measured on `placement`; PerfmodelError if no such job."""
+                        model_version: str, colocated_with: str | None = None,
+                        sharing: str | None = None) -> ObservationRecord:
+        """Store what job `key` measured on `placement` (while sharing its GPUs with job `colocated_with` in
+        `sharing` mode, when given); PerfmodelError if no such job."""
+        if (colocated_with is None) != (sharing is None):
+            raise PerfmodelError("colocated_with and sharing are given together or not at all")
         for name, value in (("throughput_samples_per_s", throughput_samples_per_s),
                             ("predicted_throughput_samples_per_s", predicted_throughput_samples_per_s)):
             if not value > 0 or value == float("inf"):
@@ -158,11 +165,12 @@ class JobStore(ProfileStore):
                 accelerator=accelerator, devices=devices, placement_json=placement,
                 throughput_samples_per_s=throughput_samples_per_s,
                 predicted_throughput_samples_per_s=predicted_throughput_samples_per_s, model_version=model_version,
-                created_at=created_at)))
+                created_at=created_at, colocated_with=colocated_with, sharing=sharing)))
         return ObservationRecord(id=observation_id, job_id=key, accelerator=accelerator, devices=devices,
                                  placement=placement, throughput_samples_per_s=throughput_samples_per_s,
                                  predicted_throughput_samples_per_s=predicted_throughput_samples_per_s,
-                                 model_version=model_version, created_at=created_at)
+                                 model_version=model_version, created_at=created_at, colocated_with=colocated_with,
+                                 sharing=sharing)
 
     def observations(self, key: str | None = None, *, after_id: int = 0) -> builtins.list[ObservationRecord]:
         """Observations (of job `key`, or of every job) with an id above `after_id`, oldest first."""

@@ -39,8 +39,8 @@ FORMAT = "perfmodel-profiles"
 # `perfmodel import`, not shipped), v3 the service's tables (jobs, observations, model_events), left out too, and
 # v4 custom accelerators (`accelerators`), left out too; v5 added `graphs`, exported as graphs.parquet (the graphs of
 # the exported runs' jobs), which older exports lack; v6 added `whole_job_measurements`, left out like op_measurements;
-# v7 only made SQLite's `observations` AUTOINCREMENT (left out too)
-READABLE_SCHEMA_VERSIONS = frozenset({1, 2, 3, 4, 5, 6, 7})
+# v7 only made SQLite's `observations` AUTOINCREMENT, v8 added two columns to it (both left out too)
+READABLE_SCHEMA_VERSIONS = frozenset({1, 2, 3, 4, 5, 6, 7, 8})
 GRAPHS = "graphs"
 # IR JSON repeats itself a lot: zstd makes the corpus's graphs file 0.9 MB where the default (snappy) makes 2.7 MB
 GRAPHS_COMPRESSION = "zstd"

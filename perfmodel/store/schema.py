@@ -47,7 +47,8 @@ from perfmodel.store.tables import Base, SchemaInfo, UTCDateTime
 # v5: + graphs (the graph IR of each profiled job, by job key: training reads it instead of capturing again).
 # v6: + whole_job_measurements (whole training jobs run by public benchmarks: throughput, or why they failed).
 # v7: observations AUTOINCREMENT on SQLite (an observation id, public over HTTP, is never given twice).
-STORE_SCHEMA_VERSION = 7
+# v8: observations.colocated_with, observations.sharing (what a job measured while sharing its GPUs with another).
+STORE_SCHEMA_VERSION = 8
 
 Migration = Callable[[Connection], None]
 
@@ -210,9 +211,16 @@ def _v6_to_v7(connection: Connection) -> None:
     # keeps "the largest ROWID ever inserted" there), and the rename carried that entry over to `observations`
 
 
+def _v7_to_v8(connection: Connection) -> None:
+    """Add `observations.colocated_with` (the key of the job that shared the GPUs) and `observations.sharing`
+    (`time-slicing` or `mps`), both NULL for the observations of a job alone, as every stored one is."""
+    connection.execute(text("ALTER TABLE observations ADD COLUMN colocated_with VARCHAR(64)"))
+    connection.execute(text("ALTER TABLE observations ADD COLUMN sharing VARCHAR(16)"))
+
+
 # MIGRATIONS[v] upgrades a store from version v to v + 1. Add one step per schema change, never edit old ones.
 MIGRATIONS: Mapping[int, Migration] = {
-    1: _v1_to_v2, 2: _v2_to_v3, 3: _v3_to_v4, 4: _v4_to_v5, 5: _v5_to_v6, 6: _v6_to_v7,
+    1: _v1_to_v2, 2: _v2_to_v3, 3: _v3_to_v4, 4: _v4_to_v5, 5: _v5_to_v6, 6: _v6_to_v7, 7: _v7_to_v8,
 }
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000

@@ -243,6 +243,10 @@ class ObservationRow(Base):
     predicted_throughput_samples_per_s: Mapped[float] = mapped_column(Double)
     model_version: Mapped[str] = mapped_column(Text)
     created_at: Mapped[datetime]
+    # schema v8: the job measured this while sharing its GPUs with the registered job `colocated_with` (its key), in
+    # `sharing` mode; both None for a job alone on its placement
+    colocated_with: Mapped[str | None] = mapped_column(String(64))
+    sharing: Mapped[str | None] = mapped_column(String(16))
 
 
 class ModelEventRow(Base):

@@ -1,7 +1,8 @@
-"""`/v1/observations`: what a running job measured on a placement. Checked against physics (no throughput above
-what the placement's peak FLOP/s allows, none absurdly below the model) and stored with the uncalibrated
-prediction; the job's predictions are then calibrated robustly (`perfmodel.calibration`). One observation can be
-read back and deleted (the job is recalibrated without it)."""
+"""`/v1/observations`: what a running job measured on a placement, alone or while sharing its GPUs with another
+registered job (`colocated_with`: then it calibrates the job's answers while sharing, never alone). Checked against
+physics (no throughput above what the placement's peak FLOP/s allows, none absurdly below the model) and stored with
+the uncalibrated prediction; the job's predictions are then calibrated robustly (`perfmodel.calibration`). One
+observation can be read back and deleted (the job is recalibrated without it)."""
 
 from __future__ import annotations
 
@@ -31,6 +32,9 @@ class StoredObservation(BaseModel):
     predicted_throughput_samples_per_s: float = Field(description="the uncalibrated prediction when it was stored")
     model_version: str
     created_at: datetime
+    colocated_with: str | None = Field(default=None, description="the job that shared the GPUs while this one "
+                                                                 "measured; None: alone")
+    sharing: str | None = None
 
 
 class DeletedObservation(BaseModel):
@@ -43,8 +47,10 @@ class DeletedObservation(BaseModel):
              responses={401: {"model": ErrorOut}, 404: {"model": ErrorOut}, 422: {"model": ErrorOut}})
 async def observe(body: ObservationRequest, engine: Writer) -> Response:
     """Record the throughput a registered job measured on a placement (422 on `throughput_samples_per_s` if
-    physics or the model says it cannot be)."""
-    data = await run_in_threadpool(engine.observe, body.job, body.placement, body.throughput_samples_per_s)
+    physics or the model says it cannot be), alone or, with `colocated_with`, while sharing the placement's GPUs
+    with that registered job."""
+    data = await run_in_threadpool(engine.observe, body.job, body.placement, body.throughput_samples_per_s,
+                                   colocated_with=body.colocated_with, sharing=body.sharing)
     return json_response(data, status_code=201)
 
 

@@ -94,3 +94,45 @@ def test_a_malformed_job_id_says_what_a_job_id_is(client):
         assert response.status_code == 422, route
         detail = response.json()["detail"][0]
         assert detail["loc"] == ["body", "job"] and "POST /v1/jobs" in detail["msg"] and "deadbeef" in detail["msg"]
+
+
+def test_a_report_while_sharing_calibrates_the_jobs_shared_answers_not_its_answers_alone(client, job):
+    other = client.post("/v1/jobs", json={**SMALL_JOB, "batch_size": 16}).json()["job_id"]
+    pair = {"jobs": [job, other], "placement": {"accelerator": "t4"}}
+    before = client.post("/v1/predict/colocation", json=pair).json()
+    alone = client.post("/v1/predict", json={"job": job, "placement": {"accelerator": "t4"}}).json()
+    assert [c["level"] for c in before["calibration"]] == ["none", "none"]
+    report = client.post("/v1/observations", json={
+        "job": job, "placement": {"accelerator": "t4"}, "colocated_with": other,
+        "throughput_samples_per_s": before["throughput_samples_per_s"][0] * 0.5})
+    assert report.status_code == 201, report.text
+    assert report.json()["colocated_with"] == other and report.json()["calibrated"] is True
+    after = client.post("/v1/predict/colocation", json=pair).json()
+    assert after["calibration"][0]["level"] == "job" and after["calibration"][0]["observations"] == 1
+    assert after["throughput_samples_per_s"][0] < before["throughput_samples_per_s"][0] * 0.6
+    assert after["throughput_samples_per_s"][1] == pytest.approx(before["throughput_samples_per_s"][1])
+    again = client.post("/v1/predict", json={"job": job, "placement": {"accelerator": "t4"}}).json()
+    assert again["calibrated"] is False and again["throughput_samples_per_s"] == alone["throughput_samples_per_s"]
+    stored = client.get(f"/v1/observations/{report.json()['observation_id']}").json()
+    assert (stored["colocated_with"], stored["sharing"]) == (other, "time-slicing")
+    # Gavel's file of the pair carries it too
+    gavel = client.post("/v1/predict/matrix", json={"jobs": [job, other], "layout": "gavel", "colocation": True,
+                                                     "grid": {"accelerators": ["t4"], "device_counts": [1],
+                                                              "spread": False},
+                                                     "job_types": ["a", "b"]}).json()
+    this, _ = gavel["throughputs"]["t4"]["('a', 1)"]["('b', 1)"]
+    assert this * 8 == pytest.approx(after["throughput_samples_per_s"][0])
+    assert client.delete(f"/v1/observations/{report.json()['observation_id']}").status_code == 200
+    undone = client.post("/v1/predict/colocation", json=pair).json()
+    assert undone["throughput_samples_per_s"] == pytest.approx(before["throughput_samples_per_s"])
+
+
+def test_a_report_while_sharing_with_no_such_job_or_a_mode_without_a_partner_is_refused(client, job):
+    for body, loc in (({"colocated_with": "0" * 24}, ["body", "colocated_with"]),
+                      ({"colocated_with": "nope"}, ["body", "colocated_with"]),
+                      ({"sharing": "mps"}, ["body", "sharing"])):
+        refused = client.post("/v1/observations", json={"job": job, "placement": {"accelerator": "t4"},
+                                                        "throughput_samples_per_s": 100.0, **body})
+        assert refused.status_code == 422, refused.text
+        assert refused.json()["detail"][0]["loc"] == loc, refused.text
+    assert client.get(f"/v1/jobs/{job}").json()["calibration"]["observations"] == 0

@@ -63,9 +63,14 @@ def _delete_observation(engine: Engine, observation_id: int) -> None:
         assert connection.execute(delete(_OBSERVATIONS).where(_OBSERVATIONS.c.id == observation_id)).rowcount == 1
 
 
+V8_COLUMNS = ("colocated_with", "sharing")  # added after v7 (None for every row stored before)
+
+
 def _rows(engine: Engine) -> list[dict]:
+    """Every observation row, in the columns it had at v6 and v7."""
+    columns = [c for c in _OBSERVATIONS.c if c.name not in V8_COLUMNS]
     with engine.connect() as connection:
-        return [dict(row) for row in connection.execute(select(_OBSERVATIONS).order_by(_OBSERVATIONS.c.id)).mappings()]
+        return [dict(row) for row in connection.execute(select(*columns).order_by(_OBSERVATIONS.c.id)).mappings()]
 
 
 def test_a_v6_store_keeps_its_observations_and_ids_and_never_reuses_one_after_the_upgrade(store_url):
@@ -88,9 +93,10 @@ def test_a_v6_store_keeps_its_observations_and_ids_and_never_reuses_one_after_th
 
     with JobStore(store_url) as store:
         with store.engine.connect() as connection:
-            assert connection.scalar(select(SchemaInfo.version)) == STORE_SCHEMA_VERSION == 7
+            assert connection.scalar(select(SchemaInfo.version)) == STORE_SCHEMA_VERSION == 8
         assert _rows(store.engine) == before  # every row, with its id and values
         assert [o.id for o in store.observations(SPEC.key())] == [1, 3, reused]
+        assert {(o.colocated_with, o.sharing) for o in store.observations(SPEC.key())} == {(None, None)}
         assert [o.id for o in store.observations(OTHER.key())] == []
         inspector = inspect(store.engine)
         columns = inspector.get_columns("observations")

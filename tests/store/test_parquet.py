@@ -225,5 +225,5 @@ def test_exports_of_schema_v1_still_import(store, source, tmp_path):
     assert store.import_parquet(tmp_path / "export") == 5
     assert _all_profiles(store) == _all_profiles(source)
     _edit_manifest(tmp_path / "export", schema_version=0)
-    with pytest.raises(PerfmodelError, match=r"schema v0 \(only v1, v2, v3, v4, v5, v6, v7\)"):
+    with pytest.raises(PerfmodelError, match=r"schema v0 \(only v1, v2, v3, v4, v5, v6, v7, v8\)"):
         store.import_parquet(tmp_path / "export")

@@ -30,7 +30,7 @@ def test_a_new_store_has_every_table_and_the_current_version(store):
                                                              "op_measurements", "jobs", "observations",
                                                              "model_events", "accelerators", "graphs",
                                                              "whole_job_measurements"}
-    assert _version(store) == STORE_SCHEMA_VERSION == 7
+    assert _version(store) == STORE_SCHEMA_VERSION == 8
     with store.engine.connect() as connection:
         assert connection.execute(select(SchemaInfo.id, SchemaInfo.version)).all() == [(1, STORE_SCHEMA_VERSION)]
     with ProfileStore(store.url) as reopened:  # opening again changes nothing
@@ -246,7 +246,7 @@ def test_a_v5_store_is_migrated_to_v6_with_a_whole_job_measurements_table(store_
     finally:
         engine.dispose()
     with ProfileStore(store_url) as store:
-        assert _version(store) == STORE_SCHEMA_VERSION == 7
+        assert _version(store) == STORE_SCHEMA_VERSION == 8
         inspector = inspect(store.engine)
         _assert_columns_as_declared(store, inspector, "whole_job_measurements")
         unique = [u["column_names"] for u in inspector.get_unique_constraints("whole_job_measurements")] + \
@@ -267,3 +267,32 @@ def test_a_v5_store_is_migrated_to_v6_with_a_whole_job_measurements_table(store_
         assert _version(reopened) == STORE_SCHEMA_VERSION
         stored = reopened.whole_job_measurements()
         assert stored[["model", "accelerator", "throughput_items_per_s"]].values.tolist() == [["gnmt", "a40", 97000.5]]
+
+
+def test_a_v7_store_is_migrated_to_v8_with_the_colocation_columns_of_observations(sqlite_url):
+    """The v7 -> v8 step adds `observations.colocated_with` and `.sharing` as a new store has them; a stored
+    observation stays (alone: both None), and observations of a job sharing its GPUs can be stored."""
+    from perfmodel.jobs.spec import JobSpec, ZooSource
+    from perfmodel.store.jobs import JobStore
+
+    spec, other = (JobSpec(source=ZooSource(name=name), batch_size=8) for name in ("resnet18", "resnet50"))
+    placement = {"accelerator": "t4", "devices_per_node": [1], "global_batch_size": 8}
+    values = {"placement": placement, "accelerator": "t4", "devices": 1, "throughput_samples_per_s": 100.0,
+              "predicted_throughput_samples_per_s": 120.0, "model_version": "m/v1"}
+    with JobStore(sqlite_url) as store:
+        key = store.add_job(spec)[0].key
+        partner = store.add_job(other)[0].key
+        before = store.add_observation(key, **values)
+        with store.engine.begin() as connection:  # the store as v7 had it
+            connection.execute(text("ALTER TABLE observations DROP COLUMN sharing"))
+            connection.execute(text("ALTER TABLE observations DROP COLUMN colocated_with"))
+            connection.execute(text("UPDATE schema_info SET version = 7"))
+    with JobStore(sqlite_url) as store:
+        assert _version(store) == STORE_SCHEMA_VERSION == 8
+        _assert_columns_as_declared(store, inspect(store.engine), "observations")
+        assert store.observations(key) == [before] and before.colocated_with is None and before.sharing is None
+        shared = store.add_observation(key, **values, colocated_with=partner, sharing="time-slicing")
+        assert store.observation(shared.id) == shared
+        assert (shared.colocated_with, shared.sharing) == (partner, "time-slicing")
+        with pytest.raises(PerfmodelError, match="together"):
+            store.add_observation(key, **values, colocated_with=partner)

@@ -1,0 +1,94 @@
+"""A job's co-located answers calibrated by what it measured while sharing its GPUs with other jobs.
+
+The co-location model (`perfmodel.placement.colocation`) misses most on a job's own sensitivity to sharing, not on
+the partner: on Gavel's K80 and P100 pairs, the recommendation job keeps 15-36 % of its isolated throughput next to
+any partner while the model gives it about half, and the language model keeps more than the model gives it, with
+every partner. A scheduler that packs jobs measures what each one ran at while sharing (Gavel's own throughput
+estimator does); one such report tells the job's sensitivity better than any feature of its graph.
+
+So each report of job J measured while sharing accelerator X with another job (`sharing` mode) is a log ratio
+log(observed / answered), where the answer is what the service would say for that pair without this calibration
+(the job's isolated answer, calibrated as usual, over the model's slowdown). J's answers while sharing X in that
+mode, with any partner, are multiplied by exp(sum of log ratios / (n + SHARING_PRIOR_OBSERVATIONS)): the mean
+shrunk toward 1 by a tenth of an observation's worth of prior, so one report moves an answer 91 % of the way (in
+log) to what it saw: a job's sensitivity to sharing is its own and shows in every pair, and a report also carries
+the isolated answer's error, which the next pair shares. The factor never makes a job faster than alone, nor the
+pair's work per second more than the device does (`calibrated_steps`). Only J's own answers move: a report of J
+never changes another job's answer.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from perfmodel.placement.colocation import SharingJob, combined_device_share
+
+# the prior's weight in observations: chosen on Gavel's K80 and P100 pairs, where bench/gavel.py prints the error
+# after k reports of a job for weights 0, 0.1 and 0.5 (0 and 0.1 are lowest as served, 0.1 from the measured isolated
+# steps; 0.5 costs 3 points as served at k = 1), so the figures it prints at this weight were looked at to choose it
+SHARING_PRIOR_OBSERVATIONS = 0.1
+MAX_SHARED_POINTS = 32  # the newest reports of a job on an accelerator and mode that calibrate it
+
+
+@dataclass(frozen=True)
+class SharedPoint:
+    """One report of a job while sharing: where, in which mode, with whom, against the answer."""
+
+    id: int
+    accelerator: str
+    sharing: str
+    partner: str  # the other job's key
+    log_ratio: float  # log(observed / answered throughput while sharing)
+
+
+@dataclass(frozen=True)
+class SharingApplied:
+    """What calibrates a job's answers while sharing an accelerator in a mode."""
+
+    factor: float = 1.0
+    observations: int = 0
+    partners: int = 0
+
+    @property
+    def level(self) -> str:
+        return "job" if self.observations else "none"
+
+    def as_dict(self) -> dict[str, object]:
+        return {"level": self.level, "factor": self.factor, "observations": self.observations,
+                "partners": self.partners}
+
+
+@dataclass(frozen=True)
+class SharingCalibration:
+    """A job's reports while sharing, newest last."""
+
+    points: tuple[SharedPoint, ...] = field(default_factory=tuple)
+
+    def applied(self, accelerator: str, sharing: str) -> SharingApplied:
+        """The factor of the job's answers while sharing `accelerator` in `sharing` mode (1 without reports)."""
+        mine = [p for p in self.points if p.accelerator == accelerator and p.sharing == sharing][-MAX_SHARED_POINTS:]
+        return sharing_factor([p.log_ratio for p in mine], partners=len({p.partner for p in mine}))
+
+
+def sharing_factor(log_ratios: Sequence[float], partners: int = 1,
+                   prior_observations: float = SHARING_PRIOR_OBSERVATIONS) -> SharingApplied:
+    """exp(sum of `log_ratios` / (n + `prior_observations`)): the reports' mean, shrunk toward 1."""
+    n = len(log_ratios)
+    if not n:
+        return SharingApplied()
+    return SharingApplied(math.exp(math.fsum(log_ratios) / (n + prior_observations)), n, partners)
+
+
+def calibrate_sharing(points: Iterable[SharedPoint]) -> SharingCalibration:
+    return SharingCalibration(tuple(sorted(points, key=lambda p: p.id)))
+
+
+def calibrated_steps(jobs: Sequence[SharingJob], shared_steps_ms: Sequence[float],
+                     factors: Sequence[float]) -> list[float]:
+    """Each job's step while sharing with its throughput multiplied by its factor: never shorter than its step
+    alone, and all stretched alike where the pair's device time per second would exceed the device's second."""
+    steps = [max(job.step_ms, step / factor) for job, step, factor in zip(jobs, shared_steps_ms, factors)]
+    work = combined_device_share((jobs[0], jobs[1]), steps)
+    return [step * work for step in steps] if work > 1.0 else steps

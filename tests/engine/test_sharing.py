@@ -1,0 +1,91 @@
+"""Reports of a job while sharing its GPUs calibrate its co-located answers (every partner, that accelerator and
+mode), never its answers alone nor another job's; every replica follows, deleting a report undoes it. Real SQLite
+stores, cheap real parts for the models (`tests.engine.helpers`)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from perfmodel.calibration.sharing import SHARING_PRIOR_OBSERVATIONS
+from perfmodel.engine.errors import FieldError
+from perfmodel.placement.spec import PlacementSpec
+from tests.engine.test_fleet import _engine, _job
+
+
+def _one(accelerator: str, batch: int) -> PlacementSpec:
+    return PlacementSpec(accelerator=accelerator, devices_per_node=(1,), global_batch_size=batch)
+
+
+def _shared(engine, a: str, b: str, accelerator: str = "t4", sharing: str = "time-slicing") -> dict:
+    return engine.colocation([a, b], _one(accelerator, 8), sharing)
+
+
+def test_a_report_while_sharing_moves_that_jobs_shared_answers_only_in_every_replica_and_deleting_it_undoes_it(
+        tmp_path):
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    one, two = _engine(url), _engine(url)
+    a, b, c = (one.register(_job(8, model))[0].key for model in ("mlp-recommender", "resnet18", "resnet50"))
+    before_ab, before_ac = _shared(one, a, b), _shared(one, a, c)
+    alone = one.predict(a, _one("t4", 8))
+    assert before_ab["calibration"][0] == {"level": "none", "factor": 1.0, "observations": 0, "partners": 0}
+    # a keeps 60 % of what the model gives it next to b
+    seen = before_ab["throughput_samples_per_s"][0] * 0.6
+    report = one.observe(a, _one("t4", 8), seen, colocated_with=b)
+    factor = math.exp(math.log(0.6) / (1 + SHARING_PRIOR_OBSERVATIONS))
+    assert report["calibrated"] and report["calibration_factor"] == pytest.approx(factor)
+    assert report["colocated_with"] == b and report["sharing"] == "time-slicing"
+    two.sync_once()
+    for engine in (one, two):
+        ab, ac = _shared(engine, a, b), _shared(engine, a, c)
+        # with the partner it reported, and with one it never ran with
+        for after, before in ((ab, before_ab), (ac, before_ac)):
+            assert after["calibration"][0] == {"level": "job", "factor": pytest.approx(factor), "observations": 1,
+                                               "partners": 1}
+            assert after["throughput_samples_per_s"][0] == pytest.approx(before["throughput_samples_per_s"][0] * factor)
+            assert after["throughput_samples_per_s"][1] == pytest.approx(before["throughput_samples_per_s"][1])
+            assert after["calibration"][1]["level"] == "none"
+        # alone, a is answered as before; so is it sharing another accelerator or in another mode
+        assert engine.predict(a, _one("t4", 8))["throughput_samples_per_s"] == alone["throughput_samples_per_s"]
+        assert _shared(engine, a, b, "a10")["calibration"][0]["level"] == "none"
+        assert _shared(engine, a, b, sharing="mps")["calibration"][0]["level"] == "none"
+    one.delete_observation(report["observation_id"])
+    two.sync_once()
+    for engine in (one, two):
+        assert _shared(engine, a, b)["throughput_samples_per_s"] == pytest.approx(before_ab["throughput_samples_per_s"])
+
+
+def test_a_report_faster_than_alone_is_answered_no_faster_than_alone_and_the_pair_within_the_device(tmp_path):
+    engine = _engine(f"sqlite:///{tmp_path / 'store.db'}")
+    a, b = (engine.register(_job(8, model))[0].key for model in ("mlp-recommender", "resnet18"))
+    for job, partner in ((a, b), (b, a)):
+        alone = engine.predict(job, _one("t4", 8))["throughput_samples_per_s"]
+        engine.observe(job, _one("t4", 8), alone * 0.99, colocated_with=partner)  # as if it never noticed the other
+    shared = _shared(engine, a, b)
+    for i in (0, 1):
+        assert shared["throughput_samples_per_s"][i] <= shared["isolated_throughput_samples_per_s"][i] * (1 + 1e-9)
+        assert shared["calibration"][i]["factor"] > 1
+    assert shared["combined_device_share"] <= 1 + 1e-9
+
+
+def test_a_report_with_an_unknown_partner_or_beyond_physics_is_refused_and_not_stored(tmp_path):
+    engine = _engine(f"sqlite:///{tmp_path / 'store.db'}")
+    a, b = (engine.register(_job(8, model))[0].key for model in ("mlp-recommender", "resnet18"))
+    with pytest.raises(FieldError) as unknown:
+        engine.observe(a, _one("t4", 8), 100.0, colocated_with="0" * 24)
+    assert unknown.value.loc == ("colocated_with",)
+    with pytest.raises(FieldError) as beyond:
+        engine.observe(a, _one("t4", 8), 1e12, colocated_with=b)
+    assert beyond.value.loc == ("throughput_samples_per_s",)
+    assert engine.store.observations(a) == []
+
+
+def test_a_report_whose_partner_was_deleted_no_longer_calibrates(tmp_path):
+    engine = _engine(f"sqlite:///{tmp_path / 'store.db'}")
+    a, b, c = (engine.register(_job(8, model))[0].key for model in ("mlp-recommender", "resnet18", "resnet50"))
+    seen = _shared(engine, a, b)["throughput_samples_per_s"][0] * 0.5
+    engine.observe(a, _one("t4", 8), seen, colocated_with=b)
+    assert _shared(engine, a, c)["calibration"][0]["level"] == "job"
+    engine.delete_job(b)
+    assert _shared(engine, a, c)["calibration"][0]["level"] == "none"
