@@ -132,11 +132,17 @@ class Client:
         return self._call("POST", "/v1/predict/colocation", json={
             "jobs": [_json(j) for j in jobs], "placement": _json(placement), "sharing": sharing})
 
-    def observe(self, job_id: str, placement: PlacementRef, *, throughput_samples_per_s: float) -> dict[str, Any]:
+    def observe(self, job_id: str, placement: PlacementRef, *, throughput_samples_per_s: float,
+                colocated_with: str | None = None, sharing: str = "time-slicing") -> dict[str, Any]:
         """Tell the service what a running job measured (samples/s over the whole job); its later predictions are
-        calibrated by it. A throughput physics rules out raises ServiceError(422)."""
-        return self._call("POST", "/v1/observations", json={
-            "job": job_id, "placement": _json(placement), "throughput_samples_per_s": throughput_samples_per_s})
+        calibrated by it. With `colocated_with` (a registered job's id), it measured that while sharing the
+        placement's GPUs with that job in `sharing` mode: its later answers while sharing are calibrated by it. A
+        throughput physics rules out raises ServiceError(422)."""
+        body: dict[str, Any] = {"job": job_id, "placement": _json(placement),
+                                "throughput_samples_per_s": throughput_samples_per_s}
+        if colocated_with is not None:
+            body.update(colocated_with=colocated_with, sharing=sharing)
+        return self._call("POST", "/v1/observations", json=body)
 
     def observation(self, observation_id: int) -> dict[str, Any]:
         """One stored observation."""

@@ -127,12 +127,14 @@ class JobStore(ProfileStore):
             return set(connection.scalars(select(_JOBS.c.key)))
 
     def delete_job(self, key: str) -> bool:
-        """Remove a job and its observations (one transaction); False if there was no such job."""
+        """Remove a job, its observations and the other jobs' reports made while sharing GPUs with it (what they
+        are against needs it), in one transaction; False if there was no such job."""
         with write_transaction(self.engine) as connection:
             job_row = connection.scalar(select(_JOBS.c.id).where(_JOBS.c.key == key))
             if job_row is None:
                 return False
-            connection.execute(delete(_OBSERVATIONS).where(_OBSERVATIONS.c.job_id == job_row))
+            connection.execute(delete(_OBSERVATIONS).where((_OBSERVATIONS.c.job_id == job_row)
+                                                           | (_OBSERVATIONS.c.colocated_with == key)))
             connection.execute(delete(_JOBS).where(_JOBS.c.id == job_row))
             return True
 

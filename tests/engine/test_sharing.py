@@ -81,11 +81,17 @@ def test_a_report_with_an_unknown_partner_or_beyond_physics_is_refused_and_not_s
     assert engine.store.observations(a) == []
 
 
-def test_a_report_whose_partner_was_deleted_no_longer_calibrates(tmp_path):
-    engine = _engine(f"sqlite:///{tmp_path / 'store.db'}")
-    a, b, c = (engine.register(_job(8, model))[0].key for model in ("mlp-recommender", "resnet18", "resnet50"))
-    seen = _shared(engine, a, b)["throughput_samples_per_s"][0] * 0.5
-    engine.observe(a, _one("t4", 8), seen, colocated_with=b)
-    assert _shared(engine, a, c)["calibration"][0]["level"] == "job"
-    engine.delete_job(b)
-    assert _shared(engine, a, c)["calibration"][0]["level"] == "none"
+def test_deleting_the_partner_deletes_the_reports_made_with_it_in_every_replica(tmp_path):
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    one, two = _engine(url), _engine(url)
+    a, b, c = (one.register(_job(8, model))[0].key for model in ("mlp-recommender", "resnet18", "resnet50"))
+    seen = _shared(one, a, b)["throughput_samples_per_s"][0] * 0.5
+    one.observe(a, _one("t4", 8), seen, colocated_with=b)
+    one.observe(a, _one("t4", 8), _shared(one, a, c)["throughput_samples_per_s"][0] * 0.5, colocated_with=c)
+    two.sync_once()
+    assert _shared(two, a, c)["calibration"][0]["observations"] == 2
+    one.delete_job(b)
+    two.sync_once()
+    assert [o.colocated_with for o in one.store.observations(a)] == [c]
+    for engine in (one, two):
+        assert _shared(engine, a, c)["calibration"][0]["observations"] == 1

@@ -74,7 +74,7 @@ def test_register_job_refuses_a_bare_name_before_sending():
 @pytest.mark.slow  # starts a real server
 def test_the_client_predicts_colocation_and_gavel_matrices_with_their_options(server):
     """`colocation` posts POST /v1/predict/colocation; `matrix` passes job_types, worker_types, colocation and
-    sharing through to Gavel's layout."""
+    sharing through to Gavel's layout; `observe` passes a report made while sharing."""
     with Client(server, token=TOKEN) as pm:
         job = pm.register_job(SMALL_JOB)["job_id"]
         other = pm.register_job(zoo="mlp-recommender", batch_size=16)["job_id"]
@@ -88,3 +88,10 @@ def test_the_client_predicts_colocation_and_gavel_matrices_with_their_options(se
         assert gavel["worker_types"] == {"v100": "v100-sxm2-16gb"}
         pair = gavel["throughputs"]["v100"]["('small', 1)"]["('large', 1)"]
         assert len(pair) == 2 and all(steps > 0 for steps in pair)
+        # a report of the small job while sharing, through the client: its answers while sharing follow it
+        report = pm.observe(job, {"accelerator": "a100-sxm4-80gb"}, colocated_with=other, sharing="mps",
+                            throughput_samples_per_s=shared["throughput_samples_per_s"][0] * 0.5)
+        assert report["colocated_with"] == other and report["sharing"] == "mps"
+        after = pm.colocation([job, other], {"accelerator": "a100-sxm4-80gb"}, sharing="mps")
+        assert after["calibration"][0]["level"] == "job" and after["calibration"][1]["level"] == "none"
+        assert after["throughput_samples_per_s"][0] < shared["throughput_samples_per_s"][0] * 0.6
