@@ -9,8 +9,9 @@ co-location model's constants (the host share of a measured step's unexplained t
 overhead, the wait per step for the other job's time slice) are fitted on one GPU's pairs and scored on the
 other's, and on the pairs of job families left out of the fit; `--write` fits them on every pair and saves
 `perfmodel/placement/colocation_params.json` with the model's error band (the 10th and 90th percentiles of its log
-error on each job family held out of the fit), which widens a co-located answer's interval; the bench prints how
-often that band, fitted without a family, holds the family. `--record [RUN]` records the printed MAPEs and rank
+error on each job family held out of the fit), which widens a co-located answer's interval, and the band once a job
+reported k of its pairs while sharing (the answer's interval then); the bench prints how often each band, fitted
+without a family, holds the family. `--record [RUN]` records the printed MAPEs and rank
 correlations for docs/accuracy.md (bench/_figures.py).
 Data: Gavel (Narayanan et al., OSDI'20), stanford-futuredata/gavel, read in place, never copied.
 """
@@ -45,6 +46,7 @@ from perfmodel.evaluation.gavel import (
     partner_ranking,
     predict_all,
     read_gavel,
+    reported_residuals,
     scaling,
     served_coverage,
     speedups,
@@ -195,13 +197,26 @@ def main(argv: list[str] | None = None) -> int:
             cells = ", ".join(f"{prior:g}: {value:.1f}" for (j, prior), value in sorted(found.items()) if j == k)
             print(f"    {how:<38} k={k}  {cells}")
     colocation["after_reports_mape_pct"] = reports
+    reported_bands, reported_coverage = [], {}
+    for k in (1, 2, 4):  # the answer's band once a job reported k pairs: as served, each family held out of the fit
+        residuals_k = reported_residuals(pairs, params_without.__getitem__, k, served=True)
+        band_k = error_band(np.concatenate(list(residuals_k.values())))
+        held_k = {name: in_band(r, error_band(np.concatenate([v for other, v in residuals_k.items() if other != name])))
+                  for name, r in residuals_k.items()}
+        reported_bands.append((k, *band_k))
+        reported_coverage[f"k{k}"] = {"band_log": list(band_k), "coverage": float(np.mean(list(held_k.values())))}
+        print(f"    80 % error band once a job reported {k}: [{band_k[0]:+.2f}, {band_k[1]:+.2f}] (log); fitted "
+              f"without a family, it holds {reported_coverage[f'k{k}']['coverage']:.0%} of that family's other pairs ("
+              + ", ".join(f"{name} {c:.0%}" for name, c in held_k.items()) + ")")
+    colocation["reported_band"] = reported_coverage
     for worker in ("k80", "p100"):
         mape, covered = served_coverage([p for p in pairs if p.worker == worker], shipped)
         colocation[f"served_{worker}"] = {"mape_pct": mape, "interval_coverage": covered}
         print(f"  as served on the {worker} (predicted isolated steps with their intervals, the shipped constants and "
               f"band): co-located steps/s MAPE {mape:.1f} %, {covered:.0%} inside the answer's 80 % interval")
     if args.write:
-        fitted = replace(fit_params(pairs, "gavel k80+p100 pairs (bench/gavel.py --write)"), kept_band_log=band)
+        fitted = replace(fit_params(pairs, "gavel k80+p100 pairs (bench/gavel.py --write)"), kept_band_log=band,
+                         reported_band_log=tuple(reported_bands))
         params_path().write_text(dump_colocation_params(fitted))
         print(f"\nwrote {params_path()}: host share {fitted.host_share_of_gap:.2f}, switch "
               f"{fitted.switch_overhead:.2f}, wait {fitted.sync_wait_ms:.0f} ms (MAPE on every pair "

@@ -711,15 +711,19 @@ class PredictionEngine:
         pair = self._pair(entries, given, sharing, calibrated=True)
         answers, jobs, placements = pair.answers, pair.jobs, pair.placements
         out_throughput, intervals, slowdowns = [], [], []
-        for answer, job, step_ms in zip(answers, jobs, pair.steps_ms):
+        for answer, job, step_ms, applied in zip(answers, jobs, pair.steps_ms, pair.applied):
             slowdown = step_ms / job.step_ms if job.step_ms > 0 else 1.0
             alone = answer["throughput_samples_per_s"]
             low_ms, high_ms = answer["interval_ms"]
             iteration = answer["iter_time_ms"]
             throughput = alone / slowdown
             out_throughput.append(throughput)
-            intervals.append(list(shared_interval(throughput, (alone * iteration / high_ms, alone * iteration / low_ms),
-                                                  slowdown, params.kept_band_log)))
+            isolated = (alone * iteration / high_ms, alone * iteration / low_ms)
+            band = params.reported_band(applied.observations)
+            # reported: the job's reports set its level, so what is left is their error on its other pairs
+            intervals.append([throughput * math.exp(band[0]), min(throughput * math.exp(band[1]), isolated[1])]
+                             if band is not None else
+                             list(shared_interval(throughput, isolated, slowdown, params.kept_band_log)))
             slowdowns.append(slowdown)
         return {
             "jobs": [e.key for e in entries], "accelerator": answers[0]["accelerator"],

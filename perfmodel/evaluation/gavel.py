@@ -329,14 +329,9 @@ def partner_ranking(pairs: Sequence[Pair], params: ColocationParams) -> float:
     return float(np.mean(scores)) if scores else float("nan")
 
 
-def after_reports(pairs: Sequence[Pair], params_of: Callable[[str], ColocationParams], *, served: bool = False,
-                  ks: Sequence[int] = (0, 1, 2, 4), priors: Sequence[float] = (0.0, SHARING_PRIOR_OBSERVATIONS, 0.5),
-                  draws: int = 10, seed: int = 0) -> dict[tuple[int, float], float]:
-    """{(k, prior weight): MAPE %} (k = 0: weight 0 only) of each job's co-located steps/s on the pairs it did not
-    report, once k of its pairs on that GPU (drawn at random, `draws` times) were reported and calibrate its answers
-    while sharing (`calibration.sharing.sharing_factor`, shrunk by `prior` observations' worth). `params_of(family)`:
-    the co-location constants fitted without that job family. From the measured isolated steps, or (`served`) as the
-    service answers: the predicted isolated steps, where the reports also correct the isolated answer's error."""
+def _answers_by_job(pairs: Sequence[Pair], params_of: Callable[[str], ColocationParams], served: bool
+                    ) -> dict[tuple[str, str], np.ndarray]:
+    """{(GPU, job type): (pairs, 3) of measured co-located steps/s, the answer, the job's isolated steps/s}."""
     by_job: dict[tuple[str, str], list[tuple[float, float, float]]] = {}
     for p in pairs:
         for i, job in enumerate((p.a, p.b)):
@@ -347,20 +342,41 @@ def after_reports(pairs: Sequence[Pair], params_of: Callable[[str], ColocationPa
                 predicted, cap = float(predict_pairs([p], params)[0][i]), p.isolated[i]
             if predicted > 0:
                 by_job.setdefault((p.worker, job), []).append((p.measured[i], predicted, cap))
+    return {key: np.array(rows) for key, rows in by_job.items()}
+
+
+def reported_residuals(pairs: Sequence[Pair], params_of: Callable[[str], ColocationParams], k: int, *,
+                       served: bool = False, prior: float = SHARING_PRIOR_OBSERVATIONS, draws: int = 10,
+                       seed: int = 0) -> dict[str, np.ndarray]:
+    """{job family: log(measured / answered) co-located steps/s} of each job's pairs it did not report, once k of its
+    pairs on that GPU (drawn at random, `draws` times; once for k = 0) were reported and calibrate its answers while
+    sharing (`calibration.sharing.sharing_factor`, shrunk by `prior` observations' worth); jobs with k pairs or
+    fewer are left out. `params_of(family)`: the co-location constants fitted without that job family. From the
+    measured isolated steps, or (`served`) as the service answers: the predicted isolated steps, where the reports
+    also correct the isolated answer's error."""
     rng = np.random.default_rng(seed)
+    out: dict[str, list[np.ndarray]] = {}
+    for (_, job), values in _answers_by_job(pairs, params_of, served).items():
+        if len(values) <= k:
+            continue
+        for _ in range(draws if k else 1):
+            order = rng.permutation(len(values))
+            seen, rest = values[order[:k]], values[order[k:]]
+            factor = sharing_factor(list(np.log(seen[:, 0] / seen[:, 1])), prior_observations=prior).factor
+            answer = np.minimum(rest[:, 1] * factor, rest[:, 2])
+            out.setdefault(family(job), []).append(np.log(rest[:, 0] / answer))
+    return {name: np.concatenate(parts) for name, parts in out.items()}
+
+
+def after_reports(pairs: Sequence[Pair], params_of: Callable[[str], ColocationParams], *, served: bool = False,
+                  ks: Sequence[int] = (0, 1, 2, 4), priors: Sequence[float] = (0.0, SHARING_PRIOR_OBSERVATIONS, 0.5),
+                  draws: int = 10, seed: int = 0) -> dict[tuple[int, float], float]:
+    """{(k, prior weight): MAPE %} (k = 0: weight 0 only) of each job's co-located steps/s on the pairs it did not
+    report (`reported_residuals`)."""
     out = {}
     for k in ks:
         for prior in priors if k else (0.0,):  # nothing reported: no prior to weigh
-            errors = []
-            for rows in by_job.values():
-                if len(rows) <= k:
-                    continue
-                values = np.array(rows)
-                for _ in range(draws if k else 1):
-                    order = rng.permutation(len(values))
-                    seen, rest = values[order[:k]], values[order[k:]]
-                    factor = sharing_factor(list(np.log(seen[:, 0] / seen[:, 1])), prior_observations=prior).factor
-                    answer = np.minimum(rest[:, 1] * factor, rest[:, 2])
-                    errors.extend(np.abs(answer / rest[:, 0] - 1))
-            out[(k, prior)] = float(np.mean(errors) * 100)
+            residuals = np.concatenate(list(reported_residuals(pairs, params_of, k, served=served, prior=prior,
+                                                               draws=draws, seed=seed).values()))
+            out[(k, prior)] = float(np.mean(np.abs(np.exp(-residuals) - 1)) * 100)
     return out

@@ -53,6 +53,9 @@ class ColocationParams:
     # the 10th and 90th percentiles of log(measured / predicted) throughput while sharing, on job families held out
     # of the fit: the sharing model's own error (0, 0: none known)
     kept_band_log: tuple[float, float] = (0.0, 0.0)
+    # (k, p10, p90) rows: the same percentiles as served once the job reported k of its pairs while sharing
+    # (`calibration.sharing`), on the pairs it did not report; each job family scored by constants fitted without it
+    reported_band_log: tuple[tuple[int, float, float], ...] = ()
     source: str = "default"
 
     @classmethod
@@ -61,7 +64,19 @@ class ColocationParams:
         band = fields.get("kept_band_log")
         if isinstance(band, (list, tuple)):
             fields["kept_band_log"] = (float(band[0]), float(band[1]))
+        rows = fields.get("reported_band_log")
+        if isinstance(rows, (list, tuple)):
+            fields["reported_band_log"] = tuple((int(k), float(low), float(high)) for k, low, high in rows)
         return cls(**fields)  # type: ignore[arg-type]
+
+    def reported_band(self, reports: int) -> tuple[float, float] | None:
+        """The error band of a job's answer while sharing once it reported `reports` pairs: the row of the most
+        reports at most that many (None: no row applies)."""
+        rows = [row for row in self.reported_band_log if row[0] <= reports]
+        if not reports or not rows:
+            return None
+        _, low, high = max(rows)
+        return low, high
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ import pytest
 
 from perfmodel.calibration.sharing import SHARING_PRIOR_OBSERVATIONS
 from perfmodel.engine.errors import FieldError
+from perfmodel.placement.colocation import load_colocation_params
 from perfmodel.placement.spec import PlacementSpec
 from tests.engine.test_fleet import _engine, _job
 
@@ -50,6 +51,14 @@ def test_a_report_while_sharing_moves_that_jobs_shared_answers_only_in_every_rep
         assert engine.predict(a, _one("t4", 8))["throughput_samples_per_s"] == alone["throughput_samples_per_s"]
         assert _shared(engine, a, b, "a10")["calibration"][0]["level"] == "none"
         assert _shared(engine, a, b, sharing="mps")["calibration"][0]["level"] == "none"
+    # its interval while sharing is the band of a job that reported once, narrower than the model's
+    band = load_colocation_params().reported_band(1)
+    ab = _shared(one, a, b)
+    assert ab["interval_samples_per_s"][0] == pytest.approx(
+        [ab["throughput_samples_per_s"][0] * math.exp(band[0]), ab["throughput_samples_per_s"][0] * math.exp(band[1])])
+    after, model = (math.log(high / low) for low, high in (ab["interval_samples_per_s"][0],
+                                                            before_ab["interval_samples_per_s"][0]))
+    assert after < model
     one.delete_observation(report["observation_id"])
     two.sync_once()
     for engine in (one, two):

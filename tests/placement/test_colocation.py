@@ -5,7 +5,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from perfmodel.placement.colocation import SHARING_MODES, ColocationParams, SharingJob, share, shared_interval
+from perfmodel.placement.colocation import (
+    SHARING_MODES,
+    ColocationParams,
+    SharingJob,
+    load_colocation_params,
+    share,
+    shared_interval,
+)
 
 RNG = np.random.default_rng(11)
 
@@ -67,3 +74,17 @@ def test_a_shared_answers_interval_holds_it_widens_with_the_band_and_never_tops_
         # no band: the isolated interval over the slowdown (capped at the isolated top)
         plain = shared_interval(point, (low_alone, high_alone), slowdown, (0.0, 0.0))
         assert plain == pytest.approx((low_alone / slowdown, min(high_alone / slowdown, high_alone)))
+
+
+def test_the_band_after_reports_is_the_row_of_the_most_reports_at_most_that_many():
+    params = ColocationParams(reported_band_log=((1, -0.3, 0.2), (2, -0.2, 0.15), (4, -0.1, 0.1)))
+    assert params.reported_band(0) is None
+    assert params.reported_band(1) == (-0.3, 0.2)
+    assert params.reported_band(3) == (-0.2, 0.15)
+    assert params.reported_band(40) == (-0.1, 0.1)
+    assert ColocationParams().reported_band(5) is None
+    assert ColocationParams.from_dict({"reported_band_log": [[1, -0.3, 0.2]]}).reported_band(2) == (-0.3, 0.2)
+    shipped = load_colocation_params()
+    for k in (1, 2, 4):
+        low, high = shipped.reported_band(k)
+        assert low < 0 < high and high - low < shipped.kept_band_log[1] - shipped.kept_band_log[0]
