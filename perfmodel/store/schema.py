@@ -214,8 +214,10 @@ def _v6_to_v7(connection: Connection) -> None:
 def _v7_to_v8(connection: Connection) -> None:
     """Add `observations.colocated_with` (the key of the job that shared the GPUs) and `observations.sharing`
     (`time-slicing` or `mps`), both NULL for the observations of a job alone, as every stored one is."""
-    connection.execute(text("ALTER TABLE observations ADD COLUMN colocated_with VARCHAR(64)"))
-    connection.execute(text("ALTER TABLE observations ADD COLUMN sharing VARCHAR(16)"))
+    present = {column["name"] for column in inspect(connection).get_columns("observations")}
+    for name, kind in (("colocated_with", "VARCHAR(64)"), ("sharing", "VARCHAR(16)")):
+        if name not in present:  # a store made at v3-v6 on PostgreSQL from today's tables may hold them already
+            connection.execute(text(f"ALTER TABLE observations ADD COLUMN {name} {kind}"))
 
 
 # MIGRATIONS[v] upgrades a store from version v to v + 1. Add one step per schema change, never edit old ones.
