@@ -226,6 +226,15 @@ class ObservationOut(BaseModel):
     excluded: str | None = Field(default=None, description="why calibration leaves it out (None: used)")
 
 
+class SharedCalibrationOut(BaseModel):
+    accelerator: str
+    sharing: Literal["time-slicing", "mps"]
+    level: Literal["job"]
+    factor: float = Field(description="multiplies the job's throughput while sharing this accelerator in this mode")
+    observations: int
+    partners: int
+
+
 class CalibrationReport(BaseModel):
     observations: int
     used: int | None = Field(default=None, description="observations the factors use (the rest are excluded)")
@@ -238,6 +247,9 @@ class CalibrationReport(BaseModel):
                                                           "of their own")
     excluded: list[ExcludedObservation] = Field(default=[], description="observations left out, and why")
     recent: list[ObservationOut] = Field(description="the latest observations, newest first")
+    sharing: list[SharedCalibrationOut] = Field(default=[], description="what the job's reports while sharing its "
+                                                                        "GPUs calibrate, by accelerator and mode "
+                                                                        "(the counts above are of its reports alone)")
 
 
 class JobDetail(JobOut):

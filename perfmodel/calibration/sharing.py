@@ -66,6 +66,12 @@ class SharingCalibration:
 
     points: tuple[SharedPoint, ...] = field(default_factory=tuple)
 
+    def report(self) -> list[dict[str, object]]:
+        """For each accelerator and mode the job reported while sharing: its factor, reports and partners."""
+        places = sorted({(p.accelerator, p.sharing) for p in self.points})
+        return [{"accelerator": accelerator, "sharing": sharing, **self.applied(accelerator, sharing).as_dict()}
+                for accelerator, sharing in places]
+
     def applied(self, accelerator: str, sharing: str) -> SharingApplied:
         """The factor of the job's answers while sharing `accelerator` in `sharing` mode (1 without reports)."""
         mine = [p for p in self.points if p.accelerator == accelerator and p.sharing == sharing][-MAX_SHARED_POINTS:]

@@ -901,6 +901,7 @@ class PredictionEngine:
         (leave-one-out), and the latest observations. Blocking."""
         calibration = self.calibration(entry)
         report = calibration.report()
+        report["sharing"] = self.sharing_calibration(entry).report()
         excluded = {e.id: e.reason for e in calibration.excluded}
         created = {o.id: o for o in entry.observations}
         recent = [p for p in calibration.points if p.id in created][::-1][:RECENT_OBSERVATIONS]

@@ -115,6 +115,11 @@ def test_a_report_while_sharing_calibrates_the_jobs_shared_answers_not_its_answe
     assert again["calibrated"] is False and again["throughput_samples_per_s"] == alone["throughput_samples_per_s"]
     stored = client.get(f"/v1/observations/{report.json()['observation_id']}").json()
     assert (stored["colocated_with"], stored["sharing"]) == (other, "time-slicing")
+    detail = client.get(f"/v1/jobs/{job}").json()["calibration"]
+    assert detail["observations"] == 0  # its reports alone: none
+    assert detail["sharing"] == [{"accelerator": "t4", "sharing": "time-slicing", "level": "job",
+                                  "factor": pytest.approx(after["calibration"][0]["factor"]), "observations": 1,
+                                  "partners": 1}]
     # Gavel's file of the pair carries it too
     gavel = client.post("/v1/predict/matrix", json={"jobs": [job, other], "layout": "gavel", "colocation": True,
                                                      "grid": {"accelerators": ["t4"], "device_counts": [1],
