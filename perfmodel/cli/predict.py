@@ -197,6 +197,7 @@ def _batch_axis(engine: Any, spec: Any, sizes: list[int], accelerator: str, opti
 def _colocated(engine: Any, spec: Any, other: str, placement: Any, sharing: str, seq_len: Any, precision: str,
                optimizer: str | None, mode: str, as_json: bool) -> None:
     """`perfmodel predict ... --with ZOO:BATCH`: both jobs sharing the placement's GPU(s)."""
+    from perfmodel.engine import SamePlacement
     from perfmodel.placement.colocation import SHARING_MODES
 
     if sharing not in SHARING_MODES:
@@ -205,9 +206,11 @@ def _colocated(engine: Any, spec: Any, other: str, placement: Any, sharing: str,
     if not name or not batch.isdigit() or int(batch) < 1:
         raise PerfmodelError(f"--with: expected ZOO_NAME:BATCH like resnet50:32, got {other!r}")
     second = job_spec(name, None, None, None, None, int(batch), seq_len, precision, optimizer, mode)
-    per_job = _SameDevices(placement)
+    per_job = SamePlacement(placement)
+    # jobs the service registered answer as they do there, with their own reports while sharing
+    refs = [job.key() if engine.store.get_job(job.key()) is not None else job for job in (spec, second)]
     try:
-        result = engine.colocation([spec, second], per_job, sharing)
+        result = engine.colocation(refs, per_job, sharing)
     except FieldError as exc:
         raise PerfmodelError(f"--with: {exc}") from None
     if as_json:
@@ -218,22 +221,13 @@ def _colocated(engine: Any, spec: Any, other: str, placement: Any, sharing: str,
                   f"{result['throughput_samples_per_s'][i]:.1f} samples/s "
                   f"sharing {result['devices']} x {result['accelerator']} ({sharing}), "
                   f"{result['isolated_throughput_samples_per_s'][i]:.1f} alone (x{1 / result['slowdown'][i]:.2f})")
+        applied = result["calibration"][i]
+        if applied["level"] != "none":
+            out.print(f"  calibrated x{applied['factor']:.3f} by its {applied['observations']} report(s) while "
+                      f"sharing {result['accelerator']} with {applied['partners']} other job(s)")
     out.print(f"  device busy {100 * result['combined_device_share']:.0f} %; memory per device "
               f"{sum(result['peak_memory_bytes']) / 2**30:.2f} GiB of "
               f"{(result['memory_capacity_bytes'] or 0) / 2**30:.1f} GiB usable")
-
-
-class _SameDevices:
-    """The placement's devices for either job: its layout and parallelism, each job's own batch on every replica."""
-
-    def __init__(self, placement: Any):
-        self.placement = placement
-        self.accelerator = placement.accelerator
-
-    def to_spec(self, batch_size: int) -> Any:
-        p = self.placement
-        replicas = p.parallelism.data * p.parallelism.micro_batches
-        return p.model_copy(update={"global_batch_size": batch_size * replicas})
 
 
 @user_errors

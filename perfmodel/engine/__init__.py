@@ -5,9 +5,16 @@
     engine.predict(job_id, placement)               # blocking: store, capture, per-op model, calibration
 """
 
-from perfmodel.engine.engine import EngineConfig, JobEntry, PredictionEngine, fleet_priors_from, ir_batch
+from perfmodel.engine.engine import (
+    EngineConfig,
+    JobEntry,
+    PredictionEngine,
+    SamePlacement,
+    fleet_priors_from,
+    ir_batch,
+)
 from perfmodel.engine.errors import FieldError, NotFound, Refused
 from perfmodel.engine.graphs import CaptureError, GraphCache, SingleFlight, capture
 
 __all__ = ["CaptureError", "EngineConfig", "FieldError", "GraphCache", "JobEntry", "NotFound", "PredictionEngine",
-           "Refused", "SingleFlight", "capture", "fleet_priors_from", "ir_batch"]
+           "Refused", "SamePlacement", "SingleFlight", "capture", "fleet_priors_from", "ir_batch"]

@@ -203,3 +203,36 @@ def test_export_gavel_on_servers_without_peer_to_peer(tmp_path):
               "--intra-link", "nvlink9")
     assert bad.exit_code == 2 and "--intra-link" in bad.output and "host" in bad.output
     assert not (tmp_path / "x.json").exists()
+
+
+def test_predict_with_a_second_job_answers_registered_jobs_with_their_reports_while_sharing():
+    """Two jobs the service registered, one of which reported a throughput while sharing a T4 with the other:
+    `--with` answers it calibrated by that report and says so."""
+    from perfmodel.engine import EngineConfig, PredictionEngine
+    from perfmodel.jobs.spec import JobSpec, ZooSource
+    from perfmodel.settings import get_settings
+    from perfmodel.store.jobs import JobStore
+
+    first, second = (JobSpec(source=ZooSource(name=name), batch_size=batch) for name, batch in
+                     (("resnet18", 8), ("lstm-lm", 16)))
+    plain = json.loads(run("predict", "resnet18", "-b", 8, "--accelerator", "t4", "--with", "lstm-lm:16",
+                           "--json").output)
+    with JobStore(get_settings().store_url) as store:
+        engine = PredictionEngine.open(EngineConfig(isolate_captures=False), store=store)
+        a, b = (engine.register(spec)[0].key for spec in (first, second))
+        engine.observe(a, _t4(8), plain["throughput_samples_per_s"][0] * 0.5,
+                       colocated_with=b)
+    text = run("predict", "resnet18", "-b", 8, "--accelerator", "t4", "--with", "lstm-lm:16")
+    assert text.exit_code == 0, text.output
+    assert "by its 1 report(s) while sharing t4 with 1 other job(s)" in " ".join(text.output.split())
+    body = json.loads(run("predict", "resnet18", "-b", 8, "--accelerator", "t4", "--with", "lstm-lm:16",
+                          "--json").output)
+    assert body["calibration"][0]["level"] == "job" and body["calibration"][1]["level"] == "none"
+    assert body["throughput_samples_per_s"][0] < plain["throughput_samples_per_s"][0] * 0.6
+    assert body["throughput_samples_per_s"][1] == pytest.approx(plain["throughput_samples_per_s"][1])
+
+
+def _t4(batch: int):
+    from perfmodel.placement.spec import PlacementSpec
+
+    return PlacementSpec(accelerator="t4", devices_per_node=(1,), global_batch_size=batch)
