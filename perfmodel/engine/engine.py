@@ -1005,7 +1005,12 @@ class PredictionEngine:
                                                   "/v1/jobs and pass its job_id") from None
         if not partner.registered:
             raise FieldError(("colocated_with",), "the other job must be a registered job (its job_id)")
-        pair = self._pair([entry, partner], SamePlacement(placement), sharing, calibrated=False)
+        try:
+            pair = self._pair([entry, partner], SamePlacement(placement), sharing, calibrated=False)
+        except FieldError as exc:
+            if exc.loc != ("jobs",):
+                raise
+            raise FieldError(("colocated_with",), str(exc)) from None  # the pair does not fit in memory together
         answered = pair.answers[0]["throughput_samples_per_s"] * pair.jobs[0].step_ms / pair.steps_ms[0]
         ceiling = ceiling_samples_per_s(entry.spec, entry.graph, pair.placements[0], self.catalog)
         try:

@@ -141,3 +141,16 @@ def test_a_report_while_sharing_with_no_such_job_or_a_mode_without_a_partner_is_
         assert refused.status_code == 422, refused.text
         assert refused.json()["detail"][0]["loc"] == loc, refused.text
     assert client.get(f"/v1/jobs/{job}").json()["calibration"]["observations"] == 0
+
+
+def test_a_report_while_sharing_with_a_job_it_cannot_fit_beside_is_refused_at_colocated_with(client):
+    big = client.post("/v1/jobs", json={"source": {"kind": "zoo", "name": "resnet50"}, "batch_size": 96}).json()
+    t4 = {"accelerator": "t4"}
+    alone = client.post("/v1/predict", json={"job": big["job_id"], "placement": t4}).json()
+    assert alone["fits"] and 2 * alone["peak_memory_bytes"] > alone["memory_capacity_bytes"]
+    refused = client.post("/v1/observations", json={"job": big["job_id"], "placement": t4,
+                                                    "colocated_with": big["job_id"],
+                                                    "throughput_samples_per_s": 10.0})
+    assert refused.status_code == 422, refused.text
+    assert refused.json()["detail"][0]["loc"] == ["body", "colocated_with"]
+    assert "do not fit together" in refused.json()["detail"][0]["msg"]
