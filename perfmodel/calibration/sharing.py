@@ -20,9 +20,11 @@ never changes another job's answer.
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+from perfmodel.core.accuracy import Z80
 from perfmodel.placement.colocation import SharingJob, combined_device_share
 
 # the prior's weight in observations: chosen on Gavel's K80 and P100 pairs, where bench/gavel.py prints the error
@@ -50,6 +52,7 @@ class SharingApplied:
     factor: float = 1.0
     observations: int = 0
     partners: int = 0
+    log_spread: float = 0.0  # the standard deviation of the reports' log ratios (0 with fewer than two)
 
     @property
     def level(self) -> str:
@@ -84,7 +87,17 @@ def sharing_factor(log_ratios: Sequence[float], partners: int = 1,
     n = len(log_ratios)
     if not n:
         return SharingApplied()
-    return SharingApplied(math.exp(math.fsum(log_ratios) / (n + prior_observations)), n, partners)
+    spread = statistics.stdev(log_ratios) if n > 1 else 0.0
+    return SharingApplied(math.exp(math.fsum(log_ratios) / (n + prior_observations)), n, partners, spread)
+
+
+def reported_band(band_log: tuple[float, float], applied: SharingApplied) -> tuple[float, float]:
+    """The 80 % band of log(measured / answer) of a job's answer while sharing once it reported: `band_log` (what
+    such answers missed on Gavel's pairs after that many reports), widened to what its own reports' spread says
+    where they disagree more (a new pair is one more draw: the spread times sqrt(1 + 1/n), at the normal's 80 %)."""
+    n = applied.observations
+    own = Z80 * applied.log_spread * math.sqrt(1 + 1 / n) if n > 1 else 0.0
+    return min(band_log[0], -own), max(band_log[1], own)
 
 
 def calibrate_sharing(points: Iterable[SharedPoint]) -> SharingCalibration:

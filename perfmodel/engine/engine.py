@@ -54,6 +54,7 @@ from perfmodel.calibration.sharing import (
     SharingCalibration,
     calibrate_sharing,
     calibrated_steps,
+    reported_band,
 )
 from perfmodel.core.accuracy import Z80
 from perfmodel.core.errors import PerfmodelError
@@ -720,7 +721,8 @@ class PredictionEngine:
             out_throughput.append(throughput)
             isolated = (alone * iteration / high_ms, alone * iteration / low_ms)
             band = params.reported_band(applied.observations)
-            # reported: the job's reports set its level, so what is left is their error on its other pairs
+            if band is not None:  # reported: its reports set its level; left is their error on its other pairs
+                band = reported_band(band, applied)
             intervals.append([throughput * math.exp(band[0]), min(throughput * math.exp(band[1]), isolated[1])]
                              if band is not None else
                              list(shared_interval(throughput, isolated, slowdown, params.kept_band_log)))

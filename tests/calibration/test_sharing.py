@@ -15,6 +15,7 @@ from perfmodel.calibration.sharing import (
     SharedPoint,
     calibrate_sharing,
     calibrated_steps,
+    reported_band,
     sharing_factor,
 )
 from perfmodel.placement.colocation import SharingJob, combined_device_share, share
@@ -46,6 +47,17 @@ def test_reports_apply_to_their_accelerator_and_mode_only_and_the_newest_count()
                               for i in range(1, 101 + MAX_SHARED_POINTS)])
     assert many.applied("t4", "mps").observations == MAX_SHARED_POINTS
     assert many.applied("t4", "mps").factor > 1.5  # the newest reports only
+
+
+def test_the_band_after_reports_widens_where_the_jobs_own_reports_disagree():
+    band = (-0.2, 0.2)
+    assert reported_band(band, sharing_factor([math.log(0.5)])) == band  # one report: no spread to speak of
+    agreeing = sharing_factor([math.log(0.5), math.log(0.52), math.log(0.49)])
+    assert reported_band(band, agreeing) == band
+    disagreeing = sharing_factor([math.log(0.3), math.log(0.9)])
+    low, high = reported_band(band, disagreeing)
+    assert low < -0.2 and high > 0.2 and low == pytest.approx(-high)
+    assert high == pytest.approx(1.2815515655446004 * disagreeing.log_spread * math.sqrt(1.5))
 
 
 job = st.builds(SharingJob, st.floats(0.0, 500.0), st.floats(0.0, 500.0)).filter(lambda j: j.step_ms > 0.01)
