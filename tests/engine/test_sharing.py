@@ -7,11 +7,13 @@ from __future__ import annotations
 import math
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from perfmodel.calibration.sharing import SHARING_PRIOR_OBSERVATIONS
 from perfmodel.engine.errors import FieldError
 from perfmodel.placement.colocation import load_colocation_params
-from perfmodel.placement.spec import PlacementSpec
+from perfmodel.placement.spec import Parallelism, PlacementSpec
 from tests.engine.test_fleet import _engine, _job
 
 
@@ -104,3 +106,43 @@ def test_deleting_the_partner_deletes_the_reports_made_with_it_in_every_replica(
     assert [o.colocated_with for o in one.store.observations(a)] == [c]
     for engine in (one, two):
         assert _shared(engine, a, c)["calibration"][0]["observations"] == 1
+
+
+@pytest.fixture(scope="module")
+def sharing_store(tmp_path_factory):
+    return f"sqlite:///{tmp_path_factory.mktemp('sharing') / 'store.db'}"
+
+
+MODELS = ("mlp-recommender", "resnet18", "resnet50", "vgg11")
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(reports=st.lists(st.tuples(st.integers(0, 3), st.integers(0, 3), st.sampled_from(["t4", "a10"]),
+                                  st.sampled_from(["time-slicing", "mps"]), st.floats(0.05, 20.0)),
+                        min_size=1, max_size=6),
+       asked=st.tuples(st.integers(0, 3), st.integers(0, 3), st.sampled_from(["t4", "a10"]),
+                       st.sampled_from(["time-slicing", "mps"]), st.sampled_from([1, 2])))
+def test_no_answer_while_sharing_is_physically_impossible_whatever_was_reported(sharing_store, reports, asked):
+    engine = _engine(sharing_store)
+    keys = [engine.register(_job(8 * (i + 1), model))[0].key for i, model in enumerate(MODELS)]
+    stored = set()
+    for a, b, accelerator, mode, ratio in reports:
+        answer = engine.colocation([keys[a], keys[b]], _one(accelerator, 8 * (a + 1)), mode)
+        try:
+            engine.observe(keys[a], _one(accelerator, 8 * (a + 1)), answer["throughput_samples_per_s"][0] * ratio,
+                           colocated_with=keys[b], sharing=mode)
+            stored.add((a, accelerator, mode))
+        except FieldError as exc:  # beyond physics or absurdly low: refused, not stored
+            assert exc.loc == ("throughput_samples_per_s",)
+    a, b, accelerator, mode, devices = asked
+    placement = PlacementSpec(accelerator=accelerator, devices_per_node=(devices,),
+                              parallelism=Parallelism(data=devices), global_batch_size=devices * 8 * (a + 1))
+    shared = engine.colocation([keys[a], keys[b]], placement, mode)
+    for i in (0, 1):
+        assert 0 < shared["throughput_samples_per_s"][i] <= shared["isolated_throughput_samples_per_s"][i] * (1 + 1e-9)
+        low, high = shared["interval_samples_per_s"][i]
+        assert low <= shared["throughput_samples_per_s"][i] * (1 + 1e-9) and high >= low
+    assert shared["combined_device_share"] <= 1 + 1e-9
+    assert (shared["calibration"][0]["level"] == "job") == ((a, accelerator, mode) in stored)
+    for observation in engine.store.observations():
+        engine.store.delete_observation(observation.id)
