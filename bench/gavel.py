@@ -27,10 +27,11 @@ from pathlib import Path
 import numpy as np
 from _figures import add_record_option, record_if_asked
 
-from perfmodel.calibration.sharing import SHARING_PRIOR_OBSERVATIONS
+from perfmodel.calibration.sharing import SHARING_PRIOR_OBSERVATIONS, SHARING_PRIOR_OBSERVATIONS_ISOLATED_KNOWN
 from perfmodel.evaluation.gavel import (
     GAVEL_FILE,
     GAVEL_INTRA_LINK,
+    SAME_JOB_COMBINED,
     after_reports,
     error_band,
     family,
@@ -41,6 +42,7 @@ from perfmodel.evaluation.gavel import (
     kept_as_served,
     log_residuals,
     observed_on_the_gpu,
+    pair_isolated,
     pair_mape,
     pairs_of,
     partner_ranking,
@@ -138,8 +140,17 @@ def main(argv: list[str] | None = None) -> int:
 
     pairs = pairs_of(measured, predicted)
     print(f"\n## Co-location: {len(pairs)} one-GPU pairs (from the measured isolated steps)\n")
+    swapped = {worker: sorted(job for job, (_, table) in pair_isolated(measured, worker).items() if table != worker)
+               for worker in ("k80", "p100")}
+    for worker, jobs in swapped.items():
+        if jobs:
+            print(f"  {worker}: the pairs of {', '.join(jobs)} are against {worker}_unconsolidated's one-GPU isolated "
+                  f"figure (two copies sharing the GPU keep a combined {SAME_JOB_COMBINED[0]}-{SAME_JOB_COMBINED[1]} "
+                  f"of it, as every other job does of its own; the {worker} table's figure of it is a later "
+                  f"measurement)")
     default, shipped = ColocationParams(), load_colocation_params()
-    colocation: dict = {"pairs": len(pairs), "as_served_mape_pct": kept_as_served(pairs, shipped),
+    colocation: dict = {"pairs": len(pairs), "isolated_from_unconsolidated": swapped,
+                        "as_served_mape_pct": kept_as_served(pairs, shipped),
                         "defaults": {"mape_pct": pair_mape(pairs, default),
                                      "partner_ranking": partner_ranking(pairs, default)}}
     print(f"  as served (the shipped constants, {shipped.source}; each job's share of its isolated throughput from "
@@ -186,7 +197,8 @@ def main(argv: list[str] | None = None) -> int:
                       for f in families}
     reports: dict = {}
     print(f"  after k reports of a job while sharing its GPU (its family held out of the constants), MAPE % of its "
-          f"other pairs, by the prior's weight (served: {SHARING_PRIOR_OBSERVATIONS:g}):")
+          f"other pairs, by the prior's weight (served: {SHARING_PRIOR_OBSERVATIONS:g}, and "
+          f"{SHARING_PRIOR_OBSERVATIONS_ISOLATED_KNOWN:g} where the job's own isolated reports calibrate it there):")
     for served in (False, True):
         found = after_reports(pairs, params_without.__getitem__, served=served)
         how = "as served (predicted isolated steps)" if served else "from the measured isolated steps"

@@ -1,20 +1,22 @@
 """A job's co-located answers calibrated by what it measured while sharing its GPUs with other jobs.
 
-The co-location model (`perfmodel.placement.colocation`) misses most on a job's own sensitivity to sharing, not on
-the partner: on Gavel's K80 and P100 pairs, the recommendation job keeps 15-36 % of its isolated throughput next to
-any partner while the model gives it about half, and the language model keeps more than the model gives it, with
-every partner. A scheduler that packs jobs measures what each one ran at while sharing (Gavel's own throughput
-estimator does); one such report tells the job's sensitivity better than any feature of its graph.
-
-So each report of job J measured while sharing accelerator X with another job (`sharing` mode) is a log ratio
+A scheduler that packs jobs measures what each one ran at while sharing (Gavel's own throughput estimator does).
+Each report of job J measured while sharing accelerator X with another job (`sharing` mode) is a log ratio
 log(observed / answered), where the answer is what the service would say for that pair without this calibration
-(the job's isolated answer, calibrated as usual, over the model's slowdown). J's answers while sharing X in that
-mode, with any partner, are multiplied by exp(sum of log ratios / (n + SHARING_PRIOR_OBSERVATIONS)): the mean
-shrunk toward 1 by a tenth of an observation's worth of prior, so one report moves an answer 91 % of the way (in
-log) to what it saw: a job's sensitivity to sharing is its own and shows in every pair, and a report also carries
-the isolated answer's error, which the next pair shares. The factor never makes a job faster than alone, nor the
-pair's work per second more than the device does (`calibrated_steps`). Only J's own answers move: a report of J
-never changes another job's answer.
+(the job's isolated answer, calibrated as usual, over the co-location model's slowdown). J's answers while sharing X
+in that mode, with any partner, are multiplied by exp(sum of log ratios / (n + prior)): the reports' mean, shrunk
+toward 1 by `prior` observations' worth.
+
+A report carries two errors: the isolated answer's (the same in every pair of J on X) and the sharing model's (what
+J keeps next to that partner). Where J's isolated answer on X is the model's, the first dominates (on Gavel's K80
+and P100 pairs, as served, 48 % MAPE before any report, 17 % after one), and the prior is light
+(`SHARING_PRIOR_OBSERVATIONS`): one report moves an answer 91 % of the way, in log, to what it saw. Where J's own
+isolated reports already calibrate it on X, what is left is the sharing model's error, which one pair tells less
+of (from Gavel's measured isolated steps, one report at that light prior does worse than none, 17.5 against
+16.8 %), and the prior is heavier (`SHARING_PRIOR_OBSERVATIONS_ISOLATED_KNOWN`).
+
+The factor never makes a job faster than alone, nor the pair's work per second more than the device does
+(`calibrated_steps`). Only J's own answers move: a report of J never changes another job's answer.
 """
 
 from __future__ import annotations
@@ -27,10 +29,11 @@ from dataclasses import dataclass, field
 from perfmodel.core.accuracy import Z80
 from perfmodel.placement.colocation import SharingJob, combined_device_share
 
-# the prior's weight in observations: chosen on Gavel's K80 and P100 pairs, where bench/gavel.py prints the error
-# after k reports of a job for weights 0, 0.1 and 0.5 (0 and 0.1 are lowest as served, 0.1 from the measured isolated
-# steps; 0.5 costs 3 points as served at k = 1), so the figures it prints at this weight were looked at to choose it
-SHARING_PRIOR_OBSERVATIONS = 0.1
+# the prior's weights in observations, chosen on Gavel's K80 and P100 pairs, where bench/gavel.py prints the error
+# after k reports of a job for weights 0, 0.1 and 0.5, as served (lowest at 0.1 for k = 1, 2, 4) and from the measured
+# isolated steps (lowest at 0.5), so the figures it prints at these weights were looked at to choose them
+SHARING_PRIOR_OBSERVATIONS = 0.1  # the job's isolated answer there is the model's (or the fleet's)
+SHARING_PRIOR_OBSERVATIONS_ISOLATED_KNOWN = 0.5  # its own isolated reports calibrate it there
 MAX_SHARED_POINTS = 32  # the newest reports of a job on an accelerator and mode that calibrate it
 
 
@@ -73,12 +76,15 @@ class SharingCalibration:
         """For each accelerator and mode the job reported while sharing: its factor, reports and partners."""
         places = sorted({(p.accelerator, p.sharing) for p in self.points})
         return [{"accelerator": accelerator, "sharing": sharing, **self.applied(accelerator, sharing).as_dict()}
-                for accelerator, sharing in places]
+                for accelerator, sharing in places]  # at the light prior: as if its isolated answer were the model's
 
-    def applied(self, accelerator: str, sharing: str) -> SharingApplied:
-        """The factor of the job's answers while sharing `accelerator` in `sharing` mode (1 without reports)."""
+    def applied(self, accelerator: str, sharing: str, isolated_known: bool = False) -> SharingApplied:
+        """The factor of the job's answers while sharing `accelerator` in `sharing` mode (1 without reports);
+        `isolated_known`: the job's own isolated reports calibrate its answer there (the heavier prior)."""
         mine = [p for p in self.points if p.accelerator == accelerator and p.sharing == sharing][-MAX_SHARED_POINTS:]
-        return sharing_factor([p.log_ratio for p in mine], partners=len({p.partner for p in mine}))
+        prior = SHARING_PRIOR_OBSERVATIONS_ISOLATED_KNOWN if isolated_known else SHARING_PRIOR_OBSERVATIONS
+        return sharing_factor([p.log_ratio for p in mine], partners=len({p.partner for p in mine}),
+                              prior_observations=prior)
 
 
 def sharing_factor(log_ratios: Sequence[float], partners: int = 1,

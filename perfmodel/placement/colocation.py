@@ -8,9 +8,8 @@ alone; while both have work on the device, they share it:
 - `time-slicing` (the default: two processes, no MPS): the device runs one context at a time, so two busy jobs
   each progress at half speed, and every switch costs a little more (`switch_overhead`). Besides, a job waits its
   turn each time it hands the device back to its host (the input copy, the loss read back, the optimizer): per
-  step, `sync_wait_ms` times the share of time the other job holds the device. That is what makes a job with short
-  steps lose most of its speed next to one with long steps, while the long-step job barely notices it (Gavel's
-  K80 and P100 pairs);
+  step, `sync_wait_ms` times the share of time the other job holds the device. So a job with short steps loses more
+  of its speed next to one with long steps than the long-step job does next to it;
 - `mps` (CUDA MPS): kernels of both jobs may run at once, but a training step's kernels each fill the device's
   SMs while they run (a kernel that reaches half the peak FLOP/s still holds every SM), so work that overlaps
   is still shared, each at half speed: two busy jobs together get at most the device. What MPS removes is the

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from perfmodel.calibration.sharing import SHARING_PRIOR_OBSERVATIONS
+from perfmodel.calibration.sharing import SHARING_PRIOR_OBSERVATIONS, SHARING_PRIOR_OBSERVATIONS_ISOLATED_KNOWN
 from perfmodel.engine.errors import FieldError
 from perfmodel.placement.colocation import load_colocation_params
 from perfmodel.placement.spec import Parallelism, PlacementSpec
@@ -146,3 +146,22 @@ def test_no_answer_while_sharing_is_physically_impossible_whatever_was_reported(
     assert (shared["calibration"][0]["level"] == "job") == ((a, accelerator, mode) in stored)
     for observation in engine.store.observations():
         engine.store.delete_observation(observation.id)
+
+
+def test_a_job_whose_own_isolated_reports_calibrate_it_there_takes_its_reports_while_sharing_with_the_heavier_prior(
+        tmp_path):
+    engine = _engine(f"sqlite:///{tmp_path / 'store.db'}")
+    a, b = (engine.register(_job(8, model))[0].key for model in ("mlp-recommender", "resnet18"))
+    alone = engine.predict(a, _one("t4", 8))["throughput_samples_per_s"]
+    engine.observe(a, _one("t4", 8), alone * 0.8)  # its isolated answer on the T4 is now its own
+    before = _shared(engine, a, b)
+    assert before["isolated_throughput_samples_per_s"][0] == pytest.approx(alone * 0.8)
+    report = engine.observe(a, _one("t4", 8), before["throughput_samples_per_s"][0] * 0.6, colocated_with=b)
+    heavier = math.exp(math.log(0.6) / (1 + SHARING_PRIOR_OBSERVATIONS_ISOLATED_KNOWN))
+    assert report["calibration_factor"] == pytest.approx(heavier)
+    assert _shared(engine, a, b)["calibration"][0]["factor"] == pytest.approx(heavier)
+    # on another accelerator, where its isolated answer is not its own, the lighter one
+    on_a10 = _shared(engine, a, b, "a10")
+    engine.observe(a, _one("a10", 8), on_a10["throughput_samples_per_s"][0] * 0.6, colocated_with=b)
+    light = math.exp(math.log(0.6) / (1 + SHARING_PRIOR_OBSERVATIONS))
+    assert _shared(engine, a, b, "a10")["calibration"][0]["factor"] == pytest.approx(light)

@@ -15,6 +15,7 @@ from perfmodel.evaluation.gavel import (
     in_band,
     log_residuals,
     observed_on_the_gpu,
+    pair_isolated,
     pair_mape,
     partner_ranking,
     predict_pairs,
@@ -96,3 +97,24 @@ def test_observations_of_other_families_calibrate_a_job_never_its_own():
         assert out.loc[("k80", family_), "level"] != "none"
         assert 10.0 <= out.loc[("k80", family_), "calibrated"] < 20.0  # pulled toward the others' factor
     assert out.loc[("p100", "LM"), "level"] == "none" and out.loc[("p100", "LM"), "calibrated"] == 20.0
+
+
+def test_pairs_are_scored_against_the_isolated_figure_the_jobs_same_job_pair_agrees_with():
+    """A job whose two copies sharing a GPU keep a combined 0.4 of its own table's isolated figure, but 1.1 of the
+    one-per-server table's, is scored against the latter; a job consistent with its own keeps it."""
+    measured = {
+        "p100": {("A", 1): {"null": 10.0, ("A", 1): [2.0, 2.0], ("B", 1): [1.5, 3.0]},
+                 ("B", 1): {"null": 6.0, ("B", 1): [3.0, 3.0], ("A", 1): [3.0, 1.5]}},
+        "p100_unconsolidated": {("A", 1): {"null": 3.6}, ("B", 1): {"null": 5.5}},
+    }
+    isolated = pair_isolated(measured, "p100")
+    assert isolated == {"A": (3.6, "p100_unconsolidated"), "B": (6.0, "p100")}
+    assert sum(measured["p100"][("A", 1)][("A", 1)]) / isolated["A"][0] == pytest.approx(4.0 / 3.6)
+    # the shipped file: Recommendation only, at every batch, on both GPUs
+    path = get_settings().datasets_dir / "gavel" / GAVEL_FILE
+    if not path.is_file():
+        pytest.skip(f"no Gavel file at {path} (../shared/datasets/gavel/)")
+    real = read_gavel(path)
+    for worker in ("k80", "p100"):
+        swapped = {job for job, (_, table) in pair_isolated(real, worker).items() if table != worker}
+        assert swapped and all(job.startswith("Recommendation") for job in swapped)
