@@ -32,6 +32,7 @@ from perfmodel.evaluation.gavel import (
     GAVEL_FILE,
     GAVEL_INTRA_LINK,
     SAME_JOB_COMBINED,
+    WORKERS,
     after_reports,
     error_band,
     family,
@@ -58,6 +59,7 @@ from perfmodel.placement.colocation import (
     dump_colocation_params,
     load_colocation_params,
     params_path,
+    preemption_of,
 )
 from perfmodel.settings import get_settings
 
@@ -148,42 +150,61 @@ def main(argv: list[str] | None = None) -> int:
                   f"figure (two copies sharing the GPU keep a combined {SAME_JOB_COMBINED[0]}-{SAME_JOB_COMBINED[1]} "
                   f"of it, as every other job does of its own; the {worker} table's figure of it is a later "
                   f"measurement)")
-    default, shipped = ColocationParams(), load_colocation_params()
+    workers = ("k80", "p100")
+    preemption = {worker: preemption_of(engine.hardware(WORKERS[worker]).architecture) for worker in workers}
+    on = {worker: [p for p in pairs if p.worker == worker] for worker in workers}
+    default = ColocationParams()
+    shipped = {worker: load_colocation_params(preemption=preemption[worker]) for worker in workers}
     colocation: dict = {"pairs": len(pairs), "isolated_from_unconsolidated": swapped,
-                        "as_served_mape_pct": kept_as_served(pairs, shipped),
+                        "as_served_mape_pct": float(np.average([kept_as_served(on[w], shipped[w]) for w in workers],
+                                                               weights=[len(on[w]) for w in workers])),
                         "defaults": {"mape_pct": pair_mape(pairs, default),
                                      "partner_ranking": partner_ranking(pairs, default)}}
-    print(f"  as served (the shipped constants, {shipped.source}; each job's share of its isolated throughput from "
-          f"the predicted device and host time alone): MAPE {colocation['as_served_mape_pct']:.1f} % on the share "
-          f"kept")
+    print("  constants per GPU class (how it preempts compute): " + ", ".join(
+        f"{w} {preemption[w]} (host share {shipped[w].host_share_of_gap:.2f}, wait {shipped[w].sync_wait_ms:.0f} ms)"
+        for w in workers))
+    print(f"  as served (the shipped constants, {shipped['p100'].source}; each job's share of its isolated throughput "
+          f"from the predicted device and host time alone): MAPE {colocation['as_served_mape_pct']:.1f} % on the "
+          f"share kept")
     print(f"  defaults (host share 0.5, no switch overhead, no wait): MAPE {colocation['defaults']['mape_pct']:.1f} "
           f"%, partner ranking {colocation['defaults']['partner_ranking']:.2f}")
     for train, test in (("k80", "p100"), ("p100", "k80")):
-        trained = [p for p in pairs if p.worker == train]
-        fitted = fit_params(trained, f"gavel {train}")
-        held = [p for p in pairs if p.worker == test]
-        band = error_band(log_residuals(trained, fitted))
-        result = {"mape_pct": pair_mape(held, fitted), "partner_ranking": partner_ranking(held, fitted),
-                  "sync_wait_ms": fitted.sync_wait_ms, "band_coverage": in_band(log_residuals(held, fitted), band)}
+        fitted = fit_params(on[train], f"gavel {train}")
+        band = error_band(log_residuals(on[train], fitted))
+        result = {"mape_pct": pair_mape(on[test], fitted), "partner_ranking": partner_ranking(on[test], fitted),
+                  "sync_wait_ms": fitted.sync_wait_ms,
+                  "band_coverage": in_band(log_residuals(on[test], fitted), band)}
         colocation[f"{train}_to_{test}"] = result
         print(f"  fit on {train} (host share {fitted.host_share_of_gap:.2f}, switch {fitted.switch_overhead:.2f}, "
               f"wait {fitted.sync_wait_ms:.0f} ms), test on {test}: MAPE {result['mape_pct']:.1f} %, partner "
               f"ranking {result['partner_ranking']:.2f}; {train}'s 80 % error band [{band[0]:+.2f}, {band[1]:+.2f}] "
               f"(log) holds {result['band_coverage']:.0%} of {test}'s")
     families = sorted({family(p.a) for p in pairs} | {family(p.b) for p in pairs})
-    errors, ranks, residuals = [], [], {}
+    # each family held out: constants fitted on the other families' pairs of the same GPU, as served per GPU class;
+    # and, for comparison, one set of constants for both GPUs
+    params_without = {(f, w): fit_params([p for p in on[w] if f not in (family(p.a), family(p.b))],
+                                         f"{w} without {f}") for f in families for w in workers}
+    errors, ranks, residuals, one_set = [], [], {}, []
     for held_family in families:
-        inside = [p for p in pairs if held_family in (family(p.a), family(p.b))]
-        fitted = fit_params([p for p in pairs if p not in inside], f"without {held_family}")
-        errors.append(pair_mape(inside, fitted))
-        ranks.append(partner_ranking(inside, fitted))
-        residuals[held_family] = log_residuals(inside, fitted)
-        print(f"  without {held_family:<15} (host {fitted.host_share_of_gap:.2f}, switch "
-              f"{fitted.switch_overhead:.2f}, wait {fitted.sync_wait_ms:.0f} ms): its pairs MAPE {errors[-1]:.1f} %, "
-              f"partner ranking {ranks[-1]:.2f}")
-    print(f"  leave one family out: mean MAPE {np.mean(errors):.1f} %, partner ranking {np.nanmean(ranks):.2f}")
-    colocation["leave_one_family_out_mape_pct"] = np.mean(errors)
+        inside = {w: [p for p in on[w] if held_family in (family(p.a), family(p.b))] for w in workers}
+        errors.append(float(np.average([pair_mape(inside[w], params_without[(held_family, w)]) for w in workers],
+                                       weights=[len(inside[w]) for w in workers])))
+        ranks.append(float(np.nanmean([partner_ranking(inside[w], params_without[(held_family, w)])
+                                       for w in workers])))
+        residuals[held_family] = np.concatenate([log_residuals(inside[w], params_without[(held_family, w)])
+                                                 for w in workers])
+        both = [p for p in pairs if held_family in (family(p.a), family(p.b))]
+        one_set.append(pair_mape(both, fit_params([p for p in pairs if p not in both], "")))
+        print(f"  without {held_family:<15} (" + "; ".join(
+            f"{w}: host {params_without[(held_family, w)].host_share_of_gap:.2f}, wait "
+            f"{params_without[(held_family, w)].sync_wait_ms:.0f} ms" for w in workers)
+            + f"): its pairs MAPE {errors[-1]:.1f} %, partner ranking {ranks[-1]:.2f} (one set of constants for both "
+              f"GPUs: {one_set[-1]:.1f} %)")
+    print(f"  leave one family out: mean MAPE {np.mean(errors):.1f} %, partner ranking {np.nanmean(ranks):.2f} (one "
+          f"set of constants for both GPUs: {np.mean(one_set):.1f} %)")
+    colocation["leave_one_family_out_mape_pct"] = float(np.mean(errors))
     colocation["leave_one_family_out_partner_ranking"] = float(np.nanmean(ranks))
+    colocation["leave_one_family_out_one_set_mape_pct"] = float(np.mean(one_set))
     # the error band a family's answers carry comes from the other families' held-out errors: does it hold its own?
     coverage = {held_family: in_band(residuals[held_family], error_band(np.concatenate(
         [r for other, r in residuals.items() if other != held_family]))) for held_family in families}
@@ -193,14 +214,16 @@ def main(argv: list[str] | None = None) -> int:
           + ", ".join(f"{f} {c:.0%}" for f, c in coverage.items()) + ")")
     colocation["band_log"] = list(band)
     colocation["leave_one_family_out_band_coverage"] = float(np.mean(list(coverage.values())))
-    params_without = {f: fit_params([p for p in pairs if f not in (family(p.a), family(p.b))], f"without {f}")
-                      for f in families}
+
+    def without(held_family: str, worker: str) -> ColocationParams:
+        return params_without[(held_family, worker)]
+
     reports: dict = {}
     print(f"  after k reports of a job while sharing its GPU (its family held out of the constants), MAPE % of its "
           f"other pairs, by the prior's weight (served: {SHARING_PRIOR_OBSERVATIONS:g}, and "
           f"{SHARING_PRIOR_OBSERVATIONS_ISOLATED_KNOWN:g} where the job's own isolated reports calibrate it there):")
     for served in (False, True):
-        found = after_reports(pairs, params_without.__getitem__, served=served)
+        found = after_reports(pairs, without, served=served)
         how = "as served (predicted isolated steps)" if served else "from the measured isolated steps"
         # keyed k{reports}_w{prior weight in hundredths}: k1_w10 is one report at weight 0.1
         reports["served" if served else "measured_isolated"] = {f"k{k}_w{round(prior * 100)}": value
@@ -211,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
     colocation["after_reports_mape_pct"] = reports
     reported_bands, reported_coverage = [], {}
     for k in (1, 2, 4):  # the answer's band once a job reported k pairs: as served, each family held out of the fit
-        residuals_k = reported_residuals(pairs, params_without.__getitem__, k, served=True)
+        residuals_k = reported_residuals(pairs, without, k, served=True)
         band_k = error_band(np.concatenate(list(residuals_k.values())))
         held_k = {name: in_band(r, error_band(np.concatenate([v for other, v in residuals_k.items() if other != name])))
                   for name, r in residuals_k.items()}
@@ -221,18 +244,20 @@ def main(argv: list[str] | None = None) -> int:
               f"without a family, it holds {reported_coverage[f'k{k}']['coverage']:.0%} of that family's other pairs ("
               + ", ".join(f"{name} {c:.0%}" for name, c in held_k.items()) + ")")
     colocation["reported_band"] = reported_coverage
-    for worker in ("k80", "p100"):
-        mape, covered = served_coverage([p for p in pairs if p.worker == worker], shipped)
+    for worker in workers:
+        mape, covered = served_coverage(on[worker], shipped[worker])
         colocation[f"served_{worker}"] = {"mape_pct": mape, "interval_coverage": covered}
         print(f"  as served on the {worker} (predicted isolated steps with their intervals, the shipped constants and "
               f"band): co-located steps/s MAPE {mape:.1f} %, {covered:.0%} inside the answer's 80 % interval")
     if args.write:
-        fitted = replace(fit_params(pairs, "gavel k80+p100 pairs (bench/gavel.py --write)"), kept_band_log=band,
-                         reported_band_log=tuple(reported_bands))
+        fitted = {preemption[w]: replace(fit_params(on[w], f"gavel {w} pairs (bench/gavel.py --write)"),
+                                         kept_band_log=band, reported_band_log=tuple(reported_bands))
+                  for w in workers}
         params_path().write_text(dump_colocation_params(fitted))
-        print(f"\nwrote {params_path()}: host share {fitted.host_share_of_gap:.2f}, switch "
-              f"{fitted.switch_overhead:.2f}, wait {fitted.sync_wait_ms:.0f} ms (MAPE on every pair "
-              f"{pair_mape(pairs, fitted):.1f} %), error band [{band[0]:+.2f}, {band[1]:+.2f}]")
+        print(f"\nwrote {params_path()}: " + "; ".join(
+            f"{name}: host share {p.host_share_of_gap:.2f}, switch {p.switch_overhead:.2f}, wait "
+            f"{p.sync_wait_ms:.0f} ms" for name, p in fitted.items())
+            + f"; error band [{band[0]:+.2f}, {band[1]:+.2f}]")
     elapsed = time.perf_counter() - started
     print(f"\ndone in {elapsed:.0f} s")
     record_if_asked(args, "gavel", {**recorded, "colocation": colocation, "run_s": elapsed})

@@ -9,11 +9,11 @@ toward 1 by `prior` observations' worth.
 
 A report carries two errors: the isolated answer's (the same in every pair of J on X) and the sharing model's (what
 J keeps next to that partner). Where J's isolated answer on X is the model's, the first dominates (on Gavel's K80
-and P100 pairs, as served, 48 % MAPE before any report, 17 % after one), and the prior is light
+and P100 pairs, as served, 45 % MAPE before any report, 17 % after one), and the prior is light
 (`SHARING_PRIOR_OBSERVATIONS`): one report moves an answer 91 % of the way, in log, to what it saw. Where J's own
 isolated reports already calibrate it on X, what is left is the sharing model's error, which one pair tells less
-of (from Gavel's measured isolated steps, one report at that light prior does worse than none, 17.5 against
-16.8 %), and the prior is heavier (`SHARING_PRIOR_OBSERVATIONS_ISOLATED_KNOWN`).
+of (from Gavel's measured isolated steps, one report at that light prior does worse than none, 15.3 against
+14.5 %), and the prior is heavier (`SHARING_PRIOR_OBSERVATIONS_ISOLATED_KNOWN`).
 
 The factor never makes a job faster than alone, nor the pair's work per second more than the device does
 (`calibrated_steps`). Only J's own answers move: a report of J never changes another job's answer.

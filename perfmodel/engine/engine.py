@@ -65,7 +65,7 @@ from perfmodel.engine.graphs import GraphCache, batch_free_key
 from perfmodel.engine.models import LOAD_ERRORS, ModelLifecycle
 from perfmodel.hardware.spec import HardwareSpec
 from perfmodel.jobs.spec import GraphSource, JobSpec
-from perfmodel.placement.colocation import Sharing, SharingJob
+from perfmodel.placement.colocation import ColocationParams, Sharing, SharingJob
 from perfmodel.placement.spec import PlacementSpec, data_parallel
 from perfmodel.predictor.predict import Prediction, prediction_json
 from perfmodel.records import utc_now
@@ -703,13 +703,13 @@ class PredictionEngine:
         (calibrated) answer (`perfmodel.placement.colocation`), each calibrated by what it reported while sharing
         that accelerator (`perfmodel.calibration.sharing`). A pair whose memory does not fit together is refused
         (FieldError at `jobs`). Blocking."""
-        from perfmodel.placement.colocation import combined_device_share, load_colocation_params, shared_interval
+        from perfmodel.placement.colocation import combined_device_share, shared_interval
 
         if len(refs) != 2:
             raise FieldError(("jobs",), f"co-location takes exactly two jobs, got {len(refs)}")
-        params = load_colocation_params()
         entries = [self.job(ref, ("jobs", i)) for i, ref in enumerate(refs)]
         pair = self._pair(entries, given, sharing, calibrated=True)
+        params = self.colocation_params(pair.answers[0]["accelerator"])
         answers, jobs, placements = pair.answers, pair.jobs, pair.placements
         out_throughput, intervals, slowdowns = [], [], []
         for answer, job, step_ms, applied in zip(answers, jobs, pair.steps_ms, pair.applied):
@@ -747,9 +747,9 @@ class PredictionEngine:
               calibrated: bool) -> SharedPair:
         """The two jobs' isolated answers on the placement and their steps while sharing it: the co-location
         model's, then (`calibrated`) each job's by what it reported while sharing the accelerator in that mode."""
-        from perfmodel.placement.colocation import load_colocation_params, share
+        from perfmodel.placement.colocation import share
 
-        params = load_colocation_params()
+        params = self.colocation_params(given.accelerator)
         answers: list[dict[str, Any]] = []
         jobs: list[SharingJob] = []
         placements: list[PlacementSpec] = []
@@ -774,6 +774,14 @@ class PredictionEngine:
         device_share = [busy * before / after if after > 0 else 0.0  # the same device time over a longer step
                         for busy, before, after in zip(shared.device_share, shared.step_ms, steps)]
         return SharedPair(answers, jobs, placements, steps, applied, device_share, memory, capacity)
+
+    def colocation_params(self, accelerator: str) -> ColocationParams:
+        """The co-location constants fitted for GPUs that preempt compute as `accelerator` does (its architecture:
+        `placement.colocation.preemption_of`)."""
+        from perfmodel.placement.colocation import load_colocation_params, preemption_of
+
+        return load_colocation_params(preemption=preemption_of(getattr(self.hardware(accelerator), "architecture",
+                                                                       None)))
 
     def sharing_applied(self, entry: JobEntry, placement: PlacementSpec, accelerator: str,
                         sharing: Sharing) -> SharingApplied:

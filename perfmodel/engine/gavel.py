@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from perfmodel.calibration.sharing import calibrated_steps
-from perfmodel.placement.colocation import Sharing, load_colocation_params, share
+from perfmodel.placement.colocation import Sharing, share
 from perfmodel.placement.gavel import Layout, gavel_file, grid_layouts, job_type_key, worker_keys
 from perfmodel.placement.spec import IntraNodeLink, Parallelism, PlacementSpec
 
@@ -90,7 +90,7 @@ def gavel_throughputs(engine: Any, entries: Sequence[Any], job_types: Sequence[s
     """Gavel's file of the engine's jobs (`JobEntry`s, named `job_types`) on `columns`. With `calibrated`, the
     cells observations calibrated are filed there as in the file ({worker type: {job key: calibration level}}):
     Gavel's format itself has no place for it."""
-    params = load_colocation_params()
+    params = [engine.colocation_params(column.accelerator) for column in columns]
     engine.prefetch([([entry], [column.placement(entry.spec.batch_size) for column in columns]) for entry in entries],
                     ("columns",))  # every job's device steps in one pass (a batch axis: one sweep per job)
     steps = [[0.0] * len(columns) for _ in entries]
@@ -98,7 +98,7 @@ def gavel_throughputs(engine: Any, entries: Sequence[Any], job_types: Sequence[s
     for i, entry in enumerate(entries):
         batch = entry.spec.batch_size
         for j, column in enumerate(columns):
-            answer, job = engine.sharing_input(entry, column.placement(batch), params.host_share_of_gap)
+            answer, job = engine.sharing_input(entry, column.placement(batch), params[j].host_share_of_gap)
             inputs[(i, j)] = (answer, job)
             if answer["fits"]:
                 steps[i][j] = answer["throughput_samples_per_s"] / batch
@@ -119,7 +119,7 @@ def gavel_throughputs(engine: Any, entries: Sequence[Any], job_types: Sequence[s
                     if not fits:
                         pairs[(i, k, j)] = pairs[(k, i, j)] = (0.0, 0.0)
                         continue
-                    shared = share(job_a, job_b, sharing, params)
+                    shared = share(job_a, job_b, sharing, params[j])
                     factors = [engine.sharing_applied(entries[n], columns[j].placement(entries[n].spec.batch_size),
                                                       answer["accelerator"], sharing).factor
                                for n, answer in ((i, a), (k, b))]

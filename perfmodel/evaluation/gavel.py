@@ -362,13 +362,13 @@ def partner_ranking(pairs: Sequence[Pair], params: ColocationParams) -> float:
     return float(np.mean(scores)) if scores else float("nan")
 
 
-def _answers_by_job(pairs: Sequence[Pair], params_of: Callable[[str], ColocationParams], served: bool
+def _answers_by_job(pairs: Sequence[Pair], params_of: Callable[[str, str], ColocationParams], served: bool
                     ) -> dict[tuple[str, str], np.ndarray]:
     """{(GPU, job type): (pairs, 3) of measured co-located steps/s, the answer, the job's isolated steps/s}."""
     by_job: dict[tuple[str, str], list[tuple[float, float, float]]] = {}
     for p in pairs:
         for i, job in enumerate((p.a, p.b)):
-            params = params_of(family(job))
+            params = params_of(family(job), p.worker)
             if served:
                 predicted, cap = p.predicted[i] / served_slowdowns(p, params)[i], p.predicted[i]
             else:
@@ -378,15 +378,15 @@ def _answers_by_job(pairs: Sequence[Pair], params_of: Callable[[str], Colocation
     return {key: np.array(rows) for key, rows in by_job.items()}
 
 
-def reported_residuals(pairs: Sequence[Pair], params_of: Callable[[str], ColocationParams], k: int, *,
+def reported_residuals(pairs: Sequence[Pair], params_of: Callable[[str, str], ColocationParams], k: int, *,
                        served: bool = False, prior: float = SHARING_PRIOR_OBSERVATIONS, draws: int = 10,
                        seed: int = 0) -> dict[str, np.ndarray]:
     """{job family: log(measured / answered) co-located steps/s} of each job's pairs it did not report, once k of its
     pairs on that GPU (drawn at random, `draws` times; once for k = 0) were reported and calibrate its answers while
     sharing (`calibration.sharing.sharing_factor`, shrunk by `prior` observations' worth); jobs with k pairs or
-    fewer are left out. `params_of(family)`: the co-location constants fitted without that job family. From the
-    measured isolated steps, or (`served`) as the service answers: the predicted isolated steps, where the reports
-    also correct the isolated answer's error."""
+    fewer are left out. `params_of(family, worker)`: the co-location constants fitted without that job family, for
+    that GPU. From the measured isolated steps, or (`served`) as the service answers: the predicted isolated steps,
+    where the reports also correct the isolated answer's error."""
     rng = np.random.default_rng(seed)
     out: dict[str, list[np.ndarray]] = {}
     for (_, job), values in _answers_by_job(pairs, params_of, served).items():
@@ -401,7 +401,7 @@ def reported_residuals(pairs: Sequence[Pair], params_of: Callable[[str], Colocat
     return {name: np.concatenate(parts) for name, parts in out.items()}
 
 
-def after_reports(pairs: Sequence[Pair], params_of: Callable[[str], ColocationParams], *, served: bool = False,
+def after_reports(pairs: Sequence[Pair], params_of: Callable[[str, str], ColocationParams], *, served: bool = False,
                   ks: Sequence[int] = (0, 1, 2, 4), priors: Sequence[float] = (0.0, SHARING_PRIOR_OBSERVATIONS, 0.5),
                   draws: int = 10, seed: int = 0) -> dict[tuple[int, float], float]:
     """{(k, prior weight): MAPE %} (k = 0: weight 0 only) of each job's co-located steps/s on the pairs it did not

@@ -25,7 +25,9 @@ What the graph cannot see (an input pipeline on the host, the Atari environment 
 isolated step and the predicted device time; `host_share_of_gap` says how much of such a gap is host time. The
 three constants are fitted on Gavel's measured K80 and P100 pairs (`bench/gavel.py --write`, held out by GPU and
 by job family there), and so is the model's own error band (`kept_band_log`: what it missed on job families left
-out of the fit), which `shared_interval` adds to a job's isolated interval.
+out of the fit), which `shared_interval` adds to a job's isolated interval. They are fitted apart for the two ways GPUs
+preempt compute (`THREAD_BLOCK_PREEMPTION`): on the K80's pairs for Kepler and Maxwell, on the P100's for Pascal and
+later.
 """
 
 from __future__ import annotations
@@ -37,6 +39,13 @@ from pathlib import Path
 from typing import Literal
 
 Sharing = Literal["time-slicing", "mps"]
+Preemption = Literal["instruction", "thread-block"]
+# Pascal and later GPUs preempt compute at instruction granularity: a time slice can end mid-kernel. Kepler and
+# Maxwell switch contexts only between thread blocks, so a job waits for the other's running blocks to drain (NVIDIA's
+# Pascal architecture whitepaper, "Compute Preemption"). Time-slicing behaves differently enough on the two that the
+# co-location constants are fitted apart: on Gavel's K80 (Kepler) and P100 (Pascal) pairs, constants fitted on one
+# GPU miss the other's by 24-27 %, where constants fitted on the same GPU miss a held-out job family by 15.6 %.
+THREAD_BLOCK_PREEMPTION = frozenset({"kepler", "maxwell"})
 SHARING_MODES: tuple[Sharing, ...] = ("time-slicing", "mps")
 ITERATIONS = 200
 TOLERANCE = 1e-10
@@ -169,13 +178,26 @@ def params_path() -> Path:
     return Path(__file__).with_name("colocation_params.json")
 
 
-def load_colocation_params(path: Path | str | None = None) -> ColocationParams:
-    """The fitted constants (`bench/gavel.py --write`), else the defaults."""
+def preemption_of(architecture: str | None) -> Preemption:
+    """How a GPU of `architecture` takes the device from one context for another (`THREAD_BLOCK_PREEMPTION`)."""
+    return "thread-block" if (architecture or "").lower() in THREAD_BLOCK_PREEMPTION else "instruction"
+
+
+def load_colocation_params(path: Path | str | None = None, preemption: Preemption = "instruction") -> ColocationParams:
+    """The constants fitted for GPUs that preempt compute at `preemption` granularity (`bench/gavel.py --write`),
+    else those of the file's `params`, else the defaults."""
     file = Path(path) if path else params_path()
     if not file.exists():
         return ColocationParams()
-    return ColocationParams.from_dict(json.loads(file.read_text())["params"])
+    data = json.loads(file.read_text())
+    by_preemption = data.get("by_preemption", {})
+    return ColocationParams.from_dict(by_preemption.get(preemption, data["params"]))
 
 
-def dump_colocation_params(params: ColocationParams) -> str:
-    return json.dumps({"schema_version": 1, "params": asdict(params)}, indent=2) + "\n"
+def dump_colocation_params(by_preemption: dict[Preemption, ColocationParams]) -> str:
+    """The file of constants fitted per preemption granularity; `params` (what a file reader without it, or an
+    unknown class, gets) is the instruction-level GPUs' (every GPU since Pascal)."""
+    fallback = by_preemption.get("instruction") or next(iter(by_preemption.values()))
+    return json.dumps({"schema_version": 2, "params": asdict(fallback),
+                       "by_preemption": {name: asdict(params) for name, params in by_preemption.items()}},
+                      indent=2) + "\n"

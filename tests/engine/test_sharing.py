@@ -165,3 +165,11 @@ def test_a_job_whose_own_isolated_reports_calibrate_it_there_takes_its_reports_w
     engine.observe(a, _one("a10", 8), on_a10["throughput_samples_per_s"][0] * 0.6, colocated_with=b)
     light = math.exp(math.log(0.6) / (1 + SHARING_PRIOR_OBSERVATIONS))
     assert _shared(engine, a, b, "a10")["calibration"][0]["factor"] == pytest.approx(light)
+
+
+def test_the_engine_takes_the_constants_of_the_gpus_preemption(tmp_path):
+    engine = _engine(f"sqlite:///{tmp_path / 'store.db'}")
+    assert engine.colocation_params("k80") == load_colocation_params(preemption="thread-block")
+    assert engine.colocation_params("m40") == load_colocation_params(preemption="thread-block")
+    for name in ("p100-pcie-16gb", "t4", "h100-sxm5"):
+        assert engine.colocation_params(name) == load_colocation_params(preemption="instruction")

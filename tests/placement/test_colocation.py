@@ -84,7 +84,21 @@ def test_the_band_after_reports_is_the_row_of_the_most_reports_at_most_that_many
     assert params.reported_band(40) == (-0.1, 0.1)
     assert ColocationParams().reported_band(5) is None
     assert ColocationParams.from_dict({"reported_band_log": [[1, -0.3, 0.2]]}).reported_band(2) == (-0.3, 0.2)
-    shipped = load_colocation_params()
-    for k in (1, 2, 4):
-        low, high = shipped.reported_band(k)
-        assert low < 0 < high and high - low < shipped.kept_band_log[1] - shipped.kept_band_log[0]
+    for preemption in ("instruction", "thread-block"):
+        shipped = load_colocation_params(preemption=preemption)
+        widths = []
+        for k in (1, 2, 4):
+            low, high = shipped.reported_band(k)
+            assert low < 0 < high
+            widths.append(high - low)
+        assert widths == sorted(widths, reverse=True)  # more reports, a narrower band
+
+
+def test_constants_follow_how_the_gpu_preempts_compute():
+    from perfmodel.placement.colocation import preemption_of
+
+    assert [preemption_of(a) for a in ("kepler", "Maxwell", "pascal", "volta", "hopper", None)] == [
+        "thread-block", "thread-block", "instruction", "instruction", "instruction", "instruction"]
+    kepler, pascal = (load_colocation_params(preemption=p) for p in ("thread-block", "instruction"))
+    assert kepler != pascal and kepler.sync_wait_ms > pascal.sync_wait_ms  # a slice ends when the blocks drain
+    assert load_colocation_params() == pascal  # what a GPU of unknown architecture gets
