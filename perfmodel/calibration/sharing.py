@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from perfmodel.core.accuracy import Z80
@@ -72,11 +72,13 @@ class SharingCalibration:
 
     points: tuple[SharedPoint, ...] = field(default_factory=tuple)
 
-    def report(self) -> list[dict[str, object]]:
-        """For each accelerator and mode the job reported while sharing: its factor, reports and partners."""
+    def report(self, isolated_known: Callable[[str], bool] = lambda _accelerator: False) -> list[dict[str, object]]:
+        """For each accelerator and mode the job reported while sharing: its factor, reports and partners
+        (`isolated_known(accelerator)`: its own isolated reports calibrate it there)."""
         places = sorted({(p.accelerator, p.sharing) for p in self.points})
-        return [{"accelerator": accelerator, "sharing": sharing, **self.applied(accelerator, sharing).as_dict()}
-                for accelerator, sharing in places]  # at the light prior: as if its isolated answer were the model's
+        return [{"accelerator": accelerator, "sharing": sharing,
+                 **self.applied(accelerator, sharing, isolated_known(accelerator)).as_dict()}
+                for accelerator, sharing in places]
 
     def applied(self, accelerator: str, sharing: str, isolated_known: bool = False) -> SharingApplied:
         """The factor of the job's answers while sharing `accelerator` in `sharing` mode (1 without reports);

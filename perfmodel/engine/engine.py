@@ -767,8 +767,8 @@ class PredictionEngine:
                 f"the two jobs do not fit together: {memory[0] / 2**30:.2f} + {memory[1] / 2**30:.2f} GiB per device "
                 f"> {capacity / 2**30:.2f} GiB usable on {answers[0]['accelerator']}"))
         shared = share(jobs[0], jobs[1], sharing, params)
-        applied = ((self.sharing_applied(entries[0], placements[0], answers[0]["accelerator"], sharing),
-                    self.sharing_applied(entries[1], placements[1], answers[1]["accelerator"], sharing))
+        applied = ((self.sharing_applied(entries[0], answers[0]["accelerator"], sharing),
+                    self.sharing_applied(entries[1], answers[1]["accelerator"], sharing))
                    if calibrated else (SharingApplied(), SharingApplied()))
         steps = calibrated_steps(jobs, shared.step_ms, [a.factor for a in applied])
         device_share = [busy * before / after if after > 0 else 0.0  # the same device time over a longer step
@@ -783,11 +783,10 @@ class PredictionEngine:
         return load_colocation_params(preemption=preemption_of(getattr(self.hardware(accelerator), "architecture",
                                                                        None)))
 
-    def sharing_applied(self, entry: JobEntry, placement: PlacementSpec, accelerator: str,
-                        sharing: Sharing) -> SharingApplied:
+    def sharing_applied(self, entry: JobEntry, accelerator: str, sharing: Sharing) -> SharingApplied:
         """What calibrates the job's answer while sharing `accelerator` in `sharing` mode: its reports there, at the
         heavier prior where its own isolated reports calibrate its answer there (`calibration.sharing`)."""
-        known = self.calibration(entry).factor(accelerator, placement.devices)[1] > 0
+        known = accelerator in self.calibration(entry).by_accelerator  # its own isolated reports there
         return self.sharing_calibration(entry).applied(accelerator, sharing, isolated_known=known)
 
     def sharing_calibration(self, entry: JobEntry) -> SharingCalibration:
@@ -918,7 +917,7 @@ class PredictionEngine:
         (leave-one-out), and the latest observations. Blocking."""
         calibration = self.calibration(entry)
         report = calibration.report()
-        report["sharing"] = self.sharing_calibration(entry).report()
+        report["sharing"] = self.sharing_calibration(entry).report(lambda name: name in calibration.by_accelerator)
         excluded = {e.id: e.reason for e in calibration.excluded}
         created = {o.id: o for o in entry.observations}
         recent = [p for p in calibration.points if p.id in created][::-1][:RECENT_OBSERVATIONS]
@@ -1043,7 +1042,7 @@ class PredictionEngine:
             throughput_samples_per_s=throughput_samples_per_s, predicted_throughput_samples_per_s=answered,
             model_version=pair.answers[0]["model_version"], colocated_with=partner.key, sharing=sharing)
         self._add_observations(entry, [record])
-        applied = self.sharing_applied(entry, pair.placements[0], accelerator, sharing)
+        applied = self.sharing_applied(entry, accelerator, sharing)
         error_pct = 100.0 * (answered - throughput_samples_per_s) / throughput_samples_per_s
         message = (f"stored; the answers of job {entry.key} while sharing {accelerator} ({sharing}) with any job are "
                    f"calibrated by ×{applied.factor:.3f} (the mean log ratio of {applied.observations} report(s) "

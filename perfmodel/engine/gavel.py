@@ -120,8 +120,7 @@ def gavel_throughputs(engine: Any, entries: Sequence[Any], job_types: Sequence[s
                         pairs[(i, k, j)] = pairs[(k, i, j)] = (0.0, 0.0)
                         continue
                     shared = share(job_a, job_b, sharing, params[j])
-                    factors = [engine.sharing_applied(entries[n], columns[j].placement(entries[n].spec.batch_size),
-                                                      answer["accelerator"], sharing).factor
+                    factors = [engine.sharing_applied(entries[n], answer["accelerator"], sharing).factor
                                for n, answer in ((i, a), (k, b))]
                     step_a, step_b = calibrated_steps((job_a, job_b), shared.step_ms, factors)
                     this = steps[i][j] * job_a.step_ms / step_a

@@ -154,3 +154,18 @@ def test_a_report_while_sharing_with_a_job_it_cannot_fit_beside_is_refused_at_co
     assert refused.status_code == 422, refused.text
     assert refused.json()["detail"][0]["loc"] == ["body", "colocated_with"]
     assert "do not fit together" in refused.json()["detail"][0]["msg"]
+
+
+def test_the_calibration_report_gives_the_factor_that_applies_with_the_jobs_isolated_reports(client, job):
+    other = client.post("/v1/jobs", json={**SMALL_JOB, "batch_size": 16}).json()["job_id"]
+    t4 = {"accelerator": "t4"}
+    alone = client.post("/v1/predict", json={"job": job, "placement": t4}).json()["throughput_samples_per_s"]
+    assert _observe(client, job, alone * 0.9).status_code == 201  # its isolated answer on the T4 is its own
+    pair = {"jobs": [job, other], "placement": t4}
+    shared = client.post("/v1/predict/colocation", json=pair).json()["throughput_samples_per_s"][0]
+    client.post("/v1/observations", json={"job": job, "placement": t4, "colocated_with": other,
+                                          "throughput_samples_per_s": shared * 0.5})
+    applied = client.post("/v1/predict/colocation", json=pair).json()["calibration"][0]
+    [reported] = client.get(f"/v1/jobs/{job}").json()["calibration"]["sharing"]
+    assert reported["factor"] == pytest.approx(applied["factor"]) and applied["level"] == "job"
+    assert applied["factor"] == pytest.approx(0.5 ** (1 / 1.5))  # the heavier prior: its isolated answer is known
