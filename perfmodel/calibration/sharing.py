@@ -27,7 +27,14 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from perfmodel.core.accuracy import Z80
-from perfmodel.placement.colocation import SharingJob, combined_device_share
+from perfmodel.placement.colocation import (
+    ColocationParams,
+    Shared,
+    Sharing,
+    SharingJob,
+    combined_device_share,
+    share,
+)
 
 # the prior's weights in observations, chosen on Gavel's K80 and P100 pairs, where bench/gavel.py prints the error
 # after k reports of a job for weights 0, 0.1 and 0.5, as served (lowest at 0.1 for k = 1, 2, 4) and from the measured
@@ -110,6 +117,14 @@ def reported_band(band_log: tuple[float, float], applied: SharingApplied) -> tup
 
 def calibrate_sharing(points: Iterable[SharedPoint]) -> SharingCalibration:
     return SharingCalibration(tuple(sorted(points, key=lambda p: p.id)))
+
+
+def share_calibrated(a: SharingJob, b: SharingJob, sharing: Sharing, params: ColocationParams,
+                     factors: Sequence[float]) -> tuple[Shared, list[float]]:
+    """The co-location model's steady state of the pair (`placement.colocation.share`) and each job's step while
+    sharing once its factor applies (`calibrated_steps`)."""
+    shared = share(a, b, sharing, params)
+    return shared, calibrated_steps((a, b), shared.step_ms, factors)
 
 
 def calibrated_steps(jobs: Sequence[SharingJob], shared_steps_ms: Sequence[float],

@@ -53,8 +53,8 @@ from perfmodel.calibration.sharing import (
     SharingApplied,
     SharingCalibration,
     calibrate_sharing,
-    calibrated_steps,
     reported_band,
+    share_calibrated,
 )
 from perfmodel.core.accuracy import Z80
 from perfmodel.core.errors import PerfmodelError
@@ -250,6 +250,7 @@ class SharedPair:
     device_share: list[float]
     memory: list[int]
     capacity: int | None
+    params: ColocationParams  # the co-location constants of the placement's GPU class
 
 
 def ir_batch(graph: Graph) -> int | None:
@@ -709,7 +710,7 @@ class PredictionEngine:
             raise FieldError(("jobs",), f"co-location takes exactly two jobs, got {len(refs)}")
         entries = [self.job(ref, ("jobs", i)) for i, ref in enumerate(refs)]
         pair = self._pair(entries, given, sharing, calibrated=True)
-        params = self.colocation_params(pair.answers[0]["accelerator"])
+        params = pair.params
         answers, jobs, placements = pair.answers, pair.jobs, pair.placements
         out_throughput, intervals, slowdowns = [], [], []
         for answer, job, step_ms, applied in zip(answers, jobs, pair.steps_ms, pair.applied):
@@ -747,8 +748,6 @@ class PredictionEngine:
               calibrated: bool) -> SharedPair:
         """The two jobs' isolated answers on the placement and their steps while sharing it: the co-location
         model's, then (`calibrated`) each job's by what it reported while sharing the accelerator in that mode."""
-        from perfmodel.placement.colocation import share
-
         params = self.colocation_params(given.accelerator)
         answers: list[dict[str, Any]] = []
         jobs: list[SharingJob] = []
@@ -766,14 +765,13 @@ class PredictionEngine:
             raise FieldError(("jobs",), (
                 f"the two jobs do not fit together: {memory[0] / 2**30:.2f} + {memory[1] / 2**30:.2f} GiB per device "
                 f"> {capacity / 2**30:.2f} GiB usable on {answers[0]['accelerator']}"))
-        shared = share(jobs[0], jobs[1], sharing, params)
         applied = ((self.sharing_applied(entries[0], answers[0]["accelerator"], sharing),
                     self.sharing_applied(entries[1], answers[1]["accelerator"], sharing))
                    if calibrated else (SharingApplied(), SharingApplied()))
-        steps = calibrated_steps(jobs, shared.step_ms, [a.factor for a in applied])
+        shared, steps = share_calibrated(jobs[0], jobs[1], sharing, params, [a.factor for a in applied])
         device_share = [busy * before / after if after > 0 else 0.0  # the same device time over a longer step
                         for busy, before, after in zip(shared.device_share, shared.step_ms, steps)]
-        return SharedPair(answers, jobs, placements, steps, applied, device_share, memory, capacity)
+        return SharedPair(answers, jobs, placements, steps, applied, device_share, memory, capacity, params)
 
     def colocation_params(self, accelerator: str) -> ColocationParams:
         """The co-location constants fitted for GPUs that preempt compute as `accelerator` does (its architecture:

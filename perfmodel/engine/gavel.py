@@ -13,8 +13,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from perfmodel.calibration.sharing import calibrated_steps
-from perfmodel.placement.colocation import Sharing, share
+from perfmodel.calibration.sharing import share_calibrated
+from perfmodel.placement.colocation import Sharing
 from perfmodel.placement.gavel import Layout, gavel_file, grid_layouts, job_type_key, worker_keys
 from perfmodel.placement.spec import IntraNodeLink, Parallelism, PlacementSpec
 
@@ -109,6 +109,8 @@ def gavel_throughputs(engine: Any, entries: Sequence[Any], job_types: Sequence[s
     pairs: dict[tuple[int, int, int], tuple[float, float]] | None = None
     if colocation:
         pairs = {}
+        factors = {(i, j): engine.sharing_applied(entries[i], answer["accelerator"], sharing).factor
+                   for (i, j), (answer, _) in inputs.items()}  # each job's reports while sharing, once per column
         for j in range(len(columns)):
             for i in range(len(entries)):
                 for k in range(i, len(entries)):
@@ -119,10 +121,8 @@ def gavel_throughputs(engine: Any, entries: Sequence[Any], job_types: Sequence[s
                     if not fits:
                         pairs[(i, k, j)] = pairs[(k, i, j)] = (0.0, 0.0)
                         continue
-                    shared = share(job_a, job_b, sharing, params[j])
-                    factors = [engine.sharing_applied(entries[n], answer["accelerator"], sharing).factor
-                               for n, answer in ((i, a), (k, b))]
-                    step_a, step_b = calibrated_steps((job_a, job_b), shared.step_ms, factors)
+                    _, (step_a, step_b) = share_calibrated(job_a, job_b, sharing, params[j],
+                                                           (factors[(i, j)], factors[(k, j)]))
                     this = steps[i][j] * job_a.step_ms / step_a
                     other = steps[k][j] * job_b.step_ms / step_b
                     pairs[(i, k, j)], pairs[(k, i, j)] = (this, other), (other, this)

@@ -387,9 +387,15 @@ def reported_residuals(pairs: Sequence[Pair], params_of: Callable[[str, str], Co
     fewer are left out. `params_of(family, worker)`: the co-location constants fitted without that job family, for
     that GPU. From the measured isolated steps, or (`served`) as the service answers: the predicted isolated steps,
     where the reports also correct the isolated answer's error."""
+    return _residuals_after(_answers_by_job(pairs, params_of, served), k, prior, draws, seed)
+
+
+def _residuals_after(by_job: Mapping[tuple[str, str], np.ndarray], k: int, prior: float, draws: int, seed: int
+                     ) -> dict[str, np.ndarray]:
+    """`reported_residuals` of answers already gathered (`_answers_by_job`)."""
     rng = np.random.default_rng(seed)
     out: dict[str, list[np.ndarray]] = {}
-    for (_, job), values in _answers_by_job(pairs, params_of, served).items():
+    for (_, job), values in by_job.items():
         if len(values) <= k:
             continue
         for _ in range(draws if k else 1):
@@ -406,10 +412,10 @@ def after_reports(pairs: Sequence[Pair], params_of: Callable[[str, str], Colocat
                   draws: int = 10, seed: int = 0) -> dict[tuple[int, float], float]:
     """{(k, prior weight): MAPE %} (k = 0: weight 0 only) of each job's co-located steps/s on the pairs it did not
     report (`reported_residuals`)."""
+    by_job = _answers_by_job(pairs, params_of, served)
     out = {}
     for k in ks:
         for prior in priors if k else (0.0,):  # nothing reported: no prior to weigh
-            residuals = np.concatenate(list(reported_residuals(pairs, params_of, k, served=served, prior=prior,
-                                                               draws=draws, seed=seed).values()))
+            residuals = np.concatenate(list(_residuals_after(by_job, k, prior, draws, seed).values()))
             out[(k, prior)] = float(np.mean(np.abs(np.exp(-residuals) - 1)) * 100)
     return out
