@@ -88,7 +88,10 @@ def export_gavel(
     # on the store the service uses: its custom accelerators, its promoted models and the fleet's observations
     job_store = JobStore(store)
     try:
-        config = EngineConfig(isolate_captures=False, fleet_priors=fleet_priors_from(get_settings()))
+        settings = get_settings()
+        # captured graphs kept across runs, as `perfmodel predict` keeps them: an export run again captures nothing
+        config = EngineConfig(isolate_captures=False, graph_dir=settings.home / "graphs",
+                              fleet_priors=fleet_priors_from(settings))
         engine = PredictionEngine.open(config, store=job_store)
         _export(engine, output, specs, names, workers, factors, batch_sizes=batch_sizes, colocation=colocation,
                 sharing=sharing, inter_node_gbit_s=inter_node_gbit_s, intra_link=intra_link)

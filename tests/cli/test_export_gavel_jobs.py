@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import ast
 import json
+import os
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -36,8 +38,11 @@ def test_a_jobs_own_settings_win_over_the_global_ones_which_stay_the_other_jobs_
                         "--job", f"{LM}=gavel-lm:8:seq_len=35:optimizer=sgd", *jobs[2:])
     assert overridden[LM] == pytest.approx(default[LM], rel=1e-9)  # the job's own settings win
     assert overridden[OTHER] != pytest.approx(default[OTHER], rel=1e-6)  # the global ones are the others' defaults
+    kept = sorted((Path(os.environ["PERFMODEL_HOME"]) / "graphs").rglob("*"))
+    assert kept  # captured graphs are kept across runs, as `perfmodel predict` keeps them
     unnamed = export(tmp_path, "unnamed", "--job", "gavel-lm:8:seq_len=70:optimizer=adam")
     assert unnamed["gavel-lm (batch size 8)"] == pytest.approx(own[LM], rel=1e-9)
+    assert sorted((Path(os.environ["PERFMODEL_HOME"]) / "graphs").rglob("*")) == kept  # a job seen before: no capture
 
 
 @pytest.mark.parametrize(("job", "words"), [

@@ -217,8 +217,9 @@ def test_predict_with_a_second_job_answers_registered_jobs_with_their_reports_wh
                      (("resnet18", 8), ("lstm-lm", 16)))
     plain = json.loads(run("predict", "resnet18", "-b", 8, "--accelerator", "t4", "--with", "lstm-lm:16",
                            "--json").output)
-    with JobStore(get_settings().store_url) as store:
-        engine = PredictionEngine.open(EngineConfig(isolate_captures=False), store=store)
+    with JobStore(get_settings().store_url) as store:  # the graphs the CLI kept: no second capture
+        engine = PredictionEngine.open(EngineConfig(isolate_captures=False, graph_dir=get_settings().home / "graphs"),
+                                       store=store)
         a, b = (engine.register(spec)[0].key for spec in (first, second))
         engine.observe(a, _t4(8), plain["throughput_samples_per_s"][0] * 0.5,
                        colocated_with=b)

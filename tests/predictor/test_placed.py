@@ -343,12 +343,12 @@ def test_the_placement_models_own_band_widens_multi_device_intervals_in_quadratu
     and one device's answer and interval do not move."""
     rng = np.random.default_rng(7)
     jobs = [JobSpec.from_options(zoo=name, batch_size=16) for name in ("resnet18", "bert-small")]
+    # one predictor per band, kept across placements so that each captures and composes a job once
+    banded = [PlacementPredictor(predictor.cpu, predictor.device, replace(predictor.params, scaling_band_log=band))
+              for band in [(0.0, 0.0), (-0.1, 0.2), (-0.3, 0.5)]]
     for job in jobs:
         for placement in _random_placements(rng, 16, 6):
-            bands = [(0.0, 0.0), (-0.1, 0.2), (-0.3, 0.5)]
-            answers = [PlacementPredictor(predictor.cpu, predictor.device,
-                                          replace(predictor.params, scaling_band_log=band)).predict(job, placement)
-                       for band in bands]
+            answers = [each.predict(job, placement) for each in banded]
             assert len({a.iter_time_ms for a in answers}) == 1
             for answer in answers:
                 assert answer.interval_ms[0] <= answer.iter_time_ms <= answer.interval_ms[1]
