@@ -115,7 +115,7 @@ def predict_measurements(measurements: Iterable[StepMeasurement], predictor_for_
     `host_ms_per_kernel`, when given, replaces the predictors' host dispatch cost; `whole_step` (a
     `WholeStepStage`), when given, corrects each composed step as the service does."""
     from perfmodel.graph import graph_for_job
-    from perfmodel.hardware.math import has_tf32
+    from perfmodel.predictor.batch_sweep import table_key
     from perfmodel.predictor.device_ops import BACKWARD, FORWARD
     from perfmodel.predictor.gpu_iteration import OPTIMIZER, job_rows
     from perfmodel.predictor.placed import PlacementPredictor
@@ -151,7 +151,7 @@ def predict_measurements(measurements: Iterable[StepMeasurement], predictor_for_
                     record["predicted_ms"] = whole_step.correct(single, features).iter_time_ms
                 else:
                     hardware = device.catalog[m.device]
-                    key = (m.graph_key, m.spec.precision, has_tf32(hardware))
+                    key = (m.graph_key, table_key(m.spec.precision, hardware))
                     if key not in job_rows_cache:
                         job_rows_cache[key] = job_rows(m.spec, graph, hardware)
                     rows, out = device.predict_rows(m.spec, hardware, graph, job_rows_cache[key])

@@ -37,8 +37,8 @@ from perfmodel.core.ir import Graph
 from perfmodel.hardware.spec import HardwareSpec
 from perfmodel.jobs.spec import JobSpec, Precision
 from perfmodel.lowering.ops import SHAPE_COLUMNS, op_work
-from perfmodel.predictor.gpu_iteration import heavy_nodes, job_rows, row_nodes
-from perfmodel.predictor.math_modes import resolved_table
+from perfmodel.predictor.gpu_iteration import heavy_nodes, job_rows, row_nodes, transposes_layout
+from perfmodel.predictor.math_modes import group_of, resolved_table
 from perfmodel.predictor.memory import GraphBytes
 
 ROW_TOLERANCE = 0.005  # a shape off the line by more than its rounding explains and this share is off the line
@@ -186,9 +186,12 @@ def _share_of_work(rows: pd.DataFrame, shapes: np.ndarray, off: np.ndarray) -> f
 
 
 def table_key(precision: Precision, hardware: HardwareSpec) -> tuple[tuple[str, str, str], ...]:
-    """What a job's rows depend on of a device: the dtype and math of each op group (`resolved_table`)."""
-    return tuple(sorted((group, entry.dtype, entry.math) for group, entry in
-                        resolved_table(precision, hardware).items()))
+    """What a job's rows depend on of a device: the dtype and math of each op group (`resolved_table`), and whether
+    its convolutions are transposed to NHWC and back (`gpu_iteration.transposes_layout`)."""
+    table = resolved_table(precision, hardware)
+    transposed = transposes_layout(hardware, table[group_of("conv")].math)
+    return (*sorted((group, entry.dtype, entry.math) for group, entry in table.items()),
+            ("conv", "layout", "nhwc" if transposed else "nchw"))
 
 
 @dataclass(frozen=True)

@@ -45,6 +45,7 @@ from perfmodel.core.errors import PerfmodelError
 from perfmodel.core.ir import Graph
 from perfmodel.core.units import samples_per_s
 from perfmodel.hardware.impute import imputed
+from perfmodel.hardware.math import on_tensor_cores
 from perfmodel.hardware.spec import HardwareSpec
 from perfmodel.jobs.spec import JobSpec, Precision
 from perfmodel.lowering.rows import BACKWARD, EAGER, FORWARD, graph_op_rows, memory_row
@@ -90,6 +91,14 @@ HOST_MS_PER_KERNEL = 0.008
 # 2.4x with it). An inference step has no autograd and keeps the per-op price (tensor-parallel prefill on A100s,
 # `bench/splitwise.py --max-shapes 6`: 15.5 % MAPE without the bound, 16.4 % with it).
 HALF_TYPES = frozenset({"fp16", "bf16", "fp8"})
+# cuDNN's tensor-core convolution kernels for half types read and write channels-last (NHWC) tensors; given
+# PyTorch's default channels-first (NCHW) tensors, each convolution call transposes its activation input and output
+# around the kernel (NVIDIA's cuDNN developer guide, "Tensor Transformations": NCHW-to-NHWC; the `nchwToNhwcKernel`
+# and `nhwcToNchwKernel` of a profiled AMP step; what `channels_last` saves). Per convolution and training step:
+# forward x in, y out; backward data dy in, dx out; backward weights x and dy in. TF32 and fp32 convolutions have
+# kernels that read NCHW directly and are not transposed; neither are AMD's (MIOpen) nor a CPU's.
+LAYOUT_TRANSPOSE_MATHS = frozenset({"fp16", "bf16"})
+LAYOUT_TRANSPOSES = {FORWARD: ("x", "y"), BACKWARD: ("y", "x", "x", "y")}
 # A convolution is never priced slower than the same convolution run as im2col + one GEMM (cuDNN's GEMM algorithm,
 # always among those it picks from): the GEMM row (M = batch x output pixels, N = output channels, K = input
 # channels x kernel area) priced by the per-op model, plus writing and reading the im2col matrix (M x K) at the
@@ -129,6 +138,34 @@ def weight_cast_rows(graph: Graph, precision: Precision, training: bool) -> pd.D
     return pd.DataFrame.from_records(records) if records else _EMPTY.copy()
 
 
+def transposes_layout(hardware: HardwareSpec, conv_math: str) -> bool:
+    """cuDNN transposes the NCHW tensors around a convolution of `conv_math` on `hardware`: a half type
+    (`LAYOUT_TRANSPOSE_MATHS`) on NVIDIA tensor cores."""
+    return (conv_math in LAYOUT_TRANSPOSE_MATHS and hardware.vendor.upper() == "NVIDIA"
+            and on_tensor_cores(hardware, conv_math))
+
+
+def layout_transpose_rows(graph: Graph, hardware: HardwareSpec, conv_math: str, training: bool) -> pd.DataFrame:
+    """The NCHW <-> NHWC transposes cuDNN runs around each convolution where it `transposes_layout`: one
+    memory-bound kernel per tensor per call, reading and writing it in that half type, in the phases of
+    `LAYOUT_TRANSPOSES` (forward only for inference). None elsewhere."""
+    if not transposes_layout(hardware, conv_math):
+        return _EMPTY.copy()
+    records = []
+    for phase in (FORWARD, BACKWARD) if training else (FORWARD,):
+        for node in graph.nodes:
+            if node.kind.value not in CONV_KINDS or node.dilation > 1 or not node.input_tensors \
+                    or not node.output_tensors:
+                continue
+            numel = {"x": node.input_tensors[0].numel, "y": node.output_tensors[0].numel}
+            for tensor in LAYOUT_TRANSPOSES[phase]:
+                row = memory_row(numel[tensor], numel[tensor], ROW_HIDDEN, "layout_transpose")
+                records.append({"op_class": row.op_class, "op_name": row.op_name, "dtype": conv_math,
+                                "math": conv_math, "phase": phase, "part": row.part, "kind": "copy",
+                                "launch": row.launch, "node_id": node.id, **row.shape})
+    return pd.DataFrame.from_records(records) if records else _EMPTY.copy()
+
+
 def job_rows(spec: JobSpec, graph: Graph, hardware: HardwareSpec) -> pd.DataFrame:
     """Every kernel of one iteration of `spec` on `hardware`, with its storage dtype and math."""
     precision = spec.precision
@@ -145,8 +182,11 @@ def job_rows(spec: JobSpec, graph: Graph, hardware: HardwareSpec) -> pd.DataFram
     scaler = AMP_SCALER_PASSES if precision == Precision.amp else 0
     optimizer = spec.optimizer.value if training else None
     casts = weight_cast_rows(graph, precision, training)
-    parts = [casts[casts["phase"] == FORWARD], rows[rows["phase"] == FORWARD], rows[rows["phase"] == BACKWARD],
-             casts[casts["phase"] == BACKWARD], optimizer_rows(graph.totals.params, optimizer, weights, scaler)]
+    transposes = layout_transpose_rows(graph, hardware, table[group_of("conv")].math, training)
+    parts = [casts[casts["phase"] == FORWARD], rows[rows["phase"] == FORWARD],
+             transposes[transposes["phase"] == FORWARD], rows[rows["phase"] == BACKWARD],
+             transposes[transposes["phase"] == BACKWARD], casts[casts["phase"] == BACKWARD],
+             optimizer_rows(graph.totals.params, optimizer, weights, scaler)]
     return pd.concat([part for part in parts if len(part)], ignore_index=True)  # in launch order
 
 

@@ -191,3 +191,45 @@ def test_a_strided_1x1_convolution_bounded_by_its_gemm_stays_within_the_bandwidt
         work = op_work(rows)
         seconds = out.latency_ms / 1e3
         assert np.all((work.bytes_read + work.bytes_written) / seconds <= 600e9 * (1 + 1e-9)), math
+
+
+@pytest.mark.parametrize(("precision", "accelerator", "transposed"), [
+    ("amp", "a100-sxm4-80gb", True), ("amp-bf16", "h100-sxm", True), ("amp", "t4", True),
+    ("fp32", "a100-sxm4-80gb", False),  # TF32 convolutions read NCHW directly
+    ("amp", "p100-pcie-16gb", False),  # no tensor cores
+    ("amp", "mi250", False),  # MIOpen, not cuDNN
+])
+def test_half_convolutions_on_nvidia_tensor_cores_pay_cudnns_nchw_transposes(precision, accelerator, transposed,
+                                                                             monkeypatch):
+    """Each convolution of an NCHW model in a half type on NVIDIA tensor cores gets its layout transposes: x and y
+    around the forward, dy and dx around backward data, x and dy around backward weights, each read and written
+    once in that half type; no other convolution, and no other row of the step, changes."""
+    from perfmodel.graph import graph_for_job
+    from perfmodel.hardware.catalog import get_accelerator
+    from perfmodel.lowering.ops import op_work
+    from perfmodel.predictor.gpu_iteration import job_rows
+
+    spec = JobSpec.from_options(zoo="resnet18", batch_size=4, precision=precision)
+    graph = graph_for_job(spec)
+    rows = job_rows(spec, graph, get_accelerator(accelerator))
+    moved = rows[rows["part"] == "layout_transpose"]
+    convs = [node for node in graph.nodes if node.kind.value == "conv"]
+    if not transposed:
+        assert moved.empty
+        return
+    assert len(moved) == 6 * len(convs)
+    assert (moved[moved["phase"] == "forward"].shape[0], moved[moved["phase"] == "backward"].shape[0]) == \
+        (2 * len(convs), 4 * len(convs))
+    half = moved["dtype"].iloc[0]
+    assert set(moved["dtype"]) == set(moved["math"]) == {half} and half in ("fp16", "bf16")
+    elements = sum(3 * (n.input_tensors[0].numel + n.output_tensors[0].numel) for n in convs)
+    work = op_work(moved)
+    size = 2  # bytes of a half element
+    assert (work.bytes_read + work.bytes_written).sum() == pytest.approx(2 * size * elements, rel=0.01)
+    inference = JobSpec.from_options(zoo="resnet18", batch_size=4, precision=precision, mode="inference")
+    served = job_rows(inference, graph_for_job(inference), get_accelerator(accelerator))
+    assert (served["part"] == "layout_transpose").sum() == 2 * len(convs)  # forward only
+    monkeypatch.setattr("perfmodel.predictor.gpu_iteration.LAYOUT_TRANSPOSE_MATHS", frozenset())
+    without = job_rows(spec, graph, get_accelerator(accelerator))
+    rest = rows[rows["part"] != "layout_transpose"].drop(columns="node_id").reset_index(drop=True)
+    pd.testing.assert_frame_equal(rest, without.drop(columns="node_id")[rest.columns], check_dtype=False)
