@@ -194,6 +194,8 @@ class JobOut(BaseModel):
     precision: str
     optimizer: str
     mode: str
+    channels_last: bool = Field(description="priced in channels-last memory format (no layout transposes around "
+                                            "its half-precision convolutions)")
     created_at: datetime
     graph: GraphSummary
 

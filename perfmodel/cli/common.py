@@ -63,12 +63,13 @@ StoreOpt = Annotated[Optional[str], typer.Option("--store", help="store URL \\[e
 
 # the JobSpec fields the job options set
 JOB_OPTIONS = {"batch_size": "-b/--batch-size", "seq_len": "--seq-len", "precision": "--precision",
-               "optimizer": "--optimizer", "mode": "--mode", "task": "--task", "source.task": "--task"}
+               "optimizer": "--optimizer", "mode": "--mode", "task": "--task", "source.task": "--task",
+               "channels_last": "--channels-last"}
 
 
 def job_spec(model: str | None, hf_config: Path | None, task: str | None, module: str | None,
              onnx: Path | None, batch_size: int, seq_len: int | None, precision: str, optimizer: str | None,
-             mode: str, *, options: Mapping[str, str] | None = JOB_OPTIONS) -> Any:
+             mode: str, *, channels_last: bool = False, options: Mapping[str, str] | None = JOB_OPTIONS) -> Any:
     """The JobSpec the job options describe; a value pydantic refuses is a PerfmodelError naming its option in
     `options` (None: the ValidationError itself, for a caller that names the values its own way)."""
     from perfmodel.jobs.spec import JobSpec
@@ -78,7 +79,7 @@ def job_spec(model: str | None, hf_config: Path | None, task: str | None, module
     try:
         return JobSpec.from_options(zoo=model, hf_config=hf_config, task=task, module=module,
                                     onnx=str(onnx) if onnx else None, batch_size=batch_size, seq_len=seq_len,
-                                    precision=precision, optimizer=optimizer, mode=mode)
+                                    precision=precision, optimizer=optimizer, mode=mode, channels_last=channels_last)
     except ValidationError as exc:
         if options is None:
             raise

@@ -42,6 +42,9 @@ def predict(ctx: typer.Context, model: ModelArg = None, hf_config: HFConfigOpt =
                      "degree x --micro-batches]")] = None,
             seq_len: SeqOpt = None, precision: PrecisionOpt = "fp32", optimizer: OptimizerOpt = None,
             mode: ModeOpt = "train",
+            channels_last: Annotated[bool, typer.Option(
+                "--channels-last", help="the model runs in channels-last memory format: its half-precision "
+                                        "convolutions pay no NCHW <-> NHWC transposes")] = False,
             accelerator: Annotated[str, typer.Option(help="catalog name or alias (`perfmodel hw list`)")] = "cpu",
             nodes: Annotated[int, typer.Option(help="nodes (with --per-node devices each)")] = 1,
             per_node: Annotated[int, typer.Option(help="devices per node")] = 1,
@@ -86,7 +89,8 @@ def predict(ctx: typer.Context, model: ModelArg = None, hf_config: HFConfigOpt =
     given = ctx.get_parameter_source("batch_size")  # click's ParameterSource (typer vendors its own click)
     if batch_sizes is not None and given is not None and given.name == "COMMANDLINE":
         raise PerfmodelError("--batch-sizes replaces -b/--batch-size: give one or the other")
-    spec = job_spec(model, hf_config, task, module, onnx, batch_size, seq_len, precision, optimizer, mode)
+    spec = job_spec(model, hf_config, task, module, onnx, batch_size, seq_len, precision, optimizer, mode,
+                    channels_last=channels_last)
     placement = placement_from_options(
         accelerator, global_batch_size, batch_size=batch_size, nodes=nodes, per_node=per_node,
         devices_per_node=devices_per_node, tp=tp, pp=pp, micro_batches=micro_batches, zero=zero,

@@ -151,7 +151,7 @@ def predict_measurements(measurements: Iterable[StepMeasurement], predictor_for_
                     record["predicted_ms"] = whole_step.correct(single, features).iter_time_ms
                 else:
                     hardware = device.catalog[m.device]
-                    key = (m.graph_key, table_key(m.spec.precision, hardware))
+                    key = (m.graph_key, table_key(m.spec.precision, hardware), m.spec.channels_last)
                     if key not in job_rows_cache:
                         job_rows_cache[key] = job_rows(m.spec, graph, hardware)
                     rows, out = device.predict_rows(m.spec, hardware, graph, job_rows_cache[key])

@@ -145,6 +145,10 @@ def build_job(spec: JobSpec, device: str | torch.device = "cpu", seed: int = 0) 
         module = module.to(dtype)
         args = tuple(_cast_float(a, dtype) for a in args)
         kwargs = {k: _cast_float(v, dtype) for k, v in kwargs.items()}
+    if spec.channels_last:  # as a channels-last training script converts them; other tensors keep their layout
+        module = module.to(memory_format=torch.channels_last)
+        args = tuple(_channels_last(a) for a in args)
+        kwargs = {k: _channels_last(v) for k, v in kwargs.items()}
     module.train(spec.mode.value == "train")
     return BuiltJob(spec, module, args, kwargs, loss_fn, family, device, own_loss=user_loss is not None)
 
@@ -172,6 +176,13 @@ def _zoo_inputs(kind: InputKind, module: nn.Module, spec: JobSpec, image_size: i
 
 def _to(value: Any, device: torch.device) -> Any:
     return value.to(device) if isinstance(value, torch.Tensor) else value
+
+
+def _channels_last(value: Any) -> Any:
+    """A 4-D floating tensor (an image batch) in channels-last memory format; anything else as it is."""
+    if isinstance(value, torch.Tensor) and value.is_floating_point() and value.dim() == 4:
+        return value.contiguous(memory_format=torch.channels_last)
+    return value
 
 
 def _cast_float(value: Any, dtype: torch.dtype) -> Any:

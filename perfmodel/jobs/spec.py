@@ -191,6 +191,11 @@ class JobSpec(BaseModel):
         description="sgd (momentum 0.9), adam or adamw; default: a zoo model's reference optimizer (the one its "
                     "reference implementation trains with; `perfmodel zoo show NAME`), else sgd")
     mode: Mode = Mode.train
+    channels_last: bool = Field(
+        default=False, exclude_if=lambda channels_last: not channels_last,
+        description="the model and its image inputs are in channels-last memory format "
+                    "(`model.to(memory_format=torch.channels_last)`): cuDNN runs its half-precision convolutions "
+                    "without the NCHW <-> NHWC transposes a channels-first model pays")
 
     @model_validator(mode="before")
     @classmethod

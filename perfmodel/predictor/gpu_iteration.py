@@ -167,7 +167,8 @@ def layout_transpose_rows(graph: Graph, hardware: HardwareSpec, conv_math: str, 
 
 
 def job_rows(spec: JobSpec, graph: Graph, hardware: HardwareSpec) -> pd.DataFrame:
-    """Every kernel of one iteration of `spec` on `hardware`, with its storage dtype and math."""
+    """Every kernel of one iteration of `spec` on `hardware`, with its storage dtype and math (a channels-last job's
+    convolutions without layout transposes)."""
     precision = spec.precision
     training = spec.mode.value == "train"
     rows = graph_op_rows(graph, dtype="fp32", mode=spec.mode.value)
@@ -182,7 +183,8 @@ def job_rows(spec: JobSpec, graph: Graph, hardware: HardwareSpec) -> pd.DataFram
     scaler = AMP_SCALER_PASSES if precision == Precision.amp else 0
     optimizer = spec.optimizer.value if training else None
     casts = weight_cast_rows(graph, precision, training)
-    transposes = layout_transpose_rows(graph, hardware, table[group_of("conv")].math, training)
+    transposes = (_EMPTY.copy() if spec.channels_last
+                  else layout_transpose_rows(graph, hardware, table[group_of("conv")].math, training))
     parts = [casts[casts["phase"] == FORWARD], rows[rows["phase"] == FORWARD],
              transposes[transposes["phase"] == FORWARD], rows[rows["phase"] == BACKWARD],
              transposes[transposes["phase"] == BACKWARD], casts[casts["phase"] == BACKWARD],

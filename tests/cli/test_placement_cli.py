@@ -237,3 +237,10 @@ def _t4(batch: int):
     from perfmodel.placement.spec import PlacementSpec
 
     return PlacementSpec(accelerator="t4", devices_per_node=(1,), global_batch_size=batch)
+
+
+def test_channels_last_predicts_a_half_precision_convolutional_job_without_layout_transposes():
+    args = ("predict", "resnet18", "-b", 16, "--precision", "amp", "--accelerator", "a100", "--json")
+    plain, converted = (json.loads(run(*args, *extra).output) for extra in ((), ("--channels-last",)))
+    assert converted["iter_time_ms"] < plain["iter_time_ms"]
+    assert converted["job_id"] != plain["job_id"]

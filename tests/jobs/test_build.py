@@ -82,3 +82,16 @@ def test_user_module_with_and_without_loss(tmp_path):
                                "with_loss, broken")
     with pytest.raises(JobLoadError, match="not found"):
         build_job(JobSpec.from_options(module=f"{tmp_path}/nope.py:f", batch_size=1), "cpu")
+
+
+def test_a_channels_last_job_builds_its_weights_and_images_channels_last():
+    """As a channels-last training script converts them: the 4-D weights and the image batch; a plain job keeps
+    PyTorch's default layout."""
+    import torch
+
+    plain = build_job(JobSpec.from_options(zoo="resnet18", batch_size=2), "meta")
+    converted = build_job(JobSpec.from_options(zoo="resnet18", batch_size=2, channels_last=True), "meta")
+    assert converted.args[0].is_contiguous(memory_format=torch.channels_last)
+    assert not plain.args[0].is_contiguous(memory_format=torch.channels_last)
+    weights = [p for p in converted.module.parameters() if p.dim() == 4]
+    assert weights and all(p.is_contiguous(memory_format=torch.channels_last) for p in weights)

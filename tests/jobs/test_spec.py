@@ -144,3 +144,15 @@ def test_a_zoo_model_without_a_sequence_is_the_same_job_whatever_seq_len_comes_w
     image = JobSpec.from_options(zoo="resnet50", batch_size=32, seq_len=384)
     assert image.key() == JobSpec.from_options(zoo="resnet50", batch_size=32).key()
     assert JobSpec.from_options(zoo="bert-base", batch_size=32, seq_len=384).seq_len == 384
+
+
+def test_channels_last_is_its_own_job_and_leaves_every_other_key_as_it_was():
+    """A channels-last job gets its own key; a job that does not say it keeps the key (and JSON) it had before the
+    setting existed, so stored jobs keep their ids."""
+    plain = JobSpec(source=ZooSource(name="resnet50"), batch_size=32)
+    assert "channels_last" not in plain.model_dump(mode="json")
+    assert plain.key() == "a16c30d7f9094ea4675908cf"  # the id README's examples show, from before the setting
+    converted = plain.model_copy(update={"channels_last": True})
+    assert converted.model_dump(mode="json")["channels_last"] is True
+    assert JobSpec.model_validate_json(converted.model_dump_json()) == converted
+    assert converted.key() != plain.key()

@@ -233,3 +233,28 @@ def test_half_convolutions_on_nvidia_tensor_cores_pay_cudnns_nchw_transposes(pre
     without = job_rows(spec, graph, get_accelerator(accelerator))
     rest = rows[rows["part"] != "layout_transpose"].drop(columns="node_id").reset_index(drop=True)
     pd.testing.assert_frame_equal(rest, without.drop(columns="node_id")[rest.columns], check_dtype=False)
+
+
+def test_a_channels_last_job_pays_no_layout_transposes_and_is_answered_faster_in_amp_only():
+    """The same convolutional job in channels-last memory format: no transposes, every other row the same; in AMP
+    on a tensor-core GPU its step is shorter, in TF32 it is the same step."""
+    from perfmodel.graph import graph_for_job
+    from perfmodel.hardware.catalog import get_accelerator
+    from perfmodel.predictor.gpu_iteration import job_rows
+
+    a100 = get_accelerator("a100-sxm4-80gb")
+    predictor = DevicePredictor.load()
+    for precision, faster in (("amp", True), ("fp32", False)):
+        plain = JobSpec.from_options(zoo="resnet18", batch_size=16, precision=precision)
+        converted = plain.model_copy(update={"channels_last": True})
+        graph = graph_for_job(plain)
+        rows_plain, rows_converted = job_rows(plain, graph, a100), job_rows(converted, graph, a100)
+        assert (rows_converted["part"] == "layout_transpose").sum() == 0
+        kept = rows_plain[rows_plain["part"] != "layout_transpose"].reset_index(drop=True)
+        pd.testing.assert_frame_equal(kept, rows_converted.reset_index(drop=True)[kept.columns], check_dtype=False)
+        step_plain = predictor.predict(plain, a100.name, graph=graph).iter_time_ms
+        step_converted = predictor.predict(converted, a100.name, graph=graph).iter_time_ms
+        if faster:
+            assert step_converted < step_plain
+        else:
+            assert step_converted == pytest.approx(step_plain)

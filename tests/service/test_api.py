@@ -492,3 +492,17 @@ def test_the_grid_has_a_batch_axis_and_new_batches_cost_no_capture(client):
     both = client.post("/v1/predict/matrix", json={"jobs": [job], "grid": {
         "accelerators": ["t4"], "batch_sizes": [8], "global_batch_sizes": [8]}})
     assert both.status_code == 422
+
+
+def test_a_channels_last_job_is_registered_as_its_own_job_and_says_so(client):
+    """`channels_last` is a job setting over HTTP: its own id, said back, and a faster AMP step on a tensor-core
+    GPU than the same job in PyTorch's default layout."""
+    job = {"source": {"kind": "zoo", "name": "resnet18"}, "batch_size": 16, "precision": "amp"}
+    plain = client.post("/v1/jobs", json=job).json()
+    converted = client.post("/v1/jobs", json={**job, "channels_last": True}).json()
+    assert plain["channels_last"] is False and converted["channels_last"] is True
+    assert converted["job_id"] != plain["job_id"]
+    answers = [client.post("/v1/predict", json={"job": j["job_id"], "placement": {"accelerator": "a100"}}).json()
+               for j in (plain, converted)]
+    assert answers[1]["iter_time_ms"] < answers[0]["iter_time_ms"]
+    assert client.post("/v1/jobs", json={**job, "channels_last": "sometimes"}).status_code == 422
