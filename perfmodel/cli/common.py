@@ -56,6 +56,9 @@ PrecisionOpt = Annotated[str, typer.Option(help="fp32 (PyTorch's defaults: TF32 
 OptimizerOpt = Annotated[Optional[str], typer.Option(
     help="sgd (momentum 0.9), adam or adamw \\[a zoo model's reference optimizer (`zoo show NAME`), else sgd]")]
 ModeOpt = Annotated[str, typer.Option(help="train or inference")]
+ChannelsLastOpt = Annotated[bool, typer.Option(
+    "--channels-last", help="the model runs in channels-last memory format: its half-precision convolutions "
+                            "pay no NCHW <-> NHWC transposes")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="machine-readable output")]
 StoreOpt = Annotated[Optional[str], typer.Option("--store", help="store URL \\[env PERFMODEL_STORE_URL, "
                                                                    "default SQLite under PERFMODEL_HOME]")]

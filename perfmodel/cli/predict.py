@@ -10,6 +10,7 @@ from typing import Annotated, Any, Optional
 import typer
 
 from perfmodel.cli.common import (
+    ChannelsLastOpt,
     HFConfigOpt,
     JsonOpt,
     ModelArg,
@@ -42,9 +43,7 @@ def predict(ctx: typer.Context, model: ModelArg = None, hf_config: HFConfigOpt =
                      "degree x --micro-batches]")] = None,
             seq_len: SeqOpt = None, precision: PrecisionOpt = "fp32", optimizer: OptimizerOpt = None,
             mode: ModeOpt = "train",
-            channels_last: Annotated[bool, typer.Option(
-                "--channels-last", help="the model runs in channels-last memory format: its half-precision "
-                                        "convolutions pay no NCHW <-> NHWC transposes")] = False,
+            channels_last: ChannelsLastOpt = False,
             accelerator: Annotated[str, typer.Option(help="catalog name or alias (`perfmodel hw list`)")] = "cpu",
             nodes: Annotated[int, typer.Option(help="nodes (with --per-node devices each)")] = 1,
             per_node: Annotated[int, typer.Option(help="devices per node")] = 1,

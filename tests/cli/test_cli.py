@@ -124,3 +124,20 @@ def test_sweep_is_resumable(tmp_path):
     assert all(r.get("skipped") for r in json.loads(second.stdout))
     with ProfileStore() as store:
         assert store.count() == 4
+
+
+def test_profile_runs_a_channels_last_job_as_its_own_job(tmp_path):
+    """`--channels-last`: the model and its image batch converted on the device, profiled as a job of its own."""
+    path = tmp_path / "convnet.py"
+    path.write_text(textwrap.dedent("""
+        import torch
+        def make(batch_size):
+            net = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.ReLU(), torch.nn.AdaptiveAvgPool2d(1),
+                                      torch.nn.Flatten(), torch.nn.Linear(8, 10))
+            return net, torch.randn(batch_size, 3, 16, 16)
+    """))
+    args = ("profile", "--module", f"{path}:make", "-b", 2, "--repeats", 3, "--warmup", 1, "--no-per-op", "--json")
+    plain, converted = (run(*args, *extra) for extra in ((), ("--channels-last",)))
+    assert plain.exit_code == 0 and converted.exit_code == 0, converted.output
+    plain, converted = json.loads(plain.stdout), json.loads(converted.stdout)
+    assert converted["job_id"] != plain["job_id"] and converted["iteration"]["iter_time_ms_median"] > 0
