@@ -18,7 +18,9 @@ Rows the graph does not show but the framework runs:
   writes 1);
 - under autocast, every GEMM/conv weight cast to half in forward (read 4 B, write 2 B per element) and its gradient
   cast back to fp32 in backward, and for `amp` (fp16) the GradScaler's unscale and inf check over the gradients
-  (`AMP_SCALER_PASSES`).
+  (`AMP_SCALER_PASSES`);
+- around each half-precision convolution on NVIDIA tensor cores, cuDNN's NCHW <-> NHWC transposes of its activations
+  (`layout_transpose_rows`; none for a job that says `channels_last`).
 The device-side launch gap is inside each op's predicted time (the model's floor).
 
 Physically possible by construction: no row faster than its roofline (`ROOFLINE_BOUNDED`, in the regressor), no
