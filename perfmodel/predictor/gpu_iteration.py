@@ -122,6 +122,14 @@ def optimizer_rows(params: int, optimizer: str | None, dtype: str = "fp32", extr
                          "phase": OPTIMIZER, "part": "step", "kind": "optimizer", "launch": EAGER})
 
 
+def _copy_record(read_elements: float, written_elements: float, dtype: str, phase: str, part: str,
+                 **extra: Any) -> dict[str, Any]:
+    """One memory-bound copy kernel as a job row (`memory_row`) in `dtype`, of kind `copy`."""
+    row = memory_row(read_elements, written_elements, ROW_HIDDEN, part)
+    return {"op_class": row.op_class, "op_name": row.op_name, "dtype": dtype, "math": dtype, "phase": phase,
+            "part": row.part, "kind": "copy", "launch": row.launch, **extra, **row.shape}
+
+
 def weight_cast_rows(graph: Graph, precision: Precision, training: bool) -> pd.DataFrame:
     """Autocast's casts of each GEMM/conv weight: fp32 -> half once per forward (read 4 B, write 2 B an element:
     a half-precision kernel reading 2 and writing 1 elements) and, in training, the half gradient -> fp32 in
@@ -133,10 +141,7 @@ def weight_cast_rows(graph: Graph, precision: Precision, training: bool) -> pd.D
     for phase in (FORWARD, BACKWARD) if training else (FORWARD,):
         for node in graph.nodes:
             if node.kind.value in GEMM_KINDS and node.params > 0:
-                row = memory_row(2 * node.params, node.params, ROW_HIDDEN, "weight_cast")
-                records.append({"op_class": row.op_class, "op_name": row.op_name, "dtype": half, "math": half,
-                                "phase": phase, "part": row.part, "kind": "copy", "launch": row.launch,
-                                **row.shape})
+                records.append(_copy_record(2 * node.params, node.params, half, phase, "weight_cast"))
     return pd.DataFrame.from_records(records) if records else _EMPTY.copy()
 
 
@@ -160,11 +165,8 @@ def layout_transpose_rows(graph: Graph, hardware: HardwareSpec, conv_math: str, 
                     or not node.output_tensors:
                 continue
             numel = {"x": node.input_tensors[0].numel, "y": node.output_tensors[0].numel}
-            for tensor in LAYOUT_TRANSPOSES[phase]:
-                row = memory_row(numel[tensor], numel[tensor], ROW_HIDDEN, "layout_transpose")
-                records.append({"op_class": row.op_class, "op_name": row.op_name, "dtype": conv_math,
-                                "math": conv_math, "phase": phase, "part": row.part, "kind": "copy",
-                                "launch": row.launch, "node_id": node.id, **row.shape})
+            records += [_copy_record(numel[tensor], numel[tensor], conv_math, phase, "layout_transpose",
+                                     node_id=node.id) for tensor in LAYOUT_TRANSPOSES[phase]]
     return pd.DataFrame.from_records(records) if records else _EMPTY.copy()
 
 
