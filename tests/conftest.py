@@ -173,3 +173,33 @@ def exported_mlp_onnx(tmp_path_factory) -> Path:
         torch.onnx.export(model, (torch.randn(4, 32),), str(folder / "mlp.onnx"), dynamo=True, external_data=True)
     assert (folder / "mlp.onnx.data").is_file()
     return folder / "mlp.onnx"
+
+
+def _check_training_graph(graph) -> None:
+    """What every captured training graph holds, whichever model: totals that add up, what autograd saves measured
+    (as captured and under autocast), backward between one and three forwards, unique node ids in topological order,
+    and the ops the FLOP table knows doing the work (unknown ops hold no tensor arithmetic we miss)."""
+    from perfmodel.graph import OpKind, summarize
+
+    totals = graph.totals
+    assert graph.source == "torch.export" and graph.mode == "train"
+    assert totals.nodes == len(graph.nodes) > 0
+    assert totals.params > 0 and totals.flops_fwd > 0 and totals.activation_bytes > 0
+    assert totals.saved_activation_bytes and totals.saved_activation_bytes_amp
+    assert 1.0 <= totals.flops_bwd / totals.flops_fwd <= 3.0  # about twice the forward (GEMM/conv)
+    ids = [n.id for n in graph.nodes]
+    assert len(set(ids)) == len(ids)
+    seen: set[str] = set()
+    for node in graph.nodes:  # producers come first
+        assert set(node.inputs) <= seen, node.id
+        seen.add(node.id)
+    heavy = {OpKind.conv.value, OpKind.linear.value, OpKind.matmul.value, OpKind.bmm.value,
+             OpKind.attention.value, OpKind.rnn.value}
+    assert sum(f for k, f in totals.flops_fwd_by_kind.items() if k in heavy) > 0.8 * totals.flops_fwd
+    assert summarize(graph)["nodes"] == totals.nodes
+
+
+@pytest.fixture
+def check_training_graph():
+    """`check_training_graph(graph)` asserts what every captured training graph holds (`_check_training_graph`)."""
+    return _check_training_graph

@@ -29,7 +29,7 @@ def export(tmp_path, name, *args) -> dict[str, float]:
 
 
 def test_a_jobs_own_settings_win_over_the_global_ones_which_stay_the_other_jobs_defaults(tmp_path):
-    jobs = ("--job", f"{LM}=gavel-lm:8", "--job", f"{OTHER}=lstm-lm:8")
+    jobs = ("--job", f"{LM}=gavel-lm:8", "--job", f"{OTHER}=bert-small:8")
     default = export(tmp_path, "default", *jobs)
     own = export(tmp_path, "own", "--job", f"{LM}=gavel-lm:8:seq_len=70:optimizer=adam", *jobs[2:])
     assert own[OTHER] == pytest.approx(default[OTHER], rel=1e-9)  # another job's settings do not leak

@@ -80,10 +80,10 @@ def test_the_header_shows_the_jobs_batch_and_the_global_batch_where_it_differs()
     assert header["one"].startswith("resnet18 b=8 train on 1 x ") and "global batch" not in header["one"]
     assert header["data"].startswith("resnet18 b=32 (global batch 64) train on 2 x ")
     assert header["micro"].startswith("resnet18 b=1 (global batch 16) train on 1 x ")
-    shared = run("predict", "resnet18", "-b", 8, "--accelerator", "t4", "--per-node", 2, "--with", "lstm-lm:16")
+    shared = run("predict", "resnet18", "-b", 8, "--accelerator", "t4", "--per-node", 2, "--with", "gavel-lm:16")
     assert shared.exit_code == 0, shared.output
     lines = shared.stdout.splitlines()
-    assert lines[0].startswith("resnet18 b=8 (global batch 16): ") and lines[1].startswith("lstm-lm b=16 (global "
+    assert lines[0].startswith("resnet18 b=8 (global batch 16): ") and lines[1].startswith("gavel-lm b=16 (global "
                                                                                             "batch 32): ")
 
 
@@ -111,13 +111,13 @@ def test_predict_over_a_batch_axis_answers_each_batch_as_predict_at_that_batch_w
 
 def test_export_gavel_writes_gavels_file_with_named_worker_and_job_types_and_pairs(tmp_path):
     out = tmp_path / "throughputs.json"
-    result = run("export", "gavel", out, "--job", "ResNet-18 (batch size 16)=resnet18:16", "--job", "lstm-lm:8",
+    result = run("export", "gavel", out, "--job", "ResNet-18 (batch size 16)=resnet18:16", "--job", "gavel-lm:8",
                  "--worker-type", "t4=t4", "--worker-type", "v100=v100-sxm2-32gb", "--scale-factors", "1,2,4",
                  "--colocation")
     assert result.exit_code == 0, result.output
     raw = json.loads(out.read_text())
     assert set(raw) == {"t4", "t4_unconsolidated", "v100", "v100_unconsolidated"}
-    resnet, lm = "ResNet-18 (batch size 16)", "lstm-lm (batch size 8)"
+    resnet, lm = "ResNet-18 (batch size 16)", "gavel-lm (batch size 8)"
     for worker in raw:
         assert set(raw[worker]) == {str((job, sf)) for job in (resnet, lm) for sf in (1, 2, 4)}
     for sf in (1, 2, 4):
@@ -163,15 +163,15 @@ def test_expert_parallelism_must_divide_the_data_parallel_degree():
 
 
 def test_predict_with_a_second_job_answers_both_sharing_the_gpu():
-    result = run("predict", "resnet18", "-b", 8, "--accelerator", "t4", "--with", "lstm-lm:16", "--json")
+    result = run("predict", "resnet18", "-b", 8, "--accelerator", "t4", "--with", "gavel-lm:16", "--json")
     assert result.exit_code == 0, result.output
     body = json.loads(result.output)
     assert body["sharing"] == "time-slicing" and len(body["throughput_samples_per_s"]) == 2
     for shared, alone in zip(body["throughput_samples_per_s"], body["isolated_throughput_samples_per_s"]):
         assert 0 < shared <= alone
-    bad = run("predict", "resnet18", "-b", 8, "--accelerator", "t4", "--with", "lstm-lm")
+    bad = run("predict", "resnet18", "-b", 8, "--accelerator", "t4", "--with", "gavel-lm")
     assert bad.exit_code == 2 and "--with" in bad.output
-    mps = run("predict", "resnet18", "-b", 8, "--accelerator", "t4", "--with", "lstm-lm:16", "--sharing", "mig")
+    mps = run("predict", "resnet18", "-b", 8, "--accelerator", "t4", "--with", "gavel-lm:16", "--sharing", "mig")
     assert mps.exit_code == 2 and "--sharing" in mps.output
 
 
@@ -214,8 +214,8 @@ def test_predict_with_a_second_job_answers_registered_jobs_with_their_reports_wh
     from perfmodel.store.jobs import JobStore
 
     first, second = (JobSpec(source=ZooSource(name=name), batch_size=batch) for name, batch in
-                     (("resnet18", 8), ("lstm-lm", 16)))
-    plain = json.loads(run("predict", "resnet18", "-b", 8, "--accelerator", "t4", "--with", "lstm-lm:16",
+                     (("resnet18", 8), ("gavel-lm", 16)))
+    plain = json.loads(run("predict", "resnet18", "-b", 8, "--accelerator", "t4", "--with", "gavel-lm:16",
                            "--json").output)
     with JobStore(get_settings().store_url) as store:  # the graphs the CLI kept: no second capture
         engine = PredictionEngine.open(EngineConfig(isolate_captures=False, graph_dir=get_settings().home / "graphs"),
@@ -223,10 +223,10 @@ def test_predict_with_a_second_job_answers_registered_jobs_with_their_reports_wh
         a, b = (engine.register(spec)[0].key for spec in (first, second))
         engine.observe(a, _t4(8), plain["throughput_samples_per_s"][0] * 0.5,
                        colocated_with=b)
-    text = run("predict", "resnet18", "-b", 8, "--accelerator", "t4", "--with", "lstm-lm:16")
+    text = run("predict", "resnet18", "-b", 8, "--accelerator", "t4", "--with", "gavel-lm:16")
     assert text.exit_code == 0, text.output
     assert "by its 1 report(s) while sharing t4 with 1 other job(s)" in " ".join(text.output.split())
-    body = json.loads(run("predict", "resnet18", "-b", 8, "--accelerator", "t4", "--with", "lstm-lm:16",
+    body = json.loads(run("predict", "resnet18", "-b", 8, "--accelerator", "t4", "--with", "gavel-lm:16",
                           "--json").output)
     assert body["calibration"][0]["level"] == "job" and body["calibration"][1]["level"] == "none"
     assert body["throughput_samples_per_s"][0] < plain["throughput_samples_per_s"][0] * 0.6

@@ -1,4 +1,5 @@
-"""perfmodel.graph.from_torch: every zoo model, and a 175B-parameter GPT, capture on the meta device."""
+"""perfmodel.graph.from_torch: every zoo model (Gavel's and DeepLearningExamples' in tests/jobs), and a
+175B-parameter GPT, capture on the meta device."""
 
 from __future__ import annotations
 
@@ -7,34 +8,21 @@ import time
 
 import pytest
 
-from perfmodel.graph import OpKind, capture_graph, summarize
+from perfmodel.graph import capture_graph
 from perfmodel.jobs.spec import HFConfigSource, JobSpec, ZooSource
 from perfmodel.jobs.zoo import ZOO
 
+# Gavel's and DeepLearningExamples' models are captured (with their loss) by tests/jobs/test_gavel_zoo.py and
+# tests/jobs/test_dle.py (its DLE tuple), which check the same through the `check_training_graph` fixture
+DLE = {"ssd300", "gnmt", "ncf", "tacotron2", "waveglow", "transformer-xl-base", "transformer-xl-large", "maskrcnn"}
 
-@pytest.mark.parametrize("zoo_name", sorted(n for n in ZOO if not n.startswith("gavel-")))  # tests/jobs/test_gavel_zoo
-def test_zoo_model_captures(zoo_name):
+
+@pytest.mark.parametrize("zoo_name", sorted(n for n in ZOO if not n.startswith("gavel-") and n not in DLE))
+def test_zoo_model_captures(zoo_name, check_training_graph):
     spec = JobSpec(source=ZooSource(name=zoo_name), batch_size=2, seq_len=32)
     graph = capture_graph(spec)
-    totals = graph.totals
-    assert graph.source == "torch.export" and graph.mode == "train" and graph.job_id == spec.key()
-    assert totals.nodes == len(graph.nodes) > 0
-    assert totals.params > 0 and totals.flops_fwd > 0 and totals.activation_bytes > 0
-    # what autograd saves (perfmodel.graph.saved) is measured for every zoo model, as captured and under autocast
-    assert totals.saved_activation_bytes and totals.saved_activation_bytes_amp
-    # Backward: about twice the forward (GEMM/conv), never more than three times.
-    assert 1.0 <= totals.flops_bwd / totals.flops_fwd <= 3.0
-    ids = [n.id for n in graph.nodes]
-    assert len(set(ids)) == len(ids)
-    seen: set[str] = set()
-    for node in graph.nodes:  # topological order: producers come first
-        assert set(node.inputs) <= seen, node.id
-        seen.add(node.id)
-    # The FLOP table knows the ops that do the work: unknown ops hold no tensor arithmetic we miss.
-    heavy = {OpKind.conv.value, OpKind.linear.value, OpKind.matmul.value, OpKind.bmm.value,
-             OpKind.attention.value, OpKind.rnn.value}
-    assert sum(f for k, f in totals.flops_fwd_by_kind.items() if k in heavy) > 0.8 * totals.flops_fwd
-    assert summarize(graph)["nodes"] == totals.nodes
+    assert graph.job_id == spec.key()
+    check_training_graph(graph)
 
 
 @pytest.mark.slow

@@ -76,8 +76,12 @@ def spec(name: str, batch_size: int = 2, **kw) -> JobSpec:
     return JobSpec(source=ZooSource(name=name), batch_size=batch_size, seq_len=SMALL_SEQ.get(name, 8), **kw)
 
 
-@functools.cache
 def graph(name: str, batch_size: int = 2):
+    return _graph(name, batch_size)  # graph("x") and graph("x", 2) share one capture
+
+
+@functools.cache
+def _graph(name: str, batch_size: int):
     return graph_for_job(spec(name, batch_size))
 
 
@@ -122,12 +126,12 @@ def test_reference_counts_quoted():
 
 
 @pytest.mark.parametrize("name", [_captures(n) for n in DLE if n != "transformer-xl-large"])
-def test_captures_on_meta_with_the_loss_in_the_graph(name):
+def test_captures_on_meta_with_the_loss_in_the_graph(name, check_training_graph):
     g = graph(name)
+    check_training_graph(g)
     ops = {n.op.rsplit(".", 1)[0] for n in g.nodes}
     assert set(LOSS_OPS[name]) <= ops, sorted(ops)
     assert g.totals.params == REFERENCE_PARAMS[name]
-    assert g.totals.flops_fwd > 0 and 1.0 <= g.totals.flops_bwd / g.totals.flops_fwd <= 3.0
 
 
 def _grows(two, four) -> None:

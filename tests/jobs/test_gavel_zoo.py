@@ -125,12 +125,12 @@ def test_meta_build_has_the_reference_parameter_count(name):
 
 
 @pytest.mark.parametrize("name", GAVEL)
-def test_captures_on_meta_with_the_loss_in_the_graph(name):
+def test_captures_on_meta_with_the_loss_in_the_graph(name, check_training_graph):
     g = graph(name, 1)
+    check_training_graph(g)
     ops = {n.op.rsplit(".", 1)[0] for n in g.nodes}
     assert set(LOSS_OPS[name]) <= ops, sorted(ops)
     assert g.totals.params == pytest.approx(REFERENCE_PARAMS[name], rel=TOLERANCE)
-    assert g.totals.flops_fwd > 0 and 1.0 <= g.totals.flops_bwd / g.totals.flops_fwd <= 3.0
 
 
 @pytest.mark.parametrize("name", GAVEL)
