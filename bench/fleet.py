@@ -39,7 +39,7 @@ from _figures import add_record_option, figure_key, record_if_asked
 
 from perfmodel.calibration.fleet import FleetPriors
 from perfmodel.evaluation.fleet import error_floors, fleet_frame, job_elsewhere, same_gpu, summary
-from perfmodel.evaluation.real_runs import IMPOSSIBLE_BELOW_ROOFLINE, physically_possible, read_composed
+from perfmodel.evaluation.real_runs import read_composed, steady_steps
 from perfmodel.hardware.catalog import load_catalog
 from perfmodel.settings import get_settings
 
@@ -117,11 +117,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     started = time.perf_counter()
     frame = composed(args.datasets, args.cache, args.graph_cache)
-    possible = physically_possible(frame)
-    for row in frame[~possible].itertuples(index=False):
-        print(f"left out: {row.model} on {row.devices} x {row.accelerator} ({row.precision}): its measured step is "
-              f"under {IMPOSSIBLE_BELOW_ROOFLINE:g} of the roofline of its work (not a training step)")
-    frame = fleet_frame(frame[possible & (frame.source == "lambda")], load_catalog())
+    steady, left_out = steady_steps(frame)
+    print("\n".join(left_out))
+    frame = fleet_frame(frame[steady & (frame.source == "lambda")], load_catalog())
     print(f"{len(frame)} configurations of {frame.model.nunique()} models on {frame.accelerator.nunique()} GPUs")
 
     rows = same_gpu(frame, draws=args.draws, priors=priors)

@@ -48,13 +48,12 @@ def gpu_accuracy(datasets_dir: str | Path | None = None, models_dir: Any = None,
     `stage`: the whole-step stage to fit (`real_runs.STAGES`, default `DEFAULT_STAGE`)."""
     from perfmodel.evaluation.real_runs import (
         DEFAULT_STAGE,
-        IMPOSSIBLE_BELOW_ROOFLINE,
         composed_frame,
         disk_graphs,
         lambda_runs,
         leave_one_out,
-        physically_possible,
         read_composed,
+        steady_steps,
     )
     from perfmodel.predictor.placed import PlacementPredictor
 
@@ -73,11 +72,9 @@ def gpu_accuracy(datasets_dir: str | Path | None = None, models_dir: Any = None,
     notes = [f"{len(runs)} measured configurations ({sum(r.repeats for r in runs)} runs; repeats merged into their "
              f"median) of {len({r.model for r in runs})} models on {len({r.accelerator for r in runs})} GPUs, "
              f"1-{max(r.devices for r in runs)} GPUs per node"]
-    possible = physically_possible(frame)
-    notes += [f"left out: {r.model} on {r.devices} x {r.accelerator} ({r.precision}, batch {r.batch_size}): its "
-              f"measured step, {r.measured_ms:.3g} ms, is under {IMPOSSIBLE_BELOW_ROOFLINE:g} of the roofline of its "
-              f"work (a logging artefact, not a training step)" for r in frame[~possible].itertuples(index=False)]
-    frame = frame[possible]
+    steady, left_out = steady_steps(frame)
+    notes += left_out
+    frame = frame[steady]
     result = GpuAccuracy(frame.assign(predicted_ms=frame.placement_ms), notes=notes)
     for by in HOLDOUTS:
         result.held[by] = leave_one_out(runs, frame, predictor, by, progress=progress, stage=stage or DEFAULT_STAGE)
@@ -195,9 +192,8 @@ def write_gpu_report(result: GpuAccuracy, folder: str | Path) -> dict[str, Path]
         "",
         *(f"- {note}" for note in result.notes),
         "- Errors are of the throughput (samples/s) a predicted step implies, as a scheduler reads it: a step "
-        "predicted twice too fast is 100 % off, twice too slow 50 %. The mean (MAPE) is pulled by a few runs far "
-        "slower than their neighbours (WaveGlow on 16 GB RTX A4000s at batch 10: 16x the batch-5 step); the "
-        "median APE is beside it.",
+        "predicted twice too fast is 100 % off, twice too slow 50 %. The mean (MAPE) is pulled by the few runs "
+        "farthest off; the median APE is beside it.",
         "- Every prediction below was made by a whole-step stage fitted without the run's model family (or chip), "
         "through the same code path as `POST /v1/predict`. The per-op kernel model underneath is the shipped one; "
         "it was fitted on kernel measurements that include some of these chips (A100, V100, A40, RTX 3090, RTX "

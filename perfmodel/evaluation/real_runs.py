@@ -247,6 +247,47 @@ def physically_possible(frame: pd.DataFrame) -> pd.Series:
     return ~(frame["measured_ms"] < IMPOSSIBLE_BELOW_ROOFLINE * floor)
 
 
+# A step whose time per sample is this many times that of the same job (model, GPU, math, GPU count, suite) at a
+# smaller per-GPU batch is no steady training step: the same kernels on more data never take longer per sample by
+# much (larger kernels fill the GPU better); a step that slows 8x when its batch doubles is a GPU at the edge of its
+# memory (the caching allocator freeing and re-allocating every step, or worse), not the job's speed. In Lambda's
+# runs one configuration is: WaveGlow TF32 at batch 10 on RTX A4000s (16 GB), at 1-16 GPUs, 8-10x the time per
+# sample of its batch 5; the next largest ratio, 2.6x, is a laptop GPU's. The threshold was set by looking at these
+# runs.
+THRASH_ABOVE_SMALLER_BATCH = 4.0
+SAME_JOB_KEYS = ("model", "accelerator", "precision", "devices", "suite")
+
+
+def thrash_ratio(frame: pd.DataFrame) -> pd.Series:
+    """Per row: its measured time per sample over the least time per sample of the same job (`SAME_JOB_KEYS`) at
+    a smaller per-GPU batch (1.0 where no smaller batch of it was measured)."""
+    per_sample = (frame["measured_ms"] / frame["batch_size"]).to_numpy(dtype=np.float64)
+    ratio = np.ones(len(frame))
+    for rows in frame.groupby(list(SAME_JOB_KEYS), sort=False).indices.values():
+        batches = frame["batch_size"].to_numpy()[rows]
+        for row, batch in zip(rows, batches):
+            smaller = per_sample[rows[batches < batch]]
+            if smaller.size:
+                ratio[row] = per_sample[row] / smaller.min()
+    return pd.Series(ratio, index=frame.index)
+
+
+def steady_steps(frame: pd.DataFrame) -> tuple[pd.Series, list[str]]:
+    """Which composed rows are steady training steps (`physically_possible`, and not `THRASH_ABOVE_SMALLER_BATCH`
+    times slower per sample than a smaller batch of the same job), and a note naming each row left out and why."""
+    possible = physically_possible(frame)
+    ratio = thrash_ratio(frame)
+    thrash = ratio > THRASH_ABOVE_SMALLER_BATCH
+    notes = [f"left out: {r.model} on {r.devices} x {r.accelerator} ({r.precision}, batch {r.batch_size}): its "
+             f"measured step, {r.measured_ms:.3g} ms, is under {IMPOSSIBLE_BELOW_ROOFLINE:g} of the roofline of its "
+             f"work (a logging artefact, not a training step)" for r in frame[~possible].itertuples(index=False)]
+    notes += [f"left out: {r.model} on {r.devices} x {r.accelerator} ({r.precision}, batch {r.batch_size}): "
+              f"{ratio[i]:.1f}x the time per sample of a smaller batch of it (a GPU at the edge of its memory, not a "
+              f"steady training step)" for i, r in zip(frame.index[thrash & possible],
+                                                       frame[thrash & possible].itertuples(index=False))]
+    return possible & ~thrash, notes
+
+
 TWIN_KEYS = ("model", "accelerator", "precision", "batch_size", "suite")
 
 

@@ -318,7 +318,7 @@ class WholeStepRecipe(RoleRecipe):
         return tuple(STAGES)
 
     def load(self, store: Any, catalog: Mapping[str, Any], progress: Progress) -> RoleData:
-        from perfmodel.evaluation.real_runs import composed_frame, stored_runs
+        from perfmodel.evaluation.real_runs import composed_frame, steady_steps, stored_runs
         from perfmodel.predictor.placed import PlacementPredictor
 
         runs = [r for r in stored_runs(store) if r.devices == 1]
@@ -327,6 +327,10 @@ class WholeStepRecipe(RoleRecipe):
                             keys=[])
         predictor = PlacementPredictor.load(self.models_dir)
         frame = composed_frame(runs, predictor, progress=progress)
+        steady, left_out = steady_steps(frame)
+        for note in left_out:
+            progress(f"whole-step: {note}")
+        frame = frame[steady].reset_index(drop=True)
         return RoleData(rows=frame, groups=frame["family"].to_numpy(dtype=object),
                         measured_ms=frame["measured_ms"].to_numpy(dtype=np.float64), keys=list(frame["key"]),
                         notes={"one_gpu_configurations": int(len(frame)),

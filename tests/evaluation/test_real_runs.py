@@ -11,12 +11,15 @@ import pytest
 from perfmodel.evaluation.gpu_report import GpuAccuracy, headline, write_gpu_report
 from perfmodel.evaluation.real_runs import (
     IMPOSSIBLE_BELOW_ROOFLINE,
+    THRASH_ABOVE_SMALLER_BATCH,
     RealRun,
     composed_frame,
     physically_possible,
     real_runs,
     recomposed_without_p2p,
     scaling_ratio_errors,
+    steady_steps,
+    thrash_ratio,
 )
 from perfmodel.evaluation.retrain import RetrainSettings, retrain
 from perfmodel.importers.lambda_runs import WholeJobRun
@@ -85,6 +88,27 @@ def test_a_measured_step_far_below_the_roofline_of_its_work_is_not_a_training_st
                           "measured_ms": [floor_ms * 2, floor_ms * 0.6, IMPOSSIBLE_BELOW_ROOFLINE * floor_ms,
                                           IMPOSSIBLE_BELOW_ROOFLINE * floor_ms * 0.99, 0.5]})
     assert physically_possible(frame).tolist() == [True, True, True, False, False]
+
+
+def test_a_step_far_slower_per_sample_than_a_smaller_batch_of_the_same_job_is_not_a_steady_step():
+    """WaveGlow's batch 10 on one GPU takes 8x the time per sample of its batch 5 (a GPU at the edge of its memory):
+    left out, with a note; a batch only somewhat slower per sample, the same batch on other GPU counts or in another
+    math, and the smallest batch of a job are kept; a logging artefact below the roofline is left out too."""
+    rows = [  # model, accelerator, precision, devices, batch, measured_ms
+        ("waveglow", "rtx-a4000", "tf32", 1, 5, 1600.0), ("waveglow", "rtx-a4000", "tf32", 1, 10, 25600.0),
+        ("waveglow", "rtx-a4000", "tf32", 1, 8, 2560.0 * 1.5),  # 1.5x per sample: kept
+        ("waveglow", "rtx-a4000", "tf32", 2, 10, 3300.0),  # no smaller batch on 2 GPUs: kept
+        ("waveglow", "rtx-a4000", "amp", 1, 10, 1000.0),
+        ("ncf", "a100-sxm4-80gb", "amp", 8, 1000, 0.001)]  # under the roofline
+    frame = pd.DataFrame(rows, columns=["model", "accelerator", "precision", "devices", "batch_size", "measured_ms"])
+    frame = frame.assign(suite="v0", single_ms=100.0, roofline_over_composed=0.4)
+    ratio = thrash_ratio(frame)
+    assert ratio[1] == pytest.approx(8.0) and ratio[2] == pytest.approx(1.5)
+    assert ratio[[0, 3, 4, 5]].tolist() == [1.0, 1.0, 1.0, 1.0]
+    assert ratio[1] > THRASH_ABOVE_SMALLER_BATCH > ratio[2]
+    steady, notes = steady_steps(frame)
+    assert steady.tolist() == [True, False, True, True, True, False]
+    assert len(notes) == 2 and "8.0x the time per sample" in " ".join(notes) and "roofline" in notes[0]
 
 
 def test_a_suite_recomposed_without_peer_to_peer_pays_the_host_staged_all_reduce_and_nothing_else_changes():
