@@ -138,8 +138,9 @@ def _run(model: str, accelerator: str, precision: str, batch: int, items_per_s: 
 
 @pytest.mark.slow
 def test_retrain_learns_the_stage_from_stored_runs_and_the_service_path_applies_it(tmp_path):
-    """Synthetic runs TRUE_FACTOR slower than composed, of two cheap zoo families on five GPUs: the whole-step role
-    is promoted, the served prediction moves toward the runs, and the GPU report is written with its plots."""
+    """Synthetic runs TRUE_FACTOR slower than composed, of two cheap zoo families on five GPUs (and one that is no
+    steady step, left out and said so): the whole-step role is promoted, the served prediction moves toward the
+    runs."""
     models = copy_shipped_models(tmp_path / "models")
     composer = PlacementPredictor.load(models)
     jobs = [("ncf", 4096), ("transformer-xl-base", 1)]  # the two cheapest to compose (one capture each)
@@ -154,13 +155,21 @@ def test_retrain_learns_the_stage_from_stored_runs_and_the_service_path_applies_
         samples_per_s = run.batch_size / (row.single_ms * TRUE_FACTOR) * 1e3
         records.append(_run(run.model, run.accelerator, run.precision, run.batch_size,
                             samples_per_s * entry.items(entry.reference_seq_len or 128), i))
+    # and a GPU at the edge of its memory: NCF at twice the batch, 8x the time per sample (no steady step)
+    first = records[0]
+    records.append(_run(first.model, first.accelerator, "tf32", 2 * int(first.batch_size), first.throughput / 8,
+                        len(records)))
     url = f"sqlite:///{tmp_path / 'store.db'}"
     with JobStore(url) as store:
         store.add_whole_job_measurements(records)
     # two families: one held out, five runs (fewer than a champion is replaced on by default)
+    said: list[str] = []
     result = retrain(url, models, RetrainSettings(roles=("whole-step",), holdout_fraction=0.5, min_compared_rows=5,
-                                                  min_compared_groups=1))
+                                                  min_compared_groups=1), progress=said.append)
     assert result.error is None, result.error
+    assert [line for line in said if "left out" in line] == [
+        f"whole-step: left out: ncf on 1 x {first.accelerator} (tf32, batch 8192): 8.0x the time per sample of a "
+        "smaller batch of it (a GPU at the edge of its memory, not a steady training step)"]
     [outcome] = result.roles
     assert outcome.decision == "promoted", outcome.reason
     served = PlacementPredictor.load(models)
