@@ -261,12 +261,12 @@ SAME_JOB_KEYS = ("model", "accelerator", "precision", "devices", "suite")
 def thrash_ratio(frame: pd.DataFrame) -> pd.Series:
     """Per row: its measured time per sample over the least time per sample of the same job (`SAME_JOB_KEYS`) at
     a smaller per-GPU batch (1.0 where no smaller batch of it was measured)."""
-    per_sample = (frame["measured_ms"] / frame["batch_size"]).to_numpy(dtype=np.float64)
+    batch = frame["batch_size"].to_numpy(dtype=np.float64)
+    per_sample = frame["measured_ms"].to_numpy(dtype=np.float64) / batch
     ratio = np.ones(len(frame))
     for rows in frame.groupby(list(SAME_JOB_KEYS), sort=False).indices.values():
-        batches = frame["batch_size"].to_numpy()[rows]
-        for row, batch in zip(rows, batches):
-            smaller = per_sample[rows[batches < batch]]
+        for row in rows:
+            smaller = per_sample[rows[batch[rows] < batch[row]]]
             if smaller.size:
                 ratio[row] = per_sample[row] / smaller.min()
     return pd.Series(ratio, index=frame.index)
@@ -282,9 +282,8 @@ def steady_steps(frame: pd.DataFrame) -> tuple[pd.Series, list[str]]:
              f"measured step, {r.measured_ms:.3g} ms, is under {IMPOSSIBLE_BELOW_ROOFLINE:g} of the roofline of its "
              f"work (a logging artefact, not a training step)" for r in frame[~possible].itertuples(index=False)]
     notes += [f"left out: {r.model} on {r.devices} x {r.accelerator} ({r.precision}, batch {r.batch_size}): "
-              f"{ratio[i]:.1f}x the time per sample of a smaller batch of it (a GPU at the edge of its memory, not a "
-              f"steady training step)" for i, r in zip(frame.index[thrash & possible],
-                                                       frame[thrash & possible].itertuples(index=False))]
+              f"{ratio[r.Index]:.1f}x the time per sample of a smaller batch of it (a GPU at the edge of its memory, "
+              f"not a steady training step)" for r in frame[thrash & possible].itertuples()]
     return possible & ~thrash, notes
 
 
