@@ -135,3 +135,56 @@ def test_zoo_captures_measure_less_than_every_output(name):
     totals = graph.totals
     assert totals.saved_activation_bytes is not None and totals.saved_activation_bytes_amp is not None
     assert 0 < totals.saved_activation_bytes < totals.activation_bytes
+
+
+class _FeedForward(nn.Module):
+    """A layer norm of a transposed (non-contiguous) sum, whose output a multiply saves and a linear reads: the
+    linear saves the output itself if it is contiguous, a copy if not (Gavel's Transformer sublayer)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv, self.norm, self.linear = nn.Conv1d(8, 8, 1), nn.LayerNorm(8), nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.norm(self.conv(x.transpose(1, 2)).transpose(1, 2) + x)
+        return self.linear(y) * y
+
+
+def _norm_cases() -> list[tuple[str, nn.Module, torch.Tensor]]:
+    frozen = nn.Sequential(nn.BatchNorm2d(8), nn.Conv2d(8, 8, 3))
+    frozen[0].requires_grad_(False)  # nothing before it needs a gradient: torch saves nothing for it
+    return [
+        ("bn 2d", nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.ReLU(inplace=True)), torch.empty(4, 3, 9, 9)),
+        ("bn channels last", nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8)).to(memory_format=torch.channels_last),
+         torch.empty(4, 3, 9, 9).to(memory_format=torch.channels_last)),
+        ("bn 1d on (N, C)", nn.Sequential(nn.Linear(6, 8), nn.BatchNorm1d(8)), torch.empty(5, 6)),
+        ("bn 1d on (N, C, L)", nn.Sequential(nn.Conv1d(3, 8, 3), nn.BatchNorm1d(8)), torch.empty(2, 3, 11)),
+        ("bn no affine, no running stats", nn.Sequential(
+            nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8, affine=False, track_running_stats=False)), torch.empty(2, 3, 7, 7)),
+        ("bn half", nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8)).half(), torch.empty(2, 3, 7, 7).half()),
+        ("bn frozen", frozen, torch.empty(2, 8, 7, 7)),
+        ("ln", nn.Sequential(nn.Linear(6, 8), nn.LayerNorm(8), nn.Linear(8, 4)), torch.empty(3, 5, 6)),
+        ("ln over two dims, no affine", nn.Sequential(nn.Linear(6, 8), nn.LayerNorm((5, 8), elementwise_affine=False)),
+         torch.empty(3, 5, 6)),
+        ("ln of a transposed sum", _FeedForward(), torch.empty(2, 7, 8)),
+    ]
+
+
+@pytest.mark.parametrize("case", range(len(_norm_cases())), ids=[c[0] for c in _norm_cases()])
+@pytest.mark.parametrize("autocast", [False, True], ids=["fp32", "amp"])
+def test_norms_save_what_torchs_own_meta_ops_save(case, autocast, monkeypatch):
+    """Training batch norm and layer norm on meta run as shapes only (torch's meta kernels for them are Python
+    decompositions): the bytes are exactly those of torch's own ops, whatever the layout, dtype, affine and running
+    statistics, and the layout of what they return."""
+    import perfmodel.graph.saved as saved
+
+    _, model, x = _norm_cases()[case]
+    model, x = model.to("meta"), x.to("meta")
+    answered = []
+    shapes_only = {func: (lambda args, kwargs, fast=fast: answered.append(fast(args, kwargs)) or answered[-1])
+                   for func, fast in saved._SHAPES_ONLY.items()}
+    monkeypatch.setattr(saved, "_SHAPES_ONLY", shapes_only)
+    fast = saved_activation_bytes(model, (x,), autocast=autocast)
+    assert answered and all(isinstance(out, torch.Tensor) for out in answered)  # the shapes-only path ran
+    monkeypatch.setattr(saved, "_SHAPES_ONLY", {})  # torch's ops
+    assert fast == saved_activation_bytes(model, (x,), autocast=autocast) > 0
