@@ -139,7 +139,9 @@ class Checked:
 
 
 class GraphCache:
-    """Graphs by spec key: a bounded LRU in front of single-flight captures serialised by one lock."""
+    """Graphs by graph key (`JobSpec.graph_key`: the specs of one model at one batch whatever their optimizer and
+    float32 math share one capture): a bounded LRU in front of single-flight captures serialised by one lock. Each
+    spec gets the graph labelled with its own key."""
 
     def __init__(self, max_size: int, *, capture_fn: Callable[..., Graph] | None = None,
                  deadline_s: float | None = None, limits: Any = None, isolated: bool = True,
@@ -161,24 +163,29 @@ class GraphCache:
         self._clock = clock
 
     def get(self, spec: JobSpec) -> Graph | None:
-        return self._graphs.get(spec.key())
+        graph = self._graphs.get(spec.graph_key())
+        return None if graph is None else graph_of(spec, graph)
 
     def put(self, spec: JobSpec, graph: Graph) -> Graph:
         """Keep a graph had elsewhere (the store's) as if captured here."""
         if not isinstance(spec.source, GraphSource):
-            self._learn(batch_free_key(spec), spec.batch_size, graph)
-        return self._graphs.setdefault(spec.key(), graph)
+            self._learn(_batch_free_graph_key(spec), spec.batch_size, graph)
+        return graph_of(spec, self._graphs.setdefault(spec.graph_key(), graph))
 
     def graph(self, spec: JobSpec, deadline_s: float | None = None) -> Graph:
-        """`spec`'s graph; blocking: captured at most once at a time per spec, one capture at a time overall."""
-        key = spec.key()
+        """`spec`'s graph; blocking: captured at most once at a time per graph key, one capture at a time
+        overall."""
+        return graph_of(spec, self._graph(spec, deadline_s))
+
+    def _graph(self, spec: JobSpec, deadline_s: float | None) -> Graph:
+        key = spec.graph_key()
         deadline = deadline_s if deadline_s is not None else self.deadline_s
 
         def run() -> Graph:
             if isinstance(spec.source, GraphSource):  # parsing an IR needs no lock; its batch is fixed
                 graph = self._capture_fn(spec, deadline, self.limits)
                 return self._graphs.setdefault(key, graph)
-            family = batch_free_key(spec)
+            family = _batch_free_graph_key(spec)
             model = self._batches.get(family)
             if isinstance(model, Checked):
                 self.synthesized += 1
@@ -205,7 +212,7 @@ class GraphCache:
     def _path(self, spec: JobSpec) -> Path | None:
         if self.directory is None or not isinstance(spec.source, (ZooSource, HFConfigSource)):
             return None
-        return self.directory / f"{spec.key()}.v{SCHEMA_VERSION}.r{CAPTURE_REVISION}.json"
+        return self.directory / f"{spec.graph_key()}.v{SCHEMA_VERSION}.r{CAPTURE_REVISION}.json"
 
     def _read(self, spec: JobSpec) -> Graph | None:
         path = self._path(spec)
@@ -248,7 +255,7 @@ class GraphCache:
         `PREPARE_MAX_CAPTURE_S`."""
         if isinstance(spec.source, GraphSource):
             return False
-        family = batch_free_key(spec)
+        family = _batch_free_graph_key(spec)
         if graph is not None:
             self._learn(family, spec.batch_size, graph)
         for factor in (2, 3):
@@ -263,11 +270,11 @@ class GraphCache:
 
     def has_batches(self, spec: JobSpec) -> bool:
         """Whether any batch of `spec` is arithmetic, not a capture. Cheap."""
-        return isinstance(self._batches.get(batch_free_key(spec)), Checked)
+        return isinstance(self._batches.get(_batch_free_graph_key(spec)), Checked)
 
     def batch_model(self, spec: JobSpec) -> BatchAffine | None:
         """`spec`'s checked affine model (its graph at any batch), None where it has none. Cheap."""
-        model = self._batches.get(batch_free_key(spec))
+        model = self._batches.get(_batch_free_graph_key(spec))
         return model.model if isinstance(model, Checked) else None
 
     def __len__(self) -> int:
@@ -277,3 +284,14 @@ class GraphCache:
 def batch_free_key(spec: JobSpec) -> str:
     """The key of a spec whatever its batch."""
     return spec.model_copy(update={"batch_size": 1}).key()
+
+
+def _batch_free_graph_key(spec: JobSpec) -> str:
+    """The graph key of a spec whatever its batch: what a batch-affine model of its graphs is kept by."""
+    return spec.model_copy(update={"batch_size": 1}).graph_key()
+
+
+def graph_of(spec: JobSpec, graph: Graph) -> Graph:
+    """`graph` labelled as `spec`'s (its `job_id`): the graph of another spec of the same graph key."""
+    key = spec.key()
+    return graph if graph.job_id is None or graph.job_id == key else graph.model_copy(update={"job_id": key})

@@ -171,6 +171,7 @@ ModelSource = Annotated[
 
 DEFAULT_SEQ_LEN = 128
 _KEY_ATTR = "key_cache__"  # where `JobSpec.key()` keeps its value (not a field)
+_GRAPH_KEY_ATTR = "graph_key_cache__"  # and `JobSpec.graph_key()` its own
 
 
 class JobSpec(BaseModel):
@@ -260,6 +261,19 @@ class JobSpec(BaseModel):
             cached = self.__dict__[_KEY_ATTR] = self._content_hash()[:24]
         return cached
 
+    def graph_key(self) -> str:
+        """The key of the spec's graph: specs that differ only in what no graph depends on share it. The optimizer
+        is priced from the parameter count, and the math of a model whose weights stay float32 (fp32, fp32-strict,
+        tf32, amp, amp-bf16) from its float32 graph: only a model cast to half (fp16, bf16) has another graph."""
+        cached = self.__dict__.get(_GRAPH_KEY_ATTR)
+        if cached is None:
+            update: dict[str, Any] = {"optimizer": OptimizerName.sgd}
+            if not Precision(self.precision).half_weights:
+                update["precision"] = Precision.fp32
+            same = all(getattr(self, name) == value for name, value in update.items())
+            cached = self.__dict__[_GRAPH_KEY_ATTR] = self.key() if same else self.model_copy(update=update).key()
+        return cached
+
     def _content_hash(self) -> str:
         """sha256 of the canonical JSON of `model_dump(mode="json")`, written in pieces (`core.canonical`). An IR's
         graph is hashed as given: it came from JSON, and dumping it would copy megabytes unchanged in one C call
@@ -276,7 +290,8 @@ class JobSpec(BaseModel):
     def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> JobSpec:
         copied = super().model_copy(update=update, deep=deep)
         if update:
-            copied.__dict__.pop(_KEY_ATTR, None)  # another spec: its key is computed afresh
+            copied.__dict__.pop(_KEY_ATTR, None)  # another spec: its keys are computed afresh
+            copied.__dict__.pop(_GRAPH_KEY_ATTR, None)
         return copied
 
     @classmethod

@@ -262,7 +262,7 @@ class PlacementPredictor:
             return cached
         own = graph if graph is not None and micro_batch_size == spec.batch_size else None
         if own is not None:
-            self._graphs.setdefault(spec.key(), own)
+            self._graphs.setdefault(spec.graph_key(), own)
         micro_spec = spec.model_copy(update={"batch_size": micro_batch_size})
         if key not in self._compositions:
             self.prefetch([(spec, hardware, micro_batch_size, graph)])  # composed from the job's lines, if it has
@@ -289,7 +289,7 @@ class PlacementPredictor:
             if spec.mode.value == "train" else 0)
         self._computes.put(key, (compute, single))
         if micro_graph is not None:
-            self._graphs.setdefault(micro_spec.key(), micro_graph)
+            self._graphs.setdefault(micro_spec.graph_key(), micro_graph)
         return compute, single
 
     def _single_step(self, spec: JobSpec, micro_spec: JobSpec, hardware: HardwareSpec,
@@ -408,8 +408,9 @@ class PlacementPredictor:
         return None if composed is None else composed[1]
 
     def _graph(self, spec: JobSpec) -> Graph:
-        """`spec`'s graph: cached, else from the graph source (the engine's capture), else `graph_for_job`."""
-        cached = self._graphs.get(spec.key())
+        """`spec`'s graph: cached (by graph key: a spec of another optimizer or float32 math has the same graph),
+        else from the graph source (the engine's capture), else `graph_for_job`."""
+        cached = self._graphs.get(spec.graph_key())
         if cached is not None:
             return cached
         if self._graph_source is not None:
@@ -418,7 +419,7 @@ class PlacementPredictor:
             from perfmodel.graph import graph_for_job
 
             graph = graph_for_job(spec)
-        return self._graphs.setdefault(spec.key(), graph)
+        return self._graphs.setdefault(spec.graph_key(), graph)
 
     # --- placements -------------------------------------------------------------------------------------------------
 
@@ -589,7 +590,7 @@ class PlacementPredictor:
         if cached is not None:
             return cached
         micro_spec = spec.model_copy(update={"batch_size": placement.micro_batch_size})
-        lines = self._graph_line(spec) if micro_spec.key() not in self._graphs else None
+        lines = self._graph_line(spec) if micro_spec.graph_key() not in self._graphs else None
         graph = (lines.graph_bytes(spec.precision, placement.micro_batch_size) if lines is not None
                  else self._bytes_of(micro_spec, self._graph(micro_spec)))
         check_expert_parallel(graph.moe, spec.name, par.expert)

@@ -10,7 +10,7 @@ import pytest
 
 from perfmodel.core.lru import LRU
 from perfmodel.engine.graphs import GraphCache, SingleFlight, capture
-from perfmodel.jobs.spec import JobSpec
+from perfmodel.jobs.spec import JobSpec, OptimizerName, Precision
 from tests.engine.helpers import tiny_graph
 
 
@@ -113,3 +113,24 @@ def test_a_graph_directory_serves_later_processes_without_a_capture(tmp_path):
     (next(tmp_path.glob("*.json"))).write_text("{not json")  # a damaged file is captured again
     again = GraphCache(16, capture_fn=capture_fn, directory=tmp_path)
     assert again.graph(zoo) == graph and again.captures == 1
+
+
+def test_a_job_in_another_float32_math_or_optimizer_costs_no_capture_and_gets_its_own_label():
+    from tests.engine.helpers import tiny_graph
+
+    captured: list[JobSpec] = []
+
+    def capture_fn(spec, deadline_s, limits):
+        captured.append(spec)
+        return tiny_graph(spec.batch_size).model_copy(update={"job_id": spec.key()})
+
+    cache = GraphCache(16, capture_fn=capture_fn)
+    fp32 = JobSpec.from_options(zoo="resnet18", batch_size=8)
+    twins = [fp32.model_copy(update=u) for u in ({"precision": Precision.tf32},
+                                                  {"precision": Precision.amp, "optimizer": OptimizerName.adam})]
+    graphs = [cache.graph(s) for s in (fp32, *twins)]
+    assert len(captured) == 1 and cache.captures == 1
+    assert [g.job_id for g in graphs] == [s.key() for s in (fp32, *twins)]  # each labelled as its own job's
+    assert graphs[1].nodes == graphs[0].nodes and cache.get(twins[1]).job_id == twins[1].key()
+    half = fp32.model_copy(update={"precision": Precision.fp16})  # a model cast to half: another graph
+    assert cache.graph(half).job_id == half.key() and cache.captures == 2

@@ -4,7 +4,7 @@ import pytest
 from pydantic import ValidationError
 
 from perfmodel.core.errors import PerfmodelError, UnknownNameError
-from perfmodel.jobs.spec import DEFAULT_SEQ_LEN, JobSpec, ModuleSource, OptimizerName, Precision, ZooSource
+from perfmodel.jobs.spec import DEFAULT_SEQ_LEN, JobSpec, Mode, ModuleSource, OptimizerName, Precision, ZooSource
 from perfmodel.jobs.zoo import ZOO, get_entry
 
 
@@ -156,3 +156,23 @@ def test_channels_last_is_its_own_job_and_leaves_every_other_key_as_it_was():
     assert converted.model_dump(mode="json")["channels_last"] is True
     assert JobSpec.model_validate_json(converted.model_dump_json()) == converted
     assert converted.key() != plain.key()
+
+
+def test_specs_that_differ_only_in_optimizer_or_float32_math_share_a_graph_key():
+    """The optimizer is priced from the parameter count and fp32, tf32 and autocast run the float32 graph: one
+    graph key; a model cast to half, another batch, sequence, layout or mode is another graph."""
+    base = JobSpec.from_options(zoo="bert-small", batch_size=8, seq_len=64)
+    same = [base.model_copy(update={"precision": p, "optimizer": o})
+            for p in (Precision.fp32, Precision.fp32_strict, Precision.tf32, Precision.amp, Precision.amp_bf16)
+            for o in OptimizerName]
+    assert {s.graph_key() for s in same} == {base.graph_key()}
+    assert len({s.key() for s in same}) == len(same)  # each is still its own job
+    assert base.graph_key() == base.key()  # fp32 with SGD: its own key
+    others = [base.model_copy(update=u) for u in ({"precision": Precision.fp16}, {"precision": Precision.bf16},
+                                                   {"batch_size": 16}, {"seq_len": 128}, {"mode": Mode.inference})]
+    others.append(JobSpec.from_options(zoo="resnet18", batch_size=8, channels_last=True))
+    keys = {s.graph_key() for s in others} | {base.graph_key(), others[-1].model_copy(
+        update={"channels_last": False}).graph_key()}
+    assert len(keys) == len(others) + 2
+    assert base.model_copy(update={"precision": Precision.fp16, "optimizer": OptimizerName.adam}).graph_key() == \
+        others[0].graph_key()

@@ -494,6 +494,24 @@ def test_the_grid_has_a_batch_axis_and_new_batches_cost_no_capture(client):
     assert both.status_code == 422
 
 
+def test_the_same_model_in_another_float32_math_or_optimizer_is_its_own_job_without_a_capture(client):
+    """A scheduler asking whether a registered job would run faster in TF32 or with AMP, or with Adam, registers
+    those twins: each is its own job with its own answer, and none captures the model again."""
+    job = client.post("/v1/jobs", json={**SMALL_JOB, "batch_size": 16}).json()
+    engine = client.app.state.service.engine
+    captures = engine.stats()["captures"]
+    twins = [client.post("/v1/jobs", json={**SMALL_JOB, "batch_size": 16, **u}).json()
+             for u in ({"precision": "tf32"}, {"precision": "amp"}, {"optimizer": "adam"})]
+    assert engine.stats()["captures"] == captures
+    assert len({j["job_id"] for j in (job, *twins)}) == 4 and twins[1]["precision"] == "amp"
+    answers = [client.post("/v1/predict", json={"job": j["job_id"], "placement": {"accelerator": "a100"}}).json()
+               for j in (job, *twins)]
+    assert [a["job_id"] for a in answers] == [j["job_id"] for j in (job, *twins)]
+    assert len({a["iter_time_ms"] for a in answers[:3]}) == 3  # each priced in its own math
+    half = client.post("/v1/jobs", json={**SMALL_JOB, "batch_size": 16, "precision": "fp16"})  # another graph
+    assert half.status_code == 201 and engine.stats()["captures"] > captures
+
+
 def test_a_channels_last_job_is_registered_as_its_own_job_and_says_so(client):
     """`channels_last` is a job setting over HTTP: its own id, said back, and a faster AMP step on a tensor-core
     GPU than the same job in PyTorch's default layout."""
