@@ -325,7 +325,7 @@ class PlacementPredictor:
         """The job's graph at any batch from the engine's affine model of it (None: none yet, or not affine)."""
         if self._batch_models is None:
             return None
-        family = spec.model_copy(update={"batch_size": 1}).key()
+        family = spec.model_copy(update={"batch_size": 1}).graph_key()  # one per graph: every math, every optimizer
         found = self._graph_lines.get(family)
         if found is not None:
             return found
