@@ -22,9 +22,10 @@ What the measurement models, as a CUDA training step runs it:
 - `scaled_dot_product_attention` runs as the memory-efficient kernel CUDA picks (it saves the query, key, value,
   output and log-sum-exp, never the seq x seq probabilities); on the meta device and on the CPU torch would pick the
   math fallback, which saves them (`kernels="cpu"` follows the CPU's choice, to compare with a CPU step).
-- A training batch norm on meta tensors saves what `aten.native_batch_norm` saves (its input, weight, running
-  statistics, and per-channel mean and inverse standard deviation in float32 for half inputs) without running
-  torch's meta kernel for it, a Python decomposition that took a quarter of a CNN's capture.
+- A training batch norm and a layer norm on meta tensors save what `aten.native_batch_norm` and
+  `aten.native_layer_norm` save (input, weight, running statistics, and the per-channel or per-row mean and inverse
+  standard deviation in float32 for half inputs) without running torch's meta kernels for them, Python
+  decompositions that took a quarter of a CNN's capture (`_SHAPES_ONLY`).
 - RNNs (`nn.LSTM`, `nn.GRU`) run decomposed on meta (per-step gates saved); cuDNN's reserve space holds its own
   per-step buffers instead (and the CPU's oneDNN kernel its workspace: 1.5x the decomposed figure for lstm-lm).
 

@@ -317,7 +317,7 @@ class PlacementPredictor:
 
     def _bytes_of(self, micro_spec: JobSpec, graph: Graph) -> GraphBytes:
         """What memory reads of `micro_spec`'s graph (cached: many placements share a micro-batch)."""
-        key = f"{micro_spec.key()}:{micro_spec.precision.value}"
+        key = f"{micro_spec.graph_key()}:{micro_spec.precision.value}"  # its graph and its precision alone
         found = self._graph_bytes.get(key)
         return found if found is not None else self._graph_bytes.put(key, GraphBytes.of(graph, micro_spec.precision))
 
