@@ -107,20 +107,22 @@ def _export(engine: Any, output: Path, specs: list[JobSpec], names: list[str | N
     from perfmodel.engine.gavel import expand_batches, gavel_throughputs, grid_columns
     from perfmodel.placement.gavel import job_type_names
 
-    entries = [engine.job(spec) for spec in specs]
+    # every option checked before the first capture: a misspelt worker type costs no graph
     default_names = job_type_names([(s.key(), s.name, s.batch_size) for s in specs])
     job_types = [given or default for given, default in zip(names, default_names)]
     if len(set(job_types)) != len(job_types):
         raise PerfmodelError(f"--job: two jobs share a job type name: {job_types}")
-    if batch_sizes is not None:
-        for entry in entries:
-            engine.graphs.prepare_batches(entry.spec, entry.graph)  # every other batch without a capture
-        entries, job_types = expand_batches(engine, entries, job_types, _int_list(batch_sizes, "--batch-sizes"))
+    batches = None if batch_sizes is None else _int_list(batch_sizes, "--batch-sizes")
     try:
         columns = grid_columns(engine, workers, factors, inter_node_gbit_s=inter_node_gbit_s,
                                intra_node_link=intra_link)  # type: ignore[arg-type]  # one of `links`, checked above
     except PerfmodelError as exc:
         raise PerfmodelError(f"--worker-type: {exc}") from None
+    entries = [engine.job(spec) for spec in specs]
+    if batches is not None:
+        for entry in entries:
+            engine.graphs.prepare_batches(entry.spec, entry.graph)  # every other batch without a capture
+        entries, job_types = expand_batches(engine, entries, job_types, batches)
     calibrated: dict[str, dict[str, str]] = {}
     throughputs = gavel_throughputs(engine, entries, job_types, columns, colocation=colocation,
                                     sharing=sharing, calibrated=calibrated)

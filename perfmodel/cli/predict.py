@@ -105,6 +105,7 @@ def predict(ctx: typer.Context, model: ModelArg = None, hf_config: HFConfigOpt =
         engine = PredictionEngine.open(EngineConfig(model_version=model_version, isolate_captures=False,
                                                     graph_dir=settings.home / "graphs",
                                                     fleet_priors=fleet_priors_from(settings)), store=job_store)
+        engine.hardware(accelerator)  # a misspelt or ambiguous accelerator is refused before any capture
         _answer(engine, spec, placement, with_job=with_job, sharing=sharing, batch_sizes=batch_sizes,
                 global_batch_size=global_batch_size, accelerator=accelerator, seq_len=seq_len, precision=precision,
                 optimizer=optimizer, mode=mode, as_json=as_json,

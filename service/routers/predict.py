@@ -49,6 +49,7 @@ async def predict(body: PredictRequest, engine: Reader, state: State) -> Respons
     if hit is not None:
         encoded, calibrated = hit
     else:
+        engine.hardware(body.placement.accelerator, ("placement", "accelerator"))  # before any capture
         data = engine.predict_cached(body.job, body.placement)
         if data is None:
             with growing_heap():  # a job loaded, a device compute made: long-lived
@@ -65,6 +66,7 @@ async def predict_matrix(body: MatrixRequest, engine: Reader, metrics: MetricsDe
     """Every job on every placement. `grid` generates the placements: each accelerator × device count,
     consolidated (and with `spread`, one device per node too: by default with the gavel layout only). `layout:
     gavel` answers Gavel's dictionaries."""
+    check_accelerators(engine, body)
     entries = [await resolve_job(engine, ref, ("jobs", i)) for i, ref in enumerate(body.jobs)]
     if body.layout == "gavel":
         data, cells = await run_in_threadpool(gavel, engine, entries, body)
@@ -80,11 +82,36 @@ async def predict_matrix(body: MatrixRequest, engine: Reader, metrics: MetricsDe
 async def predict_colocation(body: ColocationRequest, engine: Reader, metrics: MetricsDep) -> Response:
     """Two jobs sharing the placement's GPU(s): each one's throughput while they do, its isolated answer beside it,
     and the sharing mode assumed. A pair that does not fit in memory together is a 422 at `jobs`."""
+    engine.hardware(body.placement.accelerator, ("placement", "accelerator"))  # before any capture
     entries = [await resolve_job(engine, ref, ("jobs", i)) for i, ref in enumerate(body.jobs)]
     refs = [entry.key if entry.registered else entry.spec for entry in entries]
     data = await run_in_threadpool(engine.colocation, refs, body.placement, body.sharing)
     metrics.count_predictions("colocation", 2, sum(bool(a["calibrated"]) for a in data["isolated"]))
     return json_response(data)
+
+
+def check_accelerators(engine: PredictionEngine, body: MatrixRequest) -> None:
+    """A 422 for an accelerator or worker type of the request the catalog does not name, before any of its jobs is
+    captured (a misspelt name costs no graph). The catalog look-ups are cached and in memory: on the event loop."""
+    if body.layout == "gavel" and body.grid is not None:
+        grid_worker_types(engine, body.grid, body.worker_types or {})
+    elif body.grid is not None:
+        for i, name in enumerate(body.grid.accelerators):
+            _grid_accelerator(engine, name, i)
+    else:
+        assert body.placements is not None
+        accelerators = [engine.hardware(p.accelerator, ("placements", j, "accelerator")).name
+                        for j, p in enumerate(body.placements)]
+        if body.layout == "gavel":
+            placement_worker_types(engine, accelerators, body.worker_types or {})
+
+
+def _grid_accelerator(engine: PredictionEngine, name: str, i: int) -> Any:
+    """The catalog entry of `grid.accelerators[i]`; a 422 there if the catalog does not name it."""
+    try:
+        return get_accelerator(name, engine.catalog)
+    except PerfmodelError as exc:
+        raise FieldError(("grid", "accelerators", i), str(exc)) from None
 
 
 def grid_placements(engine: PredictionEngine, grid: MatrixGrid, spread: bool) -> tuple[list[PlacementIn], list[bool]]:
@@ -95,10 +122,7 @@ def grid_placements(engine: PredictionEngine, grid: MatrixGrid, spread: bool) ->
     links = {name: value for name in ("inter_node_bandwidth_gbit_s", "inter_node_latency_us", "intra_node_link")
              if (value := getattr(grid, name)) is not None}
     for i, name in enumerate(grid.accelerators):
-        try:
-            hardware = get_accelerator(name, engine.catalog)
-        except PerfmodelError as exc:
-            raise FieldError(("grid", "accelerators", i), str(exc)) from None
+        hardware = _grid_accelerator(engine, name, i)
         for count in dict.fromkeys(grid.device_counts):
             if count > 1 and hardware.kind != "gpu":
                 continue  # multi-device placements are GPU placements

@@ -1,7 +1,9 @@
 """The CLI through typer's runner: real models, the real profilers and a real SQLite store (per-test home)."""
 
 import json
+import os
 import textwrap
+from pathlib import Path
 
 import pytest
 import torch
@@ -141,3 +143,12 @@ def test_profile_runs_a_channels_last_job_as_its_own_job(tmp_path):
     assert plain.exit_code == 0 and converted.exit_code == 0, converted.output
     plain, converted = json.loads(plain.stdout), json.loads(converted.stdout)
     assert converted["job_id"] != plain["job_id"] and converted["iteration"]["iter_time_ms_median"] > 0
+
+
+@pytest.mark.parametrize("accelerator,fragment", [("p100", "ambiguous accelerator 'p100'"), ("v100-sxm9", "v100")])
+def test_predict_refuses_a_bad_accelerator_before_capturing_the_job(accelerator, fragment):
+    result = run("predict", "resnet18", "-b", 8, "--accelerator", accelerator)
+    assert result.exit_code == 2, result.output
+    message = result.stderr.strip()
+    assert message.startswith("error:") and fragment in message
+    assert not list((Path(os.environ["PERFMODEL_HOME"]) / "graphs").rglob("*"))  # nothing captured for it

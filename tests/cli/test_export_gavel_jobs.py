@@ -70,3 +70,14 @@ def test_a_worker_type_given_twice_exits_2_naming_it(tmp_path):
     assert result.exit_code == 2, result.output
     assert "'v100' is given twice" in result.output
     assert not out.exists()
+
+
+@pytest.mark.parametrize("accelerator", ["p100", "v100-sxm9"])
+def test_an_ambiguous_or_unknown_worker_accelerator_exits_2_before_any_capture(tmp_path, accelerator):
+    out = tmp_path / "x.json"
+    result = runner.invoke(app, ["export", "gavel", str(out), "--worker-type", f"p100={accelerator}",
+                                 "--job", "gavel-resnet50:64", "--scale-factors", "1"])
+    assert result.exit_code == 2, result.output
+    assert "--worker-type" in result.output and repr(accelerator) in result.output
+    assert not out.exists()
+    assert not list((Path(os.environ["PERFMODEL_HOME"]) / "graphs").rglob("*"))  # refused before capturing

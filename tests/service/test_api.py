@@ -524,3 +524,29 @@ def test_a_channels_last_job_is_registered_as_its_own_job_and_says_so(client):
                for j in (plain, converted)]
     assert answers[1]["iter_time_ms"] < answers[0]["iter_time_ms"]
     assert client.post("/v1/jobs", json={**job, "channels_last": "sometimes"}).status_code == 422
+
+
+@pytest.mark.parametrize(("path", "body", "loc"), [
+    ("/v1/predict", {"job": "SPEC", "placement": {"accelerator": "p100"}}, ["body", "placement", "accelerator"]),
+    ("/v1/predict/colocation", {"jobs": ["SPEC", "SPEC"], "placement": {"accelerator": "v100-sxm9"}},
+     ["body", "placement", "accelerator"]),
+    ("/v1/predict/matrix", {"jobs": ["SPEC"], "placements": [{"accelerator": "t4"}, {"accelerator": "p100"}]},
+     ["body", "placements", 1, "accelerator"]),
+    ("/v1/predict/matrix", {"jobs": ["SPEC"], "grid": {"accelerators": ["t4", "k81"]}},
+     ["body", "grid", "accelerators", 1]),
+    ("/v1/predict/matrix", {"jobs": ["SPEC"], "grid": {"accelerators": ["p100"]}, "layout": "gavel",
+                            "worker_types": {"p100": "p100"}}, ["body", "worker_types", "p100"]),
+    ("/v1/predict/matrix", {"jobs": ["SPEC"], "placements": [{"accelerator": "t4"}], "layout": "gavel",
+                            "worker_types": {"t4": "t5"}}, ["body", "worker_types", "t4"]),
+])
+def test_an_unknown_or_ambiguous_accelerator_is_refused_before_the_job_is_captured(client, path, body, loc):
+    """A misspelt accelerator is a 422 at its field, and costs the server no capture of the request's new job."""
+    engine = client.app.state.service.engine
+    captures = engine.stats()["captures"]
+    spec = {**SMALL_JOB, "batch_size": 13}  # a job the server has never seen
+    body = {k: ([spec if j == "SPEC" else j for j in v] if k == "jobs" else spec if v == "SPEC" else v)
+            for k, v in body.items()}
+    answer = client.post(path, json=body)
+    assert answer.status_code == 422, answer.text
+    assert answer.json()["detail"][0]["loc"] == loc
+    assert engine.stats()["captures"] == captures
