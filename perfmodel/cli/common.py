@@ -79,6 +79,10 @@ def job_spec(model: str | None, hf_config: Path | None, task: str | None, module
 
     if onnx is not None and not onnx.is_file():
         raise PerfmodelError(f"ONNX file not found: {onnx}")
+    if model is not None:
+        from perfmodel.jobs.zoo import get_entry
+
+        get_entry(model)  # an unknown name is refused (with its close matches) before any job is captured
     try:
         return JobSpec.from_options(zoo=model, hf_config=hf_config, task=task, module=module,
                                     onnx=str(onnx) if onnx else None, batch_size=batch_size, seq_len=seq_len,

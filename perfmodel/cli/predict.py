@@ -209,7 +209,10 @@ def _colocated(engine: Any, spec: Any, other: str, placement: Any, sharing: str,
     name, _, batch = other.partition(":")
     if not name or not batch.isdigit() or int(batch) < 1:
         raise PerfmodelError(f"--with: expected ZOO_NAME:BATCH like resnet50:32, got {other!r}")
-    second = job_spec(name, None, None, None, None, int(batch), seq_len, precision, optimizer, mode)
+    try:
+        second = job_spec(name, None, None, None, None, int(batch), seq_len, precision, optimizer, mode)
+    except PerfmodelError as exc:
+        raise PerfmodelError(f"--with: {exc}") from None
     per_job = SamePlacement(placement)
     # jobs the service registered answer as they do there, with their own reports while sharing
     refs = [job.key() if engine.store.get_job(job.key()) is not None else job for job in (spec, second)]

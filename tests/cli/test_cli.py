@@ -152,3 +152,17 @@ def test_predict_refuses_a_bad_accelerator_before_capturing_the_job(accelerator,
     message = result.stderr.strip()
     assert message.startswith("error:") and fragment in message
     assert not list((Path(os.environ["PERFMODEL_HOME"]) / "graphs").rglob("*"))  # nothing captured for it
+
+
+@pytest.mark.parametrize("args,fragment", [
+    (("predict", "resnet18", "-b", 8, "--accelerator", "t4", "--with", "resnet51:8"),
+     "--with: unknown zoo model 'resnet51'; did you mean: resnet50"),
+    (("export", "gavel", "{out}", "--job", "resnet18:8", "--job", "resnet51:8", "--worker-type", "t4=t4"),
+     "unknown zoo model 'resnet51'"),
+])
+def test_a_misspelt_zoo_name_is_refused_before_any_job_is_captured(tmp_path, args, fragment):
+    """The other job of a pair, or a later job of an export, is checked by name before the first is captured."""
+    result = run(*(str(a).format(out=tmp_path / "x.json") for a in args))
+    assert result.exit_code == 2, result.output
+    assert result.stderr.strip().startswith("error:") and fragment in result.stderr
+    assert not list((Path(os.environ["PERFMODEL_HOME"]) / "graphs").rglob("*"))  # nothing captured
