@@ -14,6 +14,9 @@ class PerfmodelError(ValueError):
     """Bad input from the user (a name, a value, a file). Never a bug in perfmodel."""
 
 
+LIST_KNOWN_UP_TO = 12  # an unknown name among this few known ones gets them all in its message
+
+
 class UnknownNameError(PerfmodelError, KeyError):
     """A look-up by name failed; the message lists the closest known names."""
 
@@ -22,9 +25,11 @@ class UnknownNameError(PerfmodelError, KeyError):
         close = difflib.get_close_matches(name, known, n=5, cutoff=0.6) if name.strip() else []
         if not close and name.strip():
             close = [k for k in known if name.lower() in k.lower()][:5]
-        hint = f"; did you mean: {', '.join(close)}?" if close else f"; {len(known)} known (list them to choose)"
+        choices = (f"one of {', '.join(known)}" if len(known) <= LIST_KNOWN_UP_TO
+                   else f"{len(known)} known (list them to choose)")
+        hint = f"; did you mean: {', '.join(close)}?" if close else f"; {choices}"
         if not name.strip():
-            hint = f": the name is empty; {len(known)} known (list them to choose)"
+            hint = f": the name is empty; {choices}"
         super().__init__(f"unknown {what} {name!r}{hint}")
         self.name = name
         self.close_matches = close

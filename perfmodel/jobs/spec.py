@@ -101,6 +101,15 @@ class HFConfigSource(_Source):
         "default: the config's `architectures`, else base",
     )
 
+    @field_validator("task")
+    @classmethod
+    def _known_task(cls, task: str | None) -> str | None:
+        from perfmodel.jobs.hf import TASK_CLASSES
+
+        if task is not None and task not in TASK_CLASSES:
+            raise ValueError(f"unknown task {task!r}; one of {', '.join(TASK_CLASSES)}")
+        return task
+
 
 class ModuleSource(_Source):
     kind: Literal["module"] = "module"

@@ -176,3 +176,13 @@ def test_specs_that_differ_only_in_optimizer_or_float32_math_share_a_graph_key()
     assert len(keys) == len(others) + 2
     assert base.model_copy(update={"precision": Precision.fp16, "optimizer": OptimizerName.adam}).graph_key() == \
         others[0].graph_key()
+
+
+def test_an_hf_config_job_with_an_unknown_task_is_refused_when_it_is_specified():
+    """Before any capture: the spec itself refuses a head transformers has no class for, naming the known ones."""
+    from perfmodel.jobs.hf import TASK_CLASSES
+
+    config = {"model_type": "bert", "hidden_size": 64}
+    with pytest.raises(ValidationError, match="unknown task 'qa'; one of " + ", ".join(TASK_CLASSES)):
+        JobSpec.from_options(hf_config=config, task="qa", batch_size=2)
+    assert JobSpec.from_options(hf_config=config, task="masked-lm", batch_size=2).source.task == "masked-lm"
