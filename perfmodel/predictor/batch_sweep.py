@@ -37,7 +37,6 @@ from perfmodel.core.ir import Graph
 from perfmodel.hardware.spec import HardwareSpec
 from perfmodel.jobs.spec import JobSpec, Precision
 from perfmodel.lowering.ops import SHAPE_COLUMNS, op_work
-from perfmodel.predictor.composition import dilated_rows
 from perfmodel.predictor.gpu_iteration import heavy_nodes, job_rows, row_nodes, transposes_layout
 from perfmodel.predictor.math_modes import group_of, resolved_table
 from perfmodel.predictor.memory import GraphBytes
@@ -130,7 +129,6 @@ class RowLine:
     batch_first: int
     batch_second: int
     nodes: np.ndarray  # `row_nodes`
-    dilated: np.ndarray  # the rows of dilated convolutions (`composition.dilated_rows`)
 
     @classmethod
     def of(cls, spec: JobSpec, graphs: GraphLine, hardware: HardwareSpec, check: Graph, check_batch: int
@@ -162,8 +160,7 @@ class RowLine:
         picks[codes[::-1]] = np.arange(len(codes))[::-1]  # each kernel's first row
         return cls(rows=first, codes=codes.astype(np.intp),
                    kernels=first[list(_PRICED)].iloc[picks].reset_index(drop=True), first=s1[picks],
-                   second=s2[picks], batch_first=b1, batch_second=b2, nodes=row_nodes(first, graphs.first),
-                   dilated=dilated_rows(first, graphs.first))
+                   second=s2[picks], batch_first=b1, batch_second=b2, nodes=row_nodes(first, graphs.first))
 
     def kernels_at(self, batches: np.ndarray, device: str) -> pd.DataFrame:
         """The distinct kernels at each batch on `device`, batch-major: (batches x kernels) rows in the regressor's

@@ -15,9 +15,8 @@ device's spec sheet, never the device's name, so the stage learned from some GPU
   the step), `host_over_device`: the host's issue time over the device time, `share_overhead`: exposed host time;
 - `log_kernels`, `log_mean_kernel_us`: kernel count and mean kernel time;
 - graph: `log_flops`, `log_bytes` (per sample and per step), `log_params`, `log_intensity`;
-- device: `log_peak_tensor_tflops` (the peak of the math its GEMM work runs in, a float32 job's as its TF32 twin
-  runs it: the float32 maths of one job share one correction, `math_modes.CORRECTED_AS`), `log_bandwidth_gb_s`,
-  `log_ridge`, `log_peak_per_watt`, `log_memory_gb`, `amp` (half-precision GEMMs) — ratios and magnitudes, no identity.
+- device: `log_peak_tensor_tflops` (the peak of the math its GEMM time runs in), `log_bandwidth_gb_s`, `log_ridge`,
+  `log_peak_per_watt`, `log_memory_gb`, `amp` (half-precision GEMMs) — ratios and magnitudes, no identity.
 """
 
 from __future__ import annotations
@@ -32,16 +31,9 @@ from perfmodel.core import cost
 from perfmodel.core.ir import Graph
 from perfmodel.hardware.math import on_tensor_cores, peak_gflops
 from perfmodel.hardware.spec import HardwareSpec
-from perfmodel.jobs.spec import JobSpec, Precision
+from perfmodel.jobs.spec import JobSpec
 from perfmodel.lowering.ops import GEMM_CLASSES, op_work
-from perfmodel.predictor.math_modes import (
-    DILATED_CONV_MATH,
-    GROUP_OF_KIND,
-    GROUPS,
-    corrected_as,
-    group_of,
-    resolved_table,
-)
+from perfmodel.predictor.math_modes import GROUPS, group_of, resolved_table
 
 COMPOSITION_FEATURES: tuple[str, ...] = (
     "log_composed_ms",
@@ -79,43 +71,19 @@ def row_peaks(rows: pd.DataFrame, hardware: HardwareSpec) -> np.ndarray:
     return np.array([peaks[(m, g)] for m, g in zip(maths, gemm)], dtype=np.float64)
 
 
-def dilated_rows(rows: pd.DataFrame, graph: Graph) -> np.ndarray:
-    """Which rows are a dilated convolution's: their math is `DILATED_CONV_MATH` whatever the job's precision."""
-    ids = {node.id for node in graph.nodes if node.dilation > 1}
-    if not ids or "node_id" not in rows:
-        return np.zeros(len(rows), dtype=bool)
-    return rows["node_id"].isin(ids).to_numpy()
-
-
-def corrected_row_peaks(rows: pd.DataFrame, precision: Precision, hardware: HardwareSpec,
-                        dilated: np.ndarray | None) -> np.ndarray:
-    """The peak GFLOP/s of every row's math in the precision whose whole-step correction `precision` gets
-    (`math_modes.corrected_as`: a float32 job's rows as its TF32 twin runs them; a dilated convolution in its own
-    math, as in every precision)."""
-    stage = corrected_as(precision)
-    table = resolved_table(stage, hardware)
-    if stage == precision or "kind" not in rows or table == resolved_table(precision, hardware):
-        return row_peaks(rows, hardware)  # the same maths (a GPU without TF32)
-    by_kind = {kind: table[group].math for kind, group in GROUP_OF_KIND.items()}
-    maths = rows["kind"].map(by_kind).fillna(table["vector"].math).to_numpy(dtype=object)
-    if dilated is not None and dilated.any():
-        maths = np.where(dilated, DILATED_CONV_MATH, maths)
-    return row_peaks(rows.assign(math=maths), hardware)
-
-
 def gemm_log_peak_tflops(compute_ms: np.ndarray, gemm: np.ndarray, peaks_gflops: np.ndarray,
-                         default_gflops: float, read_gflops: np.ndarray | None = None) -> np.ndarray:
+                         default_gflops: float) -> np.ndarray:
     """log2 of the peak TFLOP/s of the math a step's GEMM work runs in: each GEMM row's peak weighted by its share
     of the GEMM FLOPs (geometrically; a row's FLOPs are its `compute_ms` at its peak), one value per step of
-    `compute_ms` (steps, rows). A step whose GEMMs run in two maths gets a peak between them (WaveGlow's dilated
-    convolutions on the CUDA cores beside its TF32 ones). FLOPs, not time: a small GEMM that takes as long in one
-    math as in another (bound by memory or launch) weighs what its work does. A step without GEMM work gets
-    `default_gflops` (its precision's matmul peak). `read_gflops`: the peaks averaged, if not the rows' own (a
-    float32 job's as its TF32 twin runs the same FLOPs: `corrected_row_peaks`)."""
+    `compute_ms` (steps, rows). A step whose GEMMs run in two maths gets a peak between them: under PyTorch's `fp32`
+    defaults on Ampere and later, a ResNet's convolutions run in TF32 and its one small linear layer in FP32, and
+    the step is a TF32 step; a BERT's matmuls run in FP32 and it is an FP32 step. FLOPs, not time: a small GEMM that
+    takes as long in FP32 as in TF32 (bound by memory or launch) must not make the FP32 step look like one of a
+    slower math, or the learned correction would answer it faster than its TF32 twin. A step without GEMM work gets
+    `default_gflops` (its precision's matmul peak)."""
     work = compute_ms[:, gemm] * peaks_gflops[gemm]
     total = work.sum(axis=1)
-    read = peaks_gflops if read_gflops is None else read_gflops
-    weighted = (work * _log2(read[gemm] / 1e3)).sum(axis=1) / np.maximum(total, 1e-300)
+    weighted = (work * _log2(peaks_gflops[gemm] / 1e3)).sum(axis=1) / np.maximum(total, 1e-300)
     return np.where(total > 0, weighted, _log2(default_gflops / 1e3))
 
 
@@ -139,19 +107,17 @@ def composition_features(spec: JobSpec, graph: Graph, hardware: HardwareSpec, ro
     arrays = composition_feature_arrays(
         spec, hardware, rows, np.asarray(latency_ms, dtype=np.float64)[None, :], compute[None, :], memory[None, :],
         {name: np.array([value]) for name, value in breakdown_ms.items()}, np.array([flops]), np.array([bytes_]),
-        totals.params, np.array([spec.batch_size]), host_ms_per_kernel, dilated_rows(rows, graph))
+        totals.params, np.array([spec.batch_size]), host_ms_per_kernel)
     return {name: float(value[0]) for name, value in arrays.items()}
 
 
 def composition_feature_arrays(spec: JobSpec, hardware: HardwareSpec, rows: pd.DataFrame, latency_ms: np.ndarray,
                                compute_ms: np.ndarray, memory_ms: np.ndarray,
                                breakdown_ms: Mapping[str, np.ndarray], flops: np.ndarray, bytes_: np.ndarray,
-                               params: int, batch: np.ndarray, host_ms_per_kernel: float,
-                               dilated: np.ndarray | None = None) -> dict[str, np.ndarray]:
+                               params: int, batch: np.ndarray, host_ms_per_kernel: float) -> dict[str, np.ndarray]:
     """`composition_features` of one job's step at several batches at once: `rows` are the kernels (the same at
     every batch), `latency_ms`, `compute_ms` and `memory_ms` (batches, rows), the breakdown, the graph's FLOPs
-    and bytes (fwd + bwd), `batch` one value per batch and `dilated` the dilated convolutions' rows
-    (`dilated_rows`)."""
+    and bytes (fwd + bwd) and `batch` one value per batch."""
     ms = latency_ms
     device_ms = np.maximum(ms.sum(axis=1), 1e-9)
     composed_ms = np.maximum(sum(breakdown_ms.values()), 1e-9)
@@ -162,15 +128,12 @@ def composition_feature_arrays(spec: JobSpec, hardware: HardwareSpec, rows: pd.D
     tensor = np.array([on_tensor_cores(hardware, m, bool(g)) for m, g in zip(maths, gemm)], dtype=bool)
     table = resolved_table(spec.precision, hardware)
     gemm_math = table["matmul"].math
-    stage_math = resolved_table(corrected_as(spec.precision), hardware)["matmul"].math
     # half-precision GEMMs on units of their own: where the spec sheet gives no faster peak for the half math (a
     # GTX 1080 Ti's fp16, a V100's bf16), the libraries run it at the fp32 rate and the step is not an AMP step
     half = float(gemm_math in ("fp16", "bf16")
                  and peak_gflops(hardware, gemm_math, True) > peak_gflops(hardware, "fp32", True))
-    # the device's peak as the correction reads it: a float32 job's as its TF32 twin's (`math_modes.CORRECTED_AS`)
     log_peak = gemm_log_peak_tflops(np.asarray(compute_ms, dtype=np.float64), gemm, row_peaks(rows, hardware),
-                                    peak_gflops(hardware, stage_math, True),
-                                    corrected_row_peaks(rows, spec.precision, hardware, dilated))
+                                    peak_gflops(hardware, gemm_math, True))
     batch = np.maximum(batch, 1)
     watts = hardware.tdp_w or float("nan")
     n = len(ms)

@@ -461,7 +461,7 @@ class DevicePredictor:
         flops, bytes_ = sweep.graphs.flops_and_bytes(batches)
         features = composition_feature_arrays(first, self._featured(hardware), rows, ms, compute_ms, memory_ms,
                                               breakdown, flops, bytes_, sweep.graphs.params, batches,
-                                              self.host_ms_per_kernel, sweep.rows.dilated)
+                                              self.host_ms_per_kernel)
         reasons: dict[bytes, tuple[str, ...]] = {}
         maths = maths_by_group(first.precision, hardware)
         host_issue_ms = {name: float((phase == name).sum()) * self.host_ms_per_kernel

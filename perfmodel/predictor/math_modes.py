@@ -79,18 +79,6 @@ def group_of(kind: str) -> str:
     return GROUP_OF_KIND.get(kind, "vector")
 
 
-# The float32 maths of one job share its learned whole-step correction (`perfmodel.predictor.whole_step`): the
-# correction is read as the job's TF32 step gets it (the public runs' "FP32" is TF32 where the GPU has it), so that
-# the three answers keep the order of their kernels (fp32-strict >= fp32 >= tf32 on one placement) and each
-# differs from the others by what its kernels cost alone.
-CORRECTED_AS: dict[Precision, Precision] = {Precision.fp32_strict: Precision.tf32, Precision.fp32: Precision.tf32}
-
-
-def corrected_as(precision: Precision) -> Precision:
-    """The precision whose whole-step correction a job of `precision` gets (`CORRECTED_AS`; else its own)."""
-    return CORRECTED_AS.get(precision, precision)
-
-
 def resolved_table(precision: Precision, spec: HardwareSpec) -> dict[str, RowMath]:
     """{group: RowMath} of a precision on a device, TF32 resolved (TF32 math where the device has it)."""
     tf32 = has_tf32(spec)

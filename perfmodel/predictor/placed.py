@@ -61,7 +61,7 @@ from perfmodel.placement.iteration import (
 )
 from perfmodel.placement.spec import PlacementSpec
 from perfmodel.predictor.batch_sweep import GraphLine, RowLine, Sweep, table_key
-from perfmodel.predictor.math_modes import corrected_as
+from perfmodel.predictor.math_modes import maths_by_group
 from perfmodel.predictor.memory import USABLE_MEMORY_FRACTION, GraphBytes, bytes_per_param, estimate_memory
 from perfmodel.predictor.predict import Prediction
 from perfmodel.predictor.whole_step import WholeStepStage
@@ -78,13 +78,16 @@ LINKS_CACHE_SIZE = 1024
 
 
 def level_key(spec: JobSpec, hardware: HardwareSpec) -> str | None:
-    """The key a whole-step stage keeps a measured model's level under (zoo jobs; None for the others). Every
-    float32 math takes the TF32 runs' level (`math_modes.corrected_as`; the public runs' "FP32" is TF32 where the
-    GPU has it): the float32 maths of one job share its correction, so that their answers keep their kernels'
-    order. `hardware` is the device asked (the key does not depend on it today)."""
+    """The key a whole-step stage keeps a measured model's level under (zoo jobs; None for the others). A precision
+    whose math on `hardware` is TF32's (fp32 on a GPU without TF32: every op group the same math) takes the TF32
+    runs' level, the runs it is the same step as (the public runs' "FP32" is TF32 where the GPU has it)."""
     if not isinstance(spec.source, ZooSource):
         return None
-    return job_level_key(spec.source.name, corrected_as(spec.precision).value)
+    precision = spec.precision
+    if precision in (Precision.fp32, Precision.fp32_strict) and (
+            maths_by_group(precision, hardware) == maths_by_group(Precision.tf32, hardware)):
+        precision = Precision.tf32
+    return job_level_key(spec.source.name, precision.value)
 
 
 HOST_LINK = "host"  # the intra-node link a placement names when its GPUs have no peer-to-peer
