@@ -38,7 +38,7 @@ from perfmodel.hardware.spec import HardwareSpec
 from perfmodel.jobs.spec import JobSpec, Precision
 from perfmodel.lowering.ops import SHAPE_COLUMNS, op_work
 from perfmodel.predictor.gpu_iteration import heavy_nodes, job_rows, row_nodes, transposes_layout
-from perfmodel.predictor.math_modes import group_of, resolved_table
+from perfmodel.predictor.math_modes import DILATED_CONV_MATH, GROUP_OF_KIND, group_of, resolved_table
 from perfmodel.predictor.memory import GraphBytes
 
 ROW_TOLERANCE = 0.005  # a shape off the line by more than its rounding explains and this share is off the line
@@ -129,6 +129,7 @@ class RowLine:
     batch_first: int
     batch_second: int
     nodes: np.ndarray  # `row_nodes`
+    dilated: np.ndarray  # the rows of dilated convolutions (their math is `DILATED_CONV_MATH` in every precision)
 
     @classmethod
     def of(cls, spec: JobSpec, graphs: GraphLine, hardware: HardwareSpec, check: Graph, check_batch: int
@@ -153,14 +154,35 @@ class RowLine:
         off_rows = ((off > rounding) & (off > ROW_TOLERANCE * np.abs(s3))).any(axis=1)
         if off_rows.any() and _share_of_work(third, made, off_rows) > OFF_LINE_WORK_SHARE:
             return None
-        keys = pd.MultiIndex.from_frame(pd.concat([first[list(_PRICED)].astype(object).reset_index(drop=True),
+        dilated = {node.id for node in graphs.first.nodes if node.dilation > 1}
+        return cls._of_rows(first, s1, s2, b1, b2, row_nodes(first, graphs.first),
+                            first["node_id"].isin(dilated).to_numpy() if "node_id" in first
+                            else np.zeros(len(first), dtype=bool))
+
+    @classmethod
+    def _of_rows(cls, rows: pd.DataFrame, s1: np.ndarray, s2: np.ndarray, b1: int, b2: int, nodes: np.ndarray,
+                 dilated: np.ndarray) -> RowLine:
+        """The line of `rows` whose shapes are `s1` at `b1` and `s2` at `b2` (one per row), each distinct kernel
+        once."""
+        keys = pd.MultiIndex.from_frame(pd.concat([rows[list(_PRICED)].astype(object).reset_index(drop=True),
                                                    pd.DataFrame(np.hstack([s1, s2]))], axis=1))
         codes, unique = pd.factorize(keys)
         picks = np.zeros(len(unique), dtype=np.intp)
         picks[codes[::-1]] = np.arange(len(codes))[::-1]  # each kernel's first row
-        return cls(rows=first, codes=codes.astype(np.intp),
-                   kernels=first[list(_PRICED)].iloc[picks].reset_index(drop=True), first=s1[picks],
-                   second=s2[picks], batch_first=b1, batch_second=b2, nodes=row_nodes(first, graphs.first))
+        return cls(rows=rows, codes=codes.astype(np.intp),
+                   kernels=rows[list(_PRICED)].iloc[picks].reset_index(drop=True), first=s1[picks],
+                   second=s2[picks], batch_first=b1, batch_second=b2, nodes=nodes, dilated=dilated)
+
+    def in_maths(self, precision: Precision, hardware: HardwareSpec) -> RowLine:
+        """The same job's line in another float32 precision (`math_modes.FASTER_FLOAT32`: the same kernels and
+        shapes, each group in that precision's math, a dilated convolution in `DILATED_CONV_MATH`): what
+        `RowLine.of` makes for it, without making its rows from the graphs again."""
+        table = resolved_table(precision, hardware)
+        by_kind = {kind: table[group].math for kind, group in GROUP_OF_KIND.items()}
+        maths = self.rows["kind"].map(by_kind).fillna(table["vector"].math).to_numpy(dtype=object)
+        rows = self.rows.assign(math=np.where(self.dilated, DILATED_CONV_MATH, maths))
+        return RowLine._of_rows(rows, self.first[self.codes], self.second[self.codes], self.batch_first,
+                                self.batch_second, self.nodes, self.dilated)
 
     def kernels_at(self, batches: np.ndarray, device: str) -> pd.DataFrame:
         """The distinct kernels at each batch on `device`, batch-major: (batches x kernels) rows in the regressor's

@@ -354,6 +354,17 @@ class DevicePredictor:
         out = type(out)(out.latency_ms * factor, out.p10_ms * factor, out.p90_ms * factor, out.extrapolated)
         return rows, out
 
+    def _priced_once(self, rows: pd.DataFrame, training: np.ndarray) -> OpPrediction:
+        """`_priced` of `rows`, each distinct (row, training) priced once: the sweeps of a float32 job and of its
+        faster twins (`math_modes.FASTER_FLOAT32`) share every kernel but the GEMMs whose math differs."""
+        keys = np.column_stack([pd.util.hash_pandas_object(rows, index=False).to_numpy(), training.astype(np.uint64)])
+        _, first, inverse = np.unique(keys, axis=0, return_index=True, return_inverse=True)
+        inverse = inverse.reshape(-1)
+        if len(first) == len(rows):
+            return self._priced(rows, training)
+        out = self._priced(rows.iloc[first].reset_index(drop=True), training[first])
+        return type(out)(out.latency_ms[inverse], out.p10_ms[inverse], out.p90_ms[inverse], out.extrapolated[inverse])
+
     def _priced(self, rows: pd.DataFrame, training: np.ndarray) -> OpPrediction:
         """The per-op model's prediction of `rows`, half rows of training steps bounded by their fp32 twins and
         convolutions by their GEMM twins (`priced`)."""
@@ -393,7 +404,7 @@ class DevicePredictor:
             return []
         training = np.concatenate([np.full(len(rows), spec.mode.value == "train")
                                    for (spec, _, _), rows in zip(items, frames)])
-        out = self._priced(pd.concat(frames, ignore_index=True), training)
+        out = self._priced_once(pd.concat(frames, ignore_index=True), training)
         results = []
         start = 0
         for (spec, _, graph), hw, rows in zip(items, hardware, frames):
@@ -422,8 +433,8 @@ class DevicePredictor:
         if not frames:
             return []
         frame = pd.concat(frames, ignore_index=True)
-        out = self._priced(frame, np.concatenate([np.full(len(kernels), s.specs[0].mode.value == "train")
-                                                  for s, kernels in zip(sweeps, frames)]))
+        out = self._priced_once(frame, np.concatenate([np.full(len(kernels), s.specs[0].mode.value == "train")
+                                                       for s, kernels in zip(sweeps, frames)]))
         work = op_work(frame)
         results, start = [], 0
         for s, hw, kernels in zip(sweeps, hardware, frames):

@@ -79,6 +79,21 @@ def group_of(kind: str) -> str:
     return GROUP_OF_KIND.get(kind, "vector")
 
 
+# The faster float32 maths of a float32 precision, slowest first: on one placement a job is never answered faster in
+# fp32-strict than in fp32 or tf32, nor in fp32 than in tf32. Each math keeps the whole-step correction of its own
+# step (its measured level, the device effect of its GEMMs' peak); where the faster math barely changes the kernels,
+# the corrections alone could order the answers the other way, so `PlacementPredictor` floors each part of a step by
+# its faster twins' (`faster_twins`: those whose maths differ on the device).
+FASTER_FLOAT32: dict[Precision, tuple[Precision, ...]] = {
+    Precision.fp32_strict: (Precision.fp32, Precision.tf32), Precision.fp32: (Precision.tf32,)}
+
+
+def faster_twins(precision: Precision, spec: HardwareSpec) -> tuple[Precision, ...]:
+    """The faster float32 maths of `precision` (`FASTER_FLOAT32`) that run other maths than it on `spec`."""
+    own = maths_by_group(precision, spec)
+    return tuple(t for t in FASTER_FLOAT32.get(precision, ()) if maths_by_group(t, spec) != own)
+
+
 def resolved_table(precision: Precision, spec: HardwareSpec) -> dict[str, RowMath]:
     """{group: RowMath} of a precision on a device, TF32 resolved (TF32 math where the device has it)."""
     tf32 = has_tf32(spec)

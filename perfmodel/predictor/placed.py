@@ -61,7 +61,7 @@ from perfmodel.placement.iteration import (
 )
 from perfmodel.placement.spec import PlacementSpec
 from perfmodel.predictor.batch_sweep import GraphLine, RowLine, Sweep, table_key
-from perfmodel.predictor.math_modes import maths_by_group
+from perfmodel.predictor.math_modes import FASTER_FLOAT32, faster_twins, maths_by_group
 from perfmodel.predictor.memory import USABLE_MEMORY_FRACTION, GraphBytes, bytes_per_param, estimate_memory
 from perfmodel.predictor.predict import Prediction
 from perfmodel.predictor.whole_step import WholeStepStage
@@ -89,6 +89,8 @@ def level_key(spec: JobSpec, hardware: HardwareSpec) -> str | None:
         precision = Precision.tf32
     return job_level_key(spec.source.name, precision.value)
 
+
+FLOAT32_MATHS = (Precision.fp32_strict, Precision.fp32, Precision.tf32)  # the same rows, GEMMs in other maths
 
 HOST_LINK = "host"  # the intra-node link a placement names when its GPUs have no peer-to-peer
 
@@ -313,7 +315,25 @@ class PlacementPredictor:
         single, features = composed
         if self.whole_step is None:
             return single
-        return self.whole_step.correct(single, features, level_key(spec, hardware))
+        return self._floored(spec, micro_spec.batch_size, hardware,
+                             self.whole_step.correct(single, features, level_key(spec, hardware)), graph)
+
+    def _floored(self, spec: JobSpec, micro: int, hardware: HardwareSpec, step: Prediction,
+                 graph: Graph | None = None) -> Prediction:
+        """A float32 job's corrected one-device `step` (at micro-batch `micro`) with each part at least its faster
+        twins' (`WholeStepStage.at_least`; their steps from the cache, else composed now). `graph`: the job's graph
+        at that micro-batch, if made."""
+        twins = faster_twins(spec.precision, hardware)
+        if not twins:
+            return step
+        assert self.whole_step is not None
+        found = []
+        for twin in twins:
+            twin_spec = spec.model_copy(update={"precision": twin})
+            cached = self._corrected.get((twin_spec.key(), hardware.name, micro))
+            found.append(cached if cached is not None else self._single_step(
+                twin_spec, twin_spec.model_copy(update={"batch_size": micro}), hardware, graph))
+        return self.whole_step.at_least(step, found)
 
     def _bytes_of(self, micro_spec: JobSpec, graph: Graph) -> GraphBytes:
         """What memory reads of `micro_spec`'s graph (cached: many placements share a micro-batch)."""
@@ -339,14 +359,35 @@ class PlacementPredictor:
         graphs = self._graph_line(spec)
         if graphs is None:
             return None
-        key = (spec.model_copy(update={"batch_size": 1}).key(), table_key(spec.precision, hardware))
+        key = self._row_line_key(spec, hardware)
         found = self._row_lines.get(key)
         if found is None:
-            check = graphs.batch_first + graphs.batch_second
-            made = RowLine.of(spec, graphs, hardware, self._graph(spec.model_copy(update={"batch_size": check})),
-                              check)
+            sibling = self._float32_sibling_line(spec, hardware)
+            if sibling is not None:  # the same rows in another float32 math: its line, in this one's maths
+                made = sibling.in_maths(spec.precision, hardware) if isinstance(sibling, RowLine) else None
+            else:
+                check = graphs.batch_first + graphs.batch_second
+                made = RowLine.of(spec, graphs, hardware,
+                                  self._graph(spec.model_copy(update={"batch_size": check})), check)
             found = self._row_lines.put(key, made if made is not None else False)
         return (graphs, found) if isinstance(found, RowLine) else None
+
+    @staticmethod
+    def _row_line_key(spec: JobSpec, hardware: HardwareSpec) -> tuple[str, tuple[tuple[str, str, str], ...]]:
+        return spec.model_copy(update={"batch_size": 1}).key(), table_key(spec.precision, hardware)
+
+    def _float32_sibling_line(self, spec: JobSpec, hardware: HardwareSpec) -> RowLine | bool | None:
+        """The row line (or False: none, not affine) of the same job in another float32 precision on `hardware`,
+        if one was made (None: none was)."""
+        if spec.precision not in FLOAT32_MATHS:
+            return None
+        for precision in FLOAT32_MATHS:
+            if precision != spec.precision:
+                found = self._row_lines.get(self._row_line_key(spec.model_copy(update={"precision": precision}),
+                                                               hardware))
+                if found is not None:
+                    return found
+        return None
 
     def prefetch(self, wanted: Sequence[tuple[JobSpec, HardwareSpec, int, Graph | None]]) -> None:
         """Compose every (spec, device, micro-batch) not cached yet whose device the per-op model prices, in one
@@ -356,15 +397,21 @@ class PlacementPredictor:
         if given, is the spec's graph at its own batch."""
         if self.device is None:
             return
+        if self.whole_step is not None:  # each float32 job's faster twins too: its answer is floored by theirs
+            wanted = [*wanted, *((spec.model_copy(update={"precision": twin}), hardware, micro, graph)
+                                 for spec, hardware, micro, graph in wanted
+                                 for twin in faster_twins(spec.precision, hardware))]
         todo: dict[tuple[str, str, int], tuple[JobSpec, str, Graph]] = {}
         # one sweep per (row line, device): its lines and the (key, micro-batch spec) of each step
         sweeps: dict[tuple[int, str], tuple[GraphLine, RowLine, list[tuple[tuple[str, str, int], JobSpec]]]] = {}
         seen: set[tuple[str, str, int]] = set()
+        jobs: dict[tuple[str, str, int], JobSpec] = {}  # each composed key's job
         for spec, hardware, micro, graph in wanted:
             key = (spec.key(), hardware.name, micro)
             if key in seen or key in self._computes or key in self._compositions:
                 continue
             seen.add(key)
+            jobs[key] = spec
             if self._single(hardware) is not self.device:
                 continue
             micro_spec = spec.model_copy(update={"batch_size": micro})
@@ -387,11 +434,13 @@ class PlacementPredictor:
                 made[key] = (todo[key][0], self._compositions.put(key, composed))
         if self.whole_step is not None and made:
             steps = list(made.values())
+            devices = [self.hardware(step.accelerator) for _, (step, _) in steps]
             corrected = self.whole_step.correct_many([step[0] for _, step in steps], [step[1] for _, step in steps],
-                                                     [level_key(spec, self.hardware(step.accelerator))
-                                                      for spec, (step, _) in steps])
-            for key, step in zip(made, corrected):
-                self._corrected.put(key, step)
+                                                     [level_key(spec, hw) for (spec, _), hw in zip(steps, devices)])
+            # the faster maths first: a step is floored by its twins' steps, floored themselves
+            keys = list(made)
+            for i in sorted(range(len(keys)), key=lambda i: len(FASTER_FLOAT32.get(steps[i][0].precision, ()))):
+                self._corrected.put(keys[i], self._floored(jobs[keys[i]], keys[i][2], devices[i], corrected[i]))
 
     def set_whole_step(self, stage: WholeStepStage | None) -> None:
         """Use another whole-step stage (None: none): the composed steps are kept, the corrected ones redone."""

@@ -61,6 +61,32 @@ class WholeStepStage:
         high = np.maximum(np.exp(np.asarray(out.log_high, dtype=np.float64)), factor)
         return factor, low, high
 
+    @staticmethod
+    def at_least(step: Prediction, twins: Sequence[Prediction]) -> Prediction:
+        """`step` never answered faster than `twins`, steps of the same kernels in a faster math
+        (`math_modes.FASTER_FLOAT32`), in anything the placement model reads of it: forward, backward and optimizer
+        each at least the twin's, and forward + backward + overhead (the stream the host issues: slower kernels hide
+        more of its time, so only the sum must not fall) at least the twin's. A placement's iteration grows with
+        each of them, so no placement answers the step faster than its twin. The breakdown stays an explicit sum;
+        the interval moves with the step."""
+        breakdown = dict(step.breakdown_ms)
+        for twin in twins:
+            other = twin.breakdown_ms
+            for part in ("forward", "backward", "optimizer"):
+                breakdown[part] = max(breakdown.get(part, 0.0), other.get(part, 0.0))
+            stream = other.get("forward", 0.0) + other.get("backward", 0.0) + other.get("overhead", 0.0)
+            breakdown["overhead"] = max(breakdown.get("overhead", 0.0),
+                                        stream - breakdown["forward"] - breakdown["backward"])
+        iter_time_ms = sum(breakdown.values())
+        if not iter_time_ms > step.iter_time_ms:
+            return step
+        ratio = iter_time_ms / step.iter_time_ms
+        low, high = step.interval_ms
+        return step.model_copy(update={
+            "iter_time_ms": iter_time_ms, "breakdown_ms": breakdown,
+            "interval_ms": (min(low * ratio, iter_time_ms), max(high * ratio, iter_time_ms)),
+            "throughput_samples_per_s": step.throughput_samples_per_s / ratio})
+
     def correct(self, single: Prediction, features: Mapping[str, float], job: str | None = None) -> Prediction:
         return self.correct_many([single], [features], [job])[0]
 

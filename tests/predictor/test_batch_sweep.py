@@ -14,7 +14,7 @@ from perfmodel.graph import graph_for_job
 from perfmodel.graph.batch_affine import affine
 from perfmodel.hardware.catalog import get_accelerator
 from perfmodel.hardware.math import peak_gflops
-from perfmodel.jobs.spec import JobSpec
+from perfmodel.jobs.spec import JobSpec, Precision
 from perfmodel.placement.spec import PlacementSpec
 from perfmodel.predictor.batch_sweep import GraphLine, RowLine, Sweep
 from perfmodel.predictor.gpu_iteration import DevicePredictor
@@ -143,3 +143,25 @@ def test_answers_from_the_lines_stay_physical(swept_predictor, micro, gpu, devic
     assert many.throughput_samples_per_s <= devices * one.throughput_samples_per_s * (1 + 1e-9)  # never beyond linear
     bigger = predictor.predict(spec, PlacementSpec(accelerator=gpu, global_batch_size=micro + 1))
     assert bigger.peak_memory_bytes >= one.peak_memory_bytes  # a larger batch never needs less memory
+
+
+@pytest.mark.parametrize("name,seq_len", [("resnet18", None), ("bert-small", 32)])
+def test_a_float32_twins_line_is_the_jobs_in_the_twins_maths(name, seq_len):
+    """`RowLine.in_maths`: a job's line in another float32 math, derived from its own, is the line `RowLine.of`
+    makes from the graphs (the same rows, kernels and shapes; only the GEMMs' math differs)."""
+    import pandas as pd
+
+    spec, model, graphs = _lines(name, seq_len, "fp32-strict")
+    hardware = get_accelerator("a100-sxm4-80gb")
+    strict = RowLine.of(spec, graphs, hardware, model.at(7), 7)
+    assert strict is not None
+    for precision in (Precision.fp32, Precision.tf32):
+        twin = spec.model_copy(update={"precision": precision})
+        made, derived = RowLine.of(twin, graphs, hardware, model.at(7), 7), strict.in_maths(twin.precision, hardware)
+        assert made is not None
+        if precision == Precision.tf32:
+            assert set(made.rows["math"]) != set(strict.rows["math"])  # other maths on an A100
+        pd.testing.assert_frame_equal(derived.rows, made.rows)
+        pd.testing.assert_frame_equal(derived.kernels, made.kernels)
+        for field in ("codes", "first", "second", "nodes", "dilated"):
+            np.testing.assert_array_equal(getattr(derived, field), getattr(made, field))

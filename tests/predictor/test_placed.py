@@ -186,30 +186,65 @@ def test_real_predictions_obey_the_physics_over_random_placements(predictor, job
     assert np.all(served["data_parallel_ms"][0] == 0) and np.all(served["optimizer"][0] == 0)
 
 
-def test_a_plain_fp32_step_is_never_answered_faster_than_the_same_step_in_tf32(predictor):
-    """PyTorch's fp32 defaults run convolutions in TF32 on Ampere and later: a ResNet's step is a TF32 step, and the
-    whole-step stage's device features say so (the peak of the math its GEMM time runs in), so it is answered as
-    its tf32 twin is (within 3 %: its one linear layer runs in fp32). A BERT's fp32 matmuls are slower than TF32
-    ones: it is never answered faster than its tf32 twin by more than 1.5 %. The learned correction moves with the
-    peak of the math the step's GEMM work runs in, and for a small step whose fp32 matmuls the kernel model prices
-    barely slower than TF32 ones (a 4-layer BERT at batch 16 on an H100 SXM: 1.25 %) the correction of the fp32
-    step can outweigh the kernels' difference. Exact would take composing the TF32 twin of every fp32 step."""
-    from perfmodel.hardware.catalog import load_catalog
+@pytest.mark.parametrize("job", [JobSpec.from_options(zoo="resnet18", batch_size=16),
+                                 JobSpec.from_options(zoo="bert-small", batch_size=16, seq_len=128, optimizer="adamw"),
+                                 JobSpec.from_options(zoo="mlp-recommender", batch_size=64),
+                                 JobSpec.from_options(zoo="ncf", batch_size=4096)],
+                         ids=["resnet18", "bert-small", "mlp-recommender", "ncf"])
+def test_the_float32_maths_of_a_job_are_answered_in_their_order_over_random_gpus_and_placements(predictor, job):
+    """fp32-strict runs every GEMM on the CUDA cores, fp32 (PyTorch's defaults) its convolutions in TF32 where the
+    GPU has it, tf32 its matmuls too: on one placement the answers never invert that order (fp32-strict >= fp32 >=
+    tf32 per iteration), though each math gets the correction of its own step. Without the floor by the faster
+    twins a small MLP recommender was answered up to 20 % faster in fp32 than in tf32 (the device effect of FP32's
+    peak against TF32's, kernels that barely differ), and NCF 17 % (tf32 has the level its measured runs give it,
+    fp32 none)."""
     from perfmodel.jobs.spec import Precision
     from perfmodel.predictor.math_modes import resolved_table
 
     catalog = load_catalog()
-    gpus = sorted(name for name, hw in catalog.items()
-                  if hw.kind == "gpu" and resolved_table(Precision.fp32, hw)["conv"].math == "tf32")
-    assert len(gpus) > 20
-    placements = [PlacementSpec(accelerator=gpu, global_batch_size=16) for gpu in gpus]
-    for job, same in ((JobSpec.from_options(zoo="resnet18", batch_size=16), True),
-                      (JobSpec.from_options(zoo="bert-small", batch_size=16, seq_len=128, optimizer="adamw"), False)):
-        fp32, tf32 = (predictor.matrix_arrays([job.model_copy(update={"precision": p})], placements)["iter_time_ms"][0]
-                      for p in (Precision.fp32, Precision.tf32))
-        assert np.all(fp32 >= tf32 * 0.985), [g for g, a, b in zip(gpus, fp32, tf32) if a < b * 0.985]
-        if same:
-            np.testing.assert_allclose(fp32, tf32, rtol=0.03)
+    rng = np.random.default_rng(len(job.name))
+    tf32_gpus = sorted(name for name, hw in catalog.items()
+                       if hw.kind == "gpu" and resolved_table(Precision.fp32, hw)["conv"].math == "tf32")
+    assert len(tf32_gpus) > 20
+    gpus = [*rng.choice(tf32_gpus, size=8, replace=False).tolist(), "v100-sxm2-16gb", "t4"]
+    placements = [p.model_copy(update={"accelerator": gpu})
+                  for p, gpu in zip(_random_placements(rng, job.batch_size, len(gpus)), gpus)]
+    placements += [PlacementSpec(accelerator=gpu, global_batch_size=job.batch_size) for gpu in gpus]
+    strict, fp32, tf32 = (predictor.matrix_arrays([job.model_copy(update={"precision": p})], placements)
+                          ["iter_time_ms"][0] for p in (Precision.fp32_strict, Precision.fp32, Precision.tf32))
+    order = [(p.accelerator, p.devices, a, b, c) for p, a, b, c in zip(placements, strict, fp32, tf32)
+             if not a >= b * (1 - 1e-12) >= c * (1 - 2e-12)]
+    assert not order, order
+    without_tf32 = [i for i, p in enumerate(placements) if p.accelerator in ("v100-sxm2-16gb", "t4")]
+    np.testing.assert_allclose(strict[without_tf32], tf32[without_tf32], rtol=1e-12)  # one math there: one answer
+
+
+def test_a_step_is_floored_by_its_faster_twin_only_where_it_is_faster():
+    """`WholeStepStage.at_least`: a step whose passes are answered faster than its faster-math twin's is raised to
+    them, phase by phase (forward, backward, optimizer, and the host's stream forward + backward + overhead: slower
+    kernels may hide more host time), the breakdown still its sum and the interval around it; one already slower
+    in each is returned as it is."""
+    from perfmodel.predictor.predict import Prediction
+    from perfmodel.predictor.whole_step import WholeStepStage
+
+    def step(forward, backward, overhead):
+        parts = {"forward": forward, "backward": backward, "optimizer": 1.0, "communication": 0.0,
+                 "overhead": overhead}
+        total = sum(parts.values())
+        return Prediction(job_name="j", job_id="j", accelerator="a100-sxm4-40gb", model_version="v",
+                          iter_time_ms=total, throughput_samples_per_s=8e3 / total, interval_ms=(total * 0.8,
+                          total * 1.5), breakdown_ms=parts, peak_memory_bytes=1, extrapolated=False)
+
+    fast, twin = step(4.0, 8.0, 1.0), step(5.0, 9.0, 0.5)
+    floored = WholeStepStage.at_least(fast, [twin])
+    parts = floored.breakdown_ms
+    assert (parts["forward"], parts["backward"], parts["optimizer"], parts["overhead"]) == (5.0, 9.0, 1.0, 1.0)
+    assert floored.iter_time_ms == pytest.approx(sum(parts.values())) and floored.iter_time_ms >= twin.iter_time_ms
+    assert floored.interval_ms[0] <= floored.iter_time_ms <= floored.interval_ms[1]
+    assert floored.throughput_samples_per_s == pytest.approx(8e3 / floored.iter_time_ms)
+    hidden = WholeStepStage.at_least(step(6.0, 10.0, 0.0), [twin])  # its slower passes hide the host's time
+    assert hidden.breakdown_ms["overhead"] == 0.0 and hidden.iter_time_ms == 17.0
+    assert WholeStepStage.at_least(twin, [fast]) is twin
 
 
 def test_a_served_answer_is_the_prediction_as_json_over_random_placements(predictor, spec):
