@@ -79,11 +79,11 @@ def group_of(kind: str) -> str:
     return GROUP_OF_KIND.get(kind, "vector")
 
 
-# The faster float32 maths of a float32 precision, slowest first: on one placement a job is never answered faster in
-# fp32-strict than in fp32 or tf32, nor in fp32 than in tf32. Each math keeps the whole-step correction of its own
-# step (its measured level, the device effect of its GEMMs' peak); where the faster math barely changes the kernels,
-# the corrections alone could order the answers the other way, so `PlacementPredictor` floors each part of a step by
-# its faster twins' (`faster_twins`: those whose maths differ on the device).
+# The faster float32 maths of a float32 precision: a job is never answered faster in fp32-strict than in fp32 or
+# tf32, nor in fp32 than in tf32. Each math keeps the whole-step correction of its own step (its measured level, the
+# device effect of its GEMMs' peak); where the faster math barely changes the kernels, the corrections alone could
+# order the answers the other way, so `PlacementPredictor` raises such a step to its faster twins'
+# (`faster_twins`: those whose maths differ on the device; `WholeStepStage.at_least`).
 FASTER_FLOAT32: dict[Precision, tuple[Precision, ...]] = {
     Precision.fp32_strict: (Precision.fp32, Precision.tf32), Precision.fp32: (Precision.tf32,)}
 

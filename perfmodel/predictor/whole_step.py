@@ -64,11 +64,13 @@ class WholeStepStage:
     @staticmethod
     def at_least(step: Prediction, twins: Sequence[Prediction]) -> Prediction:
         """`step` never answered faster than `twins`, steps of the same kernels in a faster math
-        (`math_modes.FASTER_FLOAT32`), in anything the placement model reads of it: forward, backward and optimizer
-        each at least the twin's, and forward + backward + overhead (the stream the host issues: slower kernels hide
-        more of its time, so only the sum must not fall) at least the twin's. A placement's iteration grows with
-        each of them, so no placement answers the step faster than its twin. The breakdown stays an explicit sum;
-        the interval moves with the step."""
+        (`math_modes.FASTER_FLOAT32`). Where its own correction already answers it slower, it is returned as it is;
+        where not, it is raised in what the placement model reads of it: forward, backward and optimizer each to at
+        least the twin's, and forward + backward + overhead (the stream the host issues: slower kernels hide more of
+        its time, so only the sum must not fall) to at least the twin's, so that no placement answers it faster than
+        its twin. The breakdown stays an explicit sum; the interval moves with the step."""
+        if not any(twin.iter_time_ms > step.iter_time_ms for twin in twins):
+            return step  # its own correction orders it: as it is
         breakdown = dict(step.breakdown_ms)
         for twin in twins:
             other = twin.breakdown_ms

@@ -186,6 +186,9 @@ def test_real_predictions_obey_the_physics_over_random_placements(predictor, job
     assert np.all(served["data_parallel_ms"][0] == 0) and np.all(served["optimizer"][0] == 0)
 
 
+MULTI_DEVICE_ORDER_SLACK = 0.025
+
+
 @pytest.mark.parametrize("job", [JobSpec.from_options(zoo="resnet18", batch_size=16),
                                  JobSpec.from_options(zoo="bert-small", batch_size=16, seq_len=128, optimizer="adamw"),
                                  JobSpec.from_options(zoo="mlp-recommender", batch_size=64),
@@ -193,11 +196,13 @@ def test_real_predictions_obey_the_physics_over_random_placements(predictor, job
                          ids=["resnet18", "bert-small", "mlp-recommender", "ncf"])
 def test_the_float32_maths_of_a_job_are_answered_in_their_order_over_random_gpus_and_placements(predictor, job):
     """fp32-strict runs every GEMM on the CUDA cores, fp32 (PyTorch's defaults) its convolutions in TF32 where the
-    GPU has it, tf32 its matmuls too: on one placement the answers never invert that order (fp32-strict >= fp32 >=
-    tf32 per iteration), though each math gets the correction of its own step. Without the floor by the faster
+    GPU has it, tf32 its matmuls too: on one device the answers never invert that order (fp32-strict >= fp32 >=
+    tf32 per iteration), though each math gets the correction of its own step; without the floor by the faster
     twins a small MLP recommender was answered up to 20 % faster in fp32 than in tf32 (the device effect of FP32's
     peak against TF32's, kernels that barely differ), and NCF 17 % (tf32 has the level its measured runs give it,
-    fp32 none)."""
+    fp32 none). On several devices a step its own correction ordered (and so left as it is) can be answered up to
+    `MULTI_DEVICE_ORDER_SLACK` faster, where a twin's larger correction of one phase meets the placement's overlap
+    of communication with the backward pass (`bench/math_order.py`: at most 1.9 %, GNMT)."""
     from perfmodel.jobs.spec import Precision
     from perfmodel.predictor.math_modes import resolved_table
 
@@ -212,18 +217,19 @@ def test_the_float32_maths_of_a_job_are_answered_in_their_order_over_random_gpus
     placements += [PlacementSpec(accelerator=gpu, global_batch_size=job.batch_size) for gpu in gpus]
     strict, fp32, tf32 = (predictor.matrix_arrays([job.model_copy(update={"precision": p})], placements)
                           ["iter_time_ms"][0] for p in (Precision.fp32_strict, Precision.fp32, Precision.tf32))
-    order = [(p.accelerator, p.devices, a, b, c) for p, a, b, c in zip(placements, strict, fp32, tf32)
-             if not a >= b * (1 - 1e-12) >= c * (1 - 2e-12)]
+    slack = [1e-12 if p.devices == 1 else MULTI_DEVICE_ORDER_SLACK for p in placements]
+    order = [(p.accelerator, p.devices, a, b, c) for p, a, b, c, e in zip(placements, strict, fp32, tf32, slack)
+             if not a >= b * (1 - e) >= c * (1 - e) ** 2]
     assert not order, order
     without_tf32 = [i for i, p in enumerate(placements) if p.accelerator in ("v100-sxm2-16gb", "t4")]
     np.testing.assert_allclose(strict[without_tf32], tf32[without_tf32], rtol=1e-12)  # one math there: one answer
 
 
 def test_a_step_is_floored_by_its_faster_twin_only_where_it_is_faster():
-    """`WholeStepStage.at_least`: a step whose passes are answered faster than its faster-math twin's is raised to
-    them, phase by phase (forward, backward, optimizer, and the host's stream forward + backward + overhead: slower
-    kernels may hide more host time), the breakdown still its sum and the interval around it; one already slower
-    in each is returned as it is."""
+    """`WholeStepStage.at_least`: a step answered faster than its faster-math twin is raised to it phase by phase
+    (forward, backward, optimizer, and the host's stream forward + backward + overhead: slower kernels may hide more
+    host time), the breakdown still its sum and the interval around it; one already slower in total is returned as
+    it is, whatever its phases."""
     from perfmodel.predictor.predict import Prediction
     from perfmodel.predictor.whole_step import WholeStepStage
 
@@ -242,9 +248,9 @@ def test_a_step_is_floored_by_its_faster_twin_only_where_it_is_faster():
     assert floored.iter_time_ms == pytest.approx(sum(parts.values())) and floored.iter_time_ms >= twin.iter_time_ms
     assert floored.interval_ms[0] <= floored.iter_time_ms <= floored.interval_ms[1]
     assert floored.throughput_samples_per_s == pytest.approx(8e3 / floored.iter_time_ms)
-    hidden = WholeStepStage.at_least(step(6.0, 10.0, 0.0), [twin])  # its slower passes hide the host's time
-    assert hidden.breakdown_ms["overhead"] == 0.0 and hidden.iter_time_ms == 17.0
     assert WholeStepStage.at_least(twin, [fast]) is twin
+    ordered = step(4.0, 12.0, 0.0)  # slower in total, its forward faster: left as its own correction made it
+    assert WholeStepStage.at_least(ordered, [twin]) is ordered
 
 
 def test_a_served_answer_is_the_prediction_as_json_over_random_placements(predictor, spec):
