@@ -37,8 +37,8 @@ from perfmodel.core.ir import Graph
 from perfmodel.hardware.spec import HardwareSpec
 from perfmodel.jobs.spec import JobSpec, Precision
 from perfmodel.lowering.ops import SHAPE_COLUMNS, op_work
-from perfmodel.predictor.gpu_iteration import heavy_nodes, job_rows, row_nodes, transposes_layout
-from perfmodel.predictor.math_modes import DILATED_CONV_MATH, GROUP_OF_KIND, group_of, resolved_table
+from perfmodel.predictor.gpu_iteration import dilated_rows, heavy_nodes, job_rows, row_nodes, transposes_layout
+from perfmodel.predictor.math_modes import group_of, resolved_table, row_maths
 from perfmodel.predictor.memory import GraphBytes
 
 ROW_TOLERANCE = 0.005  # a shape off the line by more than its rounding explains and this share is off the line
@@ -154,10 +154,7 @@ class RowLine:
         off_rows = ((off > rounding) & (off > ROW_TOLERANCE * np.abs(s3))).any(axis=1)
         if off_rows.any() and _share_of_work(third, made, off_rows) > OFF_LINE_WORK_SHARE:
             return None
-        dilated = {node.id for node in graphs.first.nodes if node.dilation > 1}
-        return cls._of_rows(first, s1, s2, b1, b2, row_nodes(first, graphs.first),
-                            first["node_id"].isin(dilated).to_numpy() if "node_id" in first
-                            else np.zeros(len(first), dtype=bool))
+        return cls._of_rows(first, s1, s2, b1, b2, row_nodes(first, graphs.first), dilated_rows(first, graphs.first))
 
     @classmethod
     def _of_rows(cls, rows: pd.DataFrame, s1: np.ndarray, s2: np.ndarray, b1: int, b2: int, nodes: np.ndarray,
@@ -177,10 +174,7 @@ class RowLine:
         """The same job's line in another float32 precision (`math_modes.FASTER_FLOAT32`: the same kernels and
         shapes, each group in that precision's math, a dilated convolution in `DILATED_CONV_MATH`): what
         `RowLine.of` makes for it, without making its rows from the graphs again."""
-        table = resolved_table(precision, hardware)
-        by_kind = {kind: table[group].math for kind, group in GROUP_OF_KIND.items()}
-        maths = self.rows["kind"].map(by_kind).fillna(table["vector"].math).to_numpy(dtype=object)
-        rows = self.rows.assign(math=np.where(self.dilated, DILATED_CONV_MATH, maths))
+        rows = self.rows.assign(math=row_maths(self.rows["kind"], self.dilated, resolved_table(precision, hardware)))
         return RowLine._of_rows(rows, self.first[self.codes], self.second[self.codes], self.batch_first,
                                 self.batch_second, self.nodes, self.dilated)
 

@@ -53,11 +53,11 @@ from perfmodel.jobs.spec import JobSpec, Precision
 from perfmodel.lowering.rows import BACKWARD, EAGER, FORWARD, graph_op_rows, memory_row
 from perfmodel.predictor.math_modes import (
     CONV_KINDS,
-    DILATED_CONV_MATH,
     MATMUL_KINDS,
     group_of,
     maths_by_group,
     resolved_table,
+    row_maths,
 )
 from perfmodel.predictor.memory import estimate_memory
 from perfmodel.predictor.predict import Prediction
@@ -179,10 +179,7 @@ def job_rows(spec: JobSpec, graph: Graph, hardware: HardwareSpec) -> pd.DataFram
     table = resolved_table(precision, hardware)
     groups = rows["kind"].map(group_of)
     rows["dtype"] = groups.map({g: e.dtype for g, e in table.items()})
-    rows["math"] = groups.map({g: e.math for g, e in table.items()})
-    dilated = {node.id for node in graph.nodes if node.dilation > 1}
-    if dilated:
-        rows.loc[rows["node_id"].isin(dilated), "math"] = DILATED_CONV_MATH
+    rows["math"] = row_maths(rows["kind"], dilated_rows(rows, graph), table)
     weights = "fp16" if precision == Precision.fp16 else "bf16" if precision == Precision.bf16 else "fp32"
     scaler = AMP_SCALER_PASSES if precision == Precision.amp else 0
     optimizer = spec.optimizer.value if training else None
@@ -194,6 +191,14 @@ def job_rows(spec: JobSpec, graph: Graph, hardware: HardwareSpec) -> pd.DataFram
              transposes[transposes["phase"] == BACKWARD], casts[casts["phase"] == BACKWARD],
              optimizer_rows(graph.totals.params, optimizer, weights, scaler)]
     return pd.concat([part for part in parts if len(part)], ignore_index=True)  # in launch order
+
+
+def dilated_rows(rows: pd.DataFrame, graph: Graph) -> np.ndarray:
+    """Which rows are a dilated convolution's (`Node.dilation` > 1): their math is `DILATED_CONV_MATH`."""
+    ids = {node.id for node in graph.nodes if node.dilation > 1}
+    if not ids or "node_id" not in rows:
+        return np.zeros(len(rows), dtype=bool)
+    return rows["node_id"].isin(ids).to_numpy()
 
 
 def half_rows(rows: pd.DataFrame) -> np.ndarray:
@@ -322,6 +327,13 @@ def backward_at_least_forward(rows: pd.DataFrame, ms: np.ndarray, graph: Graph) 
                             heavy[None, :])[0]
 
 
+def _shared(jobs: Sequence[tuple[JobSpec, HardwareSpec]]) -> bool:
+    """Whether two of the (job, device) share a graph on one device (a job and its float32 twins: the same kernels
+    but the GEMMs), so that pricing each distinct kernel once saves work."""
+    keys = [(spec.graph_key(), hardware.name) for spec, hardware in jobs]
+    return len(set(keys)) < len(keys)
+
+
 class DevicePredictor:
     """The promoted per-op device model (registry role `device-ops`) and the hardware catalog."""
 
@@ -355,8 +367,8 @@ class DevicePredictor:
         return rows, out
 
     def _priced_once(self, rows: pd.DataFrame, training: np.ndarray) -> OpPrediction:
-        """`_priced` of `rows`, each distinct (row, training) priced once: the sweeps of a float32 job and of its
-        faster twins (`math_modes.FASTER_FLOAT32`) share every kernel but the GEMMs whose math differs."""
+        """`_priced` of `rows`, each distinct (row, training) priced once: the rows of a float32 job and of its
+        faster twins (`math_modes.FASTER_FLOAT32`) share every kernel but the GEMMs whose math differs (`_shared`)."""
         keys = np.column_stack([pd.util.hash_pandas_object(rows, index=False).to_numpy(), training.astype(np.uint64)])
         _, first, inverse = np.unique(keys, axis=0, return_index=True, return_inverse=True)
         inverse = inverse.reshape(-1)
@@ -404,7 +416,8 @@ class DevicePredictor:
             return []
         training = np.concatenate([np.full(len(rows), spec.mode.value == "train")
                                    for (spec, _, _), rows in zip(items, frames)])
-        out = self._priced_once(pd.concat(frames, ignore_index=True), training)
+        shared = _shared([(spec, hw) for (spec, _, _), hw in zip(items, hardware)])
+        out = (self._priced_once if shared else self._priced)(pd.concat(frames, ignore_index=True), training)
         results = []
         start = 0
         for (spec, _, graph), hw, rows in zip(items, hardware, frames):
@@ -433,8 +446,9 @@ class DevicePredictor:
         if not frames:
             return []
         frame = pd.concat(frames, ignore_index=True)
-        out = self._priced_once(frame, np.concatenate([np.full(len(kernels), s.specs[0].mode.value == "train")
-                                                       for s, kernels in zip(sweeps, frames)]))
+        priced = self._priced_once if _shared([(s.specs[0], hw) for s, hw in zip(sweeps, hardware)]) else self._priced
+        out = priced(frame, np.concatenate([np.full(len(kernels), s.specs[0].mode.value == "train")
+                                            for s, kernels in zip(sweeps, frames)]))
         work = op_work(frame)
         results, start = [], 0
         for s, hw, kernels in zip(sweeps, hardware, frames):

@@ -31,6 +31,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+import pandas as pd
+
 from perfmodel.core.ir import GraphTotals
 from perfmodel.hardware.math import has_tf32
 from perfmodel.hardware.spec import HardwareSpec
@@ -88,10 +91,24 @@ FASTER_FLOAT32: dict[Precision, tuple[Precision, ...]] = {
     Precision.fp32_strict: (Precision.fp32, Precision.tf32), Precision.fp32: (Precision.tf32,)}
 
 
+FLOAT32_MATHS = (Precision.fp32_strict, *FASTER_FLOAT32[Precision.fp32_strict])  # the same rows, GEMMs in other maths
+
+
 def faster_twins(precision: Precision, spec: HardwareSpec) -> tuple[Precision, ...]:
     """The faster float32 maths of `precision` (`FASTER_FLOAT32`) that run other maths than it on `spec`."""
+    twins = FASTER_FLOAT32.get(precision, ())
+    if not twins:
+        return ()
     own = maths_by_group(precision, spec)
-    return tuple(t for t in FASTER_FLOAT32.get(precision, ()) if maths_by_group(t, spec) != own)
+    return tuple(t for t in twins if maths_by_group(t, spec) != own)
+
+
+def row_maths(kinds: pd.Series, dilated: np.ndarray, table: dict[str, RowMath]) -> np.ndarray:
+    """The math of kernel rows of IR `kinds` under a resolved table (`resolved_table`): their group's, a dilated
+    convolution's (`dilated`) `DILATED_CONV_MATH` whatever the precision."""
+    by_kind = {kind: table[group].math for kind, group in GROUP_OF_KIND.items()}
+    maths = kinds.map(by_kind).fillna(table["vector"].math).to_numpy(dtype=object)
+    return np.where(dilated, DILATED_CONV_MATH, maths) if dilated.any() else maths
 
 
 def resolved_table(precision: Precision, spec: HardwareSpec) -> dict[str, RowMath]:

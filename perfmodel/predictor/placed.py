@@ -61,7 +61,7 @@ from perfmodel.placement.iteration import (
 )
 from perfmodel.placement.spec import PlacementSpec
 from perfmodel.predictor.batch_sweep import GraphLine, RowLine, Sweep, table_key
-from perfmodel.predictor.math_modes import FASTER_FLOAT32, faster_twins, maths_by_group
+from perfmodel.predictor.math_modes import FASTER_FLOAT32, FLOAT32_MATHS, faster_twins, maths_by_group
 from perfmodel.predictor.memory import USABLE_MEMORY_FRACTION, GraphBytes, bytes_per_param, estimate_memory
 from perfmodel.predictor.predict import Prediction
 from perfmodel.predictor.whole_step import WholeStepStage
@@ -89,8 +89,6 @@ def level_key(spec: JobSpec, hardware: HardwareSpec) -> str | None:
         precision = Precision.tf32
     return job_level_key(spec.source.name, precision.value)
 
-
-FLOAT32_MATHS = (Precision.fp32_strict, Precision.fp32, Precision.tf32)  # the same rows, GEMMs in other maths
 
 HOST_LINK = "host"  # the intra-node link a placement names when its GPUs have no peer-to-peer
 
