@@ -124,13 +124,14 @@ def share_calibrated(a: SharingJob, b: SharingJob, sharing: Sharing, params: Col
     """The co-location model's steady state of the pair (`placement.colocation.share`) and each job's step while
     sharing once its factor applies (`calibrated_steps`)."""
     shared = share(a, b, sharing, params)
-    return shared, calibrated_steps((a, b), shared.step_ms, factors)
+    return shared, calibrated_steps((a, b), shared.step_ms, factors, sharing)
 
 
 def calibrated_steps(jobs: Sequence[SharingJob], shared_steps_ms: Sequence[float],
-                     factors: Sequence[float]) -> list[float]:
+                     factors: Sequence[float], sharing: Sharing = "time-slicing") -> list[float]:
     """Each job's step while sharing with its throughput multiplied by its factor: never shorter than its step
-    alone, and all stretched alike where the pair's device time per second would exceed the device's second."""
+    alone, and all stretched alike where what the pair holds of the device per second would exceed it
+    (`placement.colocation.combined_device_share`)."""
     steps = [max(job.step_ms, step / factor) for job, step, factor in zip(jobs, shared_steps_ms, factors)]
-    work = combined_device_share((jobs[0], jobs[1]), steps)
+    work = combined_device_share((jobs[0], jobs[1]), steps, sharing)
     return [step * work for step in steps] if work > 1.0 else steps

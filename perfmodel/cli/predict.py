@@ -232,7 +232,9 @@ def _colocated(engine: Any, spec: Any, other: str, placement: Any, sharing: str,
         if applied["level"] != "none":
             out.print(f"  calibrated x{applied['factor']:.3f} by its {applied['observations']} report(s) while "
                       f"sharing {result['accelerator']} with {applied['partners']} other job(s)")
-    out.print(f"  device busy {100 * result['combined_device_share']:.0f} %; memory per device "
+    held = (f"their kernels hold {100 * result['sm_fill'][0]:.0f} % and {100 * result['sm_fill'][1]:.0f} % of the "
+            f"SMs; " if sharing == "mps" else "")
+    out.print(f"  {held}device busy {100 * result['combined_device_share']:.0f} %; memory per device "
               f"{sum(result['peak_memory_bytes']) / 2**30:.2f} GiB of "
               f"{(result['memory_capacity_bytes'] or 0) / 2**30:.1f} GiB usable")
 

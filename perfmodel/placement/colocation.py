@@ -10,16 +10,22 @@ alone; while both have work on the device, they share it:
   turn each time it hands the device back to its host (the input copy, the loss read back, the optimizer): per
   step, `sync_wait_ms` times the share of time the other job holds the device. So a job with short steps loses more
   of its speed next to one with long steps than the long-step job does next to it;
-- `mps` (CUDA MPS): kernels of both jobs may run at once, but a training step's kernels each fill the device's
-  SMs while they run (a kernel that reaches half the peak FLOP/s still holds every SM), so work that overlaps
-  is still shared, each at half speed: two busy jobs together get at most the device. What MPS removes is the
-  context switch and the wait for the other's time slice (`switch_overhead`, `sync_wait_ms`).
+- `mps` (CUDA MPS): kernels of both jobs run at once, each on the compute units it holds. A kernel holds SMs
+  by its launch shape, not by the share of the peak FLOP/s it reaches (one that reaches half the peak still holds
+  every SM it has blocks on); a job's `sm_fill` is the share of the SMs its kernels hold while the device runs
+  them (`perfmodel.predictor.composition.kernel_sm_fill`, weighted by time). Where the two fills add up to at most
+  the device, work that overlaps runs at full speed; beyond it, the SMs are shared in proportion, each at
+  1 / (fill_a + fill_b): two jobs whose kernels fill the device get at most the device together, each at half
+  speed, and two small ones (a recurrent step at a small batch, a CIFAR-sized network) barely slow each other.
+  What MPS also removes is the context switch and the wait for the other's time slice (`switch_overhead`,
+  `sync_wait_ms`). No co-located MPS measurement was at hand to check it against.
 
 The steady state is a fixed point (processor sharing): job a's step is host_a + device_a · (1 + g_b · (s - 1))
 (+ g_b · sync_wait_ms when time-slicing), where g_b is the share of time job b has work on the device and s the
-slowdown of work that overlaps. Physically
-possible by construction: no job is faster than alone, and the pair's device time per second never exceeds the
-device (`combined_device_share` <= 1; the steps are stretched where the approximation would exceed it).
+slowdown of work that overlaps (`overlap_slowdown`). Physically possible by construction: no job is faster than
+alone, and what the pair holds of the device per second never exceeds it (`combined_device_share` <= 1: under
+time-slicing the device time of both, under MPS each weighted by its `sm_fill`; the steps are stretched where the
+approximation would exceed it).
 
 What the graph cannot see (an input pipeline on the host, the Atari environment of A3C) is the gap between a measured
 isolated step and the predicted device time; `host_share_of_gap` says how much of such a gap is host time. The
@@ -34,6 +40,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Literal
@@ -93,21 +100,23 @@ class SharingJob:
 
     device_ms: float  # the device has work of this job
     host_ms: float  # the device waits for this job's host
+    sm_fill: float = 1.0  # the share of the compute units its kernels hold while they run (MPS)
 
     @property
     def step_ms(self) -> float:
         return self.device_ms + self.host_ms
 
 
-def split_step(step_ms: float, device_ms: float, host_ms: float, host_share_of_gap: float) -> SharingJob:
+def split_step(step_ms: float, device_ms: float, host_ms: float, host_share_of_gap: float,
+               sm_fill: float = 1.0) -> SharingJob:
     """A job whose step takes `step_ms` (measured, or calibrated) where the model sees `device_ms` of device and
     `host_ms` of host time: a longer step's gap is shared between them by `host_share_of_gap` (what the model
-    misses may be an input pipeline or under-priced kernels), a shorter one scales both."""
+    misses may be an input pipeline or under-priced kernels), a shorter one scales both; `sm_fill` as given."""
     gap = step_ms - (device_ms + host_ms)
     if gap >= 0:
-        return SharingJob(device_ms + (1 - host_share_of_gap) * gap, host_ms + host_share_of_gap * gap)
+        return SharingJob(device_ms + (1 - host_share_of_gap) * gap, host_ms + host_share_of_gap * gap, sm_fill)
     scale = step_ms / (device_ms + host_ms)
-    return SharingJob(device_ms * scale, host_ms * scale)
+    return SharingJob(device_ms * scale, host_ms * scale, sm_fill)
 
 
 @dataclass(frozen=True)
@@ -119,10 +128,21 @@ class Shared:
     combined_device_share: float  # the device's busy share, at most 1
 
 
-def overlap_slowdown(sharing: Sharing, params: ColocationParams) -> float:
-    """How much slower work runs while both jobs have work on the device: half speed each, and under time-slicing
-    the switches' cost on top."""
-    return 2.0 if sharing == "mps" else 2.0 * (1.0 + params.switch_overhead)
+def overlap_slowdown(sharing: Sharing, params: ColocationParams, a: SharingJob | None = None,
+                     b: SharingJob | None = None) -> float:
+    """How much slower work runs while both jobs have work on the device: under time-slicing half speed each and
+    the switches' cost on top; under MPS 1 / (fill_a + fill_b) of full speed where the two jobs' kernels hold more
+    than the device's compute units (`SharingJob.sm_fill`; without the jobs, kernels that fill it: half speed)."""
+    if sharing != "mps":
+        return 2.0 * (1.0 + params.switch_overhead)
+    held = (a.sm_fill if a is not None else 1.0) + (b.sm_fill if b is not None else 1.0)
+    return min(2.0, max(1.0, held))
+
+
+def held_share(job: SharingJob, sharing: Sharing) -> float:
+    """The share of the device a job holds while its kernels run: all of it under time-slicing (one context at a
+    time), its `sm_fill` under MPS."""
+    return job.sm_fill if sharing == "mps" else 1.0
 
 
 def share(a: SharingJob, b: SharingJob, sharing: Sharing = "time-slicing",
@@ -130,7 +150,7 @@ def share(a: SharingJob, b: SharingJob, sharing: Sharing = "time-slicing",
     """The steady state of two jobs on the same device(s) (see the module docstring)."""
     if sharing not in SHARING_MODES:
         raise ValueError(f"sharing must be one of {SHARING_MODES}, got {sharing!r}")
-    slow = overlap_slowdown(sharing, params)
+    slow = overlap_slowdown(sharing, params, a, b)
     busy = [1.0 if a.device_ms > 0 else 0.0, 1.0 if b.device_ms > 0 else 0.0]
     steps = [a.step_ms, b.step_ms]
     jobs = (a, b)
@@ -146,10 +166,10 @@ def share(a: SharingJob, b: SharingJob, sharing: Sharing = "time-slicing",
             break
     # what the device does per second cannot exceed the device, whatever the approximation says: its busy time
     steps = [max(steps[i], jobs[i].step_ms) for i in (0, 1)]  # never faster than alone
-    work = combined_device_share(jobs, steps)
+    work = combined_device_share(jobs, steps, sharing)
     if work > 1.0:
         steps = [s * work for s in steps]
-    return Shared((steps[0], steps[1]), (busy[0], busy[1]), combined_device_share(jobs, steps))
+    return Shared((steps[0], steps[1]), (busy[0], busy[1]), combined_device_share(jobs, steps, sharing))
 
 
 def shared_interval(throughput: float, isolated_interval: tuple[float, float], slowdown: float,
@@ -167,9 +187,11 @@ def shared_interval(throughput: float, isolated_interval: tuple[float, float], s
     return point * math.exp(-down), min(point * math.exp(up), high_alone)
 
 
-def combined_device_share(jobs: tuple[SharingJob, SharingJob], steps_ms: list[float]) -> float:
-    """The device's load from both jobs at these steps: the share of each second it has work of either."""
-    return sum(jobs[i].device_ms / steps_ms[i] for i in (0, 1) if steps_ms[i] > 0)
+def combined_device_share(jobs: tuple[SharingJob, SharingJob], steps_ms: Sequence[float],
+                          sharing: Sharing = "time-slicing") -> float:
+    """The device's load from both jobs at these steps: each job's device time per second, times the share of the
+    device it holds while its kernels run (`held_share`: all of it under time-slicing, its SM fill under MPS)."""
+    return sum(held_share(jobs[i], sharing) * jobs[i].device_ms / steps_ms[i] for i in (0, 1) if steps_ms[i] > 0)
 
 
 # --- fitted constants ------------------------------------------------------------------------------------------------

@@ -17,6 +17,10 @@ device's spec sheet, never the device's name, so the stage learned from some GPU
 - graph: `log_flops`, `log_bytes` (per sample and per step), `log_params`, `log_intensity`;
 - device: `log_peak_tensor_tflops` (the peak of the math its GEMM time runs in), `log_bandwidth_gb_s`, `log_ridge`,
   `log_peak_per_watt`, `log_memory_gb`, `amp` (half-precision GEMMs) — ratios and magnitudes, no identity.
+
+Beside them, not a feature of any stage: `sm_fill`, the share of the device's compute units the step's kernels hold
+while they run (time-weighted over its kernels, `kernel_sm_fill`), which is what CUDA MPS leaves to a job sharing
+the GPU (`perfmodel.placement.colocation`).
 """
 
 from __future__ import annotations
@@ -29,10 +33,11 @@ import pandas as pd
 
 from perfmodel.core import cost
 from perfmodel.core.ir import Graph
+from perfmodel.features.device_ops import GEMM_TILE
 from perfmodel.hardware.math import on_tensor_cores, peak_gflops
 from perfmodel.hardware.spec import HardwareSpec
 from perfmodel.jobs.spec import JobSpec
-from perfmodel.lowering.ops import GEMM_CLASSES, op_work
+from perfmodel.lowering.ops import GEMM_CLASSES, OpWork, dtype_bytes, op_work
 from perfmodel.predictor.math_modes import GROUPS, group_of, resolved_table
 
 COMPOSITION_FEATURES: tuple[str, ...] = (
@@ -43,6 +48,37 @@ COMPOSITION_FEATURES: tuple[str, ...] = (
     "log_flops_per_sample", "log_bytes_per_sample", "log_flops", "log_params", "log_intensity",
     "log_peak_tensor_tflops", "log_bandwidth_gb_s", "log_ridge", "log_peak_per_watt", "log_memory_gb", "amp",
 )
+# what the composition says besides the stage's features: for the co-location model
+SHARING_FEATURES: tuple[str, ...] = ("sm_fill",)
+
+# How many of the device's compute units (SMs, CUs) a kernel holds while it runs, from its shape: a GEMM or
+# convolution one output tile of `GEMM_TILE` x `GEMM_TILE` per compute unit (a tensor-core tile takes most of an
+# SM's registers and shared memory; the implicit GEMM of a convolution likewise), an element-wise, softmax or norm
+# kernel one thread per `ELEMENTS_PER_THREAD` output elements against the `RESIDENT_THREADS_PER_CU` threads a
+# compute unit holds (2,048 on NVIDIA SMs since Kepler and on AMD CUs' 32 wavefronts of 64; 1,024-1,536 on Turing and
+# the consumer Ampere and Ada parts). Assumptions from the libraries' launch shapes, not fits: no public measurement
+# of concurrent kernels was at hand. Split-K GEMMs (a small output with a long reduction) hold more units than
+# their tiles say; they count as their tiles.
+ELEMENTS_PER_THREAD = 4  # PyTorch's vectorised element-wise kernels: 4 elements a thread
+RESIDENT_THREADS_PER_CU = 2048
+
+
+def kernel_sm_fill(work: OpWork, dtypes: pd.Series, gemm: np.ndarray, units: float | np.ndarray) -> np.ndarray:
+    """The share of the device's compute units each kernel row holds while it runs, in [1 / units, 1] (see
+    `RESIDENT_THREADS_PER_CU`): rows of `work` (`op_work`), their `dtypes`, whether each is a GEMM, and the
+    compute units of its device (one number, or one per row)."""
+    units = np.asarray(units, dtype=np.float64)
+    tiles = work.gemm_batch * np.ceil(work.gemm_m / GEMM_TILE) * np.ceil(work.gemm_n / GEMM_TILE)
+    threads = work.bytes_written / dtype_bytes(dtypes) / ELEMENTS_PER_THREAD
+    fill = np.where(gemm, tiles / units, threads / (units * RESIDENT_THREADS_PER_CU))
+    return np.clip(fill, 1.0 / units, 1.0)
+
+
+def step_sm_fill(latency_ms: np.ndarray, fill: np.ndarray) -> np.ndarray:
+    """The share of the compute units a step's kernels hold while the device runs them: each kernel's
+    (`kernel_sm_fill`) weighted by its time, one value per step of `latency_ms` (steps, rows); 1 without kernels."""
+    total = latency_ms.sum(axis=1)
+    return np.where(total > 0, (latency_ms * fill).sum(axis=1) / np.maximum(total, 1e-300), 1.0)
 
 
 def conv_amp_share(share_conv: Any, amp: Any) -> Any:
@@ -87,19 +123,16 @@ def gemm_log_peak_tflops(compute_ms: np.ndarray, gemm: np.ndarray, peaks_gflops:
     return np.where(total > 0, weighted, _log2(default_gflops / 1e3))
 
 
-def row_roofline(rows: pd.DataFrame, hardware: HardwareSpec) -> tuple[np.ndarray, np.ndarray]:
-    """(compute ms, memory ms) of every kernel row at the peak of its math and the device's bandwidth."""
-    work = op_work(rows)
-    return cost.compute_ms(work.flops, row_peaks(rows, hardware)), cost.memory_ms(
-        work.bytes_read + work.bytes_written, hardware.memory_bandwidth_gb_s)
-
-
 def composition_features(spec: JobSpec, graph: Graph, hardware: HardwareSpec, rows: pd.DataFrame,
                          latency_ms: np.ndarray, breakdown_ms: Mapping[str, float],
                          host_ms_per_kernel: float) -> dict[str, float]:
     """The `COMPOSITION_FEATURES` of one composed step (`rows` and their predicted `latency_ms`, and the step's
     `breakdown_ms`: forward, backward, optimizer, communication, overhead)."""
-    compute, memory = row_roofline(rows, hardware)
+    work = op_work(rows)
+    compute = cost.compute_ms(work.flops, row_peaks(rows, hardware))
+    memory = cost.memory_ms(work.bytes_read + work.bytes_written, hardware.memory_bandwidth_gb_s)
+    dtypes = rows["dtype"] if "dtype" in rows else pd.Series(["fp32"] * len(rows), index=rows.index)
+    fill = kernel_sm_fill(work, dtypes, rows["op_class"].isin(GEMM_CLASSES).to_numpy(), hardware.compute_units)
     totals = graph.totals
     flops = float(totals.flops_fwd + totals.flops_bwd)
     bytes_ = float(totals.bytes_read_fwd + totals.bytes_written_fwd + totals.bytes_read_bwd
@@ -107,17 +140,19 @@ def composition_features(spec: JobSpec, graph: Graph, hardware: HardwareSpec, ro
     arrays = composition_feature_arrays(
         spec, hardware, rows, np.asarray(latency_ms, dtype=np.float64)[None, :], compute[None, :], memory[None, :],
         {name: np.array([value]) for name, value in breakdown_ms.items()}, np.array([flops]), np.array([bytes_]),
-        totals.params, np.array([spec.batch_size]), host_ms_per_kernel)
+        totals.params, np.array([spec.batch_size]), host_ms_per_kernel, fill[None, :])
     return {name: float(value[0]) for name, value in arrays.items()}
 
 
 def composition_feature_arrays(spec: JobSpec, hardware: HardwareSpec, rows: pd.DataFrame, latency_ms: np.ndarray,
                                compute_ms: np.ndarray, memory_ms: np.ndarray,
                                breakdown_ms: Mapping[str, np.ndarray], flops: np.ndarray, bytes_: np.ndarray,
-                               params: int, batch: np.ndarray, host_ms_per_kernel: float) -> dict[str, np.ndarray]:
+                               params: int, batch: np.ndarray, host_ms_per_kernel: float,
+                               sm_fill: np.ndarray | None = None) -> dict[str, np.ndarray]:
     """`composition_features` of one job's step at several batches at once: `rows` are the kernels (the same at
     every batch), `latency_ms`, `compute_ms` and `memory_ms` (batches, rows), the breakdown, the graph's FLOPs
-    and bytes (fwd + bwd) and `batch` one value per batch."""
+    and bytes (fwd + bwd) and `batch` one value per batch; with the `SHARING_FEATURES` where each row's
+    `kernel_sm_fill` is given (batches, rows; else every kernel holds the whole device)."""
     ms = latency_ms
     device_ms = np.maximum(ms.sum(axis=1), 1e-9)
     composed_ms = np.maximum(sum(breakdown_ms.values()), 1e-9)
@@ -168,5 +203,6 @@ def composition_feature_arrays(spec: JobSpec, hardware: HardwareSpec, rows: pd.D
         "log_peak_per_watt": log_peak + _log2(1e3 / watts) if watts == watts else same(float("nan")),
         "log_memory_gb": same(_log2(hardware.memory_gb)),
         "amp": same(half),
+        "sm_fill": step_sm_fill(ms, sm_fill) if sm_fill is not None else same(1.0),
     }
-    return {name: np.asarray(out[name], dtype=np.float64) for name in COMPOSITION_FEATURES}
+    return {name: np.asarray(out[name], dtype=np.float64) for name in (*COMPOSITION_FEATURES, *SHARING_FEATURES)}

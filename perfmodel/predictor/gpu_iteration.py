@@ -435,8 +435,8 @@ class DevicePredictor:
         vectorised over the batches. Equal to composing the graph made at each batch, up to the rounding of shapes
         on the line (`bench/sweep.py --check`)."""
         from perfmodel.hardware.catalog import get_accelerator
-        from perfmodel.lowering.ops import op_work
-        from perfmodel.predictor.composition import row_peaks
+        from perfmodel.lowering.ops import GEMM_CLASSES, op_work
+        from perfmodel.predictor.composition import kernel_sm_fill, row_peaks
 
         hardware = [get_accelerator(s.accelerator, self.catalog) for s in sweeps]
         for hw in hardware:
@@ -450,6 +450,9 @@ class DevicePredictor:
         out = priced(frame, np.concatenate([np.full(len(kernels), s.specs[0].mode.value == "train")
                                             for s, kernels in zip(sweeps, frames)]))
         work = op_work(frame)
+        fill = kernel_sm_fill(work, frame["dtype"], frame["op_class"].isin(GEMM_CLASSES).to_numpy(),
+                              np.concatenate([np.full(len(k), hw.compute_units, dtype=np.float64)
+                                              for k, hw in zip(frames, hardware)]))
         results, start = [], 0
         for s, hw, kernels in zip(sweeps, hardware, frames):
             part = slice(start, start + len(kernels))
@@ -467,13 +470,15 @@ class DevicePredictor:
             factor = backward_factors(s.rows.nodes, s.rows.rows["phase"].to_numpy(), ms, s.graphs.heavy(s.batches))
             results.append(self._composed_steps(s, hw, ms * factor, per_row(out.p10_ms[part]) * factor,
                                                 per_row(out.p90_ms[part]) * factor,
-                                                per_row(out.extrapolated[part]), compute, memory))
+                                                per_row(out.extrapolated[part]), compute, memory,
+                                                per_row(fill[part])))
         return results
 
     def _composed_steps(self, sweep: Sweep, hardware: HardwareSpec, ms: np.ndarray, p10: np.ndarray,
-                        p90: np.ndarray, extrapolated: np.ndarray, compute_ms: np.ndarray, memory_ms: np.ndarray
-                        ) -> list[tuple[Prediction, dict[str, float]]]:
-        """`_composed` of one sweep's steps: row times (batches, rows) of `sweep.rows.rows` at `sweep.batches`."""
+                        p90: np.ndarray, extrapolated: np.ndarray, compute_ms: np.ndarray, memory_ms: np.ndarray,
+                        sm_fill: np.ndarray) -> list[tuple[Prediction, dict[str, float]]]:
+        """`_composed` of one sweep's steps: row times (batches, rows) of `sweep.rows.rows` at `sweep.batches`, and
+        each row's `composition.kernel_sm_fill` (batches, rows)."""
         from perfmodel.predictor.composition import composition_feature_arrays
 
         rows, batches, first = sweep.rows.rows, sweep.batches, sweep.specs[0]
@@ -486,7 +491,7 @@ class DevicePredictor:
         flops, bytes_ = sweep.graphs.flops_and_bytes(batches)
         features = composition_feature_arrays(first, self._featured(hardware), rows, ms, compute_ms, memory_ms,
                                               breakdown, flops, bytes_, sweep.graphs.params, batches,
-                                              self.host_ms_per_kernel)
+                                              self.host_ms_per_kernel, sm_fill)
         reasons: dict[bytes, tuple[str, ...]] = {}
         maths = maths_by_group(first.precision, hardware)
         host_issue_ms = {name: float((phase == name).sum()) * self.host_ms_per_kernel
