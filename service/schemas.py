@@ -504,12 +504,16 @@ class ColocationResponse(BaseModel):
                                                   "sharing it with the other job; time both have work counts "
                                                   "in both, so the two may sum above 1")
     combined_device_share: float = Field(description="what the pair holds of the device, at most 1: each job's "
-                                                     "kernel time of a step alone per step while sharing, times "
-                                                     "its sm_fill under MPS (all of the device under "
-                                                     "time-slicing), summed")
+                                                     "kernel time of a step alone per step while sharing, summed "
+                                                     "(under MPS times its sm_fill, or its bandwidth_share, "
+                                                     "whichever the pair uses more of)")
     sm_fill: list[float] = Field(description="each job's share of the device's compute units (SMs) its kernels "
                                              "hold while they run, weighted by their time: under MPS, two jobs "
-                                             "whose fills add up to at most 1 run side by side at full speed")
+                                             "whose fills (and bandwidth shares) add up to at most 1 run side "
+                                             "by side at full speed")
+    bandwidth_share: list[float] = Field(description="each job's share of the device's memory bandwidth its kernels "
+                                                     "draw while they run (their bytes at the peak bandwidth over "
+                                                     "their time)")
     calibration: list[SharingCalibrationOut] = Field(description="for each job, what calibrates its answer while "
                                                                   "sharing: its own reports while sharing this "
                                                                   "accelerator in this mode (POST /v1/observations "

@@ -740,6 +740,7 @@ class PredictionEngine:
             "device_share": pair.device_share,
             "combined_device_share": combined_device_share((jobs[0], jobs[1]), pair.steps_ms, sharing),
             "sm_fill": [job.sm_fill for job in jobs],
+            "bandwidth_share": [job.bandwidth_share for job in jobs],
             "calibration": [a.as_dict() for a in pair.applied],
             "peak_memory_bytes": pair.memory, "memory_capacity_bytes": pair.capacity, "fits": True,
             "isolated": answers, "model_versions": self.model_versions,
@@ -820,9 +821,9 @@ class PredictionEngine:
         """The job's calibrated answer on the placement, and its step as the co-location model sees it."""
         raw = self._raw(self.predictor, entry, placement, ("placement",))
         answer = self.respond(entry, raw, self.calibration(entry), self.fleet())
-        composition = self.predictor.composition(entry.spec, placement)
-        sm_fill = composition.get("sm_fill", 1.0) if composition else 1.0  # not composed from kernels: all of it
-        return answer, sharing_job(raw, answer["iter_time_ms"], host_share_of_gap, sm_fill)
+        composition = self.predictor.composition(entry.spec, placement) or {}  # none from kernels: all of it
+        return answer, sharing_job(raw, answer["iter_time_ms"], host_share_of_gap, composition.get("sm_fill", 1.0),
+                                   composition.get("bandwidth_share", 1.0))
 
     # --- calibration --------------------------------------------------------------------------------------------
 
@@ -1240,18 +1241,19 @@ def _communication_share(breakdown_ms: Mapping[str, float], iter_time_ms: float)
     return breakdown_ms.get("communication", 0.0) / iter_time_ms if iter_time_ms > 0 else 0.0
 
 
-def sharing_job(raw: Prediction, calibrated_ms: float, host_share_of_gap: float, sm_fill: float = 1.0) -> SharingJob:
+def sharing_job(raw: Prediction, calibrated_ms: float, host_share_of_gap: float, sm_fill: float = 1.0,
+                bandwidth_share: float = 1.0) -> SharingJob:
     """A job's isolated step for the co-location model: device time (forward, backward, optimizer, communication)
-    and host time (exposed overhead, pipeline bubble), the calibrated step (`colocation.split_step`), and the share
-    of the device's compute units its kernels hold (`sm_fill`)."""
+    and host time (exposed overhead, pipeline bubble), the calibrated step (`colocation.split_step`), and the shares
+    of the device's compute units and memory bandwidth its kernels hold (`sm_fill`, `bandwidth_share`)."""
     from perfmodel.placement.colocation import split_step
 
     b = raw.breakdown_ms
     device = sum(b.get(k, 0.0) for k in ("forward", "backward", "optimizer", "communication"))
     host = sum(b.get(k, 0.0) for k in ("overhead", "pipeline_bubble"))
     if device + host <= 0:
-        return SharingJob(device, host, sm_fill)
-    return split_step(calibrated_ms, device, host, host_share_of_gap, sm_fill)
+        return SharingJob(device, host, sm_fill, bandwidth_share)
+    return split_step(calibrated_ms, device, host, host_share_of_gap, sm_fill, bandwidth_share)
 
 
 def live_catalog(store: Any | None) -> Any:

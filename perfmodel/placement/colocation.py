@@ -13,10 +13,11 @@ alone; while both have work on the device, they share it:
 - `mps` (CUDA MPS): kernels of both jobs run at once, each on the compute units it holds. A kernel holds SMs
   by its launch shape, not by the share of the peak FLOP/s it reaches (one that reaches half the peak still holds
   every SM it has blocks on); a job's `sm_fill` is the share of the SMs its kernels hold while the device runs
-  them (`perfmodel.predictor.composition.kernel_sm_fill`, weighted by time). Where the two fills add up to at most
-  the device, work that overlaps runs at full speed; beyond it, the SMs are shared in proportion, each at
-  1 / (fill_a + fill_b): two jobs whose kernels fill the device get at most the device together, each at half
-  speed, and two small ones (a recurrent step at a small batch, a CIFAR-sized network) barely slow each other.
+  them (`perfmodel.predictor.composition.kernel_sm_fill`, weighted by time), its `bandwidth_share` the share of
+  the memory bandwidth they draw. Where the two jobs' fills, and their bandwidth shares, each add up to at most the
+  device, work that overlaps runs at full speed; beyond it, the resource that runs out is shared in proportion,
+  each at 1 / (the larger sum): two jobs whose kernels fill the device get at most the device together, each at
+  half speed, and two small ones (a recurrent step at a small batch, a CIFAR-sized network) barely slow each other.
   What MPS also removes is the context switch and the wait for the other's time slice (`switch_overhead`,
   `sync_wait_ms`). No co-located MPS measurement was at hand to check it against.
 
@@ -24,8 +25,9 @@ The steady state is a fixed point (processor sharing): job a's step is host_a + 
 (+ g_b · sync_wait_ms when time-slicing), where g_b is the share of time job b has work on the device and s the
 slowdown of work that overlaps (`overlap_slowdown`). Physically possible by construction: no job is faster than
 alone, and what the pair holds of the device per second never exceeds it (`combined_device_share` <= 1: under
-time-slicing the device time of both, under MPS each weighted by its `sm_fill`; the steps are stretched where the
-approximation would exceed it).
+time-slicing the device time of both, under MPS of the SMs and of the bandwidth, each job's time weighted by its
+`sm_fill` or its `bandwidth_share`, whichever the pair uses more of; the steps are stretched where the approximation
+would exceed it).
 
 What the graph cannot see (an input pipeline on the host, the Atari environment of A3C) is the gap between a measured
 isolated step and the predicted device time; `host_share_of_gap` says how much of such a gap is host time. The
@@ -101,6 +103,7 @@ class SharingJob:
     device_ms: float  # the device has work of this job
     host_ms: float  # the device waits for this job's host
     sm_fill: float = 1.0  # the share of the compute units its kernels hold while they run (MPS)
+    bandwidth_share: float = 1.0  # the share of the memory bandwidth its kernels draw while they run (MPS)
 
     @property
     def step_ms(self) -> float:
@@ -108,15 +111,17 @@ class SharingJob:
 
 
 def split_step(step_ms: float, device_ms: float, host_ms: float, host_share_of_gap: float,
-               sm_fill: float = 1.0) -> SharingJob:
+               sm_fill: float = 1.0, bandwidth_share: float = 1.0) -> SharingJob:
     """A job whose step takes `step_ms` (measured, or calibrated) where the model sees `device_ms` of device and
     `host_ms` of host time: a longer step's gap is shared between them by `host_share_of_gap` (what the model
-    misses may be an input pipeline or under-priced kernels), a shorter one scales both; `sm_fill` as given."""
+    misses may be an input pipeline or under-priced kernels), a shorter one scales both; what its kernels hold of
+    the device as given."""
     gap = step_ms - (device_ms + host_ms)
     if gap >= 0:
-        return SharingJob(device_ms + (1 - host_share_of_gap) * gap, host_ms + host_share_of_gap * gap, sm_fill)
+        return SharingJob(device_ms + (1 - host_share_of_gap) * gap, host_ms + host_share_of_gap * gap, sm_fill,
+                          bandwidth_share)
     scale = step_ms / (device_ms + host_ms)
-    return SharingJob(device_ms * scale, host_ms * scale, sm_fill)
+    return SharingJob(device_ms * scale, host_ms * scale, sm_fill, bandwidth_share)
 
 
 @dataclass(frozen=True)
@@ -131,18 +136,20 @@ class Shared:
 def overlap_slowdown(sharing: Sharing, params: ColocationParams, a: SharingJob | None = None,
                      b: SharingJob | None = None) -> float:
     """How much slower work runs while both jobs have work on the device: under time-slicing half speed each and
-    the switches' cost on top; under MPS 1 / (fill_a + fill_b) of full speed where the two jobs' kernels hold more
-    than the device's compute units (`SharingJob.sm_fill`; without the jobs, kernels that fill it: half speed)."""
+    the switches' cost on top; under MPS 1 / (the larger of fill_a + fill_b and bandwidth_a + bandwidth_b) of full
+    speed where the two jobs' kernels want more of the device's compute units or of its memory bandwidth than it
+    has (`SharingJob.sm_fill`, `SharingJob.bandwidth_share`; without the jobs, kernels that fill it: half speed)."""
     if sharing != "mps":
         return 2.0 * (1.0 + params.switch_overhead)
-    held = (a.sm_fill if a is not None else 1.0) + (b.sm_fill if b is not None else 1.0)
-    return min(2.0, max(1.0, held))
+    jobs = [job if job is not None else SharingJob(0.0, 0.0) for job in (a, b)]
+    wanted = max(jobs[0].sm_fill + jobs[1].sm_fill, jobs[0].bandwidth_share + jobs[1].bandwidth_share)
+    return min(2.0, max(1.0, wanted))
 
 
-def held_share(job: SharingJob, sharing: Sharing) -> float:
-    """The share of the device a job holds while its kernels run: all of it under time-slicing (one context at a
-    time), its `sm_fill` under MPS."""
-    return job.sm_fill if sharing == "mps" else 1.0
+def held_shares(job: SharingJob, sharing: Sharing) -> tuple[float, float]:
+    """The shares of the device's compute units and of its memory bandwidth a job holds while its kernels run: all
+    of both under time-slicing (one context at a time), its `sm_fill` and `bandwidth_share` under MPS."""
+    return (job.sm_fill, job.bandwidth_share) if sharing == "mps" else (1.0, 1.0)
 
 
 def share(a: SharingJob, b: SharingJob, sharing: Sharing = "time-slicing",
@@ -190,8 +197,11 @@ def shared_interval(throughput: float, isolated_interval: tuple[float, float], s
 def combined_device_share(jobs: tuple[SharingJob, SharingJob], steps_ms: Sequence[float],
                           sharing: Sharing = "time-slicing") -> float:
     """The device's load from both jobs at these steps: each job's device time per second, times the share of the
-    device it holds while its kernels run (`held_share`: all of it under time-slicing, its SM fill under MPS)."""
-    return sum(held_share(jobs[i], sharing) * jobs[i].device_ms / steps_ms[i] for i in (0, 1) if steps_ms[i] > 0)
+    device it holds while its kernels run (`held_shares`: all of it under time-slicing; under MPS its SM fill and
+    its bandwidth share, the busier of the two resources)."""
+    busy = [jobs[i].device_ms / steps_ms[i] if steps_ms[i] > 0 else 0.0 for i in (0, 1)]
+    held = [held_shares(jobs[i], sharing) for i in (0, 1)]
+    return max(sum(held[i][r] * busy[i] for i in (0, 1)) for r in (0, 1))
 
 
 # --- fitted constants ------------------------------------------------------------------------------------------------

@@ -18,9 +18,11 @@ device's spec sheet, never the device's name, so the stage learned from some GPU
 - device: `log_peak_tensor_tflops` (the peak of the math its GEMM time runs in), `log_bandwidth_gb_s`, `log_ridge`,
   `log_peak_per_watt`, `log_memory_gb`, `amp` (half-precision GEMMs) — ratios and magnitudes, no identity.
 
-Beside them, not a feature of any stage: `sm_fill`, the share of the device's compute units the step's kernels hold
-while they run (time-weighted over its kernels, `kernel_sm_fill`), which is what CUDA MPS leaves to a job sharing
-the GPU (`perfmodel.placement.colocation`).
+Beside them, not features of any stage (`SHARING_FEATURES`, for the co-location model,
+`perfmodel.placement.colocation`): `sm_fill`, the share of the device's compute units the step's kernels hold while
+they run (time-weighted over its kernels, `kernel_sm_fill`), and `bandwidth_share`, the share of the device's memory
+bandwidth they draw while they run (their bytes at the peak bandwidth over their time): what CUDA MPS leaves to a
+job sharing the GPU.
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ COMPOSITION_FEATURES: tuple[str, ...] = (
     "log_peak_tensor_tflops", "log_bandwidth_gb_s", "log_ridge", "log_peak_per_watt", "log_memory_gb", "amp",
 )
 # what the composition says besides the stage's features: for the co-location model
-SHARING_FEATURES: tuple[str, ...] = ("sm_fill",)
+SHARING_FEATURES: tuple[str, ...] = ("sm_fill", "bandwidth_share")
 
 # How many of the device's compute units (SMs, CUs) a kernel holds while it runs, from its shape: a GEMM or
 # convolution one output tile of `GEMM_TILE` x `GEMM_TILE` per compute unit (a tensor-core tile takes most of an
@@ -204,5 +206,7 @@ def composition_feature_arrays(spec: JobSpec, hardware: HardwareSpec, rows: pd.D
         "log_memory_gb": same(_log2(hardware.memory_gb)),
         "amp": same(half),
         "sm_fill": step_sm_fill(ms, sm_fill) if sm_fill is not None else same(1.0),
+        # a kernel draws at most the device's bandwidth: its bytes at the peak over its time, never above 1
+        "bandwidth_share": np.minimum(memory_ms, ms).sum(axis=1) / device_ms,
     }
     return {name: np.asarray(out[name], dtype=np.float64) for name in (*COMPOSITION_FEATURES, *SHARING_FEATURES)}

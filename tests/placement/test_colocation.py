@@ -60,41 +60,44 @@ def test_under_mps_two_device_bound_jobs_together_get_at_most_the_device(host_ms
         assert shared.combined_device_share <= 1 + 1e-9
 
 
-def random_fill() -> float:
+def random_share() -> float:
     return float(RNG.choice([1.0, RNG.uniform(0.01, 1.0)]))
 
 
 @pytest.mark.parametrize("sharing", SHARING_MODES)
-def test_with_any_sm_fill_no_job_beats_alone_and_the_pair_never_holds_more_than_the_device(sharing):
+def test_with_any_sm_fill_and_bandwidth_no_job_beats_alone_and_the_pair_never_holds_more_than_the_device(sharing):
     for _ in range(300):
         a, b = random_job(), random_job()
-        a, b = (SharingJob(job.device_ms, job.host_ms, random_fill()) for job in (a, b))
+        a, b = (SharingJob(job.device_ms, job.host_ms, random_share(), random_share()) for job in (a, b))
         shared = share(a, b, sharing, ColocationParams(sync_wait_ms=float(RNG.uniform(0, 40))))
         assert shared.step_ms[0] >= a.step_ms * (1 - 1e-12) and shared.step_ms[1] >= b.step_ms * (1 - 1e-12)
         assert shared.combined_device_share <= 1 + 1e-9
         assert shared.combined_device_share == pytest.approx(combined_device_share((a, b), shared.step_ms, sharing))
-        # what each holds of the device per second: its kernel time over its step, times its fill under MPS
-        held = sum((job.sm_fill if sharing == "mps" else 1.0) * job.device_ms / step
-                   for job, step in zip((a, b), shared.step_ms))
-        assert held <= 1 + 1e-9
+        # what the pair holds of each resource per second: each job's kernel time over its step, times its share
+        # of the SMs (of the bandwidth) under MPS, all of the device under time-slicing
+        for resource in ("sm_fill", "bandwidth_share"):
+            held = sum((getattr(job, resource) if sharing == "mps" else 1.0) * job.device_ms / step
+                       for job, step in zip((a, b), shared.step_ms))
+            assert held <= 1 + 1e-9
 
 
 def test_under_mps_kernels_that_leave_the_device_room_run_side_by_side_and_beyond_it_share_it_in_proportion():
-    """Two busy jobs (no host time) whose kernels hold fill_a and fill_b of the SMs: each keeps its step alone
-    while fill_a + fill_b <= 1, else each runs at 1 / (fill_a + fill_b) of its speed (half at the most)."""
+    """Two busy jobs (no host time) whose kernels hold fill_a and fill_b of the SMs and draw bw_a and bw_b of the
+    memory bandwidth: each keeps its step alone while both sums stay within the device, else each runs at
+    1 / (the larger sum) of its speed (half at the most)."""
     for _ in range(300):
-        fills = sorted(float(x) for x in RNG.uniform(0.01, 1.0, 2))
-        a, b = SharingJob(float(RNG.uniform(1, 300)), 0.0, fills[0]), SharingJob(float(RNG.uniform(1, 300)), 0.0,
-                                                                                  fills[1])
+        fills, bandwidth = RNG.uniform(0.01, 1.0, 2), RNG.uniform(0.01, 1.0, 2)
+        a, b = (SharingJob(float(RNG.uniform(1, 300)), 0.0, float(fills[i]), float(bandwidth[i])) for i in (0, 1))
         shared = share(a, b, "mps")
-        slowdown = max(1.0, fills[0] + fills[1])
+        slowdown = max(1.0, fills.sum(), bandwidth.sum())
         assert shared.step_ms[0] == pytest.approx(a.step_ms * slowdown)
         assert shared.step_ms[1] == pytest.approx(b.step_ms * slowdown)
         # a partner that holds more of the device never leaves a job faster
-        bigger = share(a, SharingJob(b.device_ms, 0.0, min(1.0, fills[1] * 1.5)), "mps")
-        assert bigger.step_ms[0] >= shared.step_ms[0] * (1 - 1e-12)
+        for more in (SharingJob(b.device_ms, 0.0, min(1.0, b.sm_fill * 1.5), b.bandwidth_share),
+                     SharingJob(b.device_ms, 0.0, b.sm_fill, min(1.0, b.bandwidth_share * 1.5))):
+            assert share(a, more, "mps").step_ms[0] >= shared.step_ms[0] * (1 - 1e-12)
     # kernels that fill the device: half speed each, as two jobs that keep it busy
-    full = share(SharingJob(50.0, 0.0, 1.0), SharingJob(80.0, 0.0, 1.0), "mps")
+    full = share(SharingJob(50.0, 0.0), SharingJob(80.0, 0.0), "mps")
     assert full.step_ms == pytest.approx((100.0, 160.0))
 
 
@@ -102,7 +105,8 @@ def test_time_slicing_runs_one_job_at_a_time_whatever_its_kernels_hold():
     for _ in range(100):
         a, b = random_job(), random_job()
         params = ColocationParams(switch_overhead=float(RNG.uniform(0, 0.5)), sync_wait_ms=float(RNG.uniform(0, 40)))
-        small = [SharingJob(job.device_ms, job.host_ms, float(RNG.uniform(0.01, 0.3))) for job in (a, b)]
+        small = [SharingJob(job.device_ms, job.host_ms, float(RNG.uniform(0.01, 0.3)), float(RNG.uniform(0.01, 0.3)))
+                 for job in (a, b)]
         assert share(small[0], small[1], "time-slicing", params) == share(a, b, "time-slicing", params)
 
 

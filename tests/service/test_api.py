@@ -247,6 +247,7 @@ def test_the_matrix_agrees_with_single_predictions_and_gavel_zeroes_what_does_no
 def test_colocation_answers_each_jobs_share_within_physics_and_refuses_pairs_that_do_not_fit(client):
     small = _register(client)
     bigger = _register(client, {**SMALL_JOB, "batch_size": 32})
+    by_mode = {}
     for sharing in ("time-slicing", "mps"):
         response = client.post("/v1/predict/colocation", json={
             "jobs": [small, bigger], "placement": {"accelerator": "t4"}, "sharing": sharing})
@@ -263,6 +264,17 @@ def test_colocation_answers_each_jobs_share_within_physics_and_refuses_pairs_tha
             assert low < alone * isolated["iter_time_ms"] / high_ms / slowdown and high <= top * (1 + 1e-9)
         assert body["combined_device_share"] <= 1 + 1e-9
         assert all(s >= 1 for s in body["slowdown"])
+        assert all(1 / 40 <= fill <= 1 for fill in body["sm_fill"])  # a T4 has 40 SMs
+        assert all(0 < share <= 1 for share in body["bandwidth_share"])
+        by_mode[sharing] = body
+    # under MPS the two jobs' kernels run at once on the SMs each holds: no job keeps less than while taking turns,
+    # and where their fills and bandwidth shares add up to at most the device, each keeps its speed alone
+    mps, turns = by_mode["mps"], by_mode["time-slicing"]
+    assert mps["sm_fill"] == turns["sm_fill"] and mps["bandwidth_share"] == turns["bandwidth_share"]
+    for together, taking_turns in zip(mps["throughput_samples_per_s"], turns["throughput_samples_per_s"]):
+        assert together >= taking_turns * (1 - 1e-9)
+    if sum(mps["sm_fill"]) <= 1 and sum(mps["bandwidth_share"]) <= 1:
+        assert mps["slowdown"] == pytest.approx([1.0, 1.0])
     huge = _register(client, {**SMALL_JOB, "batch_size": 2**20})  # 18 GiB a device: alone it fits a 40 GB A100
     pair = client.post("/v1/predict/colocation", json={"jobs": [huge, huge],
                                                        "placement": {"accelerator": "a100-sxm4-40gb"}})
