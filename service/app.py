@@ -51,11 +51,15 @@ Writes (jobs, observations, promotions) need a bearer token when the server has 
 """
 
 
-async def _keep_in_sync(state: ServiceState, interval_s: float) -> None:
+async def _keep_in_sync(state: ServiceState, interval_s: float, stop: asyncio.Event) -> None:
     """Every `interval_s`, pick up what other workers wrote. A failed round (the store down, say) is logged and the
-    next one tries again: the loop only ends when the app stops."""
-    while True:
-        await asyncio.sleep(interval_s)
+    next one tries again: the loop only ends when `stop` is set (the app stops), after the round in flight, so that
+    no round still reads the store once it is closed (cancelling would leave that round running in its thread)."""
+    while not stop.is_set():
+        with contextlib.suppress(asyncio.TimeoutError):  # the builtin TimeoutError only from Python 3.11
+            await asyncio.wait_for(stop.wait(), interval_s)
+        if stop.is_set():
+            return
         try:
             await run_in_threadpool(state.sync_once)
         except Exception as exc:  # a store hiccup: try again next time
@@ -93,14 +97,15 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
         settle_heap()
         switch_interval_s = sys.getswitchinterval()
         sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
-        task = asyncio.create_task(_keep_in_sync(state, settings.sync_interval_s)) if settings.sync_interval_s else None
+        stop = asyncio.Event()
+        task = (asyncio.create_task(_keep_in_sync(state, settings.sync_interval_s, stop))
+                if settings.sync_interval_s else None)
         try:
             yield
         finally:
+            stop.set()
             if task is not None:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+                await task  # the round in flight ends before the store closes
             state.store.close()
             sys.setswitchinterval(switch_interval_s)
 
