@@ -296,6 +296,12 @@ class PredictResponse(Prediction):
     calibration: CalibrationApplied
     uncalibrated_iter_time_ms: float
     uncalibrated_throughput_samples_per_s: float
+    host_bound_likely: bool = Field(default=False, description="true: something the graph does not show on the "
+                                    "host likely bounds the step (host_bound_reason), so a faster GPU speeds it up "
+                                    "less than the device time says")
+    host_bound_reason: str | None = Field(default=None, description="why: the zoo model's reference "
+                                          "implementation works on the host, or the job's own reports here put its "
+                                          "step over twice the predicted device time")
 
 
 class MatrixGrid(_In):
@@ -451,6 +457,10 @@ class MatrixResponse(BaseModel):
     iter_time_ms: list[list[float]]
     fits: list[list[bool | None]]
     calibrated: list[list[bool]]
+    host_bound: list[str | None] = Field(default_factory=list, description="one per row: why the job's step is "
+                                         "likely bound by its host on any GPU (its zoo model's reference "
+                                         "implementation, or its own reports over twice the predicted device "
+                                         "time), else null")
     model_versions: dict[str, str]
     predictions: list[list[PredictResponse]] | None = None
 
@@ -468,6 +478,9 @@ class GavelResponse(BaseModel):
         default_factory=dict, description="the cells observations calibrated, keyed as in `throughputs`: {worker "
                                           "type: {\"(JOB_TYPE, SCALE_FACTOR)\": calibration level (job, "
                                           "accelerator, chip)}}; empty when none did")
+    host_bound: dict[str, str] = Field(default_factory=dict, description="job type -> why its step is likely "
+                                       "bound by its host (its zoo model's reference implementation, or its own "
+                                       "reports over twice the predicted device time); the others are not named")
     model_versions: dict[str, str]
 
 

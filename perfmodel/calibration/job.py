@@ -25,6 +25,7 @@ points only, so the error after calibration is never flattered by the point itse
 from __future__ import annotations
 
 import math
+import statistics
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -75,10 +76,18 @@ class ObservedPoint:
     observed_throughput_samples_per_s: float
     predicted_throughput_samples_per_s: float
     created_at: datetime | None = None
+    # the share of the predicted step the device is busy (forward, backward, optimizer, communication)
+    device_share: float = 1.0
 
     @property
     def log_ratio(self) -> float:
         return math.log(self.observed_throughput_samples_per_s / self.predicted_throughput_samples_per_s)
+
+    @property
+    def over_device_time(self) -> float:
+        """The observed step over the predicted device time (the model's step is its device time over
+        `device_share`)."""
+        return self.predicted_throughput_samples_per_s / self.observed_throughput_samples_per_s / self.device_share
 
 
 @dataclass(frozen=True)
@@ -228,6 +237,19 @@ class Calibration:
         if group is not None:
             return group
         return self.by_accelerator.get(accelerator, (1.0, 0))
+
+    def slowest_over_device_time(self) -> tuple[str, float] | None:
+        """(accelerator, ratio): where the job's kept points put its step furthest above the predicted device time
+        (`ObservedPoint.over_device_time`, the median of that accelerator's points); None with no points."""
+        dropped = {e.id for e in self.excluded}
+        ratios: dict[str, list[float]] = {}
+        for point in self.points:
+            if point.id not in dropped:
+                ratios.setdefault(point.accelerator, []).append(point.over_device_time)
+        if not ratios:
+            return None
+        return max(((accelerator, statistics.median(values)) for accelerator, values in sorted(ratios.items())),
+                   key=lambda item: item[1])
 
     def report(self) -> dict[str, Any]:
         """Counts, factors, excluded points with their reasons, and the leave-one-out error before and after."""

@@ -131,6 +131,10 @@ def _export(engine: Any, output: Path, specs: list[JobSpec], names: list[str | N
     out.print(f"wrote {output}: {len(specs)} job types x worker types {', '.join(throughputs)} x scale factors "
               f"{factors}, steps/s" + (f", pairs sharing the GPUs ({sharing})" if colocation else "")
               + (f"; {cells} cells calibrated by the store's observations" if cells else ""))
+    for job_type, entry in zip(job_types, entries):
+        why = engine.host_bound(entry, engine.calibration(entry))
+        if why is not None:
+            out.print(f"  host-bound likely: {job_type}: {why}")
 
 
 # --job "[JOB_TYPE=]ZOO_NAME:BATCH[:KEY=VALUE...]" (a job type name may hold "=" and ":"; the rest holds neither

@@ -153,6 +153,8 @@ def _answer(engine: Any, spec: Any, placement: Any, *, with_job: str | None, sha
               f"{(result['memory_capacity_bytes'] or 0) / 2**30:.1f} GiB usable: {fits}")
     if result["extrapolated"]:
         out.print("  [yellow]extrapolated:[/] " + "; ".join(result["extrapolation_reasons"]))
+    if result.get("host_bound_likely"):
+        out.print(f"  [yellow]host-bound likely:[/] {result['host_bound_reason']}")
 
 
 def _batch(batch_size: int, placement: Any) -> str:

@@ -67,7 +67,7 @@ from perfmodel.hardware.spec import HardwareSpec
 from perfmodel.jobs.spec import GraphSource, JobSpec
 from perfmodel.placement.colocation import ColocationParams, Sharing, SharingJob
 from perfmodel.placement.spec import PlacementSpec, data_parallel
-from perfmodel.predictor.predict import Prediction, prediction_json
+from perfmodel.predictor.predict import Prediction, device_time_ms, prediction_json
 from perfmodel.records import utc_now
 
 log = logging.getLogger("perfmodel.engine")
@@ -589,6 +589,8 @@ class PredictionEngine:
         data.update(job_id=entry.key, calibrated=applied.level != "none", calibration_factor=factor,
                     observations=applied.observations, calibration=applied.as_dict(),
                     uncalibrated_iter_time_ms=iter_time_ms, uncalibrated_throughput_samples_per_s=throughput)
+        reason = self.host_bound(entry, calibration)
+        data.update(host_bound_likely=reason is not None, host_bound_reason=reason)
         if applied.level != "none":
             calibrated_ms = iter_time_ms / factor
             data["throughput_samples_per_s"] = throughput * factor
@@ -598,6 +600,12 @@ class PredictionEngine:
             data["breakdown_ms"] = {k: v / factor for k, v in data["breakdown_ms"].items()}
             data["throughput_items_per_s"] = data["throughput_samples_per_s"] * data["items_per_sample"]
         return data
+
+    def host_bound(self, entry: JobEntry, calibration: Calibration | None = None) -> str | None:
+        """Why the job's step is likely bound by its host, on any accelerator (`host_bound_reason`; None: no sign
+        of it), from its zoo model and its own reports (`calibration`, else the job's last)."""
+        reported = (calibration if calibration is not None else entry.calibration).slowest_over_device_time()
+        return host_bound_reason(entry.spec, reported)
 
     def applied(self, entry: JobEntry, accelerator: str, devices: int, communication_share: float,
                 calibration: Calibration | None = None, fleet: FleetCalibration | None = None,
@@ -851,7 +859,8 @@ class PredictionEngine:
             except PerfmodelError as exc:  # e.g. its accelerator left the catalog: the point is left out
                 log.warning("observation placement of job %s no longer predictable: %s", entry.key, exc)
         points = [ObservedPoint(o.id, predicted[p].accelerator, o.devices, o.throughput_samples_per_s,
-                                predicted[p].throughput_samples_per_s, o.created_at)
+                                predicted[p].throughput_samples_per_s, o.created_at,
+                                device_time_ms(predicted[p].breakdown_ms) / predicted[p].iter_time_ms)
                   for o, p in zip(observations, placements) if p in predicted]
         calibration = calibrate(points, now=utc_now())
         weights = dict(zip((p.id for p in points), recency_weights(points, calibration.now)))
@@ -1241,6 +1250,29 @@ def _communication_share(breakdown_ms: Mapping[str, float], iter_time_ms: float)
     return breakdown_ms.get("communication", 0.0) / iter_time_ms if iter_time_ms > 0 else 0.0
 
 
+def host_bound_reason(spec: JobSpec, reported: tuple[str, float] | None) -> str | None:
+    """Why a job's step is likely bound by its host rather than by the device (None: no sign of it): its zoo
+    model's reference implementation does work on the host the graph does not show (`ZooEntry.host_work`), or its
+    own reports on some accelerator (`reported`: `Calibration.slowest_over_device_time`) put its step over
+    `HOST_BOUND_RATIO` times the predicted device time there. Such a step gains less from a faster GPU than the
+    device time says, on any accelerator."""
+    from perfmodel.jobs.spec import ZooSource
+    from perfmodel.jobs.zoo import ZOO
+    from perfmodel.predictor.predict import HOST_BOUND_RATIO
+
+    if isinstance(spec.source, ZooSource):
+        entry = ZOO.get(spec.source.name)
+        if entry is not None and entry.host_work:
+            return (f"{entry.name}'s reference implementation {entry.host_work}, which the graph does not show: a "
+                    f"faster GPU speeds it up less than the device time says")
+    if reported is not None and reported[1] > HOST_BOUND_RATIO:
+        accelerator, ratio = reported
+        return (f"its own reports on {accelerator} run at {ratio:.1f}x the predicted device time there: what bounds "
+                f"it (an input pipeline, the host) is not in the graph, and a faster GPU speeds it up less than the "
+                f"device time says")
+    return None
+
+
 def sharing_job(raw: Prediction, calibrated_ms: float, host_share_of_gap: float, sm_fill: float = 1.0,
                 bandwidth_share: float = 1.0) -> SharingJob:
     """A job's isolated step for the co-location model: device time (forward, backward, optimizer, communication)
@@ -1249,7 +1281,7 @@ def sharing_job(raw: Prediction, calibrated_ms: float, host_share_of_gap: float,
     from perfmodel.placement.colocation import split_step
 
     b = raw.breakdown_ms
-    device = sum(b.get(k, 0.0) for k in ("forward", "backward", "optimizer", "communication"))
+    device = device_time_ms(b)
     host = sum(b.get(k, 0.0) for k in ("overhead", "pipeline_bubble"))
     if device + host <= 0:
         return SharingJob(device, host, sm_fill, bandwidth_share)

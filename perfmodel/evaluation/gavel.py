@@ -28,6 +28,7 @@ from perfmodel.calibration.sharing import SHARING_PRIOR_OBSERVATIONS, sharing_fa
 from perfmodel.jobs.spec import JobSpec
 from perfmodel.placement.colocation import ColocationParams, SharingJob, share, shared_interval, split_step
 from perfmodel.placement.spec import IntraNodeLink
+from perfmodel.predictor.predict import HOST_BOUND_RATIO
 
 GAVEL_FILE = "physical_cluster_throughputs.k80_p100.json"
 WORKERS = {"k80": "k80", "p100": "p100-pcie-16gb"}
@@ -37,7 +38,6 @@ INTER_NODE_GBIT_S = 10.0
 # 3.0-5.4x measured, where P2P links would give 6-7x). Not recorded in the data: chosen by looking at these runs
 # (`bench/gavel.py` prints the scaling with the catalog's P2P links too).
 GAVEL_INTRA_LINK: IntraNodeLink = "host"
-HOST_BOUND_RATIO = 2.0
 # job type prefix -> zoo model (its sequence length and optimizer: the zoo's, as Gavel's workloads train)
 GAVEL_JOBS: dict[str, str] = {
     "ResNet-18": "gavel-resnet18",

@@ -52,6 +52,9 @@ class ZooEntry:
     default_task: str | None = None
     # the optimizer the reference implementation trains with (a job that names none gets it; None: `sgd`)
     reference_optimizer: str | None = None
+    # what the reference implementation does on the host each step that the graph does not show (an environment
+    # stepped on the CPU, ...): its answers say the step is likely host-bound ("" : nothing known)
+    host_work: str = ""
     description: str = ""
 
     def items(self, seq_len: int) -> float:
@@ -302,6 +305,8 @@ def _entries() -> list[ZooEntry]:
         ZooEntry("gavel-a3c", "a3c", "perfmodel", own, _gavel("A3C"), make_inputs=_own_inputs, unit="rollouts",
                  reference_seq_len=20,
                  reference_optimizer="adam",
+                 host_work="steps the Atari emulator on the CPU between the rollout's forwards, runs Adam on the CPU "
+                           "copy of the shared model and copies weights and gradients between it and the GPU",
                  description="Gavel A3C (rl_a3c_pytorch) on Pong: 4 convs + max-pools on 1x80x80, LSTM cell 1024 -> "
                              "512, actor (6) and critic heads; a seq_len-step rollout (20 in Gavel) + bootstrap "
                              "value and the A3C loss (GAE) per sample; batch = rollouts stacked (Gavel: 1 per worker, "

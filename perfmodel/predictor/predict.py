@@ -11,6 +11,18 @@ from perfmodel.jobs.spec import JobSpec
 from perfmodel.placement.spec import PlacementSpec
 from perfmodel.predictor.memory import estimate_memory
 
+# a step that takes over this many times its predicted device time is named host-bound likely: what bounds it is
+# not in the graph (an input pipeline, an environment stepped on the CPU, the host's dispatch), so a faster GPU will
+# not speed it up as the device time says
+HOST_BOUND_RATIO = 2.0
+DEVICE_PHASES = ("forward", "backward", "optimizer", "communication")
+
+
+def device_time_ms(breakdown_ms: dict[str, float]) -> float:
+    """The time a step keeps its device busy: forward, backward, optimizer and communication (not the host's
+    exposed dispatch, nor the pipeline bubble)."""
+    return sum(breakdown_ms.get(phase, 0.0) for phase in DEVICE_PHASES)
+
 
 class Prediction(BaseModel):
     model_config = ConfigDict(frozen=True)

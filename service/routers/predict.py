@@ -203,7 +203,9 @@ def matrix(engine: PredictionEngine, entries: Sequence[JobEntry],
                         "placement": p.model_dump(mode="json", exclude_none=True)}
                        for p, c, accelerator in zip(given, consolidated, accelerators)],
         "throughput_samples_per_s": throughput.tolist(), "iter_time_ms": (raw_iteration / factor).tolist(),
-        "fits": fits.tolist(), "calibrated": calibrated.tolist(), "model_versions": versions,
+        "fits": fits.tolist(), "calibrated": calibrated.tolist(),
+        "host_bound": [engine.host_bound(entry, engine.calibration(entry)) for entry in entries],
+        "model_versions": versions,
     }
     if body.detail:
         out["predictions"] = [[engine.respond(entry, p, engine.calibration(entry), fleet) for p in row]
@@ -245,7 +247,10 @@ def gavel(engine: PredictionEngine, entries: Sequence[JobEntry], body: MatrixReq
     workers_used = {c.worker_type: c.accelerator for c in columns}
     data = {"layout": "gavel", "throughputs": throughputs, "unit": "steps/s",
             "job_types": {t: e.key for t, e in zip(job_types, entries)}, "worker_types": workers_used,
-            "calibrated": calibrated, "model_versions": engine.model_versions}
+            "calibrated": calibrated,
+            "host_bound": {t: why for t, e in zip(job_types, entries)
+                           if (why := engine.host_bound(e, engine.calibration(e))) is not None},
+            "model_versions": engine.model_versions}
     return data, len(entries) * len(columns)
 
 

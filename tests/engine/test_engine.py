@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import statistics
 import time
 
 import pytest
@@ -129,3 +130,33 @@ def test_twenty_threads_predicting_one_new_job_capture_it_once():
         thread.join()
     assert captured == [8] and engine.graphs.captures == 1 and len(answers) == 20
     assert all(a == answers[0] for a in answers) and engine.predict_cached(spec, placement) == answers[0]
+
+
+def test_a_step_is_named_host_bound_by_its_zoo_models_host_work_or_by_its_own_reports_far_above_the_device_time():
+    from perfmodel.calibration.job import Calibration, Excluded, ObservedPoint
+    from perfmodel.engine.engine import host_bound_reason
+    from perfmodel.jobs.zoo import ZOO
+    from perfmodel.predictor.predict import HOST_BOUND_RATIO
+
+    a3c = JobSpec(source=ZooSource(name="gavel-a3c"), batch_size=1)
+    assert ZOO["gavel-a3c"].host_work
+    why = host_bound_reason(a3c, None)
+    assert why is not None and "Atari" in why and "graph does not show" in why
+    plain = JobSpec(source=ZooSource(name="resnet50"), batch_size=32)
+    assert not ZOO["resnet50"].host_work
+    assert host_bound_reason(plain, None) is None  # no reports: nothing says so
+
+    def point(i: int, accelerator: str, observed_over_predicted: float, device_share: float) -> ObservedPoint:
+        return ObservedPoint(i, accelerator, 1, 100.0 * observed_over_predicted, 100.0, device_share=device_share)
+
+    # a step predicted 80 % device time that ran at half the predicted throughput: 2.5x its device time
+    assert point(0, "t4", 0.5, 0.8).over_device_time == pytest.approx(2.5)
+    calibration = Calibration(points=(point(1, "t4", 0.5, 0.8), point(2, "t4", 0.45, 0.8), point(3, "a10", 0.9, 0.9),
+                                      point(4, "a10", 0.05, 0.9)),
+                              excluded=(Excluded(4, "an outlier"),))
+    accelerator, ratio = calibration.slowest_over_device_time()
+    assert accelerator == "t4" and ratio == pytest.approx(statistics.median([2.5, 1 / 0.45 / 0.8]))
+    why = host_bound_reason(plain, (accelerator, ratio))
+    assert why is not None and "own reports on t4" in why and f"{ratio:.1f}x" in why
+    assert host_bound_reason(plain, ("a10", HOST_BOUND_RATIO)) is None  # at most twice the device time: not named
+    assert Calibration().slowest_over_device_time() is None

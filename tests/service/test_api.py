@@ -562,3 +562,21 @@ def test_an_unknown_or_ambiguous_accelerator_is_refused_before_the_job_is_captur
     assert answer.status_code == 422, answer.text
     assert answer.json()["detail"][0]["loc"] == loc
     assert engine.stats()["captures"] == captures
+
+
+def test_a_job_whose_reports_run_far_slower_than_its_device_time_is_answered_host_bound(client):
+    job_id = _register(client)
+    t4 = {"accelerator": "t4"}
+    before = client.post("/v1/predict", json={"job": job_id, "placement": t4}).json()
+    assert before["host_bound_likely"] is False and before["host_bound_reason"] is None
+    observed = before["throughput_samples_per_s"] * 0.2  # five times the predicted step: over twice its device time
+    assert client.post("/v1/observations", json={"job": job_id, "placement": t4,
+                                                 "throughput_samples_per_s": observed}).status_code == 201
+    after = client.post("/v1/predict", json={"job": job_id, "placement": t4}).json()
+    assert after["calibration"]["level"] == "job"
+    assert after["host_bound_likely"] is True and "own reports on t4" in after["host_bound_reason"]
+    # on another GPU too: a host that bounds the job on the T4 bounds it more on a faster device
+    elsewhere = client.post("/v1/predict", json={"job": job_id, "placement": {"accelerator": "a10"}}).json()
+    assert elsewhere["host_bound_likely"] is True and "own reports on t4" in elsewhere["host_bound_reason"]
+    other = _register(client, {**SMALL_JOB, "batch_size": 16})
+    assert client.post("/v1/predict", json={"job": other, "placement": t4}).json()["host_bound_likely"] is False

@@ -121,3 +121,17 @@ def test_the_gavel_layout_says_which_cells_observations_calibrated(client):
     key = str((JOB_TYPE, 1))
     assert after["calibrated"]["k80"][key] == "job" and after["calibrated"]["k80_unconsolidated"][key] == "job"
     assert read_like_gavel(after["throughputs"])["k80"][(JOB_TYPE, 1)]["null"] < steps
+
+
+def test_a_job_whose_reference_implementation_works_on_the_host_is_named_host_bound_in_both_layouts(client):
+    a3c = {"source": {"kind": "zoo", "name": "gavel-a3c"}, "batch_size": 1}
+    jobs, grid = [SMALL_JOB, a3c], {"accelerators": ["k80", "v100-sxm2-16gb"], "device_counts": [1]}
+    gavel = client.post("/v1/predict/matrix", json={"jobs": jobs, "layout": "gavel", "grid": grid,
+                                                    "job_types": [JOB_TYPE, "A3C"]})
+    assert gavel.status_code == 200, gavel.text
+    named = gavel.json()["host_bound"]
+    assert set(named) == {"A3C"} and "Atari" in named["A3C"]
+    matrix = client.post("/v1/predict/matrix", json={"jobs": jobs, "grid": grid}).json()
+    assert matrix["host_bound"][0] is None and "Atari" in matrix["host_bound"][1]
+    one = client.post("/v1/predict", json={"job": a3c, "placement": {"accelerator": "v100-sxm2-16gb"}}).json()
+    assert one["host_bound_likely"] is True and one["host_bound_reason"] == matrix["host_bound"][1]
