@@ -13,7 +13,7 @@ from perfmodel.core.errors import PerfmodelError
 from perfmodel.hardware.catalog import load_catalog
 from perfmodel.jobs.spec import JobSpec, Precision
 from perfmodel.placement.spec import Parallelism, PlacementSpec
-from perfmodel.predictor.composition import COMPOSITION_FEATURES
+from perfmodel.predictor.composition import COMPOSITION_FEATURES, SHARING_FEATURES
 from perfmodel.predictor.placed import PlacementPredictor
 from perfmodel.predictor.whole_step import WholeStepStage
 from perfmodel.regressors import load_regressor
@@ -120,8 +120,9 @@ def test_features_are_named_and_finite_where_the_spec_sheet_has_them(predictor):
     spec = JobSpec.from_options(zoo="resnet18", batch_size=8, precision="amp")
     features = predictor.composition(spec, PlacementSpec(accelerator="a100", devices_per_node=(1,),
                                                          global_batch_size=8))
-    assert tuple(features) == COMPOSITION_FEATURES
+    assert tuple(features) == (*COMPOSITION_FEATURES, *SHARING_FEATURES)  # the stage's, then the co-location's
     assert all(np.isfinite(v) for v in features.values())
+    assert 0 < features["sm_fill"] <= 1 and 0 < features["bandwidth_share"] <= 1
     assert features["amp"] == 1.0 and 0 < features["roofline_over_composed"] <= 1.0
     assert sum(features[f"share_{g}"] for g in ("matmul", "conv", "autocast_fp32", "vector", "optimizer")) == \
         pytest.approx(1.0)
