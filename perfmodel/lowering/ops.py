@@ -85,6 +85,7 @@ class OpWork:
     gemm_m: np.ndarray  # the (M, N) of the output of the GEMM an op is (B folded into M); 0 for vector ops
     gemm_n: np.ndarray
     gemm_batch: np.ndarray
+    elements_written: np.ndarray  # output elements (the GEMM's M x N x batch; a vector op's B x H)
 
 
 def _col(ops: pd.DataFrame, name: str) -> np.ndarray:
@@ -95,12 +96,12 @@ def _col(ops: pd.DataFrame, name: str) -> np.ndarray:
 
 def _bmm(ops: pd.DataFrame, e: np.ndarray) -> OpWork:
     b, m, n, k = (np.maximum(_col(ops, c), 1) for c in ("batch", "m", "n", "k"))
-    return OpWork(2 * b * m * n * k, e * b * (m * k + k * n), e * b * m * n, m, n, b)
+    return OpWork(2 * b * m * n * k, e * b * (m * k + k * n), e * b * m * n, m, n, b, b * m * n)
 
 
 def _linear(ops: pd.DataFrame, e: np.ndarray) -> OpWork:
     b, m, n, k = (np.maximum(_col(ops, c), 1) for c in ("batch", "m", "n", "k"))
-    return OpWork(2 * b * m * n * k, e * (b * m * k + n * k), e * b * m * n, b * m, n, np.ones_like(b))
+    return OpWork(2 * b * m * n * k, e * (b * m * k + n * k), e * b * m * n, b * m, n, np.ones_like(b), b * m * n)
 
 
 def conv_output_size(input_size: np.ndarray, kernel_size: np.ndarray, stride: np.ndarray,
@@ -114,7 +115,7 @@ def _conv2d(ops: pd.DataFrame, e: np.ndarray) -> OpWork:
     size, kernel = np.maximum(_col(ops, "input_size"), 1), np.maximum(_col(ops, "kernel_size"), 1)
     out = conv_output_size(size, kernel, np.maximum(_col(ops, "stride"), 1), _col(ops, "padding"))
     m, n, k = b * out * out, cout, cin * kernel * kernel  # implicit GEMM
-    return OpWork(2 * m * n * k, e * (b * cin * size * size + cout * k), e * m * n, m, n, np.ones_like(b))
+    return OpWork(2 * m * n * k, e * (b * cin * size * size + cout * k), e * m * n, m, n, np.ones_like(b), m * n)
 
 
 def _elements(ops: pd.DataFrame) -> np.ndarray:
@@ -127,7 +128,7 @@ def _elementwise(ops: pd.DataFrame, e: np.ndarray) -> OpWork:
     reads = names.map(lambda s: ELEMENTWISE_READS.get(s, DEFAULT_ELEMENTWISE_READS)).to_numpy(dtype=np.float64)
     flops = names.map(lambda s: ELEMENTWISE_FLOPS.get(s, DEFAULT_ELEMENTWISE_FLOPS)).to_numpy(dtype=np.float64)
     zero = np.zeros(len(ops))
-    return OpWork(flops * numel, e * reads * numel, e * numel, zero, zero, zero)
+    return OpWork(flops * numel, e * reads * numel, e * numel, zero, zero, zero, numel)
 
 
 def _row_op(flops_per_element: float, extra_reads_per_row: float) -> Callable[[pd.DataFrame, np.ndarray], OpWork]:
@@ -136,7 +137,7 @@ def _row_op(flops_per_element: float, extra_reads_per_row: float) -> Callable[[p
         hidden = np.maximum(_col(ops, "hidden"), 1)
         zero = np.zeros(len(ops))
         return OpWork(flops_per_element * numel, e * (numel + extra_reads_per_row * hidden), e * numel, zero, zero,
-                      zero)
+                      zero, numel)
     return work
 
 
@@ -164,7 +165,7 @@ def op_work(ops: pd.DataFrame) -> OpWork:
         raise PerfmodelError(f"no work model for op class(es) {unknown}; known: {sorted(OP_WORK)}")
     e = dtype_bytes(ops["dtype"] if "dtype" in ops else pd.Series(["fp32"] * len(ops), index=ops.index))
     fields = {name: np.zeros(len(ops)) for name in ("flops", "bytes_read", "bytes_written", "gemm_m", "gemm_n",
-                                                     "gemm_batch")}
+                                                     "gemm_batch", "elements_written")}
     for op_class, work_of in OP_WORK.items():
         mask = (ops["op_class"] == op_class).to_numpy()
         if mask.any():

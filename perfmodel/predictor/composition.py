@@ -39,7 +39,7 @@ from perfmodel.features.device_ops import GEMM_TILE
 from perfmodel.hardware.math import on_tensor_cores, peak_gflops
 from perfmodel.hardware.spec import HardwareSpec
 from perfmodel.jobs.spec import JobSpec
-from perfmodel.lowering.ops import GEMM_CLASSES, OpWork, dtype_bytes, op_work
+from perfmodel.lowering.ops import GEMM_CLASSES, OpWork, op_work
 from perfmodel.predictor.math_modes import GROUPS, group_of, resolved_table
 
 COMPOSITION_FEATURES: tuple[str, ...] = (
@@ -65,13 +65,13 @@ ELEMENTS_PER_THREAD = 4  # PyTorch's vectorised element-wise kernels: 4 elements
 RESIDENT_THREADS_PER_CU = 2048
 
 
-def kernel_sm_fill(work: OpWork, dtypes: pd.Series, gemm: np.ndarray, units: float | np.ndarray) -> np.ndarray:
+def kernel_sm_fill(work: OpWork, gemm: np.ndarray, units: float | np.ndarray) -> np.ndarray:
     """The share of the device's compute units each kernel row holds while it runs, in [1 / units, 1] (see
-    `RESIDENT_THREADS_PER_CU`): rows of `work` (`op_work`), their `dtypes`, whether each is a GEMM, and the
-    compute units of its device (one number, or one per row)."""
+    `RESIDENT_THREADS_PER_CU`): rows of `work` (`op_work`), whether each is a GEMM, and the compute units of its
+    device (one number, or one per row)."""
     units = np.asarray(units, dtype=np.float64)
     tiles = work.gemm_batch * np.ceil(work.gemm_m / GEMM_TILE) * np.ceil(work.gemm_n / GEMM_TILE)
-    threads = work.bytes_written / dtype_bytes(dtypes) / ELEMENTS_PER_THREAD
+    threads = work.elements_written / ELEMENTS_PER_THREAD
     fill = np.where(gemm, tiles / units, threads / (units * RESIDENT_THREADS_PER_CU))
     return np.clip(fill, 1.0 / units, 1.0)
 
@@ -133,8 +133,7 @@ def composition_features(spec: JobSpec, graph: Graph, hardware: HardwareSpec, ro
     work = op_work(rows)
     compute = cost.compute_ms(work.flops, row_peaks(rows, hardware))
     memory = cost.memory_ms(work.bytes_read + work.bytes_written, hardware.memory_bandwidth_gb_s)
-    dtypes = rows["dtype"] if "dtype" in rows else pd.Series(["fp32"] * len(rows), index=rows.index)
-    fill = kernel_sm_fill(work, dtypes, rows["op_class"].isin(GEMM_CLASSES).to_numpy(), hardware.compute_units)
+    fill = kernel_sm_fill(work, rows["op_class"].isin(GEMM_CLASSES).to_numpy(), hardware.compute_units)
     totals = graph.totals
     flops = float(totals.flops_fwd + totals.flops_bwd)
     bytes_ = float(totals.bytes_read_fwd + totals.bytes_written_fwd + totals.bytes_read_bwd

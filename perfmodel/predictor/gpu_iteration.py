@@ -450,9 +450,8 @@ class DevicePredictor:
         out = priced(frame, np.concatenate([np.full(len(kernels), s.specs[0].mode.value == "train")
                                             for s, kernels in zip(sweeps, frames)]))
         work = op_work(frame)
-        fill = kernel_sm_fill(work, frame["dtype"], frame["op_class"].isin(GEMM_CLASSES).to_numpy(),
-                              np.concatenate([np.full(len(k), hw.compute_units, dtype=np.float64)
-                                              for k, hw in zip(frames, hardware)]))
+        fill = kernel_sm_fill(work, frame["op_class"].isin(GEMM_CLASSES).to_numpy(),
+                              np.repeat([float(hw.compute_units) for hw in hardware], [len(k) for k in frames]))
         results, start = [], 0
         for s, hw, kernels in zip(sweeps, hardware, frames):
             part = slice(start, start + len(kernels))

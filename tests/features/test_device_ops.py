@@ -26,6 +26,11 @@ def test_gemm_flops_are_2mnk():
     np.testing.assert_array_equal(work.flops, [2 * 3 * 64 * 32 * 16, 2 * 128 * 256 * 512])
     # linear reads its input and weight once, writes its output
     assert work.bytes_read[1] == 4 * (128 * 512 + 256 * 512) and work.bytes_written[1] == 4 * 128 * 256
+    # what each writes, in elements: bytes written over the element size, whatever the dtype
+    np.testing.assert_array_equal(work.elements_written, [3 * 64 * 32, 128 * 256])
+    half = op_work(ops.assign(dtype="fp16"))
+    np.testing.assert_array_equal(half.elements_written, work.elements_written)
+    np.testing.assert_array_equal(half.bytes_written * 2, work.bytes_written)
 
 
 def test_conv_flops_match_the_implicit_gemm():
@@ -38,6 +43,7 @@ def test_binary_elementwise_reads_twice_what_a_unary_one_reads():
     ops = _ops(op_class="elementwise", op_name=["add", "relu"], dtype="fp32", batch=4, hidden=1024)
     work = op_work(ops)
     assert work.bytes_read[0] == 2 * work.bytes_read[1] == 2 * 4 * 4 * 1024
+    np.testing.assert_array_equal(work.elements_written, [4 * 1024, 4 * 1024])
 
 
 def test_half_precision_halves_bytes_and_uses_the_tensor_peak(catalog):

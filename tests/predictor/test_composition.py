@@ -19,7 +19,7 @@ RNG = np.random.default_rng(5)
 def _fill(rows: list[dict], units: float) -> np.ndarray:
     frame = pd.DataFrame(rows).fillna(0)
     frame["dtype"] = frame.get("dtype", "fp32")
-    return kernel_sm_fill(op_work(frame), frame["dtype"], frame["op_class"].isin(GEMM_CLASSES).to_numpy(), units)
+    return kernel_sm_fill(op_work(frame), frame["op_class"].isin(GEMM_CLASSES).to_numpy(), units)
 
 
 def test_a_kernel_holds_the_units_its_tiles_or_threads_need_and_at_least_one():
