@@ -30,6 +30,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from functools import cached_property
 from typing import Any
 
 from perfmodel.core import cost
@@ -238,9 +239,11 @@ class Calibration:
             return group
         return self.by_accelerator.get(accelerator, (1.0, 0))
 
+    @cached_property
     def slowest_over_device_time(self) -> tuple[str, float] | None:
         """(accelerator, ratio): where the job's kept points put its step furthest above the predicted device time
-        (`ObservedPoint.over_device_time`, the median of that accelerator's points); None with no points."""
+        (`ObservedPoint.over_device_time`, the median of that accelerator's points); None with no points. Computed
+        once per calibration (every answer of the job reads it)."""
         dropped = {e.id for e in self.excluded}
         ratios: dict[str, list[float]] = {}
         for point in self.points:

@@ -64,10 +64,10 @@ from perfmodel.engine.errors import FieldError, Loc, NotFound, Refused
 from perfmodel.engine.graphs import GraphCache, batch_free_key
 from perfmodel.engine.models import LOAD_ERRORS, ModelLifecycle
 from perfmodel.hardware.spec import HardwareSpec
-from perfmodel.jobs.spec import GraphSource, JobSpec
+from perfmodel.jobs.spec import GraphSource, JobSpec, ZooSource
 from perfmodel.placement.colocation import ColocationParams, Sharing, SharingJob
 from perfmodel.placement.spec import PlacementSpec, data_parallel
-from perfmodel.predictor.predict import Prediction, device_time_ms, prediction_json
+from perfmodel.predictor.predict import HOST_BOUND_RATIO, Prediction, device_time_ms, prediction_json
 from perfmodel.records import utc_now
 
 log = logging.getLogger("perfmodel.engine")
@@ -604,7 +604,7 @@ class PredictionEngine:
     def host_bound(self, entry: JobEntry, calibration: Calibration | None = None) -> str | None:
         """Why the job's step is likely bound by its host, on any accelerator (`host_bound_reason`; None: no sign
         of it), from its zoo model and its own reports (`calibration`, else the job's last)."""
-        reported = (calibration if calibration is not None else entry.calibration).slowest_over_device_time()
+        reported = (calibration if calibration is not None else entry.calibration).slowest_over_device_time
         return host_bound_reason(entry.spec, reported)
 
     def applied(self, entry: JobEntry, accelerator: str, devices: int, communication_share: float,
@@ -1256,9 +1256,7 @@ def host_bound_reason(spec: JobSpec, reported: tuple[str, float] | None) -> str 
     own reports on some accelerator (`reported`: `Calibration.slowest_over_device_time`) put its step over
     `HOST_BOUND_RATIO` times the predicted device time there. Such a step gains less from a faster GPU than the
     device time says, on any accelerator."""
-    from perfmodel.jobs.spec import ZooSource
-    from perfmodel.jobs.zoo import ZOO
-    from perfmodel.predictor.predict import HOST_BOUND_RATIO
+    from perfmodel.jobs.zoo import ZOO  # the zoo's builders import torch: not at the engine's import
 
     if isinstance(spec.source, ZooSource):
         entry = ZOO.get(spec.source.name)

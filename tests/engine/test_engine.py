@@ -154,9 +154,9 @@ def test_a_step_is_named_host_bound_by_its_zoo_models_host_work_or_by_its_own_re
     calibration = Calibration(points=(point(1, "t4", 0.5, 0.8), point(2, "t4", 0.45, 0.8), point(3, "a10", 0.9, 0.9),
                                       point(4, "a10", 0.05, 0.9)),
                               excluded=(Excluded(4, "an outlier"),))
-    accelerator, ratio = calibration.slowest_over_device_time()
+    accelerator, ratio = calibration.slowest_over_device_time
     assert accelerator == "t4" and ratio == pytest.approx(statistics.median([2.5, 1 / 0.45 / 0.8]))
     why = host_bound_reason(plain, (accelerator, ratio))
     assert why is not None and "own reports on t4" in why and f"{ratio:.1f}x" in why
     assert host_bound_reason(plain, ("a10", HOST_BOUND_RATIO)) is None  # at most twice the device time: not named
-    assert Calibration().slowest_over_device_time() is None
+    assert Calibration().slowest_over_device_time is None
