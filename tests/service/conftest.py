@@ -18,6 +18,33 @@ WRITE_TOKEN = "write-token-for-tests"
 READ_TOKEN = "read-token-for-tests"
 SMALL_JOB = {"source": {"kind": "zoo", "name": "mlp-recommender"}, "batch_size": 8}
 
+# A capture's budget at least this large is answered from this worker's earlier capture of the same spec and limits
+# (`_captured_once`); smaller budgets are the tests of the budget itself and always capture.
+MEMO_MIN_BUDGET_S = 30.0
+_CAPTURED: dict[tuple[str, str], str] = {}
+
+
+@pytest.fixture(autouse=True)
+def _captured_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each service test starts a new app, whose engine captures every job it registers again, in a child of the
+    capture fork server: the same few specs, hundreds of times in a run. Here a spec (with its limits) that a child
+    of this worker captured once is answered with that graph after; refusals and failures are never kept, so every
+    test of a limit, a timeout or a bad model meets the real child."""
+    from perfmodel.core.ir import Graph
+    from perfmodel.graph import capture
+
+    real = capture._capture_in_child
+
+    def once(spec, timeout_s, limits):
+        key = (spec.model_dump_json(), limits.model_dump_json())
+        if timeout_s >= MEMO_MIN_BUDGET_S and key in _CAPTURED:
+            return Graph.from_json(_CAPTURED[key])
+        graph = real(spec, timeout_s, limits)
+        _CAPTURED[key] = graph.to_json()
+        return graph
+
+    monkeypatch.setattr(capture, "_capture_in_child", once)
+
 
 @pytest.fixture
 def models_dir(tmp_path: Path) -> Path:
