@@ -8,13 +8,16 @@ its output has one column per quantile, sorted per row so that quantiles never c
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from perfmodel.core.errors import PerfmodelError
+from perfmodel.core.lru import LRU
 from perfmodel.core.renamed import upgrade_feature_names
 from perfmodel.features.sample import Sample
 from perfmodel.regressors.manifest import Manifest, data_hash
@@ -23,6 +26,35 @@ from perfmodel.regressors.manifest import Manifest, data_hash
 # faster (0.03 s instead of 0.24 s for the shipped xgb-ops model, which every service start loads)
 MODEL_FILE = "model.ubj"
 TEXT_MODEL_FILE = "model.json"  # what models saved before used; still loaded
+# boosters parsed once per process while their file is unchanged (`read_booster`): the shipped registry holds 35
+MAX_SHARED_BOOSTERS = 64
+_boosters: LRU[tuple[int, int, int, int], Any] = LRU(MAX_SHARED_BOOSTERS)
+_boosters_lock = threading.Lock()
+
+
+def read_booster(path: str | Path, prepare: Callable[[Any], None] | None = None):  # returns an xgboost Booster
+    """The XGBoost booster saved at `path`, parsed once per process while the file is unchanged (the same file,
+    hard links included, of the same size and modification time): an engine reloads the registry whenever a model is
+    promoted, and every service test opens an app on its own hard-linked copy of the registry, so without it each
+    load parses every booster again (0.04 s of an app start's 0.1 s).
+    `prepare` runs once on a newly parsed booster, before anyone else sees it. Callers share the booster, so they
+    must not change it afterwards; prediction from a tree booster is thread-safe (XGBoost >= 1.4)."""
+    import xgboost as xgb
+
+    stat = Path(path).stat()
+    key = (stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns)
+    booster = _boosters.get(key)
+    if booster is not None:
+        return booster
+    with _boosters_lock:  # one parse of a file, however many engines load it at once
+        booster = _boosters.get(key)
+        if booster is None:
+            booster = xgb.Booster()
+            booster.load_model(str(path))
+            if prepare is not None:
+                prepare(booster)
+            _boosters.put(key, booster)
+    return booster
 
 
 def booster_params(*, max_depth: int, learning_rate: float, min_child_weight: float, seed: int, nthread: int,
@@ -94,15 +126,15 @@ def save_booster(booster, directory: Path) -> Path:
 
 def load_booster(directory: Path, manifest: Manifest, feature_names: Sequence[str], regressor: str):
     """The booster saved in `directory`, after checking the manifest's regressor and feature names."""
-    import xgboost as xgb
-
     if manifest.regressor != regressor:
         raise PerfmodelError(f"{directory} holds a {manifest.regressor!r} model, not {regressor!r}")
     manifest.check_features(feature_names)
     artifact = TEXT_MODEL_FILE if TEXT_MODEL_FILE in manifest.artifacts else MODEL_FILE
-    booster = xgb.Booster()
-    booster.load_model(str(Path(directory) / artifact))
-    booster.feature_names = list(upgrade_feature_names(booster.feature_names or ())) or None
+
+    def upgrade_names(booster) -> None:
+        booster.feature_names = list(upgrade_feature_names(booster.feature_names or ())) or None
+
+    booster = read_booster(Path(directory) / artifact, upgrade_names)
     if tuple(booster.feature_names or ()) != tuple(feature_names):
         raise PerfmodelError(f"{directory}/{artifact}: booster feature names differ from its manifest's")
     return booster

@@ -36,6 +36,7 @@ from perfmodel.core.renamed import upgrade_names
 from perfmodel.features.device_ops import DEVICE_IDENTITY_FEATURES, DEVICE_OP_FEATURES, device_op_features
 from perfmodel.hardware.spec import HardwareSpec
 from perfmodel.lowering.ops import GEMM_CLASSES, LIBRARY, OP_CLASSES, VECTOR_CLASSES, row_maths
+from perfmodel.regressors._xgb import read_booster
 from perfmodel.regressors.manifest import Manifest, data_hash
 
 
@@ -278,8 +279,6 @@ class DeviceOpRegressor:
 
     @classmethod
     def load(cls, directory: str | Path) -> DeviceOpRegressor:
-        import xgboost as xgb
-
         directory = Path(directory)
         manifest = Manifest.read_for(directory, cls.name)
         unknown = sorted(set(manifest.feature_names) - set(TRANSFER_FEATURES))
@@ -289,8 +288,6 @@ class DeviceOpRegressor:
         model.domain_ = json.loads((directory / DOMAIN_FILE).read_text())
         model.boosters_ = {}
         for op_class in model.domain_["op_classes"]:
-            booster = xgb.Booster()
-            booster.load_model(str(directory / _booster_file(op_class)))
-            model.boosters_[op_class] = booster
+            model.boosters_[op_class] = read_booster(directory / _booster_file(op_class))
         model.training_hash_ = manifest.training_data_hash
         return model

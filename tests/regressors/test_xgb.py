@@ -200,3 +200,64 @@ def test_nnls_matches_a_known_non_negative_solution():
     expected = np.zeros(3)
     expected[[0, 2]] = np.linalg.lstsq(a[:, [0, 2]], b, rcond=None)[0]
     np.testing.assert_allclose(x, expected, rtol=1e-9)
+
+
+def _saved_booster(path, seed: int):
+    import xgboost as xgb
+
+    rng = np.random.default_rng(seed)
+    x, y = rng.normal(size=(64, 3)), rng.normal(size=64)
+    booster = xgb.train({"max_depth": 2, "nthread": 1, "seed": seed}, xgb.DMatrix(x, label=y), num_boost_round=3)
+    booster.save_model(str(path))
+    return xgb.DMatrix(x)
+
+
+def test_a_booster_file_is_parsed_once_per_process_and_again_once_it_changes(tmp_path):
+    """`read_booster` shares one parsed booster between loads of the same unchanged file (hard links included: every
+    service test's registry copy links the shipped boosters), runs `prepare` once, and parses a rewritten file
+    anew; a shared booster predicts as a freshly loaded one."""
+    import os
+
+    import xgboost as xgb
+
+    from perfmodel.regressors._xgb import read_booster
+
+    path = tmp_path / "model.ubj"
+    data = _saved_booster(path, seed=0)
+    prepared = []
+    first = read_booster(path, prepared.append)
+    assert read_booster(path, prepared.append) is first
+    assert prepared == [first]
+    linked = tmp_path / "linked.ubj"
+    os.link(path, linked)
+    assert read_booster(linked) is first
+    fresh = xgb.Booster()
+    fresh.load_model(str(path))
+    np.testing.assert_array_equal(first.predict(data), fresh.predict(data))
+
+    _saved_booster(path, seed=1)  # a new model written over the old file (a new inode, size or time)
+    os.utime(path, ns=(1, 1))  # never the old file's time, however fast the save
+    second = read_booster(path)
+    assert second is not first
+    fresh.load_model(str(path))
+    np.testing.assert_array_equal(second.predict(data), fresh.predict(data))
+
+
+def test_a_shared_booster_answers_two_engines_the_same_as_its_own_copy(tmp_path, samples):
+    """Two loads of the shipped xgb-ops model (the second through a hard-linked copy of the registry, as the
+    service tests make) share their booster and predict identically to a load of a plain copy of the files."""
+    import shutil
+
+    from perfmodel.registry.registry import ModelRegistry
+    from tests.conftest import copy_shipped_models
+
+    entry = ModelRegistry().get(None, role="cpu-step")
+    linked = copy_shipped_models(tmp_path / "linked")
+    copied = tmp_path / "copied"
+    shutil.copytree(entry.path, copied)
+    one, two = load_regressor(entry.path), load_regressor(ModelRegistry(linked).get(entry.ref).path)
+    assert one.booster_ is two.booster_
+    three = load_regressor(copied)
+    assert three.booster_ is not one.booster_
+    for name, values in _arrays(one.predict(samples)).items():
+        np.testing.assert_array_equal(values, _arrays(three.predict(samples))[name], err_msg=name)
