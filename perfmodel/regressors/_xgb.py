@@ -7,6 +7,7 @@ its output has one column per quantile, sorted per row so that quantiles never c
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import threading
 from collections.abc import Callable, Sequence
@@ -26,26 +27,35 @@ from perfmodel.regressors.manifest import Manifest, data_hash
 # faster (0.03 s instead of 0.24 s for the shipped xgb-ops model, which every service start loads)
 MODEL_FILE = "model.ubj"
 TEXT_MODEL_FILE = "model.json"  # what models saved before used; still loaded
-# boosters parsed once per process while their file is unchanged (`read_booster`): the shipped registry holds 35
+# boosters parsed once per process per distinct file content (`read_booster`): the shipped registry holds 35
 MAX_SHARED_BOOSTERS = 64
-_boosters: LRU[tuple[int, int, int, int], Any] = LRU(MAX_SHARED_BOOSTERS)
+_boosters: LRU[bytes, Any] = LRU(MAX_SHARED_BOOSTERS)
 _boosters_lock = threading.Lock()
 
 
 def read_booster(path: str | Path, prepare: Callable[[Any], None] | None = None):  # returns an xgboost Booster
-    """The XGBoost booster saved at `path`, parsed once per process while the file is unchanged (the same file,
-    hard links included, of the same size and modification time): an engine reloads the registry whenever a model is
-    promoted, and every service test opens an app on its own hard-linked copy of the registry, so without it each
-    load parses every booster again (0.04 s of an app start's 0.1 s).
-    `prepare` runs once on a newly parsed booster, before anyone else sees it. Callers share the booster, so they
-    must not change it afterwards; prediction from a tree booster is thread-safe (XGBoost >= 1.4)."""
+    """The XGBoost booster saved at `path`, parsed once per process for the same file content (a hash of its bytes:
+    hashing a booster file takes a tenth of parsing it): an engine reloads the registry whenever a model is
+    promoted, and every service test opens an app on its own copy of the registry, so without it each load parses
+    every booster again (0.04 s of an app start's 0.1 s). `prepare` runs once on a newly parsed booster, before
+    anyone else sees it. Callers share the booster, so they must not change it afterwards; prediction from a tree
+    booster is thread-safe (XGBoost >= 1.4)."""
     import xgboost as xgb
 
-    stat = Path(path).stat()
-    key = (stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns)
+    content = Path(path).read_bytes()
+    key = hashlib.blake2b(content, digest_size=16).digest()
     booster = _boosters.get(key)
     if booster is not None:
         return booster
+    with _boosters_lock:  # one parse of a content, however many engines load it at once
+        booster = _boosters.get(key)
+        if booster is None:
+            booster = xgb.Booster()
+            booster.load_model(bytearray(content))
+            if prepare is not None:
+                prepare(booster)
+            _boosters.put(key, booster)
+    return booster
     with _boosters_lock:  # one parse of a file, however many engines load it at once
         booster = _boosters.get(key)
         if booster is None:
