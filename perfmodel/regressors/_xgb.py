@@ -56,15 +56,6 @@ def read_booster(path: str | Path, prepare: Callable[[Any], None] | None = None)
                 prepare(booster)
             _boosters.put(key, booster)
     return booster
-    with _boosters_lock:  # one parse of a file, however many engines load it at once
-        booster = _boosters.get(key)
-        if booster is None:
-            booster = xgb.Booster()
-            booster.load_model(str(path))
-            if prepare is not None:
-                prepare(booster)
-            _boosters.put(key, booster)
-    return booster
 
 
 def booster_params(*, max_depth: int, learning_rate: float, min_child_weight: float, seed: int, nthread: int,
