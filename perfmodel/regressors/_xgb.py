@@ -37,7 +37,7 @@ def read_booster(path: str | Path, prepare: Callable[[Any], None] | None = None)
     """The XGBoost booster saved at `path`, parsed once per process for the same file content (a hash of its bytes:
     hashing a booster file takes a tenth of parsing it): an engine reloads the registry whenever a model is
     promoted, and every service test opens an app on its own copy of the registry, so without it each load parses
-    every booster again (0.04 s of an app start's 0.1 s). `prepare` runs once on a newly parsed booster, before
+    every booster again (about 0.04 s of an app start's 0.08 s). `prepare` runs once on a newly parsed booster, before
     anyone else sees it. Callers share the booster, so they must not change it afterwards; prediction from a tree
     booster is thread-safe (XGBoost >= 1.4)."""
     import xgboost as xgb
@@ -47,7 +47,7 @@ def read_booster(path: str | Path, prepare: Callable[[Any], None] | None = None)
     booster = _boosters.get(key)
     if booster is not None:
         return booster
-    with _boosters_lock:  # one parse of a content, however many engines load it at once
+    with _boosters_lock:  # one parse per content, however many engines load it at once
         booster = _boosters.get(key)
         if booster is None:
             booster = xgb.Booster()
