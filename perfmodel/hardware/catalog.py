@@ -23,7 +23,10 @@ bare names are where the defaults and the ambiguous table below decide, name by 
 and lists its close matches ("NVIDIA H100 PCIe", ...). The loose key applies to the `ambiguous` table first
 ("40GB A100" is as ambiguous as "A100 40GB"; an ambiguous name that an entry claims exactly is not), then to the
 names and aliases: it answers when those it matches all lead to one entry, and raises `AmbiguousNameError` naming
-them when they lead to several.
+them when they lead to several. A name or alias with the part's own memory size added is one more loose spelling of
+it ("RTX 3090 24GB", "L40S 48GB"; `_with_own_memory`), taken only where no name or alias has that loose key; an
+ambiguous name with a memory size names those of its candidates that have that much memory: "RTX 6000 48GB" is the
+Ada card, "P100 16GB" is still two parts.
 
 Short names that could mean several parts resolve one of two ways:
 
@@ -225,12 +228,22 @@ def get_accelerator(name: str, catalog: Mapping[str, HardwareSpec] | None = None
     loose = loose_key(name)
     if loose:  # the second chance, for names with a qualifier: brand words, punctuation, the qualifiers' order
         loose_table: dict[str, list[str]] = {}
+        sized_table: dict[str, list[str]] = {}  # an ambiguous name with a candidate's memory size: those of that size
         for ambiguous_key, ids in table.items():
             if ambiguous_key not in index:  # a name an entry claims is not ambiguous, however it is spelled
                 merged = loose_table.setdefault(loose_key(ambiguous_key), [])
                 merged.extend(i for i in ids if i not in merged)
+                for i in ids:
+                    sized = _with_own_memory(ambiguous_key, catalog[i]) if i in catalog else ""
+                    if sized:
+                        sized_table.setdefault(sized, []).append(i)
         candidates = [entry for entry in loose_table.get(loose, ()) if entry in catalog]
         if candidates:  # "40GB A100" is as ambiguous as "A100 40GB"
+            raise AmbiguousNameError("accelerator", name.strip(), candidates)
+        candidates = list(dict.fromkeys(sized_table.get(loose, ())))
+        if len(candidates) == 1:  # "RTX 6000 48GB": the one part of that name with that memory
+            return catalog[candidates[0]]
+        if candidates:  # "P100 16GB": two of the three P100s
             raise AmbiguousNameError("accelerator", name.strip(), candidates)
         owners = _loose_index(catalog.values(), index).get(loose, {})
         if len(owners) == 1:
@@ -290,13 +303,29 @@ def _loose_index(specs: Iterable[HardwareSpec],
     look-up (`index`: names over aliases, the local file's over the shipped), so a local entry that takes over an
     alias takes over its loose spellings too."""
     loose: dict[str, dict[str, HardwareSpec]] = {}
+    sized: dict[str, dict[str, HardwareSpec]] = {}  # names given the part's own memory size: where no name leads
     for spec in specs:
         for written in (spec.name, *spec.aliases):
+            owner = index[normalize_name(written)]
             key = loose_key(written)
             if key:
-                owner = index[normalize_name(written)]
                 loose.setdefault(key, {})[owner.name] = owner
-    return loose
+            with_memory = _with_own_memory(written, owner)
+            if with_memory:
+                sized.setdefault(with_memory, {})[owner.name] = owner
+    return {**sized, **loose}
+
+
+def _with_own_memory(written: str, spec: HardwareSpec) -> str:
+    """The loose key of `written` with its part's memory size added ("RTX 3090" -> the key of "RTX 3090 24GB"), so
+    that a name people write with the memory size the part has finds it; "" when `written` already names a memory
+    size or the part's size is not a whole number of GB."""
+    memory_gb = spec.memory_gb
+    if memory_gb is None or memory_gb != int(memory_gb) or any(
+            re.fullmatch(r"\d+gb", word) for word in loose_key(f"{written} 1GB").split("|")[1].split()
+            if word != "1gb"):
+        return ""
+    return loose_key(f"{written} {int(memory_gb)}GB")
 
 
 def _check_unique(specs: list[HardwareSpec], where: str) -> None:

@@ -3,6 +3,7 @@ import json
 import pytest
 
 from perfmodel.core.errors import PerfmodelError, UnknownNameError
+from perfmodel.hardware import catalog as catalog_module
 from perfmodel.hardware.catalog import (
     AmbiguousNameError,
     ambiguous_names,
@@ -169,6 +170,28 @@ def test_loose_spellings_resolve_and_stay_ambiguous_where_the_catalog_is():
     with pytest.raises(UnknownNameError) as unknown:  # a bare name gets no loose look-up, whatever its default
         get_accelerator("NVIDIA H100", catalog)
     assert not isinstance(unknown.value, AmbiguousNameError) and "NVIDIA H100 NVL" in unknown.value.close_matches
+
+
+def test_a_name_with_the_parts_own_memory_size_resolves_and_an_ambiguous_one_narrows_by_it(monkeypatch):
+    def sized(name: str, alias: str, memory_gb: float) -> HardwareSpec:
+        return gpu(name, alias).model_copy(update={"memory_gb": memory_gb})
+
+    catalog = {"x-24": sized("x-24", "Card X", 24.0), "y-old": sized("y-old", "Y Classic", 24.0),
+               "y-new": sized("y-new", "Y Next", 48.0), "z-1": sized("z-1", "Z One", 16.0),
+               "z-2": sized("z-2", "Z Two", 16.0), "z-3": sized("z-3", "Z Three", 12.0),
+               "w-sxm": sized("w-sxm", "W SXM 80GB", 80.0)}
+    table = {"y": ("y-old", "y-new"), "z": ("z-1", "z-2", "z-3")}  # look-up keys (`normalize_name`)
+    monkeypatch.setattr(catalog_module, "ambiguous_names", lambda: table)
+    for name, entry in {"Card X 24GB": "x-24", "NVIDIA Card X 24 GB": "x-24", "24GB Card X": "x-24",
+                        "Y 48GB": "y-new", "Y 24 GB": "y-old", "Z 12GB": "z-3", "W SXM 80GB": "w-sxm"}.items():
+        assert get_accelerator(name, catalog).name == entry, name
+    with pytest.raises(AmbiguousNameError) as error:  # two of the three Zs have 16 GB
+        get_accelerator("Z 16GB", catalog)
+    assert set(error.value.candidates) == {"z-1", "z-2"}
+    for name in ("Card X 48GB", "Y 32GB", "W SXM 40GB"):  # not the part's memory: unknown, as before
+        with pytest.raises(UnknownNameError) as unknown:
+            get_accelerator(name, catalog)
+        assert not isinstance(unknown.value, AmbiguousNameError), name
 
 
 def test_a_loose_key_two_entries_share_is_ambiguous():

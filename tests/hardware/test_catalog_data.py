@@ -197,6 +197,18 @@ LABEL_FORMS = {
     "GTX 1080 Ti": "gtx-1080-ti", "RTX 4090": "rtx-4090", "Tesla V100-SXM2-16GB": "v100-sxm2-16gb",
     "RTX 2080 Ti": "rtx-2080-ti", "GeForce RTX 2080 Ti": "rtx-2080-ti", "NVIDIA GeForce RTX 2080 Ti": "rtx-2080-ti",
     "RTX 3070": "rtx-3070", "RTX 3080": "rtx-3080", "RTX 3080 10GB": "rtx-3080",
+    # the part's own memory size added to a name of it; an ambiguous name narrowed to its one part of that size
+    "RTX 3090 24GB": "rtx-3090", "L40S 48GB": "l40s", "A10 24GB": "a10", "Tesla T4 16GB": "t4", "L4 24 GB": "l4",
+    "RTX A6000 48GB": "rtx-a6000", "RTX 6000 48GB": "rtx-6000-ada", "RTX 6000 24GB": "quadro-rtx-6000",
+    "P100 12GB": "p100-pcie-12gb", "V100S": "v100s-pcie-32gb", "Tesla V100S": "v100s-pcie-32gb",
+    # GeForce and workstation cards common in labs, from their spec sheets
+    "GTX 1080": "gtx-1080", "GeForce GTX 1070": "gtx-1070", "RTX 2060": "rtx-2060", "RTX 2060 Super": "rtx-2060-super",
+    "RTX 2070": "rtx-2070", "NVIDIA GeForce RTX 2070 SUPER": "rtx-2070-super", "RTX 3050": "rtx-3050",
+    "RTX 3060 Ti": "rtx-3060-ti", "NVIDIA GeForce RTX 3070 Ti": "rtx-3070-ti", "RTX 4060": "rtx-4060",
+    "RTX 4060 Ti 16GB": "rtx-4060-ti-16gb", "RTX 4060 Ti 8GB": "rtx-4060-ti-8gb", "RTX 4070": "rtx-4070",
+    "RTX 4070 Super": "rtx-4070-super", "RTX 4070 Ti SUPER": "rtx-4070-ti-super", "RTX 5070": "rtx-5070",
+    "GeForce RTX 5070 Ti": "rtx-5070-ti", "NVIDIA RTX 4500 Ada Generation": "rtx-4500-ada",
+    "RTX 2000 Ada": "rtx-2000-ada",
     "NVIDIA GeForce RTX 3080": "rtx-3080", "RTX 3080 Laptop GPU": "rtx-3080-max-q", "RTX 3080 Max-Q": "rtx-3080-max-q",
     "RTX 3080 Max-Q 16GB": "rtx-3080-max-q", "RTX 2080 Super Max-Q": "rtx-2080-super-max-q",
     "Tesla K80": "k80", "K80": "k80", "NVIDIA Tesla K80": "k80",
@@ -315,9 +327,10 @@ def test_every_gpu_says_how_its_devices_talk_and_what_node_it_sits_in(gpus):
     by_name = {g.name: g for g in gpus}
     for geforce in ("rtx-2080", "rtx-2080-super", "rtx-2080-ti", "rtx-3060", "rtx-3070", "rtx-3080", "rtx-3080-ti",
                     "rtx-3090", "rtx-3090-ti", "rtx-4070-ti", "rtx-4080", "rtx-4080-super", "rtx-4090", "rtx-5080",
-                    "rtx-5090"):  # NVIDIA's driver: no P2P over PCIe on GeForce RTX cards
+                    "rtx-5090", "rtx-2060", "rtx-2070-super", "rtx-3050", "rtx-3060-ti", "rtx-4060", "rtx-4070",
+                    "rtx-5070"):  # NVIDIA's driver: no P2P over PCIe on GeForce RTX cards
         assert by_name[geforce].peer_to_peer == "none", geforce
-    for geforce in ("gtx-1080-ti", "titan-xp"):  # before Turing it allowed it
+    for geforce in ("gtx-1080-ti", "titan-xp", "gtx-1080", "gtx-1070"):  # before Turing it allowed it
         assert by_name[geforce].peer_to_peer == "pcie", geforce
     for pcie_card in ("a100-pcie-80gb", "h100-pcie", "l40s", "a10", "t4", "rtx-a6000", "mi210", "k80"):
         assert by_name[pcie_card].peer_to_peer == "pcie", pcie_card
@@ -424,6 +437,9 @@ def test_ambiguous_names_raise_and_list_their_candidates(catalog):
         get_accelerator("RTX 6000", catalog)
     assert set(error.value.candidates) == {"quadro-rtx-6000", "rtx-6000-ada", "rtx-pro-6000-blackwell-workstation",
                                            "rtx-pro-6000-blackwell-server"}
+    with pytest.raises(AmbiguousNameError) as error:  # the memory size narrows an ambiguous name to its parts
+        get_accelerator("P100 16GB", catalog)
+    assert set(error.value.candidates) == {"p100-pcie-16gb", "p100-sxm2-16gb"}
 
 
 def test_unknown_names_list_close_matches_ignoring_case_and_separators(catalog):
