@@ -6,8 +6,11 @@ A tree model given NaN for a field it never saw missing follows an arbitrary bra
 - `l2_cache_mb`, `fp32_cores_per_cu` and `tdp_w` come from another SKU of the same die where the catalog has one,
   the one with the nearest compute (log peak fp32, log tensor peak, log compute units: a GH200 takes the H100
   SXM's board power, not a 400 W H100 NVL's, so that two SKUs of one die at the same peaks are the same device to
-  the learned models, memory apart); else from the nearest reference device of the same kind and vendor (log peak
-  fp32, log memory bandwidth, log compute units). The prediction says which.
+  the learned models, memory apart); else from the nearest reference device of the same kind and vendor by the
+  same compute distance. Never by the memory bandwidth: a sheet with less bandwidth must be the same device
+  otherwise (the per-op model is monotone in the bandwidth only if nothing else moves with it; by bandwidth, an RTX
+  A4500 sheet under another name took 4 MB of L2 at its own bandwidth and an Ada card's 48 MB at half of it).
+  The prediction says which.
 """
 
 from __future__ import annotations
@@ -26,11 +29,6 @@ def derived_boost_clock_mhz(spec: HardwareSpec) -> float | None:
     if not spec.fp32_cores_per_cu:
         return None
     return spec.peak_fp32_gflops * 1e3 / (2 * spec.compute_units * spec.fp32_cores_per_cu)
-
-
-def _distance(a: HardwareSpec, b: HardwareSpec) -> float:
-    return math.dist((math.log(a.peak_fp32_gflops), math.log(a.memory_bandwidth_gb_s), math.log(a.compute_units)),
-                     (math.log(b.peak_fp32_gflops), math.log(b.memory_bandwidth_gb_s), math.log(b.compute_units)))
 
 
 def _compute_distance(a: HardwareSpec, b: HardwareSpec) -> float:
@@ -56,7 +54,7 @@ def imputed(spec: HardwareSpec, reference: Iterable[HardwareSpec]) -> tuple[Hard
             nearest = min(same_die, key=lambda r: (_compute_distance(spec, r), r.name))
             how = f"taken from another SKU of its die ({die}), {nearest.name}"
         elif same_vendor:
-            nearest = min(same_vendor, key=lambda r: (_distance(spec, r), r.name))
+            nearest = min(same_vendor, key=lambda r: (_compute_distance(spec, r), r.name))
             how = f"taken from the nearest catalog device, {nearest.name}"
         if same_die or same_vendor:
             for field in missing:

@@ -9,8 +9,11 @@ Input: a DataFrame of ops (the shape columns of `perfmodel.features.device_ops`,
   over ridge point and working set over L2 *on that device*, and `rocm` (the software stack). With a handful of
   training GPUs, trees that split on a device's peak or SM count only learn which GPU a row came from; ratios to
   the device's spec transfer. Each class's booster leaves out its `EXCLUDED_FEATURES` (saved as its feature names).
-- Target: log(latency) − log(base + `floor_ms`), base = max(wave-quantised compute time, memory time): the booster
-  learns the efficiency the op reaches, the spec sheet gives the scale.
+- Target: log(latency) − log(base + `floor_ms`), base = max(wave-quantised compute time, memory time), `floor_ms`
+  80 µs (`FLOOR_MS`): the booster
+  learns the efficiency the op reaches, the spec sheet gives the scale. Each booster is monotone in the features
+  that move with the bandwidth (`BANDWIDTH_MONOTONE`), so less bandwidth never prices a kernel faster (models saved
+  before, without `monotone_constraints` in their domain, carry no such guarantee).
 - Interval (`quantiles`, default 10 / 90 %): quantiles of the log residuals of an inner leave-one-device-out fit
   (smaller boosters on at most `calibration_rows` rows per class), so its width is the error on a device the model
   did not see, not the training fit's. (XGBoost's multi-quantile objective was 30× slower to fit on these rows.)
@@ -107,6 +110,28 @@ def base_ms(features: pd.DataFrame) -> np.ndarray:
                       np.exp2(features["log_memory_ms"].to_numpy()))
 
 
+# Less memory bandwidth never prices a kernel faster, by construction: the target's normalisation (`base_ms`) only
+# grows as the bandwidth falls, and every booster is constrained monotone in each feature that moves with the
+# bandwidth (`BANDWIDTH_MONOTONE`: more memory time or a higher roofline never faster, more intensity over the ridge
+# point never slower), so every term moves the answer the same way when the bandwidth falls. Unconstrained
+# (`xgb-device-ops/v3`), the trees learned an efficiency that fell faster than the memory time grew: 43 % of the
+# element-wise kernels of four zoo jobs on ten GPUs got cheaper for some bandwidth cut (up to 4.4x), GEMMs and
+# convolutions up to 1.3x.
+BANDWIDTH_MONOTONE: dict[str, int] = {"log_memory_ms": 1, "log_roofline_ms": 1, "intensity_over_ridge": -1}
+# The time added to the roofline time in the target's normalisation: at least the per-op overhead of the training
+# rows (NeuSight's eager fp32 ops carry 25-65 µs), so that the efficiency the trees learn grows with the memory time
+# as the constraint requires (log((memory + overhead) / (memory + floor)) rises with the memory time only where the
+# floor is the larger). Held out by GPU (fp32 NeuSight rows), element-wise / layer norm / softmax MAPE was 28.6 / 19.9
+# / 35.5 % at 5 µs (v3's floor), 20.7 / 15.8 / 26.4 % at 40 µs and 18.7 / 14.6 / 25.0 % at 80 µs (v3, without the
+# constraint: 17.5 / 13.5 / 16.7 %); GEMM classes within a point of v3 at each. Chosen by looking at those figures.
+FLOOR_MS = 0.08
+
+
+def monotone_constraints(features: Sequence[str]) -> str:
+    """XGBoost's `monotone_constraints` of a booster over `features` (`BANDWIDTH_MONOTONE`)."""
+    return "(" + ",".join(str(BANDWIDTH_MONOTONE.get(f, 0)) for f in features) + ")"
+
+
 @dataclass(frozen=True)
 class OpPrediction:
     """Per-row predictions, aligned with the input DataFrame."""
@@ -132,7 +157,7 @@ class DeviceOpRegressor:
     training_hash_: str | None  # None when loaded from a manifest that has none
 
     def __init__(self, n_estimators: int = 250, max_depth: int = 6, learning_rate: float = 0.08,
-                 min_child_weight: float = 1.0, subsample: float = 0.8, floor_ms: float = 0.005, seed: int = 0,
+                 min_child_weight: float = 1.0, subsample: float = 0.8, floor_ms: float = FLOOR_MS, seed: int = 0,
                  quantiles: Sequence[float] = (0.1, 0.9), max_rows_per_class: int = 60000,
                  calibration_rows: int = 8000, nthread: int = 2, exclude_features: Sequence[str] = ()):
         self.n_estimators = n_estimators
@@ -196,8 +221,9 @@ class DeviceOpRegressor:
             target = np.log(rows["latency_ms"].to_numpy()) - np.log(base_ms(features) + self.floor_ms)
             names = tuple(f for f in class_features(str(op_class)) if f not in self.exclude_features)
             x = features[list(names)].to_numpy()
-            self.boosters_[op_class] = train_booster(x, target, names, params, self.n_estimators)
-            residual_quantiles = self._residual_quantiles(x, target, rows["device"].to_numpy(), params, names)
+            class_params = {**params, "monotone_constraints": monotone_constraints(names)}
+            self.boosters_[op_class] = train_booster(x, target, names, class_params, self.n_estimators)
+            residual_quantiles = self._residual_quantiles(x, target, rows["device"].to_numpy(), class_params, names)
             devices = [catalog[d] for d in sorted(set(rows["device"]))]
             self.domain_["op_classes"][op_class] = {
                 "dtypes": sorted(set(rows.get("dtype", pd.Series(["fp32"])))),
@@ -209,6 +235,7 @@ class DeviceOpRegressor:
                                           max(d.memory_bandwidth_gb_s for d in devices)],
                 "rows": int(len(rows)),
                 "log_residual_quantiles": residual_quantiles,
+                "monotone_constraints": dict(BANDWIDTH_MONOTONE),
             }
         # pandas-stubs type a group key Hashable: here it is the (device, op class) pair
         sizes = cast("dict[tuple[str, str], int]", ops.groupby(["device", "op_class"]).size().to_dict())
@@ -270,7 +297,8 @@ class DeviceOpRegressor:
             artifacts.append(_booster_file(op_class))
         (directory / DOMAIN_FILE).write_text(json.dumps(self.domain_, indent=2) + "\n")
         manifest = Manifest(regressor=self.name, feature_names=TRANSFER_FEATURES,
-                            normalisation={"target": "log(latency_ms) - log(base_ms + floor_ms)"},
+                            normalisation={"target": "log(latency_ms) - log(base_ms + floor_ms)",
+                                           "monotone_constraints": dict(BANDWIDTH_MONOTONE)},
                             settings=self.get_params(), artifacts=(*artifacts, DOMAIN_FILE),
                             training_data_hash=self.training_hash_,
                             training_samples=sum(c["rows"] for c in self.domain_["op_classes"].values()),

@@ -52,3 +52,14 @@ def test_a_field_a_sku_lacks_comes_from_its_dies_sku_of_the_same_compute():
     # a part whose die has no other SKU in the catalog keeps the nearest-device rule
     _, origin = imputed(catalog["a16"], catalog.values())
     assert "nearest catalog device" in origin["l2_cache_mb"]
+
+
+@pytest.mark.parametrize("name", ["a16", "rtx-a4500", "h100-sxm5"])
+def test_a_sheet_with_other_bandwidth_is_imputed_as_the_same_device(name):
+    """Whatever a sheet's bandwidth, its missing fields come from the same device: the per-op model is monotone in
+    the bandwidth only if nothing else moves with it."""
+    catalog = load_catalog()
+    sheet = catalog[name].model_copy(update={"name": "my-sheet", "aliases": (), "l2_cache_mb": None, "tdp_w": None})
+    filled = [imputed(sheet.model_copy(update={"memory_bandwidth_gb_s": sheet.memory_bandwidth_gb_s * scale}),
+                      catalog.values())[0] for scale in (0.25, 0.5, 1.0, 2.0, 8.0)]
+    assert len({(f.l2_cache_mb, f.tdp_w, f.fp32_cores_per_cu) for f in filled}) == 1

@@ -483,8 +483,8 @@ def test_a_spec_sheet_with_less_bandwidth_is_never_answered_faster(predictor, jo
     """Served, the whole-step stage included, over random jobs and catalog sheets: the same sheet with less memory
     bandwidth never answers a step faster, and the stage moves a measured model's both alike (it has no memory
     feature; a model never measured pays for its share of half-precision convolutions, which the bandwidth moves).
-    Slack: 1 %, the per-op trees' own (over a grid of 12 GPUs x 7 jobs x 4 bandwidths the kernel sum moved against
-    the bandwidth twice, by at most 0.9 %)."""
+    The kernel sum is monotone in the bandwidth by construction (tests/regressors/test_device_ops.py); the 1 % slack
+    is the stage's, whose share of half-precision convolutions moves with the bandwidth."""
     sheet = predictor.hardware(gpu)
     full = sheet.model_copy(update={"name": f"sheet-{gpu}", "aliases": ()})
     lower = sheet.model_copy(update={"name": f"lower-{gpu}", "aliases": (),

@@ -1,14 +1,18 @@
 """xgb-device-ops beyond the estimator contract (test_contract.py), on synthetic ops whose latency follows a known
 law of the device's spec sheet."""
 
+import functools
+
 import numpy as np
 import pandas as pd
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from perfmodel.core.errors import PerfmodelError
 from perfmodel.features.device_ops import device_op_features
 from perfmodel.hardware.catalog import load_catalog
-from perfmodel.regressors.device_ops import DeviceOpRegressor, base_ms
+from perfmodel.regressors.device_ops import BANDWIDTH_MONOTONE, DeviceOpRegressor, base_ms
 
 TRAIN_DEVICES = ("t4", "v100-pcie-32gb", "a100-pcie-40gb", "p100-pcie-16gb")
 
@@ -113,3 +117,64 @@ def test_kernels_a_library_launches_cost_their_share_of_the_eager_price_and_neve
     assert (share < 1.0).any() and np.all(library.latency_ms <= eager.latency_ms)
     # rows without a `launch` column are eager
     assert np.array_equal(model.predict(query, catalog).latency_ms, eager.latency_ms)
+
+
+def _kernels(catalog, device, n, seed):
+    """Random rows of every op class on `device`, from tiny (launch-bound) to large."""
+    rng = np.random.default_rng(seed)
+    size = np.exp2(rng.uniform(0, 12, size=(n, 3))).astype(int) + 1
+    gemm = pd.DataFrame({"op_class": rng.choice(["bmm", "linear"], n), "op_name": "linear", "device": device,
+                         "dtype": rng.choice(["fp32", "fp16"], n), "batch": rng.integers(1, 8, n),
+                         "m": size[:, 0], "n": size[:, 1], "k": size[:, 2]})
+    vector = pd.DataFrame({"op_class": rng.choice(["elementwise", "softmax", "layernorm"], n), "op_name": "add",
+                           "device": device, "dtype": rng.choice(["fp32", "fp16"], n),
+                           "batch": np.exp2(rng.uniform(0, 14, n)).astype(int), "hidden": size[:, 0]})
+    conv = pd.DataFrame({"op_class": "conv2d", "op_name": "conv2d", "device": device, "dtype": "fp32",
+                         "batch": rng.integers(1, 64, n), "in_channels": rng.choice([3, 64, 256], n),
+                         "out_channels": rng.choice([64, 128, 512], n), "kernel_size": rng.choice([1, 3], n),
+                         "input_size": rng.choice([7, 28, 56], n), "stride": 1, "padding": 1})
+    return pd.concat([gemm, vector, conv], ignore_index=True)
+
+
+@settings(max_examples=15, deadline=None)
+@given(device=st.sampled_from(sorted(n for n, s in load_catalog().items() if s.kind == "gpu")),
+       scale=st.floats(0.1, 0.95), seed=st.integers(0, 2**16))
+def test_the_shipped_model_never_prices_a_kernel_cheaper_with_less_bandwidth(device, scale, seed):
+    """Over random kernels of every class, catalog sheets and bandwidth cuts, the promoted per-op model (as served,
+    with the roofline bound) prices every kernel at least as high on the sheet with less bandwidth: exactly, no
+    slack (its normalisation only grows as the bandwidth falls and its boosters are monotone in every feature that
+    moves with it)."""
+    predictor = _shipped()
+    sheet = predictor.catalog[device]
+    more = sheet.model_copy(update={"name": "sheet-more", "aliases": ()})
+    less = sheet.model_copy(update={"name": "sheet-less", "aliases": (),
+                                    "memory_bandwidth_gb_s": sheet.memory_bandwidth_gb_s * scale})
+    catalog = {**predictor.catalog, more.name: more, less.name: less}
+    rows = _kernels(catalog, more.name, 40, seed)
+    fast = predictor.regressor.predict(rows, catalog).latency_ms
+    slow = predictor.regressor.predict(rows.assign(device=less.name), catalog).latency_ms
+    assert np.all(slow >= fast * (1 - 1e-9)), rows[slow < fast * (1 - 1e-9)].to_dict("records")[:3]
+
+
+@functools.cache
+def _shipped():
+    from perfmodel.predictor.gpu_iteration import DevicePredictor
+
+    return DevicePredictor.load()
+
+
+def test_a_fitted_model_is_monotone_in_the_bandwidth_whatever_its_training_rows_say(catalog):
+    """Trained on rows where the low-bandwidth devices are the fast ones for small kernels (what a handful of GPUs
+    can say by accident), the model still never prices a kernel cheaper with less bandwidth."""
+    ops = _synthetic(catalog, TRAIN_DEVICES, n=200)
+    bandwidth = ops["device"].map(lambda d: catalog[d].memory_bandwidth_gb_s)
+    ops["latency_ms"] = ops["latency_ms"] + 0.00002 * bandwidth  # overhead that grows with the bandwidth
+    model = DeviceOpRegressor(n_estimators=40).fit(ops, catalog)
+    sheet = catalog["v100-sxm2-32gb"]
+    sheets = [sheet.model_copy(update={"name": f"bw-{i}", "aliases": (), "memory_bandwidth_gb_s": bw})
+              for i, bw in enumerate((150.0, 300.0, 600.0, 1200.0, 2400.0))]
+    both = {**catalog, **{s.name: s for s in sheets}}
+    query = _synthetic(catalog, ["v100-sxm2-32gb"], n=100, seed=3).drop(columns="latency_ms")
+    prices = np.vstack([model.predict(query.assign(device=s.name), both).latency_ms for s in sheets])
+    assert np.all(np.diff(prices, axis=0) <= 1e-12)
+    assert model.domain_["op_classes"]["bmm"]["monotone_constraints"] == BANDWIDTH_MONOTONE
