@@ -114,11 +114,14 @@ def main() -> int:
           f"{vtrain_figures['mape_pct']:.1f} % (target <= 10); {time.perf_counter() - started:.0f} s")
     record_if_asked(args, "placement_fit", {"adaptdl": adaptdl_figures, "vtrain": vtrain_figures})
     if args.write:
-        kept = load_params()  # the replica jitter is fitted on Lambda's runs (bench/real_runs.py --write-jitter)
+        # the replica jitter and the n-GPU band are fitted on Lambda's runs (bench/real_runs.py --write-jitter): kept
+        kept = load_params()
         default = IterationParams(dp_overlap=fitted_a.dp_overlap,
                                   multi_device_overhead_ms=fitted_a.multi_device_overhead_ms,
                                   tp_sync_ms=fitted_v.tp_sync_ms, dp_jitter=kept.dp_jitter,
-                                  source="adaptdl DDP overlap/overhead + vtrain TP sync + Lambda replica jitter")
+                                  scaling_band_log=kept.scaling_band_log,
+                                  source="adaptdl DDP overlap/overhead + vtrain TP sync + Lambda replica jitter "
+                                         "and band")
         table = {"default": default, "adaptdl-t4": fitted_a, "vtrain-a100": fitted_v}
         params_path().write_text(dump_params(table))
         print(f"wrote {params_path()}")
