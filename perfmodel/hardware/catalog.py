@@ -81,6 +81,12 @@ def loose_key(name: str) -> str:
     case, without `BRAND_WORDS`, a memory size as one word (`80 GB`, `80G` -> `80gb`); the other words in their
     order, then `|`, then the qualifiers (memory sizes, `sxm*`, `pcie`, `oam`, `nvl`, `hbm*`) sorted. "" (no
     second look-up) for a name without qualifiers, or with nothing but qualifiers and brand words."""
+    model, qualifiers = _loose_words(name)
+    return f"{' '.join(model)}|{' '.join(qualifiers)}" if model and qualifiers else ""
+
+
+def _loose_words(name: str) -> tuple[list[str], list[str]]:
+    """(the model words in order, the qualifiers sorted) of `loose_key`."""
     words: list[str] = []
     for word in re.findall(r"[a-z0-9]+", name.lower()):
         if word in BRAND_WORDS:
@@ -91,7 +97,7 @@ def loose_key(name: str) -> str:
         words.append(re.sub(r"^(\d+)g$", r"\1gb", word))
     model = [w for w in words if not _QUALIFIER.fullmatch(w)]
     qualifiers = sorted(w for w in words if _QUALIFIER.fullmatch(w))
-    return f"{' '.join(model)}|{' '.join(qualifiers)}" if model and qualifiers else ""
+    return model, qualifiers
 
 
 class AmbiguousNameError(UnknownNameError):
@@ -321,9 +327,8 @@ def _with_own_memory(written: str, spec: HardwareSpec) -> str:
     that a name people write with the memory size the part has finds it; "" when `written` already names a memory
     size or the part's size is not a whole number of GB."""
     memory_gb = spec.memory_gb
-    if memory_gb is None or memory_gb != int(memory_gb) or any(
-            re.fullmatch(r"\d+gb", word) for word in loose_key(f"{written} 1GB").split("|")[1].split()
-            if word != "1gb"):
+    _, qualifiers = _loose_words(written)
+    if memory_gb is None or memory_gb != int(memory_gb) or any(w.endswith("gb") for w in qualifiers):
         return ""
     return loose_key(f"{written} {int(memory_gb)}GB")
 

@@ -10,10 +10,9 @@ Input: a DataFrame of ops (the shape columns of `perfmodel.features.device_ops`,
   training GPUs, trees that split on a device's peak or SM count only learn which GPU a row came from; ratios to
   the device's spec transfer. Each class's booster leaves out its `EXCLUDED_FEATURES` (saved as its feature names).
 - Target: log(latency) − log(base + `floor_ms`), base = max(wave-quantised compute time, memory time), `floor_ms`
-  80 µs (`FLOOR_MS`): the booster
-  learns the efficiency the op reaches, the spec sheet gives the scale. Each booster is monotone in the features
-  that move with the bandwidth (`BANDWIDTH_MONOTONE`), so less bandwidth never prices a kernel faster (models saved
-  before, without `monotone_constraints` in their domain, carry no such guarantee).
+  80 µs (`FLOOR_MS`): the booster learns the efficiency the op reaches, the spec sheet gives the scale. Each booster
+  is monotone in the features that move with the bandwidth (`BANDWIDTH_MONOTONE`), so less bandwidth never prices a
+  kernel faster (models saved before, without `monotone_constraints` in their domain, carry no such guarantee).
 - Interval (`quantiles`, default 10 / 90 %): quantiles of the log residuals of an inner leave-one-device-out fit
   (smaller boosters on at most `calibration_rows` rows per class), so its width is the error on a device the model
   did not see, not the training fit's. (XGBoost's multi-quantile objective was 30× slower to fit on these rows.)
