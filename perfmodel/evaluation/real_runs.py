@@ -213,11 +213,14 @@ COMPOSED_COLUMNS = frozenset({"gradient_sync", "compute_ms"})
 
 
 def read_composed(cache: Path | None) -> pd.DataFrame | None:
-    """The composed frame kept in `cache` (Parquet), or None where there is none or it lacks `COMPOSED_COLUMNS`."""
+    """The composed frame kept in `cache` (Parquet), or None where there is none or it lacks `COMPOSED_COLUMNS` or
+    a composition feature."""
+    from perfmodel.predictor.composition import COMPOSITION_FEATURES
+
     if cache is None or not cache.is_file():
         return None
     frame = pd.read_parquet(cache)
-    return frame if COMPOSED_COLUMNS <= set(frame.columns) else None
+    return frame if COMPOSED_COLUMNS | set(COMPOSITION_FEATURES) <= set(frame.columns) else None
 
 
 def disk_graphs(folder: Path, max_size: int = 256) -> Callable[[JobSpec], Any]:
@@ -381,7 +384,7 @@ def fit_stage(train: pd.DataFrame, feature_names: Sequence[str] | None = None, s
               **settings: Any) -> Any:
     """The whole-step stage `stage` fitted on one-device rows of `train` (target: log(measured / composed)):
     `device-whole-step` (a spec-sheet device effect and a level per measured model; `feature_names`: its device
-    features, default `DEVICE_FEATURES`) or `xgb-whole-step` (boosted trees over `feature_names`, default
+    features, default `STAGE_FEATURES`) or `xgb-whole-step` (boosted trees over `feature_names`, default
     `COMPOSITION_FEATURES`)."""
     from perfmodel.regressors.whole_step import TARGET, WholeStepRegressor
     from perfmodel.regressors.whole_step_device import JOB, DeviceStepRegressor

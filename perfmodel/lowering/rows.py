@@ -386,6 +386,27 @@ def _conv_shape(node: Node) -> Conv | None:
     return Conv(n * groups, cin // groups, cout // groups, in_sp, out_sp, kernel)
 
 
+def conv_spatial_dims(node: Node) -> int:
+    """How many spatial axes a convolution node runs over (2 for a 2-D convolution; 0 where its shapes are unknown)."""
+    c = _conv_shape(node)
+    return 0 if c is None else len(c.in_spatial)
+
+
+WINOGRAD_KERNEL = (3, 3)
+
+
+def winograd_shaped(node: Node) -> bool:
+    """A 2-D convolution of the shape cuDNN's (and MIOpen's) Winograd kernels take: 3 x 3, stride 1 on both axes,
+    one group, no dilation, not transposed."""
+    c = _conv_shape(node)
+    if c is None or c.kernel != WINOGRAD_KERNEL or node.dilation > 1 or "transpose" in node.op:
+        return False
+    if c.batch != node.input_tensors[0].shape[0]:  # grouped: the groups are folded into the batch
+        return False
+    fits = [infer_stride_padding(size, out, k) for size, out, k in zip(c.in_spatial, c.out_spatial, c.kernel)]
+    return all(fit is not None and fit[0] == 1 for fit in fits)
+
+
 def _conv_row(node: Node, part: str) -> Row:
     c = _conv_shape(node)
     if c is None:

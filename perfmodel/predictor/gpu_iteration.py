@@ -490,7 +490,7 @@ class DevicePredictor:
         flops, bytes_ = sweep.graphs.flops_and_bytes(batches)
         features = composition_feature_arrays(first, self._featured(hardware), rows, ms, compute_ms, memory_ms,
                                               breakdown, flops, bytes_, sweep.graphs.params, batches,
-                                              self.host_ms_per_kernel, sm_fill)
+                                              self.host_ms_per_kernel, sm_fill, sweep.graphs.first)
         reasons: dict[bytes, tuple[str, ...]] = {}
         maths = maths_by_group(first.precision, hardware)
         host_issue_ms = {name: float((phase == name).sum()) * self.host_ms_per_kernel

@@ -11,12 +11,17 @@ Real training steps differ from the composed kernel sum in two ways that real ru
   model. Memory is not in it: the kernel model prices bandwidth kernel by kernel, and a whole-step factor that grew
   with bandwidth or capacity would speed up the compute-bound part of a step on a part with more memory. The runs'
   only SKUs of one die that differ in memory (A100 40 GB against 80 GB) gain less than composed, not more, so two
-  such SKUs get the same device effect.
+  such SKUs get the same device effect;
+- **the convolution math effect**: how much of the step is 2-D convolution in a math no kernel measurement covers
+  (`CONV_MATH_FEATURES`: TF32, slower than the kernel model's fp16-learned efficiency; fp32 3 x 3, which cuDNN
+  runs as Winograd, faster). It moves the ratio within one level: a model's TF32 level holds its TF32 steps on
+  Ampere and its fp32 steps on older GPUs (on the public runs, 1-GPU MAPE held out by family 24.9 -> 21.4 %, by
+  chip 22.1 -> 19.3 %; only 2-D convolutions count, a choice made looking at those figures).
 
-So: log(measured / composed) = level[model, math] + w · clip(device features - their mean), with w a ridge
-regression on the device features (`DEVICE_FEATURES`, named columns of `COMPOSITION_FEATURES`) of every run less its
-(model, math) level, and each level the median of what the device effect leaves. A job whose zoo model and math were
-measured gets its level; any other job gets no level of its own (the composed step is right on the average GPU of
+So: log(measured / composed) = level[model, math] + w · clip(features - their mean), with w a ridge regression on
+the device and convolution math features (`STAGE_FEATURES`, named columns of `COMPOSITION_FEATURES`) of every run
+less its (model, math) level, and each level the median of what the effect leaves. A job whose zoo model and math
+were measured gets its level; any other job gets no level of its own (the composed step is right on the average GPU of
 the data), the device effect, and what being AMP and its share of half-precision convolution cost: the weights of
 those features in a second fit over `UNSEEN_FEATURES` with one level per model (not per model and math), so that the
 AMP and TF32 runs of each measured model tell them (a TF32 step pays nothing for AMP, a step without half-precision
@@ -24,9 +29,10 @@ convolutions nothing for them). The fit with a level per model and math gives `a
 every run of a level, so any weight there would be arbitrary (`PER_JOB_FEATURES`). A GPU above the range the runs
 cover (a newer generation) gets the effect of the newest measured ones, not an extrapolated line, and the effect as a
 whole stays within what the measured GPUs got (each feature inside its range, a mix no measured GPU had can still
-add up past them); one below it on any feature (older or smaller than every measured GPU) gets no device effect; a
-feature its spec sheet lacks (no TDP: no FLOP/s per watt) counts as the average GPU's (the predictor fills a
-missing TDP first, as the per-op model's features do: from another SKU of the die, else the nearest device).
+add up past them); one below it on any feature (older or smaller than every measured GPU) gets no device effect
+(nor convolution math effect); a feature its spec sheet lacks (no TDP: no FLOP/s per watt) counts as the average
+GPU's (the predictor fills a missing TDP first, as the per-op model's features do: from another SKU of the die, else
+the nearest device).
 
 The 80 % band is conformal on out-of-fold residuals: for a job without a level, of folds that hold out whole model
 families (the band of a family never seen); for a job with one, of folds that hold out GPUs. A GPU outside the
@@ -53,8 +59,13 @@ from perfmodel.regressors.manifest import Manifest, data_hash
 from perfmodel.regressors.whole_step import TARGET, StepCorrection
 
 DEVICE_FEATURES: tuple[str, ...] = ("log_peak_tensor_tflops", "log_peak_per_watt", "amp")
-# a model never measured: the device features and how much of its step is half-precision convolution
-UNSEEN_FEATURES: tuple[str, ...] = (*DEVICE_FEATURES, "share_conv_amp")
+# how much of the step is convolution in a math no kernel measurement covers (TF32, and fp32 Winograd-eligible:
+# `perfmodel.predictor.composition.conv_math_shares`): they move the ratio within one model and math (a TF32
+# level holds both an A100's TF32 steps and a V100's fp32 ones), so every job's correction weighs them
+CONV_MATH_FEATURES: tuple[str, ...] = ("share_conv_tf32", "share_conv_winograd")
+STAGE_FEATURES: tuple[str, ...] = (*DEVICE_FEATURES, *CONV_MATH_FEATURES)
+# a model never measured: the stage's features and how much of its step is half-precision convolution
+UNSEEN_FEATURES: tuple[str, ...] = (*STAGE_FEATURES, "share_conv_amp")
 # device features that are the same on every run of a (model, math) level: the levels absorb them, so the fit with
 # levels gives them no weight (any weight there would be arbitrary), and a model never measured takes theirs from
 # the fit with one level per model, where each model's AMP runs against its TF32 runs tell it
@@ -82,7 +93,7 @@ def _folds(labels: Sequence[str]) -> list[np.ndarray]:
 class DeviceStepRegressor:
     name = "device-whole-step"
 
-    def __init__(self, feature_names: Sequence[str] = DEVICE_FEATURES, ridge: float = 3.0,
+    def __init__(self, feature_names: Sequence[str] = STAGE_FEATURES, ridge: float = 3.0,
                  quantiles: tuple[float, float] = (0.1, 0.9), unseen_features: Sequence[str] | None = UNSEEN_FEATURES):
         self.feature_names = tuple(feature_names)
         self.ridge = ridge
@@ -134,7 +145,7 @@ class DeviceStepRegressor:
     def _apply(params: dict[str, Any], x: np.ndarray, jobs: Sequence[Any] | None) -> tuple[np.ndarray, np.ndarray]:
         """(log factor, whether the row had a level) of rows `x` under `params`. Features above the measured range
         are clipped to it, and the effect to the measured GPUs' (`effect_range`, where the stage has one); a row
-        below it on any feature (a GPU older or smaller than every measured one) gets no device effect."""
+        below it on any feature (a GPU older or smaller than every measured one) gets no effect."""
         low, high = np.asarray(params["low"]), np.asarray(params["high"])
         below = np.any(np.nan_to_num(x, nan=np.inf) < low - RANGE_TOLERANCE, axis=1)
         clipped = np.clip(x, low, high)
@@ -243,11 +254,13 @@ class DeviceStepRegressor:
         return StepCorrection(factor, factor + np.minimum(low, 0.0), factor + np.maximum(high, 0.0))
 
     def _outside(self, x: np.ndarray) -> np.ndarray:
-        """Rows whose device features (those the spec sheet gives) lie outside the measured GPUs' range."""
+        """Rows whose device features (those the spec sheet gives; not the step's convolution mix) lie outside the
+        measured GPUs' range."""
         low, high = np.asarray(self.params_["low"]), np.asarray(self.params_["high"])
         finite = np.isfinite(x)
         beyond = (x < low - RANGE_TOLERANCE) | (x > high + RANGE_TOLERANCE)
-        return np.any(finite & beyond, axis=1)
+        device = np.array([name not in CONV_MATH_FEATURES for name in self.feature_names], dtype=bool)
+        return np.any((finite & beyond)[:, device], axis=1)
 
     def levels(self) -> dict[str, float]:
         """{job level key: its level as a factor} (how much slower than composed each measured model runs)."""

@@ -1,5 +1,6 @@
 """What a composed step says besides its cost: the share of the device's compute units its kernels hold
-(`kernel_sm_fill`, the co-location model's input under MPS), from kernel shapes and real captured graphs."""
+(`kernel_sm_fill`, the co-location model's input under MPS), and the shares of its convolution time in maths no
+kernel measurement covers (`conv_math_masks`), from kernel shapes and real captured graphs."""
 
 from __future__ import annotations
 
@@ -81,3 +82,44 @@ def test_a_recurrent_step_at_a_small_batch_holds_little_of_a_big_gpu_and_a_resne
     assert fills[("resnet50", 8, "a100-sxm4-80gb")] < fills[("resnet50", 256, "a100-sxm4-80gb")]
     for key in (("gavel-lm", 5), ("resnet50", 8)):  # the T4's 40 SMs fill before the A100's 108
         assert fills[(*key, "t4")] > fills[(*key, "a100-sxm4-80gb")]
+
+
+def test_winograd_shaped_convolutions_are_the_3x3_stride_1_ungrouped_2d_ones():
+    import torch
+    from torch import nn
+
+    from perfmodel.graph.from_torch import graph_from_module
+    from perfmodel.lowering.rows import conv_spatial_dims, winograd_shaped
+
+    convs = nn.ModuleList([nn.Conv2d(8, 8, 3, padding=1), nn.Conv2d(8, 8, 3, stride=2, padding=1),
+                           nn.Conv2d(8, 8, 1), nn.Conv2d(8, 8, 3, padding=2, dilation=2),
+                           nn.Conv2d(8, 8, 3, padding=1, groups=8), nn.Conv2d(8, 8, (3, 3), padding=1)])
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.convs, self.audio = convs, nn.Conv1d(8, 8, 3, padding=1)
+
+        def forward(self, x):
+            out = sum(conv(x).mean() for conv in self.convs)
+            return out + self.audio(x.flatten(2)).mean()
+
+    graph = graph_from_module(Net(), (torch.randn(2, 8, 12, 10),), name="convs")
+    nodes = [node for node in graph.nodes if node.kind.value == "conv"]
+    assert [winograd_shaped(node) for node in nodes] == [True, False, False, False, False, True, False]
+    assert [conv_spatial_dims(node) for node in nodes] == [2] * 6 + [1]
+
+
+@pytest.mark.parametrize("precision, accelerator, tf32, winograd", [
+    ("fp32", "a100-sxm4-80gb", True, False),  # PyTorch's defaults on Ampere: TF32 convolutions
+    ("fp32-strict", "a100-sxm4-80gb", False, True),
+    ("fp32", "v100-sxm2-16gb", False, True),  # no TF32 before Ampere
+    ("amp", "a100-sxm4-80gb", False, False),
+    ("amp", "v100-sxm2-16gb", False, False)])
+def test_a_resnets_convolution_time_is_tf32_winograd_or_neither_by_precision_and_gpu(device, precision, accelerator,
+                                                                                      tf32, winograd):
+    spec = JobSpec.from_options(zoo="resnet18", batch_size=8, precision=precision)
+    _, features = device.predict_composed(spec, accelerator)
+    assert 0.0 <= features["share_conv_tf32"] + features["share_conv_winograd"] <= features["share_conv"] + 1e-9
+    assert (features["share_conv_tf32"] > 0.1) == tf32
+    assert (features["share_conv_winograd"] > 0.05) == winograd

@@ -69,6 +69,39 @@ def test_a_gpu_outside_the_measured_ones_adds_an_unseen_gpus_error_to_the_band()
     assert np.all(out.log_low <= out.log_factor) and np.all(out.log_factor <= out.log_high)
 
 
+def test_the_convolution_math_moves_the_factor_within_one_level_and_is_no_gpu_outside_the_measured_ones():
+    """One model's TF32 level holds steps whose convolutions run in TF32 (slower than composed) and steps whose
+    convolutions run as fp32 Winograd (faster): the stage tells them apart by the step's shares of each."""
+    from perfmodel.regressors.whole_step_device import CONV_MATH_FEATURES, STAGE_FEATURES
+
+    rng = np.random.default_rng(3)
+    rows = []
+    for job in ("m0:tf32", "m1:tf32", "m2:amp"):
+        for i in range(24):
+            tf32 = rng.uniform(0.2, 0.6) if i % 2 and job != "m2:amp" else 0.0
+            winograd = rng.uniform(0.2, 0.6) if not i % 2 and job != "m2:amp" else 0.0
+            rows.append({"log_peak_tensor_tflops": rng.uniform(3, 8), "log_peak_per_watt": rng.uniform(4, 10),
+                         "amp": float(job.endswith("amp")), "share_conv_tf32": tf32, "share_conv_winograd": winograd,
+                         "share_conv_amp": 0.0, JOB: job, "family": job[:2], "chip": f"chip{i % 6}",
+                         TARGET: 0.8 * tf32 - 0.6 * winograd + rng.normal(0, 0.01)})
+    frame = pd.DataFrame(rows)
+    model = DeviceStepRegressor(ridge=0.01).fit(frame, groups=list(frame.family), jobs=list(frame[JOB]),
+                                               chips=list(frame.chip))
+    assert set(CONV_MATH_FEATURES) <= set(model.feature_names) == set(STAGE_FEATURES)
+    probe = pd.DataFrame([{**frame.iloc[0].to_dict(), "share_conv_tf32": t, "share_conv_winograd": w, JOB: job}
+                          for job in ("m0:tf32", None) for t, w in ((0.0, 0.0), (0.5, 0.0), (0.0, 0.5))])
+    out = model.predict(probe)
+    for seen in (0, 3):  # a measured model and one never measured
+        base, tf32, winograd = out.log_factor[seen:seen + 3]
+        assert tf32 - base == pytest.approx(0.4, abs=0.08) and winograd - base == pytest.approx(-0.3, abs=0.08)
+    # more TF32 convolution than any run had: the share is clipped to the measured range, and the band is no wider
+    # (a step's mix is no GPU outside the measured ones)
+    wide = model.predict(probe.assign(share_conv_tf32=0.99))
+    top = model.predict(probe.assign(share_conv_tf32=frame.share_conv_tf32.max()))
+    np.testing.assert_allclose(wide.log_factor, top.log_factor)
+    np.testing.assert_allclose(wide.log_high - wide.log_low, out.log_high - out.log_low)
+
+
 def test_a_gpu_beyond_the_data_gets_the_nearest_measured_effect_and_one_below_it_none():
     frame = runs()
     model = fitted(frame)
