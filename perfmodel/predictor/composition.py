@@ -122,7 +122,7 @@ def conv_math_masks(rows: pd.DataFrame, maths: np.ndarray, graph: Graph | None,
         return dict.fromkeys(CONV_MATH_SHARES, none)
     convs = [node for node in graph.nodes if node.kind.value in CONV_KINDS]
     two_d = {node.id for node in convs if conv_spatial_dims(node) == 2}
-    winograd = {node.id for node in convs if node.id in two_d and winograd_shaped(node)}
+    winograd = {node.id for node in convs if winograd_shaped(node)}  # a 3 x 3 kernel: 2-D
     gemm = rows["op_class"].isin(GEMM_CLASSES).to_numpy() & ~exclude
     nodes = rows["node_id"]
     return {"share_conv_tf32": gemm & nodes.isin(two_d).to_numpy() & (maths == "tf32"),

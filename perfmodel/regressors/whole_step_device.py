@@ -15,8 +15,8 @@ Real training steps differ from the composed kernel sum in two ways that real ru
 - **the convolution math effect**: how much of the step is 2-D convolution in a math no kernel measurement covers
   (`CONV_MATH_FEATURES`: TF32, slower than the kernel model's fp16-learned efficiency; fp32 3 x 3, which cuDNN
   runs as Winograd, faster). It moves the ratio within one level: a model's TF32 level holds its TF32 steps on
-  Ampere and its fp32 steps on older GPUs (on the public runs, 1-GPU MAPE held out by family 24.9 -> 21.4 %, by
-  chip 22.1 -> 19.3 %; only 2-D convolutions count, a choice made looking at those figures).
+  Ampere and its fp32 steps on older GPUs (on the public runs, 1-GPU MAPE held out by family 21.4 % with it and
+  24.9 % without, by chip 19.3 % and 22.1 %; only 2-D convolutions count, a choice made looking at those figures).
 
 So: log(measured / composed) = level[model, math] + w · clip(features - their mean), with w a ridge regression on
 the device and convolution math features (`STAGE_FEATURES`, named columns of `COMPOSITION_FEATURES`) of every run
