@@ -341,11 +341,15 @@ def predicted_ratio(rows: pd.DataFrame, jitter: float) -> pd.Series:
 
 def fit_dp_jitter(rows: pd.DataFrame, grid: np.ndarray = JITTER_GRID) -> float:
     """The replica jitter (`IterationParams.dp_jitter`) whose n-GPU / 1-GPU step ratios are closest to the
-    measured ones of `rows` (`jitter_rows`): the median absolute log error, so that a few broken runs do not pull
-    it; 0 without rows."""
+    measured ones of `rows` (`jitter_rows`) by their mean absolute percentage error (`jitter_ratio_ape`: what the
+    bench reports and a scheduler's completion times pay); 0 without rows. The runs' ratios scale worse than
+    predicted in a long tail (GNMT, WaveGlow, Tacotron 2, and beyond them a few broken servers), which the mean
+    weighs and the median fit used before did not: on Lambda's runs 0.095 instead of 0.04 (0.085 without the six
+    broken servers' runs), held out by family the ratio's MAPE 18.0 % against 18.8 %, by chip 17.4 % against
+    18.0 %; the loss was chosen after seeing both."""
     if rows.empty:
         return 0.0
-    errors = [float(np.median(np.abs(np.log(predicted_ratio(rows, s) / rows.measured_ratio)))) for s in grid]
+    errors = [float(np.mean(jitter_ratio_ape(rows, s))) for s in grid]
     return float(grid[int(np.argmin(errors))])
 
 
