@@ -344,9 +344,9 @@ def fit_dp_jitter(rows: pd.DataFrame, grid: np.ndarray = JITTER_GRID) -> float:
     measured ones of `rows` (`jitter_rows`) by their mean absolute percentage error (`jitter_ratio_ape`: what the
     bench reports and a scheduler's completion times pay); 0 without rows. The runs' ratios scale worse than
     predicted in a long tail (GNMT, WaveGlow, Tacotron 2, and beyond them a few broken servers), which the mean
-    weighs and the median fit used before did not: on Lambda's runs 0.095 instead of 0.04 (0.085 without the six
-    broken servers' runs), held out by family the ratio's MAPE 18.0 % against 18.8 %, by chip 17.4 % against
-    18.0 %; the loss was chosen after seeing both."""
+    weighs and a median log-error fit does not: on Lambda's runs 0.095 against 0.04 (0.085 without the six broken
+    servers' runs), held out by family the ratio's MAPE 18.0 % against 18.8 %, by chip 17.4 % against 18.0 %; the
+    loss was chosen after seeing both."""
     if rows.empty:
         return 0.0
     errors = [float(np.mean(jitter_ratio_ape(rows, s))) for s in grid]

@@ -60,7 +60,7 @@ from perfmodel.regressors.whole_step import TARGET, StepCorrection
 
 DEVICE_FEATURES: tuple[str, ...] = ("log_peak_tensor_tflops", "log_peak_per_watt", "amp")
 # how much of the step is convolution in a math no kernel measurement covers (TF32, and fp32 Winograd-eligible:
-# `perfmodel.predictor.composition.conv_math_shares`): they move the ratio within one model and math (a TF32
+# `perfmodel.predictor.composition.conv_math_masks`): they move the ratio within one model and math (a TF32
 # level holds both an A100's TF32 steps and a V100's fp32 ones), so every job's correction weighs them
 CONV_MATH_FEATURES: tuple[str, ...] = ("share_conv_tf32", "share_conv_winograd")
 STAGE_FEATURES: tuple[str, ...] = (*DEVICE_FEATURES, *CONV_MATH_FEATURES)
