@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -91,6 +92,38 @@ def _isolated_home(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("PERFMODEL_HOME", str(home))
     monkeypatch.delenv("PERFMODEL_STORE_URL", raising=False)
     return home
+
+
+# Test folders whose tests are about capturing itself (the exporter, the zoo's builders): they always capture.
+CAPTURE_TEST_DIRS = frozenset({"graph", "jobs"})
+_CAPTURED_GRAPHS: dict[str, object] = {}
+
+
+@pytest.fixture(autouse=True)
+def _zoo_graph_captured_once(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Outside tests/graph and tests/jobs, a zoo or `hf_config` job that this worker captured once is answered
+    with that graph after (a frozen Graph, the same for the same spec): the predictor, CLI and evaluation tests
+    capture the same few specs (resnet18, bert-small) again and again, ~40 CPU-seconds of a run. A module job
+    (a file a test wrote) and a failed capture are never kept."""
+    if Path(str(request.node.path)).parent.name in CAPTURE_TEST_DIRS:
+        return
+    from perfmodel.graph import from_torch
+    from perfmodel.jobs.spec import HFConfigSource, ZooSource
+
+    real = from_torch.capture_graph
+
+    def once(spec):
+        if not isinstance(spec.source, (ZooSource, HFConfigSource)):
+            return real(spec)
+        key = spec.model_dump_json()
+        if key not in _CAPTURED_GRAPHS:
+            _CAPTURED_GRAPHS[key] = real(spec)
+        return _CAPTURED_GRAPHS[key]
+
+    monkeypatch.setattr(from_torch, "capture_graph", once)
+    run = sys.modules.get("perfmodel.profilers.run")  # imported it by name; patched once it is loaded
+    if run is not None:
+        monkeypatch.setattr(run, "capture_graph", once)
 
 
 def _empty_postgres(url: str) -> None:
