@@ -7,6 +7,9 @@ Steps: every successful run of a zoo model on a catalog GPU (repeats merged) is 
 path without the stage (kernel sum per device + placement model), then for each hold-out group a stage is fitted
 on the other groups' one-GPU runs and the group's runs are predicted through the serving path with it
 (`PlacementPredictor.predict`: the stage corrects one device's compute, the placement model adds communication).
+Each held-out run is predicted for the PyTorch it ran on (the stage's offset of its version, learned without the
+group; the service answers for the newest, PyTorch 1.13 in NGC 22.09), and the runs on the newest are printed
+apart: there the held-out answer is the served one.
 Prints MAPE per math mode and GPU count (one GPU; 2-16), the worst GPU, the 80 % interval's coverage and the
 n-GPU / 1-GPU scaling ratio's error, for the composed prediction ("before") and each hold-out, and what bandwidth
 alone buys (A100 40 GB against 80 GB: measured, composed, served with the chip held out). `--stage`: the
@@ -67,6 +70,16 @@ from perfmodel.settings import get_settings
 def show(frame: pd.DataFrame, title: str) -> None:
     print(f"\n## {title}\n\n{headline_line(frame)}\n\n{mode_table(frame)}\n\n{group_table(frame, 'family')}\n\n"
           f"{group_table(frame, 'chip')}")
+
+
+def newest_software(frame: pd.DataFrame) -> pd.DataFrame:
+    """The runs on the newest PyTorch of the data (what the service answers for: its step has no software
+    offset, served and held-out predictions are the same)."""
+    versions = [v for v in frame.get("pytorch_version", pd.Series(dtype=str)).fillna("").unique() if v]
+    if not versions:
+        return frame.iloc[:0]
+    newest = max(versions, key=lambda v: tuple(int(p) for p in v.split(".") if p.isdigit()))
+    return frame[frame.pytorch_version == newest]
 
 
 def figures(frame: pd.DataFrame) -> dict:
@@ -191,6 +204,10 @@ def main(argv: list[str] | None = None) -> int:
               "chip": "Leave one chip out (every SKU of the die; the kernel model saw some chips' kernels)"}
     for by, held in result.held.items():
         show(held, titles[by])
+        newest = newest_software(held)
+        if len(newest):
+            print(f"\nthe runs on PyTorch {newest.pytorch_version.iloc[0]} (the newest container; answered as "
+                  f"served): {headline_line(newest)}")
         if args.out is not None:
             held.to_csv(args.out.with_name(f"{args.out.stem}-{by}{args.out.suffix}"), index=False)
     jitter = replica_jitter(result.composed)
@@ -198,6 +215,8 @@ def main(argv: list[str] | None = None) -> int:
     p2p = {"without_p2p": without_p2p(args, result.composed)} if args.no_p2p_suite else {}
     record_if_asked(args, "real_runs", {"composed": figures(result.composed),
                                         **{by: figures(held) for by, held in result.held.items()},
+                                        **{f"{by}_newest_software": figures(newest_software(held))
+                                           for by, held in result.held.items()},
                                         "replica_jitter": jitter, "same_die_gain": bandwidth, **p2p})
     if args.write_jitter:
         table = json.loads(params_path().read_text())["params"]

@@ -54,6 +54,7 @@ def gpu_accuracy(datasets_dir: str | Path | None = None, models_dir: Any = None,
         leave_one_out,
         read_composed,
         steady_steps,
+        with_software,
     )
     from perfmodel.predictor.placed import PlacementPredictor
 
@@ -72,6 +73,7 @@ def gpu_accuracy(datasets_dir: str | Path | None = None, models_dir: Any = None,
     notes = [f"{len(runs)} measured configurations ({sum(r.repeats for r in runs)} runs; repeats merged into their "
              f"median) of {len({r.model for r in runs})} models on {len({r.accelerator for r in runs})} GPUs, "
              f"1-{max(r.devices for r in runs)} GPUs per node"]
+    frame = with_software(frame, runs)
     steady, left_out = steady_steps(frame)
     notes += left_out
     frame = frame[steady]

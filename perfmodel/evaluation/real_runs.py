@@ -17,6 +17,11 @@ A multi-GPU run that trained without gradient synchronisation (`gradient_sync` F
 GPU, its measured step the replicas' step, and it is left out of the n-GPU / 1-GPU scaling ratio (there is no
 communication in it to check).
 
+Each run keeps the PyTorch version it ran on (`pytorch_version`, from Lambda's `systems.csv`: the NGC container's
+build). The stage learns every version's offset against the newest and answers for the newest
+(`perfmodel.regressors.whole_step_device`); judging a held-out run, `leave_one_out` predicts it on its own version
+(the offset learned without its group, `on_own_software`), as its batch and GPUs are its own.
+
 Hold-outs (`leave_one_out`): by model family (every GPU) and by chip (every SKU of one die,
 `hardware.chips.DIE_OF`), each fold fitting the stage on the rest. The per-op device model under the composition
 is the shipped one, which was fitted on kernel measurements of some of these chips (A100, V100, A40, RTX
@@ -59,6 +64,7 @@ class RealRun:
     repeats: int
     suite: str = ""
     gradient_sync: bool = True  # False: each GPU trained its own replica (no all-reduce; see the module docstring)
+    pytorch_version: str = ""  # the software it ran on, PyTorch's major.minor (`software_version`); "": unknown
 
     @property
     def measured_ms(self) -> float:
@@ -89,7 +95,8 @@ def lambda_runs(folder: str | Path) -> list[RealRun]:
                            "devices": int(r.devices), "precision": str(getattr(r.precision, "value", r.precision)),
                            "batch_size": r.batch_size, "global_batch_size": int(r.global_batch_size),
                            "throughput_items_per_s": r.throughput, "unit": r.unit, "suite": r.suite,
-                           "gradient_sync": r.gradient_sync} for r in records])
+                           "gradient_sync": r.gradient_sync, "pytorch_version": r.pytorch_version}
+                          for r in records])
     runs = real_runs(frame)
     if not runs:
         raise PerfmodelError(f"no successful Lambda run of a zoo model on a catalog GPU in {folder}")
@@ -103,14 +110,22 @@ def stored_runs(store: Any) -> list[RealRun]:
         return []
     extras = [extra if isinstance(extra, dict) else {} for extra in frame["extra"]]
     return real_runs(frame.assign(suite=[extra.get("suite", "") for extra in extras],
-                                  gradient_sync=[bool(extra.get("gradient_sync", True)) for extra in extras]))
+                                  gradient_sync=[bool(extra.get("gradient_sync", True)) for extra in extras],
+                                  pytorch_version=[extra.get("pytorch_version") for extra in extras]))
+
+
+def software_version(builds: Iterable[Any]) -> str:
+    """The PyTorch major.minor that the repeats of one configuration ran on ("1.13" from "1.13.0a0+d0d6b1f"), when
+    the ones that name a build agree; "" when none does or they disagree."""
+    versions = {".".join(str(b).split(".")[:2]) for b in builds if isinstance(b, str) and b.strip()}
+    return versions.pop() if len(versions) == 1 else ""
 
 
 def real_runs(frame: pd.DataFrame) -> list[RealRun]:
     """Runs of zoo models on catalog GPUs (columns source, model, accelerator, devices, precision, batch_size,
-    global_batch_size, throughput_items_per_s, unit, suite, and optionally gradient_sync), repeats of one
-    configuration merged into their median throughput, converted to samples/s with the zoo entry's items per
-    sample."""
+    global_batch_size, throughput_items_per_s, unit, suite, and optionally gradient_sync and pytorch_version),
+    repeats of one configuration merged into their median throughput, converted to samples/s with the zoo entry's
+    items per sample, and their PyTorch version (`software_version`)."""
     from perfmodel.jobs.zoo import ZOO
 
     frame = frame[frame["accelerator"].notna() & frame["model"].isin(list(ZOO))
@@ -118,6 +133,8 @@ def real_runs(frame: pd.DataFrame) -> list[RealRun]:
     frame = frame.assign(batch_size=frame["batch_size"].round().astype(int))
     if "gradient_sync" not in frame.columns:
         frame = frame.assign(gradient_sync=True)
+    if "pytorch_version" not in frame.columns:
+        frame = frame.assign(pytorch_version=None)
     keys = ["source", "model", "accelerator", "devices", "precision", "batch_size", "global_batch_size", "unit",
             "suite", "gradient_sync"]
     out = []
@@ -131,7 +148,8 @@ def real_runs(frame: pd.DataFrame) -> list[RealRun]:
                            global_batch_size=int(values["global_batch_size"]),
                            measured_samples_per_s=float(group["throughput_items_per_s"].median()) / per_sample,
                            unit=values["unit"], items_per_sample=per_sample, repeats=len(group),
-                           suite=values["suite"], gradient_sync=bool(values["gradient_sync"])))
+                           suite=values["suite"], gradient_sync=bool(values["gradient_sync"]),
+                           pytorch_version=software_version(group["pytorch_version"])))
     return out
 
 
@@ -181,7 +199,7 @@ def composed_frame(runs: Iterable[RealRun], predictor: Any,
             records.append({
                 **{k: getattr(run, k) for k in ("source", "model", "family", "accelerator", "devices", "precision",
                                                 "batch_size", "global_batch_size", "repeats", "suite",
-                                                "gradient_sync")},
+                                                "gradient_sync", "pytorch_version")},
                 "key": run_key(run), "chip": chip_of(run.accelerator), "measured_ms": run.measured_ms,
                 "measured_samples_per_s": run.measured_samples_per_s,
                 "single_ms": single.iter_time_ms, **placed_columns(placed), "fits": bool(placed.fits),
@@ -404,7 +422,9 @@ def fit_stage(train: pd.DataFrame, feature_names: Sequence[str] | None = None, s
     if stage == "device-whole-step":
         device = DeviceStepRegressor(**settings) if not feature_names else DeviceStepRegressor(
             feature_names=feature_names, **settings)
-        return device.fit(frame, groups=list(ones.family), jobs=list(ones[JOB]), chips=list(ones.chip), keys=keys)
+        software = list(ones["pytorch_version"].fillna("").astype(str)) if "pytorch_version" in ones else None
+        return device.fit(frame, groups=list(ones.family), jobs=list(ones[JOB]), chips=list(ones.chip), keys=keys,
+                          software=software, devices=list(ones.accelerator))
     from perfmodel.predictor.composition import COMPOSITION_FEATURES
 
     return WholeStepRegressor(feature_names=feature_names or COMPOSITION_FEATURES, **settings).fit(
@@ -435,6 +455,26 @@ def run_key(run: RealRun | Any) -> str:
             f"{run.global_batch_size}:{run.suite}")
 
 
+def on_own_software(predicted: pd.DataFrame, frame: pd.DataFrame, stage: Any) -> pd.DataFrame:
+    """`predicted` (key, predicted_ms, low_ms, high_ms: the newest software's step, as served) for the software
+    each run of `frame` ran on: times the stage's offset of its version (`DeviceStepRegressor.software_offset`;
+    none for a stage without, or a run of unknown version). The whole step is scaled, communication included."""
+    if "pytorch_version" not in frame or not hasattr(stage, "software_offset") or predicted.empty:
+        return predicted
+    version_of = dict(zip(frame["key"], frame["pytorch_version"].fillna("").astype(str)))
+    factor = np.exp(stage.software_offset([version_of.get(k, "") for k in predicted["key"]]))
+    return predicted.assign(**{c: predicted[c].to_numpy() * factor for c in ("predicted_ms", "low_ms", "high_ms")})
+
+
+def with_software(frame: pd.DataFrame, runs: Sequence[RealRun]) -> pd.DataFrame:
+    """`frame` with each run's `pytorch_version`, from `runs` where a frame composed before the column lacks it."""
+    if "pytorch_version" in frame:
+        return frame
+    version_of = {run_key(r): r.pytorch_version for r in runs}
+    keys = [run_key(r) for r in frame.itertuples(index=False)]
+    return frame.assign(pytorch_version=[version_of.get(k, "") for k in keys])
+
+
 def predict_from_frame(frame: pd.DataFrame, stage: Any) -> pd.DataFrame:
     """The stage applied to composed rows without the serving path: one device's compute (the placement's step
     less its exposed communication) times the factor, plus that communication. Exact on one GPU; on several it
@@ -455,11 +495,14 @@ def predict_from_frame(frame: pd.DataFrame, stage: Any) -> pd.DataFrame:
 
 def leave_one_out(runs: Sequence[RealRun], frame: pd.DataFrame, predictor: Any, by: str,
                   feature_names: Sequence[str] | None = None, progress: Callable[[str], None] = lambda _: None,
-                  serving_path: bool = True, stage: str = DEFAULT_STAGE, **settings: Any) -> pd.DataFrame:
+                  serving_path: bool = True, stage: str = DEFAULT_STAGE, own_software: bool = True,
+                  **settings: Any) -> pd.DataFrame:
     """Every run predicted by a stage fitted without its `by` group (family or chip) of `frame` (the composed
     frame of the same runs), through the serving path, with the placement model's replica jitter (`dp_jitter`)
     and its band (`scaling_band_log`) fitted without the group too (or `predict_from_frame` with
-    `serving_path=False`: the stage only). Returns `frame` joined with `predicted_ms`, `low_ms`, `high_ms`."""
+    `serving_path=False`: the stage only). `own_software`: each run predicted for the software it ran on (the
+    offset of its version, learned without the group: `on_own_software`); else as served, for the newest.
+    Returns `frame` joined with `predicted_ms`, `low_ms`, `high_ms`."""
     from perfmodel.predictor.whole_step import WholeStepStage
 
     frame = frame.assign(key=[run_key(r) for r in frame.itertuples(index=False)])
@@ -475,7 +518,8 @@ def leave_one_out(runs: Sequence[RealRun], frame: pd.DataFrame, predictor: Any, 
                 continue
             fitted = fit_stage(train, feature_names, stage, **settings)
             if not serving_path:
-                parts.append(predict_from_frame(frame[frame[by] == group], fitted))
+                predicted = predict_from_frame(frame[frame[by] == group], fitted)
+                parts.append(on_own_software(predicted, frame, fitted) if own_software else predicted)
                 continue
             test = [r for r in runs if group_of.get(run_key(r)) == group]
             progress(f"holding out {by} {group}: {len(test)} runs")
@@ -485,7 +529,8 @@ def leave_one_out(runs: Sequence[RealRun], frame: pd.DataFrame, predictor: Any, 
                 jitter = fit_dp_jitter(kept)
                 predictor.params = replace(predictor.params, dp_jitter=jitter,
                                            scaling_band_log=scaling_band_log(kept, jitter))
-            parts.append(predict_runs(test, predictor))
+            predicted = predict_runs(test, predictor)
+            parts.append(on_own_software(predicted, frame, fitted) if own_software else predicted)
     finally:
         if predictor is not None:
             predictor.set_whole_step(saved)

@@ -18,6 +18,14 @@ Real training steps differ from the composed kernel sum in two ways that real ru
   Ampere and its fp32 steps on older GPUs (on the public runs, 1-GPU MAPE held out by family 21.4 % with it and
   24.9 % without, by chip 19.3 % and 22.1 %; only 2-D convolutions count, a choice made looking at those figures).
 
+- **the software it ran on**: the same GPU, model and math run faster in a newer container (PyTorch, cuDNN,
+  cuBLAS, the example's own code). On the public runs, against PyTorch 1.13 (NGC 22.09) on the GPUs measured on
+  both: 1.4 (NGC 20.01) 17 % slower, 1.7-1.9 (20.10-21.03) 7-8 %, 1.10 (21.07) 1 %. Left in, it would read as a
+  device effect (the Volta and Turing parts ran mostly on 1.4) and each level would be an old container's.
+  `fit(..., software=, devices=)` takes each older version's offset (`software_offsets`: paired on the same GPU,
+  model and math) off its rows first, so the stage learns, and answers, the newest software's step;
+  `software_offset` gives the offset back for judging a run on the version it ran on.
+
 So: log(measured / composed) = level[model, math] + w · clip(features - their mean), with w a ridge regression on
 the device and convolution math features (`STAGE_FEATURES`, named columns of `COMPOSITION_FEATURES`) of every run
 less its (model, math) level, and each level the median of what the effect leaves. A job whose zoo model and math
@@ -40,7 +48,7 @@ measured range on any device feature adds the GPU folds' band in quadrature (`_o
 
 scikit-learn contract (`__init__` stores settings, `fit` returns self, `predict` has no side effect); saved as
 `stage.json` (weights, centre, range, levels, bands) and `manifest.json` (feature names in order, settings, data
-hash, metrics): no pickle.
+hash, metrics; the software offsets in both): no pickle.
 `predict(frame)` reads the feature columns and, when present, the `job` column (`job_level_key`).
 """
 
@@ -71,6 +79,7 @@ UNSEEN_FEATURES: tuple[str, ...] = (*STAGE_FEATURES, "share_conv_amp")
 # the fit with one level per model, where each model's AMP runs against its TF32 runs tell it
 PER_JOB_FEATURES: frozenset[str] = frozenset({"amp"})
 JOB = "job"  # the optional column naming a row's (zoo model, math): `job_level_key`
+MIN_SOFTWARE_PAIRS = 3  # (GPU, model and math) measured on both versions for a version's offset; fewer: none
 BACKFIT_ROUNDS = 20  # alternating fits of the weights and the levels (converged well before)
 RANGE_TOLERANCE = 0.05  # log2 units a feature may sit below the measured range and still count as inside it
 
@@ -83,6 +92,32 @@ def job_level_key(model: str | None, precision: str) -> str | None:
 def model_of(job: str) -> str:
     """The model part of a level key (`job_level_key`): the key without its math."""
     return str(job).rsplit(":", 1)[0]
+
+
+def _version_key(version: str) -> tuple[int, ...]:
+    return tuple(int(part) if part.isdigit() else 0 for part in version.split("."))
+
+
+def software_offsets(y: np.ndarray, software: Sequence[str], devices: Sequence[str],
+                     jobs: Sequence[str]) -> tuple[str, dict[str, float]]:
+    """(the newest software version of the rows, {each older version: its log offset against the newest}).
+
+    An offset is what the same GPU, model and math lose on that version: the median, over the (GPU, level key)
+    measured on both, of the difference of their median `y` (log of measured over composed: the composition
+    accounts for their batches differing). A version with fewer than `MIN_SOFTWARE_PAIRS` such pairs gets none;
+    rows of unknown version ("") are neither used nor corrected."""
+    known = [v for v in software if v]
+    versions = sorted(set(known), key=_version_key)
+    if len(versions) < 2:
+        return (versions[-1] if versions else ""), {}
+    reference = versions[-1]
+    table = pd.DataFrame({"y": y, "version": list(software), "device": list(devices), "job": list(jobs)})
+    medians = table[table.version != ""].groupby(["device", "job", "version"]).y.median().unstack()
+    offsets = {}
+    for version in versions[:-1]:
+        paired = (medians[version] - medians[reference]).dropna()
+        offsets[version] = float(paired.median()) if len(paired) >= MIN_SOFTWARE_PAIRS else 0.0
+    return reference, offsets
 
 
 def _folds(labels: Sequence[str]) -> list[np.ndarray]:
@@ -161,11 +196,14 @@ class DeviceStepRegressor:
         return effect + level, known
 
     def fit(self, frame: pd.DataFrame, groups: Sequence[str], jobs: Sequence[str] | None = None,
-            chips: Sequence[str] | None = None, keys: Sequence[str] | None = None) -> DeviceStepRegressor:
+            chips: Sequence[str] | None = None, keys: Sequence[str] | None = None,
+            software: Sequence[str] | None = None, devices: Sequence[str] | None = None) -> DeviceStepRegressor:
         """Learn from `frame` (the feature columns and `log_ratio`) of one-device runs. `groups`: each row's model
         family (the band of unseen models holds them out), `jobs`: its level key (`job_level_key`; default: its
         group), `chips`: its GPU's die (the band of seen models holds them out; default: its group); `keys`: each
-        row's identity, for the data hash."""
+        row's identity, for the data hash. `software` (with `devices`, each row's GPU): the version of the
+        software each row ran on ("" unknown); each older version's offset (`software_offsets`) is taken off its
+        rows first, so that the stage learns, and answers, the newest software's step."""
         if TARGET not in frame or len(frame) < 5:
             raise PerfmodelError(f"need at least 5 rows with a {TARGET!r} column to fit the whole-step stage")
         jobs = list(groups) if jobs is None else jobs
@@ -177,6 +215,13 @@ class DeviceStepRegressor:
         if not np.all(np.isfinite(y)):
             raise PerfmodelError(f"{TARGET} must be finite")
         jobs_ = np.asarray(jobs, dtype=object)
+        self.software_: dict[str, Any] = {"reference": "", "offsets": {}}
+        if software is not None:
+            if devices is None or not len(software) == len(devices) == len(y):
+                raise PerfmodelError("software needs devices, and both one value per row")
+            reference, offsets = software_offsets(y, software, devices, list(jobs_))
+            self.software_ = {"reference": reference, "offsets": offsets}
+            y = y - self.software_offset(software)
         models = np.asarray([model_of(j) for j in jobs_], dtype=object)
         # a measured job: its own level (per model and math) and the device effect; a model never measured: the
         # device effect and what its extra features (its share of half-precision convolution) cost, learned with one
@@ -185,7 +230,9 @@ class DeviceStepRegressor:
         self.extra_weights_ = self._extra_weights(x_unseen, y, models)
         bands: dict[str, list[float]] = {}
         metrics: dict[str, Any] = {"rows": int(len(y)), "jobs": len(set(jobs_)), "families": len(set(groups)),
-                                   "composed_mape": float(np.mean(np.abs(np.exp(-y) - 1.0)))}
+                                   "composed_mape": float(np.mean(np.abs(np.exp(-y) - 1.0))),
+                                   "software_reference": self.software_["reference"],
+                                   "software_offsets": self.software_["offsets"]}
         for name, labels, seen in (("unseen", groups, False), ("seen", chips, True)):
             oof = np.full(len(y), np.nan)
             for test in _folds(labels):
@@ -253,6 +300,12 @@ class DeviceStepRegressor:
         high = np.where(outside, np.hypot(np.maximum(high, 0.0), max(self.bands_["seen"][1], 0.0)), high)
         return StepCorrection(factor, factor + np.minimum(low, 0.0), factor + np.maximum(high, 0.0))
 
+    def software_offset(self, versions: Sequence[str]) -> np.ndarray:
+        """Log factor of a step on each software version against the newest the stage learned (what it answers):
+        0 for that one, an unknown version and any version without an offset."""
+        offsets: dict[str, float] = getattr(self, "software_", {}).get("offsets", {})
+        return np.array([offsets.get(str(v), 0.0) if isinstance(v, str) else 0.0 for v in versions])
+
     def _outside(self, x: np.ndarray) -> np.ndarray:
         """Rows whose device features (those the spec sheet gives; not the step's convolution mix) lie outside the
         measured GPUs' range."""
@@ -274,7 +327,8 @@ class DeviceStepRegressor:
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         (directory / "stage.json").write_text(json.dumps({"params": self.params_, "extra": self.extra_weights_,
-                                                          "bands": self.bands_}, indent=1, sort_keys=True) + "\n")
+                                                          "bands": self.bands_, "software": self.software_},
+                                                         indent=1, sort_keys=True) + "\n")
         Manifest(regressor=self.name, feature_names=self.feature_names, settings=self.get_params(),
                  normalisation={"target": "log(measured step ms / composed step ms), natural log",
                                 "features": "clipped to the training range, centred on its mean"},
@@ -295,6 +349,7 @@ class DeviceStepRegressor:
         # a stage saved before unseen models had extra features answers them with its device effect alone
         model.params_, model.extra_weights_ = data["params"], data.get("extra", {})
         model.bands_ = data["bands"]
+        model.software_ = data.get("software", {"reference": "", "offsets": {}})  # none before it was learned
         model.metrics_ = dict(manifest.metrics)
         model.training_hash_ = manifest.training_data_hash or ""
         model.n_samples_ = manifest.training_samples or 0

@@ -4,6 +4,8 @@ path), the served prediction it changes, and the GPU accuracy report with its pl
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -14,12 +16,14 @@ from perfmodel.evaluation.real_runs import (
     THRASH_ABOVE_SMALLER_BATCH,
     RealRun,
     composed_frame,
+    on_own_software,
     physically_possible,
     real_runs,
     recomposed_without_p2p,
     scaling_ratio_errors,
     steady_steps,
     thrash_ratio,
+    with_software,
 )
 from perfmodel.evaluation.retrain import RetrainSettings, retrain
 from perfmodel.importers.lambda_runs import WholeJobRun
@@ -52,6 +56,34 @@ def test_repeats_merge_into_their_median_in_samples_per_second():
     assert run.repeats == 3 and run.family == "gnmt"
     assert run.measured_samples_per_s == pytest.approx(100_000.0 / per_sample)
     assert run.measured_ms == pytest.approx(128 / run.measured_samples_per_s * 1e3)
+
+
+def test_a_configuration_knows_its_pytorch_version_where_its_repeats_name_one_and_agree():
+    rows = [{"model": "gnmt", "accelerator": "a10", "batch_size": b, "global_batch_size": int(b),
+             "throughput_items_per_s": 1e5, "pytorch_version": v}
+            for b, v in ((128.0, "1.13.0a0+d0d6b1f"), (128.0, None), (256.0, "1.4.0a0+a5b4d78"),
+                         (256.0, "1.9.0a0+df837d0"), (512.0, None))]
+    runs = {r.batch_size: r for r in real_runs(frame_of(rows))}
+    assert runs[128].pytorch_version == "1.13" and runs[128].repeats == 2  # an unnamed repeat takes the named one's
+    assert runs[256].pytorch_version == "" and runs[512].pytorch_version == ""  # they disagree; none named
+    assert real_runs(frame_of(rows[:1]).drop(columns="pytorch_version"))[0].pytorch_version == ""
+    # a frame composed before the column has it filled from the runs
+    composed = pd.DataFrame([dataclasses.asdict(r) for r in runs.values()]).drop(columns="pytorch_version")
+    assert list(with_software(composed, list(runs.values())).pytorch_version) == [r.pytorch_version
+                                                                                  for r in runs.values()]
+    # each run answered on its own version: the stage's offset of it, none where unknown
+    frame = pd.DataFrame({"key": [f"k{i}" for i in range(3)], "model": ["gnmt"] * 3})
+
+    class Stage:
+        def software_offset(self, versions):
+            return np.array([{"1.4": np.log(2.0)}.get(v, 0.0) for v in versions])
+
+    predicted = pd.DataFrame({"key": ["k0", "k1", "k2"], "predicted_ms": [10.0] * 3, "low_ms": [8.0] * 3,
+                              "high_ms": [12.0] * 3})
+    own = on_own_software(predicted, frame.assign(pytorch_version=["1.4", "1.13", None]), Stage())
+    np.testing.assert_allclose(own.predicted_ms, [20.0, 10.0, 10.0])
+    np.testing.assert_allclose(own.low_ms, [16.0, 8.0, 8.0]) and np.testing.assert_allclose(own.high_ms, [24, 12, 12])
+    assert on_own_software(predicted, frame, Stage()) is predicted  # no versions: as served
 
 
 def test_the_scaling_ratio_pairs_each_multi_gpu_run_with_its_one_gpu_twin():

@@ -141,6 +141,36 @@ def test_bad_input_is_a_clear_error():
             frame.assign(**{TARGET: np.inf}), groups=list(frame.family))
 
 
+def test_older_software_is_learned_from_the_same_gpus_on_both_and_taken_off_what_is_answered(tmp_path):
+    """The same GPUs ran each model on an old and the newest software: the old one 25 % slower. The stage learns
+    that offset from the pairs, answers for the newest, and keeps the offset through save/load."""
+    from perfmodel.regressors.whole_step_device import software_offsets
+
+    frame = runs()
+    old = np.arange(len(frame)) % 2 == 0  # half of each model's GPUs on both versions: every other row doubled
+    both = pd.concat([frame.assign(version="1.13"), frame[old].assign(version="1.4")], ignore_index=True)
+    both[TARGET] = both[TARGET] + np.where(both.version == "1.4", np.log(1.25), 0.0)
+    devices = list(both.chip + "/" + both.log_ridge.round(6).astype(str))
+    reference, offsets = software_offsets(both[TARGET].to_numpy(), list(both.version), devices, list(both[JOB]))
+    assert reference == "1.13" and offsets["1.4"] == pytest.approx(np.log(1.25), abs=0.01)
+    model = DeviceStepRegressor(feature_names=FEATURES, ridge=0.01, unseen_features=None).fit(
+        both, groups=list(both.family), jobs=list(both[JOB]), chips=list(both.chip), software=list(both.version),
+        devices=devices)
+    plain = fitted(frame)  # the newest software's runs alone
+    np.testing.assert_allclose(model.predict(frame).log_factor, plain.predict(frame).log_factor, atol=0.02)
+    np.testing.assert_allclose(model.software_offset(["1.4", "1.13", "", "0.4"]), [offsets["1.4"], 0, 0, 0])
+    model.save(tmp_path / "stage")
+    again = load_regressor(tmp_path / "stage")
+    np.testing.assert_array_equal(again.software_offset(["1.4"]), model.software_offset(["1.4"]))
+    assert again.metrics_["software_reference"] == "1.13"
+    # unknown versions are neither used nor corrected; too few pairs give no offset; one version gives none
+    assert software_offsets(np.zeros(3), ["", "", ""], ["a", "b", "c"], ["j"] * 3) == ("", {})
+    assert software_offsets(np.array([0.0, 1.0]), ["1.4", "1.13"], ["a", "a"], ["j", "j"]) == ("1.13", {"1.4": 0.0})
+    with pytest.raises(PerfmodelError, match="software needs devices"):
+        DeviceStepRegressor(feature_names=FEATURES, unseen_features=None).fit(
+            both, groups=list(both.family), software=list(both.version))
+
+
 def test_level_keys_name_a_zoo_model_and_its_math():
     assert job_level_key("ssd300", "amp") == "ssd300:amp"
     assert job_level_key(None, "amp") is None and job_level_key("", "tf32") is None
