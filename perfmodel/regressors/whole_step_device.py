@@ -1,6 +1,6 @@
 """device-whole-step: the whole-step stage as a device effect and a per-model level, learned from real runs.
 
-Real training steps differ from the composed kernel sum in two ways that real runs can separate:
+Real training steps differ from the composed kernel sum in ways that real runs can separate:
 
 - **the model's own level**: how much slower (or faster) than composed a model's whole step runs, whatever the
   GPU. It varies most (on the public runs from 0.8-1.3x for NCF, Transformer-XL and GNMT to 1.7x for Mask R-CNN in
