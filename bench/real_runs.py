@@ -64,6 +64,7 @@ from perfmodel.evaluation.real_runs import (
     scaling_band_log,
 )
 from perfmodel.placement.iteration import IterationParams, dump_params, params_path
+from perfmodel.regressors.whole_step_device import version_key
 from perfmodel.settings import get_settings
 
 
@@ -78,7 +79,7 @@ def newest_software(frame: pd.DataFrame) -> pd.DataFrame:
     versions = [v for v in frame.get("pytorch_version", pd.Series(dtype=str)).fillna("").unique() if v]
     if not versions:
         return frame.iloc[:0]
-    newest = max(versions, key=lambda v: tuple(int(p) for p in v.split(".") if p.isdigit()))
+    newest = max(versions, key=version_key)
     return frame[frame.pytorch_version == newest]
 
 

@@ -94,7 +94,8 @@ def model_of(job: str) -> str:
     return str(job).rsplit(":", 1)[0]
 
 
-def _version_key(version: str) -> tuple[int, ...]:
+def version_key(version: str) -> tuple[int, ...]:
+    """A version string as numbers, for ordering ("1.13" after "1.4")."""
     return tuple(int(part) if part.isdigit() else 0 for part in version.split("."))
 
 
@@ -107,7 +108,7 @@ def software_offsets(y: np.ndarray, software: Sequence[str], devices: Sequence[s
     accounts for their batches differing). A version with fewer than `MIN_SOFTWARE_PAIRS` such pairs gets none;
     rows of unknown version ("") are neither used nor corrected."""
     known = [v for v in software if v]
-    versions = sorted(set(known), key=_version_key)
+    versions = sorted(set(known), key=version_key)
     if len(versions) < 2:
         return (versions[-1] if versions else ""), {}
     reference = versions[-1]
