@@ -27,6 +27,9 @@ headline figures for docs/accuracy.md (bench/_figures.py).
 versions of Lambda's script export NCCL_P2P_DISABLE=1; the runs do not record which version ran them) and prints
 the n-GPU / 1-GPU ratio's MAPE per suite both ways, the jitter held out by family as above (a sensitivity, not a
 headline figure: which runs had P2P off is not known).
+It also counts the one-GPU runs measured faster than the floor no answer goes below (Σ of each kernel at the peak
+of its math or at the memory bandwidth, for the work the graph counts), and scores the answers and the band on them
+and on the rest.
 Data: Lambda, lambdal/deeplearning-benchmark (read in place, never copied).
 """
 
@@ -113,6 +116,41 @@ def replica_jitter(composed: pd.DataFrame) -> dict:
                    "without_wait_pct": 100 * float(jitter_ratio_ape(rows, 0.0).mean())}
         print(f"held out by {by}: n-GPU / 1-GPU ratio MAPE {out[by]['scaling_ratio_mape_pct']:.1f} % "
               f"(no wait: {out[by]['without_wait_pct']:.1f} %)")
+    return out
+
+
+def below_the_floor(held: dict[str, pd.DataFrame]) -> dict:
+    """One-GPU runs measured faster than the floor every answer keeps (Σ of each kernel at the peak of its math or
+    at the memory bandwidth, over the work the graph counts: `roofline_over_composed` of the composed step): no
+    physically bounded answer or interval reaches them. Per hold-out: how many, the floor's own MAPE on them (the
+    least any bounded answer can miss them by), the held-out answers' MAPE on them and on the rest, and the 80 %
+    interval's coverage of the rest (printed and returned)."""
+    out: dict = {}
+    for by, frame in held.items():
+        one = frame[frame.devices == 1]
+        floor_ms = one.roofline_over_composed * one.placement_ms
+        below = (one.measured_ms < floor_ms).to_numpy()
+        ape = throughput_ape(one.predicted_ms, one.measured_ms)
+        inside = ((one.measured_ms >= one.low_ms) & (one.measured_ms <= one.high_ms)).to_numpy()
+        tf32 = (one.precision == "tf32").to_numpy()
+        out[by] = {"configurations": int(below.sum()), "of": len(one),
+                   "floor_mape_pct": 100 * float(throughput_ape(floor_ms[below], one.measured_ms[below]).mean()),
+                   "answer_mape_pct": 100 * float(ape[below].mean()),
+                   "rest_mape_pct": 100 * float(ape[~below].mean()),
+                   "rest_coverage": float(inside[~below].mean()),
+                   "tf32_rest_coverage": float(inside[~below & tf32].mean()),
+                   "by_model": {figure_key(k): int(v) for k, v in one[below].groupby("model").size().items()}}
+    if not out:
+        return out
+    first = next(iter(out.values()))
+    print(f"\n## Faster than the floor (one GPU, measured step under Σ kernel rooflines: {first['configurations']} of "
+          f"{first['of']} configurations, " + ", ".join(f"{k} {v}" for k, v in first["by_model"].items()) + ")\n\n"
+          "No answer goes below the floor (every kernel at the peak of its math or at the memory bandwidth, for the "
+          "work the graph counts), so no band covers these runs.")
+    for by, f in out.items():
+        print(f"held out by {by}: the floor itself {f['floor_mape_pct']:.1f} % off them, the answers "
+              f"{f['answer_mape_pct']:.1f} %; the other one-GPU runs {f['rest_mape_pct']:.1f} %, 80 % band covers "
+              f"{f['rest_coverage']:.2f} of them (TF32 {f['tf32_rest_coverage']:.2f})")
     return out
 
 
@@ -211,6 +249,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"served): {headline_line(newest)}")
         if args.out is not None:
             held.to_csv(args.out.with_name(f"{args.out.stem}-{by}{args.out.suffix}"), index=False)
+    floor = below_the_floor(result.held)
     jitter = replica_jitter(result.composed)
     bandwidth = same_die_gain(result.composed, result.held["chip"]) if "chip" in result.held else None
     p2p = {"without_p2p": without_p2p(args, result.composed)} if args.no_p2p_suite else {}
@@ -218,7 +257,8 @@ def main(argv: list[str] | None = None) -> int:
                                         **{by: figures(held) for by, held in result.held.items()},
                                         **{f"{by}_newest_software": figures(newest_software(held))
                                            for by, held in result.held.items()},
-                                        "replica_jitter": jitter, "same_die_gain": bandwidth, **p2p})
+                                        "replica_jitter": jitter, "same_die_gain": bandwidth,
+                                        "below_the_floor": floor, **p2p})
     if args.write_jitter:
         table = json.loads(params_path().read_text())["params"]
         default = IterationParams.from_dict(table["default"])

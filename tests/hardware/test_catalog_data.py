@@ -208,7 +208,8 @@ LABEL_FORMS = {
     "RTX 4060 Ti 16GB": "rtx-4060-ti-16gb", "RTX 4060 Ti 8GB": "rtx-4060-ti-8gb", "RTX 4070": "rtx-4070",
     "RTX 4070 Super": "rtx-4070-super", "RTX 4070 Ti SUPER": "rtx-4070-ti-super", "RTX 5070": "rtx-5070",
     "GeForce RTX 5070 Ti": "rtx-5070-ti", "NVIDIA RTX 4500 Ada Generation": "rtx-4500-ada",
-    "RTX 2000 Ada": "rtx-2000-ada",
+    "RTX 2000 Ada": "rtx-2000-ada", "RTX A6000 Ada": "rtx-6000-ada",
+    "AdaA6000": "rtx-6000-ada",  # Lambda's results folders (`*AdaA6000*`)
     "NVIDIA GeForce RTX 3080": "rtx-3080", "RTX 3080 Laptop GPU": "rtx-3080-max-q", "RTX 3080 Max-Q": "rtx-3080-max-q",
     "RTX 3080 Max-Q 16GB": "rtx-3080-max-q", "RTX 2080 Super Max-Q": "rtx-2080-super-max-q",
     "Tesla K80": "k80", "K80": "k80", "NVIDIA Tesla K80": "k80",
