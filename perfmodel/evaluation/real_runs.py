@@ -467,12 +467,12 @@ def on_own_software(predicted: pd.DataFrame, frame: pd.DataFrame, stage: Any) ->
 
 
 def with_software(frame: pd.DataFrame, runs: Sequence[RealRun]) -> pd.DataFrame:
-    """`frame` with each run's `pytorch_version`, from `runs` where a frame composed before the column lacks it."""
-    if "pytorch_version" in frame:
-        return frame
+    """`frame` with each run's `pytorch_version` as `runs` know it (a cached frame may predate the column, or what
+    the importer knows of a run's container); the frame's own where a run names none."""
     version_of = {run_key(r): r.pytorch_version for r in runs}
+    own = frame["pytorch_version"].fillna("").astype(str) if "pytorch_version" in frame else [""] * len(frame)
     keys = [run_key(r) for r in frame.itertuples(index=False)]
-    return frame.assign(pytorch_version=[version_of.get(k, "") for k in keys])
+    return frame.assign(pytorch_version=[version_of.get(k) or v for k, v in zip(keys, own)])
 
 
 def predict_from_frame(frame: pd.DataFrame, stage: Any) -> pd.DataFrame:

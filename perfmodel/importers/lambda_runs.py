@@ -8,7 +8,9 @@ Read (relative to the dataset root; its PROVENANCE.md documents every column):
 - `failed_runs.csv`: one run log without a throughput, status = its `reason` ("out of memory" for a CUDA OOM: the
   batch that did not fit is a memory data point);
 - `systems.csv`: what each results folder's `sys_pytorch.txt` recorded; its PyTorch build and CUDA (nvcc) version
-  are given to the runs of that folder when it names one build (three folders hold two: there they stay None).
+  are given to the runs of that folder. Three folders name two builds (`4x3090`, `8x3090`, `p3.16xlarge`: their
+  later ResNet-50 re-runs, PROVENANCE.md says): there a run gets the one build whose NGC container had been
+  released by the run's date (`NGC_RELEASED`), and None where that is not one build.
 
 Not read: `summary/` (Lambda's own per-folder means of `runs.csv`), `MANIFEST.tsv`.
 
@@ -103,6 +105,17 @@ RUN_COLUMNS: Final = (*_COLUMNS, "throughput", "unit", "metric")
 FAILED_COLUMNS: Final = (*_COLUMNS, "reason")
 SYSTEM_COLUMNS: Final = ("config", "pytorch", "cuda")
 BUILD_SEPARATOR: Final = " | "  # systems.csv joins a folder's distinct values with it
+# PyTorch build -> the month its NGC PyTorch container (the tag, YY.MM) was released: no run used it before.
+# The builds and tags of PROVENANCE.md's container table (20.01 and 20.10 named in the repository, 21.03 and 21.07
+# inferred there from the build and CUDA version, 22.09 named).
+NGC_RELEASED: Final = {
+    "1.4.0a0+a5b4d78": datetime(2020, 1, 1),  # 20.01
+    "1.7.0a0+7036e91": datetime(2020, 10, 1),  # 20.10
+    "1.9.0a0+df837d0": datetime(2021, 3, 1),  # 21.03
+    "1.10.0a0+ecc3718": datetime(2021, 7, 1),  # 21.07
+    "1.13.0a0+d0d6b1f": datetime(2022, 9, 1),  # 22.09
+}
+Build = tuple[str | None, str | None]  # (PyTorch build, CUDA version)
 
 
 @dataclass(frozen=True)
@@ -196,19 +209,30 @@ def _read(path: Path, columns: tuple[str, ...]) -> list[tuple[int, dict[str, str
         raise PerfmodelError(f"cannot read {path}: {exc}") from None
 
 
-def _builds(rows: list[tuple[int, dict[str, str]]]) -> dict[str, tuple[str | None, str | None]]:
-    """Results folder -> (PyTorch build, CUDA version), each None where the folder's records name several."""
+def _builds(rows: list[tuple[int, dict[str, str]]]) -> dict[str, list[Build]]:
+    """Results folder -> the (PyTorch build, CUDA version) pairs its records name: one, or several where the folder
+    joins distinct values (the two columns pair up by position when they name as many; else the CUDA is None)."""
+    def values(text: str) -> list[str]:
+        return [v.strip() for v in text.split(BUILD_SEPARATOR) if v.strip()]
+
     builds = {}
     for _, row in rows:
-        pytorch, cuda = row["pytorch"].strip(), row["cuda"].strip()
-        builds[row["config"]] = (
-            pytorch if pytorch and BUILD_SEPARATOR not in pytorch else None,
-            cuda.removeprefix("V") if cuda and BUILD_SEPARATOR not in cuda else None,
-        )
+        pytorch: list[str | None] = [*values(row["pytorch"])] or [None]
+        cuda: list[str | None] = [v.removeprefix("V") for v in values(row["cuda"])]
+        builds[row["config"]] = list(zip(pytorch, cuda if len(cuda) == len(pytorch) else [None] * len(pytorch)))
     return builds
 
 
-def _run(name: str, line: int, row: dict[str, str], builds: Mapping[str, tuple[str | None, str | None]],
+def build_on(builds: list[Build], date: datetime) -> Build:
+    """The build a run of `date` ran on: the folder's only one, else the only one whose container had been released
+    by then (`NGC_RELEASED`); (None, None) where that is not one build."""
+    if len(builds) == 1:
+        return builds[0]
+    released = [b for b in builds if b[0] in NGC_RELEASED and NGC_RELEASED[b[0]] <= date]
+    return released[0] if len(released) == 1 else (None, None)
+
+
+def _run(name: str, line: int, row: dict[str, str], builds: Mapping[str, list[Build]],
          resolve: DeviceResolver) -> WholeJobRun:
     def fail(column: str, why: str) -> PerfmodelError:
         return PerfmodelError(f"{name} line {line}: {column} {row.get(column)!r} {why}")
@@ -269,7 +293,7 @@ def _run(name: str, line: int, row: dict[str, str], builds: Mapping[str, tuple[s
         status, throughput, unit, metric = text("reason"), None, None, None
     gpu_name = text("gpu")
     config = text("config")
-    pytorch_version, cuda_version = builds.get(config, (None, None))
+    pytorch_version, cuda_version = build_on(builds.get(config, [(None, None)]), date)
     return WholeJobRun(
         source=SOURCE, source_id=text("log_path"), suite=text("suite"), config=config, host=optional("host"),
         variant=optional("variant"), gpu_name=gpu_name, arch=text("arch"), accelerator=resolve(gpu_name),

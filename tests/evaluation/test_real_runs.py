@@ -71,6 +71,9 @@ def test_a_configuration_knows_its_pytorch_version_where_its_repeats_name_one_an
     composed = pd.DataFrame([dataclasses.asdict(r) for r in runs.values()]).drop(columns="pytorch_version")
     assert list(with_software(composed, list(runs.values())).pytorch_version) == [r.pytorch_version
                                                                                   for r in runs.values()]
+    # and a frame composed before a run's version was known gets it; one the runs do not name keeps its own
+    stale = composed.assign(pytorch_version=["", "1.9", "1.7"])
+    assert list(with_software(stale, list(runs.values())).pytorch_version) == ["1.13", "1.9", "1.7"]
     # each run answered on its own version: the stage's offset of it, none where unknown
     frame = pd.DataFrame({"key": [f"k{i}" for i in range(3)], "model": ["gnmt"] * 3})
 

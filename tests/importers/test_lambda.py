@@ -21,7 +21,7 @@ from perfmodel.cli.main import app
 from perfmodel.core.errors import PerfmodelError
 from perfmodel.hardware.catalog import save_local
 from perfmodel.importers import WHOLE_JOB_READERS, get_importer, read_lambda, unresolved_gpus
-from perfmodel.importers.lambda_runs import UNITS, ZOO_MODELS
+from perfmodel.importers.lambda_runs import NGC_RELEASED, UNITS, ZOO_MODELS
 from perfmodel.jobs.spec import Precision
 from perfmodel.store import ProfileStore
 from tests.importers.conftest import dataset, make_spec
@@ -71,8 +71,12 @@ def test_the_real_runs_as_published(real_runs):
     uneven = [r for r in real_runs if r.batch_size != int(r.batch_size)]  # global batches that do not split evenly
     assert len(uneven) == 9 and {r.source_model for r in uneven} == {"ncf", "transformerxllarge"}
     assert all(math.isclose(r.batch_size * r.devices, r.global_batch_size) for r in real_runs)
-    two_builds = {r.config for r in real_runs if r.pytorch_version is None}  # folders recording two containers
-    assert two_builds == {"4x3090", "8x3090", "p3.16xlarge"}
+    # the folders recording two containers: each given run is dated before the later container was released
+    two_builds = {r.config: (r.pytorch_version, r.cuda_version) for r in real_runs
+                  if r.config in ("4x3090", "8x3090", "p3.16xlarge")}
+    assert two_builds == {"4x3090": ("1.7.0a0+7036e91", "11.1.74"), "8x3090": ("1.7.0a0+7036e91", "11.1.74"),
+                          "p3.16xlarge": ("1.4.0a0+a5b4d78", "10.2.89")}
+    assert all(r.pytorch_version for r in real_runs)
 
 
 def test_the_precision_mapping(real_runs):
@@ -182,7 +186,8 @@ def test_a_synthetic_folder_is_parsed(tmp_path):
         "1.9.0a0+df837d0", "11.2.142")
     assert (ncf.accelerator, ncf.precision, ncf.source_precision, ncf.batch_size, ncf.host, ncf.variant) == (
         None, Precision.tf32, "FP16", 2504145.5, "LambdaCloud", "NVLink bridge; test round trt")
-    assert (ncf.pytorch_version, ncf.cuda_version) == (None, None)  # the folder recorded two builds
+    # the folder recorded two builds, and both containers had been released by the run's date (2022-11)
+    assert (ncf.pytorch_version, ncf.cuda_version) == (None, None)
     assert (ssd_fp32.model, ssd_fp32.precision, ssd_fp32.amp_in_log, ssd_fp32.batch_source) == (
         "ssd300", Precision.tf32, None, "config_v0 script")
     assert (ssd_amp.precision, ssd_amp.source_precision) == (Precision.amp, "AMP")
@@ -309,3 +314,19 @@ def test_lambda_is_a_whole_job_dataset_not_an_op_importer():
         get_importer("Lambda")
     with pytest.raises(PerfmodelError, match="choose one of neusight, .*, phantora, lambda"):
         get_importer("mlperf")
+
+
+def test_a_run_in_a_folder_of_two_builds_ran_on_the_one_released_by_its_date(tmp_path):
+    """1.9.0a0+df837d0 ships in NGC 21.03: a run of February 2021 in a folder that also names it ran on the other
+    build, 1.7.0a0+7036e91 (20.10); a run of June 2021 could have run on either (unknown); and a run before both
+    containers on neither."""
+    def run_on(date: str) -> list[str]:
+        return ["4xG2", "v1", "Test GPU B", "Turing", "4", "", "", "gnmt", "FP16", "true", "64", "256", "log", "1000",
+                "tokens/s", "gnmt_epoch_train_tok_s", date, f"r/4xG2/PyTorch_gnmt_FP16/{date}.txt"]
+
+    runs = read_synthetic(write_folder(tmp_path / "lambda", runs=[run_on("2021-02-10T00:00:00"),
+                                                                  run_on("2021-06-10T00:00:00"),
+                                                                  run_on("2020-06-10T00:00:00")], failed=[]))
+    assert [(r.pytorch_version, r.cuda_version) for r in runs] == [("1.7.0a0+7036e91", "11.1.74"), (None, None),
+                                                                   (None, None)]
+    assert NGC_RELEASED["1.9.0a0+df837d0"] == datetime(2021, 3, 1)
