@@ -33,7 +33,8 @@ Short names that could mean several parts resolve one of two ways:
 - a documented default, for names that the public data and most users use for one part (its `source` says
   "Default for the bare name ..."): `A100`, `A100 80GB` -> a100-sxm4-80gb (vidur's a100, DGX A100);
   `V100` -> v100-sxm2-32gb (DGX-1); `H100`, `H100 80GB`, `H100 SXM` -> h100-sxm5; `H200`, `H200 141GB` -> h200
-  (SXM; the H200 NVL has 141 GB too); `H800` -> h800-sxm; `RTXPRO6000` (llmservingsim's folder) ->
+  (SXM; the H200 NVL has 141 GB too); `GH200` -> gh200-96gb (the first part, 96 GB HBM3; the 144 GB HBM3e one is
+  `GH200 144GB`); `H800` -> h800-sxm; `RTXPRO6000` (llmservingsim's folder) ->
   rtx-pro-6000-blackwell-server (the card that dataset measured). The SXM board is the default where one exists:
   it is what "H100" means in papers and clouds;
 - ambiguous, for names shared by parts of different generations or with no common choice (`RTX 6000` is a
