@@ -27,7 +27,9 @@ headline figures for docs/accuracy.md (bench/_figures.py).
 versions of Lambda's script export NCCL_P2P_DISABLE=1; the runs do not record which version ran them) and prints
 the n-GPU / 1-GPU ratio's MAPE per suite both ways, the jitter held out by family as above (a sensitivity, not a
 headline figure: which runs had P2P off is not known).
-It also counts the one-GPU runs measured faster than the floor no answer goes below (Σ of each kernel at the peak
+It prints how far the stage fitted on every one-GPU run still answers each GPU's own runs (not a held-out figure:
+what its spec-sheet device effect cannot express about a GPU it saw). It also counts the one-GPU runs measured
+faster than the floor no answer goes below (Σ of each kernel at the peak
 of its math or at the memory bandwidth, for the work the graph counts), and scores the answers and the band on them
 and on the rest.
 Data: Lambda, lambdal/deeplearning-benchmark (read in place, never copied).
@@ -42,6 +44,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 from _figures import add_record_option, figure_key, record_if_asked
 
@@ -63,7 +66,10 @@ from perfmodel.evaluation.real_runs import (
     jitter_ratio_ape,
     jitter_rows,
     lambda_runs,
+    on_own_software,
+    predict_from_frame,
     recomposed_without_p2p,
+    run_key,
     scaling_band_log,
 )
 from perfmodel.placement.iteration import IterationParams, dump_params, params_path
@@ -151,6 +157,32 @@ def below_the_floor(held: dict[str, pd.DataFrame]) -> dict:
         print(f"held out by {by}: the floor itself {f['floor_mape_pct']:.1f} % off them, the answers "
               f"{f['answer_mape_pct']:.1f} %; the other one-GPU runs {f['rest_mape_pct']:.1f} %, 80 % band covers "
               f"{f['rest_coverage']:.2f} of them (TF32 {f['tf32_rest_coverage']:.2f})")
+    return out
+
+
+def fitted_in_sample(composed: pd.DataFrame, stage: str) -> dict:
+    """How far the stage, fitted on every one-GPU run, still answers each GPU's own runs (each on the PyTorch it ran
+    on): per GPU, the median and mean of log(answered / measured) (printed and returned, with the GPU it fits worst).
+    Not a held-out figure: what the stage's spec-sheet device effect cannot express about a GPU it saw."""
+    ones = composed[composed.devices == 1]
+    ones = ones.assign(key=[run_key(r) for r in ones.itertuples(index=False)])
+    fitted = fit_stage(composed, None, stage)
+    answered = on_own_software(predict_from_frame(ones, fitted), ones, fitted)
+    joined = ones.drop(columns=[c for c in answered.columns if c != "key" and c in ones]).merge(answered, on="key")
+    log_ratio = np.log(joined.predicted_ms / joined.measured_ms)
+    table = log_ratio.groupby(joined.accelerator).agg(["median", "mean", "size"]).sort_values("median")
+    worst = str(table["median"].abs().idxmax())
+    others = table.drop(index=worst)
+    out = {"worst_gpu": figure_key(worst), "worst_median_log": float(table.loc[worst, "median"]),
+           "worst_configurations": int(table.loc[worst, "size"]),
+           "others_max_abs_median_log": float(others["median"].abs().max()),
+           "others_median_abs_median_log": float(others["median"].abs().median()),
+           "median_log_by_gpu": {figure_key(str(k)): float(v) for k, v in table["median"].items()}}
+    print(f"\n## Fitted in sample (the {stage} stage fitted on every one-GPU run, answering them): "
+          "log(answered / measured) per GPU, + = answered slow\n")
+    print(table.round(3).to_string())
+    print(f"fits worst: {worst} (median {out['worst_median_log']:+.3f} over {out['worst_configurations']} "
+          f"configurations); every other GPU's median within {out['others_max_abs_median_log']:.3f}")
     return out
 
 
@@ -252,12 +284,14 @@ def main(argv: list[str] | None = None) -> int:
     floor = below_the_floor(result.held)
     jitter = replica_jitter(result.composed)
     bandwidth = same_die_gain(result.composed, result.held["chip"]) if "chip" in result.held else None
+    in_sample = fitted_in_sample(result.composed, args.stage) if args.stage == DEFAULT_STAGE else None
     p2p = {"without_p2p": without_p2p(args, result.composed)} if args.no_p2p_suite else {}
     record_if_asked(args, "real_runs", {"composed": figures(result.composed),
                                         **{by: figures(held) for by, held in result.held.items()},
                                         **{f"{by}_newest_software": figures(newest_software(held))
                                            for by, held in result.held.items()},
                                         "replica_jitter": jitter, "same_die_gain": bandwidth,
+                                        "fitted_in_sample": in_sample,
                                         "below_the_floor": floor, **p2p})
     if args.write_jitter:
         table = json.loads(params_path().read_text())["params"]
