@@ -18,9 +18,10 @@ gets a second, looser look-up (`loose_key`): any punctuation separates words, th
 `geforce` and `amd` are dropped, a memory size is one word ("80 GB", "80G" -> `80gb`), and the qualifiers may come
 in any order, while the other words keep theirs. So "H100 80GB SXM5" finds the alias "H100 SXM5 80GB",
 "V100 32GB SXM2" finds "Tesla V100-SXM2-32GB" and "A100-SXM-80GB" (older drivers' name) finds
-"NVIDIA A100-SXM-80GB". A bare model name without qualifiers ("NVIDIA H100", "Tesla P100") gets no second look-up:
-bare names are where the defaults and the ambiguous table below decide, name by name, so such a name is unknown
-and lists its close matches ("NVIDIA H100 PCIe", ...). The loose key applies to the `ambiguous` table first
+"NVIDIA A100-SXM-80GB". A model name without qualifiers gets no loose look-up: bare names are where the defaults
+and the ambiguous table below decide, name by name. Leading brand words do not change which part a name means, so
+a bare name with them is looked up as the name without them ("NVIDIA H100" as `H100`, "Tesla P100" as the ambiguous
+`P100`), exactly, and is unknown otherwise, with its close matches. The loose key applies to the `ambiguous` table first
 ("40GB A100" is as ambiguous as "A100 40GB"; an ambiguous name that an entry claims exactly is not), then to the
 names and aliases: it answers when those it matches all lead to one entry, and raises `AmbiguousNameError` naming
 them when they lead to several. A name or alias with the part's own memory size added is one more loose spelling of
@@ -75,6 +76,15 @@ def normalize_name(name: str) -> str:
 BRAND_WORDS = frozenset({"nvidia", "tesla", "geforce", "amd"})
 # words that qualify a part (memory size, board form, memory type) and that people write in any order
 _QUALIFIER = re.compile(r"\d+gb|sxm\d?|pcie|oam|nvl|hbm\d?e?")
+
+
+def _unbranded(key: str) -> str:
+    """A look-up key (`normalize_name`) without its leading `BRAND_WORDS` ("nvidia-geforce-rtx-4090" ->
+    "rtx-4090"); the key itself if nothing would be left."""
+    words = key.split("-")
+    while len(words) > 1 and words[0] in BRAND_WORDS:
+        words = words[1:]
+    return "-".join(words)
 
 
 def loose_key(name: str) -> str:
@@ -229,9 +239,12 @@ def get_accelerator(name: str, catalog: Mapping[str, HardwareSpec] | None = None
     except KeyError:
         pass
     table = ambiguous_names()
-    candidates = [entry for entry in table.get(key, ()) if entry in catalog]
-    if candidates:
-        raise AmbiguousNameError("accelerator", name.strip(), candidates)
+    for bare in dict.fromkeys((key, _unbranded(key))):  # the name, then without leading brand words
+        if bare in index:
+            return index[bare]
+        candidates = [entry for entry in table.get(bare, ()) if entry in catalog]
+        if candidates:
+            raise AmbiguousNameError("accelerator", name.strip(), candidates)
     loose = loose_key(name)
     if loose:  # the second chance, for names with a qualifier: brand words, punctuation, the qualifiers' order
         loose_table: dict[str, list[str]] = {}

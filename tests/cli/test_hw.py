@@ -31,7 +31,10 @@ def test_hw_show_resolves_torch_names_and_prints_every_field():
     assert result.exit_code == 0, result.output
     spec = json.loads(result.stdout)
     assert spec["name"] == "h100-sxm5" and spec["peak_tf32_gflops"] > 0 and "interconnect" in spec
-    result = run("hw", "show", "nvidia h100")
+    result = run("hw", "show", "nvidia h100")  # the bare name's default, brand words or not
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["name"] == "h100-sxm5"
+    result = run("hw", "show", "nvidia h10")
     assert result.exit_code == 2 and "did you mean" in result.output and "NVIDIA H100 PCIe" in result.output
 
 

@@ -167,9 +167,27 @@ def test_loose_spellings_resolve_and_stay_ambiguous_where_the_catalog_is():
     with pytest.raises(UnknownNameError) as unknown:  # a loose miss is still unknown, with close matches
         get_accelerator("A100 SXM4 48GB", catalog)
     assert not isinstance(unknown.value, AmbiguousNameError) and "a100-sxm4-40gb" in unknown.value.close_matches
-    with pytest.raises(UnknownNameError) as unknown:  # a bare name gets no loose look-up, whatever its default
-        get_accelerator("NVIDIA H100", catalog)
+    with pytest.raises(UnknownNameError) as unknown:  # a bare name gets no loose look-up
+        get_accelerator("NVIDIA H10", catalog)
     assert not isinstance(unknown.value, AmbiguousNameError) and "NVIDIA H100 NVL" in unknown.value.close_matches
+
+
+def test_a_bare_name_with_brand_words_is_the_name_without_them():
+    catalog = {"h100-sxm5": gpu("h100-sxm5", "NVIDIA H100 80GB HBM3", "H100"),
+               "h100-nvl": gpu("h100-nvl", "NVIDIA H100 NVL"),
+               "p100-pcie-16gb": gpu("p100-pcie-16gb", "Tesla P100-PCIE-16GB"),
+               "p100-sxm2-16gb": gpu("p100-sxm2-16gb", "Tesla P100-SXM2-16GB"),
+               "rtx-4090": gpu("rtx-4090", "NVIDIA GeForce RTX 4090", "RTX 4090")}
+    for name, entry in {"NVIDIA H100": "h100-sxm5", "nvidia_h100": "h100-sxm5", "Tesla H100": "h100-sxm5",
+                        "NVIDIA GeForce RTX 4090": "rtx-4090", "GeForce RTX 4090": "rtx-4090"}.items():
+        assert get_accelerator(name, catalog).name == entry, name
+    with pytest.raises(AmbiguousNameError) as error:  # the shipped table's P100, with its brand word
+        get_accelerator("Tesla P100", catalog)
+    assert set(error.value.candidates) == {"p100-pcie-16gb", "p100-sxm2-16gb"}
+    for name in ("NVIDIA", "NVIDIA Tesla", "H100 NVIDIA"):  # only leading brand words go, and never the whole name
+        with pytest.raises(UnknownNameError) as unknown:
+            get_accelerator(name, catalog)
+        assert not isinstance(unknown.value, AmbiguousNameError), name
 
 
 def test_a_name_with_the_parts_own_memory_size_resolves_and_an_ambiguous_one_narrows_by_it(monkeypatch):

@@ -416,6 +416,9 @@ def test_bare_short_names_pick_one_documented_default(catalog):
         assert f"`{short}`" in doc and entry in doc, f"{short} -> {entry} is not documented in the module docstring"
     for entry in ("a100-sxm4-80gb", "v100-sxm2-32gb", "h100-sxm5", "h200", "h800-sxm", "gh200-96gb"):
         assert "Default for the bare name" in catalog[entry].source, entry
+    for short, entry in defaults.items():  # with the brand words people put in front, the same part
+        for brand in ("NVIDIA", "Tesla", "nvidia"):
+            assert get_accelerator(f"{brand} {short}", catalog).name == entry, f"{brand} {short}"
 
 
 def test_ambiguous_names_raise_and_list_their_candidates(catalog):
@@ -446,7 +449,7 @@ def test_ambiguous_names_raise_and_list_their_candidates(catalog):
 
 def test_unknown_names_list_close_matches_ignoring_case_and_separators(catalog):
     with pytest.raises(UnknownNameError) as error:
-        get_accelerator("nvidia h100", catalog)  # no qualifier: no loose look-up, whatever the default
+        get_accelerator("nvidia h10", catalog)  # no qualifier: no loose look-up
     assert not isinstance(error.value, AmbiguousNameError)
     assert {"NVIDIA H100 PCIe", "NVIDIA H100 80GB HBM3"} <= set(error.value.close_matches)
     assert "did you mean" in str(error.value)

@@ -28,7 +28,7 @@ def test_a_bad_job_id_in_a_body_still_names_the_field(client):
 
 @pytest.mark.parametrize(("name", "choices"), [
     ("k8O", ["k80"]),
-    ("Tesla P100", ["NVIDIA Tesla P100", "Tesla P100 SXM2"]),
+    ("Tesla P10", ["NVIDIA Tesla P100", "Tesla P100 SXM2"]),
 ])
 def test_an_unknown_accelerator_is_a_404_naming_the_close_choices_as_a_prediction_does(client, name, choices):
     response = client.get(f"/v1/accelerators/{name}")
