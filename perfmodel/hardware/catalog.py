@@ -234,10 +234,6 @@ def get_accelerator(name: str, catalog: Mapping[str, HardwareSpec] | None = None
         return exact
     index = _index(catalog.values())
     key = normalize_name(name)
-    try:
-        return index[key]
-    except KeyError:
-        pass
     table = ambiguous_names()
     for bare in dict.fromkeys((key, _unbranded(key))):  # the name, then without leading brand words
         if bare in index:
