@@ -19,8 +19,8 @@ Rows the graph does not show but the framework runs:
 - under autocast, every GEMM/conv weight cast to half in forward (read 4 B, write 2 B per element) and its gradient
   cast back to fp32 in backward, and for `amp` (fp16) the GradScaler's unscale and inf check over the gradients
   (`AMP_SCALER_PASSES`);
-- around each half-precision convolution on NVIDIA tensor cores, cuDNN's NCHW <-> NHWC transposes of its activations
-  (`layout_transpose_rows`; none for a job that says `channels_last`).
+- around each half-precision convolution on tensor / matrix cores, the library's (cuDNN's, MIOpen's) NCHW <-> NHWC
+  transposes of its activations (`layout_transpose_rows`; none for a job that says `channels_last`).
 The device-side launch gap is inside each op's predicted time (the model's floor).
 
 Physically possible by construction: no row faster than its roofline (`ROOFLINE_BOUNDED`, in the regressor), no
@@ -97,8 +97,12 @@ HALF_TYPES = frozenset({"fp16", "bf16", "fp8"})
 # PyTorch's default channels-first (NCHW) tensors, each convolution call transposes its activation input and output
 # around the kernel (NVIDIA's cuDNN developer guide, "Tensor Transformations": NCHW-to-NHWC; the `nchwToNhwcKernel`
 # and `nhwcToNchwKernel` of a profiled AMP step; what `channels_last` saves). Per convolution and training step:
-# forward x in, y out; backward data dy in, dx out; backward weights x and dy in. TF32 and fp32 convolutions have
-# kernels that read NCHW directly and are not transposed; neither are AMD's (MIOpen) nor a CPU's.
+# forward x in, y out; backward data dy in, dx out; backward weights x and dy in. AMD's MIOpen does the same on
+# matrix cores: its xdlops implicit-GEMM solvers (assembly and Composable Kernel) are NHWC kernels that serve an NCHW
+# problem by transposing into NHWC buffers and back (MIOpen's "xdlops NCHW support by transpose", 2021; ROCm's
+# rocm-libraries, "Add NHWC Layout Support for Winograd Convolution Solvers", 2026, on PyTorch's NCHW calls). TF32
+# and fp32 convolutions have kernels that read NCHW directly and are not transposed; neither are a CPU's, nor those
+# of a GPU without tensor / matrix cores.
 LAYOUT_TRANSPOSE_MATHS = frozenset({"fp16", "bf16"})
 LAYOUT_TRANSPOSES = {FORWARD: ("x", "y"), BACKWARD: ("y", "x", "x", "y")}
 # A convolution is never priced slower than the same convolution run as im2col + one GEMM (cuDNN's GEMM algorithm,
@@ -146,14 +150,13 @@ def weight_cast_rows(graph: Graph, precision: Precision, training: bool) -> pd.D
 
 
 def transposes_layout(hardware: HardwareSpec, conv_math: str) -> bool:
-    """cuDNN transposes the NCHW tensors around a convolution of `conv_math` on `hardware`: a half type
-    (`LAYOUT_TRANSPOSE_MATHS`) on NVIDIA tensor cores."""
-    return (conv_math in LAYOUT_TRANSPOSE_MATHS and hardware.vendor.upper() == "NVIDIA"
-            and on_tensor_cores(hardware, conv_math))
+    """The GPU's convolution library (cuDNN, MIOpen) transposes the NCHW tensors around a convolution of
+    `conv_math` on `hardware`: a half type (`LAYOUT_TRANSPOSE_MATHS`) on tensor / matrix cores."""
+    return conv_math in LAYOUT_TRANSPOSE_MATHS and on_tensor_cores(hardware, conv_math)
 
 
 def layout_transpose_rows(graph: Graph, hardware: HardwareSpec, conv_math: str, training: bool) -> pd.DataFrame:
-    """The NCHW <-> NHWC transposes cuDNN runs around each convolution where it `transposes_layout`: one
+    """The NCHW <-> NHWC transposes the library runs around each convolution where it `transposes_layout`: one
     memory-bound kernel per tensor per call, reading and writing it in that half type, in the phases of
     `LAYOUT_TRANSPOSES` (forward only for inference). None elsewhere."""
     if not transposes_layout(hardware, conv_math):

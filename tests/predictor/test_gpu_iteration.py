@@ -201,11 +201,13 @@ def test_a_strided_1x1_convolution_bounded_by_its_gemm_stays_within_the_bandwidt
     ("amp", "a100-sxm4-80gb", True), ("amp-bf16", "h100-sxm", True), ("amp", "t4", True),
     ("fp32", "a100-sxm4-80gb", False),  # TF32 convolutions read NCHW directly
     ("amp", "p100-pcie-16gb", False),  # no tensor cores
-    ("amp", "mi250", False),  # MIOpen, not cuDNN
+    ("amp", "mi250", True), ("amp-bf16", "mi300x", True),  # MIOpen's xdlops solvers transpose NCHW too
+    ("amp", "mi25", False),  # GCN: packed half vectors, no matrix cores
 ])
-def test_half_convolutions_on_nvidia_tensor_cores_pay_cudnns_nchw_transposes(precision, accelerator, transposed,
-                                                                             monkeypatch):
-    """Each convolution of an NCHW model in a half type on NVIDIA tensor cores gets its layout transposes: x and y
+def test_half_convolutions_on_tensor_cores_pay_the_librarys_nchw_transposes(precision, accelerator, transposed,
+                                                                           monkeypatch):
+    """Each convolution of an NCHW model in a half type on tensor / matrix cores (cuDNN, MIOpen) gets its layout
+    transposes: x and y
     around the forward, dy and dx around backward data, x and dy around backward weights, each read and written
     once in that half type; no other convolution, and no other row of the step, changes."""
     from perfmodel.graph import graph_for_job
