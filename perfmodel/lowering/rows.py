@@ -407,6 +407,18 @@ def winograd_shaped(node: Node) -> bool:
     return all(fit is not None and fit[0] == 1 for fit in fits)
 
 
+def depthwise(node: Node) -> bool:
+    """A depthwise convolution: one group per input channel (weight (Cout, 1, *k), Cin > 1), not transposed.
+    PyTorch runs it in its own channels-first depthwise kernel, or cuDNN's depthwise path for large fp16 ones
+    (`ConvParams::use_cudnn_depthwise`): not a tensor-core implicit GEMM."""
+    ts = node.input_tensors
+    if node.kind.value != "conv" or "transpose" in node.op or len(ts) < 2 or len(ts[0].shape) < 3 \
+            or len(ts[1].shape) != len(ts[0].shape):
+        return False
+    cin = ts[0].shape[1]
+    return cin > 1 and ts[1].shape[1] == 1 and ts[1].shape[0] % cin == 0
+
+
 def _conv_row(node: Node, part: str) -> Row:
     c = _conv_shape(node)
     if c is None:

@@ -37,7 +37,7 @@ from perfmodel.core.ir import Graph
 from perfmodel.hardware.spec import HardwareSpec
 from perfmodel.jobs.spec import JobSpec, Precision
 from perfmodel.lowering.ops import SHAPE_COLUMNS, op_work
-from perfmodel.predictor.gpu_iteration import dilated_rows, heavy_nodes, job_rows, row_nodes, transposes_layout
+from perfmodel.predictor.gpu_iteration import cuda_core_conv_rows, heavy_nodes, job_rows, row_nodes, transposes_layout
 from perfmodel.predictor.math_modes import group_of, resolved_table, row_maths
 from perfmodel.predictor.memory import GraphBytes
 
@@ -129,7 +129,7 @@ class RowLine:
     batch_first: int
     batch_second: int
     nodes: np.ndarray  # `row_nodes`
-    dilated: np.ndarray  # the rows of dilated convolutions (their math is `DILATED_CONV_MATH` in every precision)
+    cuda_core: np.ndarray  # the rows of CUDA-core convolutions (`cuda_core_conv_rows`: `CUDA_CORE_CONV_MATH`)
 
     @classmethod
     def of(cls, spec: JobSpec, graphs: GraphLine, hardware: HardwareSpec, check: Graph, check_batch: int
@@ -154,11 +154,12 @@ class RowLine:
         off_rows = ((off > rounding) & (off > ROW_TOLERANCE * np.abs(s3))).any(axis=1)
         if off_rows.any() and _share_of_work(third, made, off_rows) > OFF_LINE_WORK_SHARE:
             return None
-        return cls._of_rows(first, s1, s2, b1, b2, row_nodes(first, graphs.first), dilated_rows(first, graphs.first))
+        return cls._of_rows(first, s1, s2, b1, b2, row_nodes(first, graphs.first),
+                             cuda_core_conv_rows(first, graphs.first))
 
     @classmethod
     def _of_rows(cls, rows: pd.DataFrame, s1: np.ndarray, s2: np.ndarray, b1: int, b2: int, nodes: np.ndarray,
-                 dilated: np.ndarray) -> RowLine:
+                 cuda_core: np.ndarray) -> RowLine:
         """The line of `rows` whose shapes are `s1` at `b1` and `s2` at `b2` (one per row), each distinct kernel
         once."""
         keys = pd.MultiIndex.from_frame(pd.concat([rows[list(_PRICED)].astype(object).reset_index(drop=True),
@@ -168,15 +169,15 @@ class RowLine:
         picks[codes[::-1]] = np.arange(len(codes))[::-1]  # each kernel's first row
         return cls(rows=rows, codes=codes.astype(np.intp),
                    kernels=rows[list(_PRICED)].iloc[picks].reset_index(drop=True), first=s1[picks],
-                   second=s2[picks], batch_first=b1, batch_second=b2, nodes=nodes, dilated=dilated)
+                   second=s2[picks], batch_first=b1, batch_second=b2, nodes=nodes, cuda_core=cuda_core)
 
     def in_maths(self, precision: Precision, hardware: HardwareSpec) -> RowLine:
         """The same job's line in another float32 precision (`math_modes.FASTER_FLOAT32`: the same kernels and
-        shapes, each group in that precision's math, a dilated convolution in `DILATED_CONV_MATH`): what
+        shapes, each group in that precision's math, a CUDA-core convolution in `CUDA_CORE_CONV_MATH`): what
         `RowLine.of` makes for it, without making its rows from the graphs again."""
-        rows = self.rows.assign(math=row_maths(self.rows["kind"], self.dilated, resolved_table(precision, hardware)))
+        rows = self.rows.assign(math=row_maths(self.rows["kind"], self.cuda_core, resolved_table(precision, hardware)))
         return RowLine._of_rows(rows, self.first[self.codes], self.second[self.codes], self.batch_first,
-                                self.batch_second, self.nodes, self.dilated)
+                                self.batch_second, self.nodes, self.cuda_core)
 
     def kernels_at(self, batches: np.ndarray, device: str) -> pd.DataFrame:
         """The distinct kernels at each batch on `device`, batch-major: (batches x kernels) rows in the regressor's

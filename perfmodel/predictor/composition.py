@@ -206,12 +206,18 @@ def composition_feature_arrays(spec: JobSpec, hardware: HardwareSpec, rows: pd.D
     tensor = np.array([on_tensor_cores(hardware, m, bool(g)) for m, g in zip(maths, gemm)], dtype=bool)
     table = resolved_table(spec.precision, hardware)
     gemm_math = table["matmul"].math
-    # half-precision GEMMs on units of their own: where the spec sheet gives no faster peak for the half math (a
-    # GTX 1080 Ti's fp16, a V100's bf16), the libraries run it at the fp32 rate and the step is not an AMP step
-    half = float(gemm_math in ("fp16", "bf16")
+    # half-precision GEMMs on tensor / matrix cores: where the spec sheet gives no faster peak for the half math (a
+    # GTX 1080 Ti's fp16, a V100's bf16), the libraries run it at the fp32 rate and the step is not an AMP step. Nor
+    # is it where the half math is packed vector math (a P100's or a Vega's fp16, twice the fp32 rate, no tensor
+    # cores): every AMP run the whole-step stage learned from ran on tensor cores, so such a step is to the stage the
+    # fp32 step it otherwise is, its peak the fp32 one (its kernels are still priced at the fp16 rate)
+    vector_half = gemm_math in ("fp16", "bf16") and not on_tensor_cores(hardware, gemm_math)
+    half = float(gemm_math in ("fp16", "bf16") and not vector_half
                  and peak_gflops(hardware, gemm_math, True) > peak_gflops(hardware, "fp32", True))
     log_peak = gemm_log_peak_tflops(np.asarray(compute_ms, dtype=np.float64), gemm, row_peaks(rows, hardware),
                                     peak_gflops(hardware, gemm_math, True))
+    if vector_half:
+        log_peak = np.full(len(ms), _log2(peak_gflops(hardware, "fp32", True) / 1e3))
     batch = np.maximum(batch, 1)
     watts = hardware.tdp_w or float("nan")
     n = len(ms)

@@ -44,13 +44,13 @@ import pandas as pd
 
 from perfmodel.core import cost
 from perfmodel.core.errors import PerfmodelError
-from perfmodel.core.ir import Graph
+from perfmodel.core.ir import Graph, Node
 from perfmodel.core.units import samples_per_s
 from perfmodel.hardware.impute import imputed
 from perfmodel.hardware.math import on_tensor_cores
 from perfmodel.hardware.spec import HardwareSpec
 from perfmodel.jobs.spec import JobSpec, Precision
-from perfmodel.lowering.rows import BACKWARD, EAGER, FORWARD, graph_op_rows, memory_row
+from perfmodel.lowering.rows import BACKWARD, EAGER, FORWARD, depthwise, graph_op_rows, memory_row
 from perfmodel.predictor.math_modes import (
     CONV_KINDS,
     MATMUL_KINDS,
@@ -101,8 +101,9 @@ HALF_TYPES = frozenset({"fp16", "bf16", "fp8"})
 # matrix cores: its xdlops implicit-GEMM solvers (assembly and Composable Kernel) are NHWC kernels that serve an NCHW
 # problem by transposing into NHWC buffers and back (MIOpen's "xdlops NCHW support by transpose", 2021; ROCm's
 # rocm-libraries, "Add NHWC Layout Support for Winograd Convolution Solvers", 2026, on PyTorch's NCHW calls). TF32
-# and fp32 convolutions have kernels that read NCHW directly and are not transposed; neither are a CPU's, nor those
-# of a GPU without tensor / matrix cores.
+# and fp32 convolutions have kernels that read NCHW directly and are not transposed; neither are a CPU's, those of a
+# GPU without tensor / matrix cores, nor depthwise convolutions (`rows.depthwise`: PyTorch runs them in its own
+# channels-first kernel, or cuDNN's depthwise path for large fp16 ones; no tensor-core GEMM).
 LAYOUT_TRANSPOSE_MATHS = frozenset({"fp16", "bf16"})
 LAYOUT_TRANSPOSES = {FORWARD: ("x", "y"), BACKWARD: ("y", "x", "x", "y")}
 # A convolution is never priced slower than the same convolution run as im2col + one GEMM (cuDNN's GEMM algorithm,
@@ -164,7 +165,7 @@ def layout_transpose_rows(graph: Graph, hardware: HardwareSpec, conv_math: str, 
     records = []
     for phase in (FORWARD, BACKWARD) if training else (FORWARD,):
         for node in graph.nodes:
-            if node.kind.value not in CONV_KINDS or node.dilation > 1 or not node.input_tensors \
+            if node.kind.value not in CONV_KINDS or cuda_core_conv(node) or not node.input_tensors \
                     or not node.output_tensors:
                 continue
             numel = {"x": node.input_tensors[0].numel, "y": node.output_tensors[0].numel}
@@ -182,7 +183,7 @@ def job_rows(spec: JobSpec, graph: Graph, hardware: HardwareSpec) -> pd.DataFram
     table = resolved_table(precision, hardware)
     groups = rows["kind"].map(group_of)
     rows["dtype"] = groups.map({g: e.dtype for g, e in table.items()})
-    rows["math"] = row_maths(rows["kind"], dilated_rows(rows, graph), table)
+    rows["math"] = row_maths(rows["kind"], cuda_core_conv_rows(rows, graph), table)
     weights = "fp16" if precision == Precision.fp16 else "bf16" if precision == Precision.bf16 else "fp32"
     scaler = AMP_SCALER_PASSES if precision == Precision.amp else 0
     optimizer = spec.optimizer.value if training else None
@@ -196,9 +197,15 @@ def job_rows(spec: JobSpec, graph: Graph, hardware: HardwareSpec) -> pd.DataFram
     return pd.concat([part for part in parts if len(part)], ignore_index=True)  # in launch order
 
 
-def dilated_rows(rows: pd.DataFrame, graph: Graph) -> np.ndarray:
-    """Which rows are a dilated convolution's (`Node.dilation` > 1): their math is `DILATED_CONV_MATH`."""
-    ids = {node.id for node in graph.nodes if node.dilation > 1}
+def cuda_core_conv(node: Node) -> bool:
+    """A convolution that runs on the CUDA cores whatever the precision (`math_modes.CUDA_CORE_CONV_MATH`): a
+    dilated one (`Node.dilation` > 1) or a depthwise one (`rows.depthwise`). No layout transposes around it."""
+    return node.dilation > 1 or depthwise(node)
+
+
+def cuda_core_conv_rows(rows: pd.DataFrame, graph: Graph) -> np.ndarray:
+    """Which rows are a CUDA-core convolution's (`cuda_core_conv`): their math is `CUDA_CORE_CONV_MATH`."""
+    ids = {node.id for node in graph.nodes if cuda_core_conv(node)}
     if not ids or "node_id" not in rows:
         return np.zeros(len(rows), dtype=bool)
     return rows["node_id"].isin(ids).to_numpy()

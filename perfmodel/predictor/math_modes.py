@@ -20,9 +20,12 @@ defaults are why `fp32` differs from `fp32-strict`: `torch.backends.cudnn.allow_
 (autocast's fp32 list); batch norm takes and returns half tensors (cuDNN computes its statistics in fp32), and the
 element-wise ops between half-precision GEMMs see half tensors.
 
-A dilated convolution (`Node.dilation` > 1) runs on the CUDA cores whatever the precision (`DILATED_CONV_MATH`):
-cuDNN added dilation (v6) on its implicit-GEMM and "algo 0" kernels only, and cuDNN 7 has no tensor-core algorithm
-for it. Its storage dtype stays the group's.
+Two kinds of convolution run on the CUDA cores whatever the precision (`CUDA_CORE_CONV_MATH`; their storage dtype
+stays the group's): a dilated one (`Node.dilation` > 1): cuDNN added dilation (v6) on its implicit-GEMM and
+"algo 0" kernels only, and cuDNN 7 has no tensor-core algorithm for it; and a depthwise one
+(`perfmodel.lowering.rows.depthwise`): PyTorch runs it in its own channels-first depthwise kernel (fp32
+accumulation on the CUDA cores), or for large fp16 ones cuDNN's depthwise path (`ConvParams::use_cudnn_depthwise`),
+not a tensor-core GEMM: no TF32, no tensor-core half math.
 
 The peak each math reaches on a device is `perfmodel.hardware.math.peak_gflops`.
 """
@@ -71,7 +74,7 @@ MATH_TABLE: dict[Precision, dict[str, RowMath]] = {
 }
 
 
-DILATED_CONV_MATH = "fp32"  # a dilated convolution's math: FMA on the CUDA cores, at the fp32 peak
+CUDA_CORE_CONV_MATH = "fp32"  # a dilated or depthwise convolution's math: FMA on the CUDA cores, at the fp32 peak
 
 GROUP_OF_KIND: dict[str, str] = {**dict.fromkeys(MATMUL_KINDS, "matmul"), **dict.fromkeys(CONV_KINDS, "conv"),
                                   **dict.fromkeys(AUTOCAST_FP32_KINDS, "autocast_fp32")}
@@ -103,12 +106,12 @@ def faster_twins(precision: Precision, spec: HardwareSpec) -> tuple[Precision, .
     return tuple(t for t in twins if maths_by_group(t, spec) != own)
 
 
-def row_maths(kinds: pd.Series, dilated: np.ndarray, table: dict[str, RowMath]) -> np.ndarray:
-    """The math of kernel rows of IR `kinds` under a resolved table (`resolved_table`): their group's, a dilated
-    convolution's (`dilated`) `DILATED_CONV_MATH` whatever the precision."""
+def row_maths(kinds: pd.Series, cuda_core: np.ndarray, table: dict[str, RowMath]) -> np.ndarray:
+    """The math of kernel rows of IR `kinds` under a resolved table (`resolved_table`): their group's, a CUDA-core
+    convolution's (`cuda_core`: dilated or depthwise) `CUDA_CORE_CONV_MATH` whatever the precision."""
     by_kind = {kind: table[group].math for kind, group in GROUP_OF_KIND.items()}
     maths = kinds.map(by_kind).fillna(table["vector"].math).to_numpy(dtype=object)
-    return np.where(dilated, DILATED_CONV_MATH, maths) if dilated.any() else maths
+    return np.where(cuda_core, CUDA_CORE_CONV_MATH, maths) if cuda_core.any() else maths
 
 
 def resolved_table(precision: Precision, spec: HardwareSpec) -> dict[str, RowMath]:

@@ -306,3 +306,25 @@ def test_only_the_recurrent_steps_are_launched_by_the_library():
     assert set(rows.launch[stepped]) == {"library"} and set(rows.launch[~stepped]) == {"eager"}
     # two layers, forward and backward through time: a GEMM and a gates kernel per step each
     assert stepped.sum() == 2 * 2 * 2 * steps
+
+
+def test_depthwise_is_one_group_per_input_channel():
+    """A depthwise convolution (groups = input channels, any channel multiplier) is one; a plain, a grouped and a
+    one-channel convolution are not."""
+    from perfmodel.lowering.rows import depthwise
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.first = nn.Conv2d(1, 8, 3, padding=1)  # one input channel: groups = 1
+            self.plain = nn.Conv2d(8, 16, 3, padding=1)
+            self.grouped = nn.Conv2d(16, 16, 3, padding=1, groups=4)
+            self.depthwise = nn.Conv2d(16, 16, 3, padding=1, groups=16)
+            self.multiplier = nn.Conv2d(16, 32, 3, padding=1, groups=16)
+
+        def forward(self, x):
+            return self.multiplier(self.depthwise(self.grouped(self.plain(self.first(x)))))
+
+    graph = graph_from_module(Net(), (torch.empty(2, 1, 8, 8),), name="convs", mode="inference")
+    convs = [node for node in graph.nodes if node.kind == OpKind.conv]
+    assert [depthwise(node) for node in convs] == [False, False, False, True, True]

@@ -163,5 +163,5 @@ def test_a_float32_twins_line_is_the_jobs_in_the_twins_maths(name, seq_len):
             assert set(made.rows["math"]) != set(strict.rows["math"])  # other maths on an A100
         pd.testing.assert_frame_equal(derived.rows, made.rows)
         pd.testing.assert_frame_equal(derived.kernels, made.kernels)
-        for field in ("codes", "first", "second", "nodes", "dilated"):
+        for field in ("codes", "first", "second", "nodes", "cuda_core"):
             np.testing.assert_array_equal(getattr(derived, field), getattr(made, field))

@@ -241,6 +241,33 @@ def test_half_convolutions_on_tensor_cores_pay_the_librarys_nchw_transposes(prec
     pd.testing.assert_frame_equal(rest, without.drop(columns="node_id")[rest.columns], check_dtype=False)
 
 
+def test_depthwise_convolutions_run_on_the_cuda_cores_and_pay_no_layout_transposes():
+    """MobileNetV2 in AMP on tensor cores: every convolution but the depthwise ones (PyTorch's own channels-first
+    kernel, not a tensor-core GEMM) gets its six transposes; the depthwise ones are fp32 math in AMP and in `fp32`
+    on an A100 (no TF32), their storage the mode's."""
+    from perfmodel.graph import graph_for_job
+    from perfmodel.hardware.catalog import get_accelerator
+    from perfmodel.lowering.rows import depthwise
+    from perfmodel.predictor.gpu_iteration import job_rows
+
+    spec = JobSpec.from_options(zoo="mobilenet_v2", batch_size=4, precision="amp")
+    graph = graph_for_job(spec)
+    rows = job_rows(spec, graph, get_accelerator("v100-sxm2-16gb"))
+    moved = rows[rows["part"] == "layout_transpose"]
+    convs = [node for node in graph.nodes if node.kind.value == "conv"]
+    deep = {node.id for node in convs if depthwise(node)}
+    assert len(deep) == 17
+    assert len(moved) == 6 * (len(convs) - len(deep))
+    assert not set(moved["node_id"]) & deep
+    for precision, dtype, math in (("amp", "fp16", "fp16"), ("fp32", "fp32", "tf32")):
+        job = JobSpec.from_options(zoo="mobilenet_v2", batch_size=4, precision=precision)
+        kernels = job_rows(job, graph, get_accelerator("a100-sxm4-80gb"))
+        convs_rows = kernels[kernels["kind"] == "conv"]
+        mine = convs_rows["node_id"].isin(deep)
+        assert set(convs_rows.loc[mine, "math"]) == {"fp32"} and set(convs_rows.loc[mine, "dtype"]) == {dtype}
+        assert set(convs_rows.loc[~mine, "math"]) == {math}
+
+
 def test_a_channels_last_job_pays_no_layout_transposes_and_is_answered_faster_in_amp_only():
     """The same convolutional job in channels-last memory format: no transposes, every other row the same; in AMP
     on a tensor-core GPU its step is shorter, in TF32 it is the same step."""

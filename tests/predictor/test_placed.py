@@ -447,14 +447,22 @@ def test_more_memory_bandwidth_on_the_same_die_is_never_slower(predictor, job):
 
 @pytest.mark.parametrize(("precision", "gpu", "amp"), [
     ("amp", "v100-sxm2-16gb", 1.0), ("amp", "gtx-1080-ti", 0.0),  # no fp16 peak: the fp32 rate, not an AMP step
+    ("amp", "p100-pcie-16gb", 0.0), ("amp", "mi25", 0.0),  # fp16 at twice the fp32 rate, but no tensor cores
     ("amp-bf16", "a100-sxm4-80gb", 1.0), ("amp-bf16", "v100-sxm2-16gb", 0.0), ("amp-bf16", "t4", 0.0),
     ("tf32", "a100-sxm4-80gb", 0.0),
 ])
-def test_a_step_is_an_amp_step_to_the_stage_only_where_its_half_math_has_units(predictor, precision, gpu, amp):
+def test_a_step_is_an_amp_step_to_the_stage_only_where_its_half_math_runs_on_tensor_cores(predictor, precision, gpu,
+                                                                                          amp):
+    """Every AMP run the stage learned from ran on tensor cores: a half step elsewhere is, to the stage, the fp32
+    step it otherwise is (not AMP, the fp32 peak), though its kernels are priced at the half rate."""
     job = JobSpec.from_options(zoo="resnet18", batch_size=16, precision=precision)
     features = predictor.composition(job, PlacementSpec(accelerator=gpu, global_batch_size=16))
     assert features["amp"] == amp
     assert (features["share_conv_amp"] > 0) == (amp == 1.0)
+    if amp == 0.0 and precision.startswith("amp"):
+        fp32 = predictor.composition(JobSpec.from_options(zoo="resnet18", batch_size=16, precision="fp32-strict"),
+                                     PlacementSpec(accelerator=gpu, global_batch_size=16))
+        assert features["log_peak_tensor_tflops"] == pytest.approx(fp32["log_peak_tensor_tflops"], abs=1e-9)
 
 
 @pytest.mark.parametrize("precision", ["amp", "tf32", "fp32-strict"])
