@@ -115,7 +115,8 @@ def main(argv: list[str] | None = None) -> int:
         print("\ncomposed kernel sums inverted: " + ", ".join(f"{m} {p} {b} < {w} ({r:.2f}x)"
                                                              for r, m, p, b, w in inverted_kernels[:8]))
     record_if_asked(args, "spec_dominance", {
-        "gpus": len(gpus), "dominant_pairs": {p: len(pairs[p]) for p in PRECISIONS}, "cases": cases, "inverted": len(inverted),
+        "gpus": len(gpus), "dominant_pairs": {p: len(pairs[p]) for p in PRECISIONS}, "cases": cases,
+        "inverted": len(inverted),
         "worst_x": inverted[0][0] if inverted else 1.0, "inverted_composed": len(inverted_kernels),
         "worst": [{"model": figure_key(m), "precision": p, "better": b, "worse": w, "x": r}
                   for r, m, p, b, w in inverted[:5]]})
