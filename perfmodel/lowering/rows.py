@@ -410,7 +410,7 @@ def winograd_shaped(node: Node) -> bool:
 def depthwise(node: Node) -> bool:
     """A depthwise convolution: one group per input channel (weight (Cout, 1, *k), Cin > 1), not transposed.
     PyTorch runs it in its own channels-first depthwise kernel, or cuDNN's depthwise path for large fp16 ones
-    (`ConvParams::use_cudnn_depthwise`): not a tensor-core implicit GEMM."""
+    (`ConvParams::use_cudnn_depthwise`; MIOpen's depthwise convolution on ROCm): not a tensor-core implicit GEMM."""
     ts = node.input_tensors
     if node.kind.value != "conv" or "transpose" in node.op or len(ts) < 2 or len(ts[0].shape) < 3 \
             or len(ts[1].shape) != len(ts[0].shape):
