@@ -323,8 +323,8 @@ def test_every_gpu_says_how_its_devices_talk_and_what_node_it_sits_in(gpus):
         if g.form_factor == "laptop":  # one GPU, no peer, Gigabit Ethernet / Wi-Fi
             assert g.node_devices == 1 and g.peer_to_peer == "none" and g.interconnect == "pcie", g.name
             assert 1 <= g.node_network_gbit_s <= 10, g.name
-        else:
-            assert 10 <= g.node_network_gbit_s <= 3200, g.name
+        else:  # up to 8 x 800 Gb/s ConnectX-8 (HGX B300)
+            assert 10 <= g.node_network_gbit_s <= 6400, g.name
     by_name = {g.name: g for g in gpus}
     for geforce in ("rtx-2080", "rtx-2080-super", "rtx-2080-ti", "rtx-3060", "rtx-3070", "rtx-3080", "rtx-3080-ti",
                     "rtx-3090", "rtx-3090-ti", "rtx-4070-ti", "rtx-4080", "rtx-4080-super", "rtx-4090", "rtx-5080",
@@ -337,7 +337,7 @@ def test_every_gpu_says_how_its_devices_talk_and_what_node_it_sits_in(gpus):
         assert by_name[pcie_card].peer_to_peer == "pcie", pcie_card
     network = {name: spec.node_network_gbit_s for name, spec in by_name.items()}
     assert network["v100-sxm2-32gb"] == 400 and network["a100-sxm4-80gb"] == 1600
-    assert network["h100-sxm5"] == network["h200"] == network["b200"] == 3200
+    assert network["h100-sxm5"] == network["h200"] == network["b200"] == 3200 and network["b300"] == 6400
 
 
 def test_geforce_tensor_peaks_are_half_rate_with_fp32_accumulate(gpus):
