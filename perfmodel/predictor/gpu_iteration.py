@@ -152,8 +152,10 @@ def weight_cast_rows(graph: Graph, precision: Precision, training: bool) -> pd.D
 
 def transposes_layout(hardware: HardwareSpec, conv_math: str) -> bool:
     """The GPU's convolution library (cuDNN, MIOpen) transposes the NCHW tensors around a convolution of
-    `conv_math` on `hardware`: a half type (`LAYOUT_TRANSPOSE_MATHS`) on tensor / matrix cores."""
-    return conv_math in LAYOUT_TRANSPOSE_MATHS and on_tensor_cores(hardware, conv_math)
+    `conv_math` on `hardware`: a half type (`LAYOUT_TRANSPOSE_MATHS`) on a GPU's tensor / matrix cores (a CPU's
+    matrix units, AMX, run oneDNN's own layouts)."""
+    return (hardware.kind == "gpu" and conv_math in LAYOUT_TRANSPOSE_MATHS
+            and on_tensor_cores(hardware, conv_math))
 
 
 def layout_transpose_rows(graph: Graph, hardware: HardwareSpec, conv_math: str, training: bool) -> pd.DataFrame:
