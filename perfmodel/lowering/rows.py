@@ -411,12 +411,9 @@ def depthwise(node: Node) -> bool:
     """A depthwise convolution: one group per input channel (weight (Cout, 1, *k), Cin > 1), not transposed.
     PyTorch runs it in its own channels-first depthwise kernel, or cuDNN's depthwise path for large fp16 ones
     (`ConvParams::use_cudnn_depthwise`; MIOpen's depthwise convolution on ROCm): not a tensor-core implicit GEMM."""
-    ts = node.input_tensors
-    if node.kind.value != "conv" or "transpose" in node.op or len(ts) < 2 or len(ts[0].shape) < 3 \
-            or len(ts[1].shape) != len(ts[0].shape):
-        return False
-    cin = ts[0].shape[1]
-    return cin > 1 and ts[1].shape[1] == 1 and ts[1].shape[0] % cin == 0
+    c = _conv_shape(node) if node.kind.value == "conv" and "transpose" not in node.op else None
+    # grouped: the groups are folded into the batch; one input channel per group
+    return c is not None and c.cin == 1 and c.batch != node.input_tensors[0].shape[0]
 
 
 def _conv_row(node: Node, part: str) -> Row:
