@@ -21,9 +21,10 @@ from perfmodel.core.opkinds import OpKind
 from perfmodel.core.renamed import upgrade_names
 
 SCHEMA_VERSION = 1
-# What a capture records beyond what the schema requires; a new revision (2: convolutions' dilation) makes caches of
-# captured graphs (`perfmodel.engine.graphs`) capture again rather than serve a graph that lacks it.
-CAPTURE_REVISION = 2
+# What a capture records beyond what the schema requires; a new revision (2: convolutions' dilation; 3: causal fused
+# attention) makes caches of captured graphs (`perfmodel.engine.graphs`) capture again rather than serve a graph that
+# lacks it.
+CAPTURE_REVISION = 3
 
 
 class _Frozen(BaseModel):
@@ -61,6 +62,10 @@ class Node(_Frozen):
     # tensor-core algorithm for it (`perfmodel.predictor.math_modes`). Left out of the JSON at 1, so graphs without
     # dilated convolutions serialise as before and older IR JSON still loads.
     dilation: int = Field(default=1, ge=1, exclude_if=lambda value: value == 1)
+    # A fused attention (`scaled_dot_product_attention`) called with `is_causal=True`
+    # (`perfmodel.graph.flops.sdpa_causal`): a fused kernel skips the key blocks above the diagonal. Left out of the
+    # JSON when false, as `dilation` at 1.
+    causal: bool = Field(default=False, exclude_if=lambda value: not value)
 
 
 class GraphTotals(_Frozen):

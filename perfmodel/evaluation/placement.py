@@ -145,9 +145,12 @@ def vtrain_rows(root: str | Path) -> pd.DataFrame:
 def gpt_config(hidden: int, heads: int, layers: int, seq_len: int) -> dict[str, Any]:
     """The HF GPT-2 config of a Megatron GPT of these sizes (vocabulary of GPT-2, learned positions). Megatron's
     MLP activation is one fused bias-GELU kernel: `gelu` (one kernel) describes it, GPT-2's default `gelu_new`
-    (the tanh formula, six element-wise kernels) does not."""
+    (the tanh formula, six element-wise kernels) does not. Its attention is eager (Megatron's default then: the
+    scores through memory, scaled, masked and soft-maxed in one fused kernel; FlashAttention only on request, and
+    vTrain does not record it)."""
     return {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "n_embd": hidden, "n_head": heads,
-            "n_layer": layers, "n_positions": seq_len, "vocab_size": 50257, "activation_function": "gelu"}
+            "n_layer": layers, "n_positions": seq_len, "vocab_size": 50257, "activation_function": "gelu",
+            "attn_implementation": "eager"}
 
 
 def vtrain_computes(df: pd.DataFrame, predictor: Any, *, say: Callable[[str], None] = lambda _: None

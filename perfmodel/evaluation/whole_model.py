@@ -34,8 +34,10 @@ from perfmodel.hardware.spec import HardwareSpec
 from perfmodel.jobs.spec import JobSpec
 from perfmodel.placement.spec import Parallelism, PlacementSpec
 
+# adaptdl's BERT ran Hugging Face transformers of 2020: eager attention (no fused SDPA then)
 BERT_BASE = {"model_type": "bert", "hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12,
-             "intermediate_size": 3072, "vocab_size": 30522, "max_position_embeddings": 512, "type_vocab_size": 2}
+             "intermediate_size": 3072, "vocab_size": 30522, "max_position_embeddings": 512, "type_vocab_size": 2,
+             "attn_implementation": "eager"}
 # adaptdl apps with a model perfmodel can build as the artifact ran it: (job options, per-GPU batch -> spec)
 ADAPTDL_JOBS: dict[str, dict[str, Any]] = {
     "imagenet": dict(zoo="resnet50", optimizer="sgd"),

@@ -147,6 +147,12 @@ def conv_dilation(call: OpCall) -> int:
     return max([int(v) for v in values if isinstance(v, int) and v >= 1], default=1)
 
 
+def sdpa_causal(call: OpCall) -> bool:
+    """A fused attention call with `is_causal=True` (what Hugging Face's `sdpa` attention passes a causal language
+    model without a padding mask)."""
+    return call.attrs.get("is_causal") is True
+
+
 def _conv_transpose(call: OpCall) -> tuple[int, int]:
     if len(call.inputs) < 2:
         return 0, 0

@@ -71,8 +71,10 @@ NEUSIGHT_SHAPE_SOURCES: Mapping[str, Mapping[str, tuple[str, ...]]] = {
 SHAPE_COLUMNS = ("batch", "m", "n", "k", "hidden", "in_channels", "out_channels", "kernel_size", "input_size",
                  "stride", "padding")
 # who launches a row's kernel (a row's `launch`): eager PyTorch, one op at a time (what the per-op model's
-# measurements timed), or a library call that runs a sequence of kernels back to back (cuDNN's recurrent steps)
-EAGER, LIBRARY = "eager", "library"
+# measurements timed), a library call that runs a sequence of kernels back to back (cuDNN's recurrent steps), or one
+# GEMM of a fused kernel whose intermediate never leaves the chip (a fused attention's QKᵀ and PV: the scores stay in
+# registers and shared memory; `perfmodel.predictor.gpu_iteration.on_chip_scale`)
+EAGER, LIBRARY, FUSED = "eager", "library", "fused"
 
 
 @dataclass(frozen=True)
@@ -173,6 +175,19 @@ def op_work(ops: pd.DataFrame) -> OpWork:
             for name in fields:
                 fields[name][mask] = getattr(work, name)
     return OpWork(**fields)
+
+
+def fused_rows(ops: pd.DataFrame) -> np.ndarray:
+    """Which rows are a GEMM of a fused kernel (launch `FUSED`)."""
+    if "launch" not in ops or not len(ops):
+        return np.zeros(len(ops), dtype=bool)
+    return (ops["launch"] == FUSED).to_numpy()
+
+
+def moved_bytes(ops: pd.DataFrame, work: OpWork) -> np.ndarray:
+    """Bytes each row moves through device memory: what it reads and writes, except that a fused kernel's GEMM
+    (`fused_rows`) only reads its operands (q, k, v and the output's width; its scores stay on chip)."""
+    return np.where(fused_rows(ops), work.bytes_read, work.bytes_read + work.bytes_written)
 
 
 def row_maths(ops: pd.DataFrame) -> pd.Series:

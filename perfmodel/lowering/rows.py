@@ -14,6 +14,7 @@ Mapping (B = batch dims folded, numel = elements of the node's output unless sai
 | linear (linear, addmm) | `linear` M×K · (N×K)ᵀ (M = product of the leading dims) | `linear` dX (m=M, n=K, k=N), dW (m=N, n=K, k=M); `elementwise addu` M×N bias grad when there is a bias |
 | matmul, bmm (incl. eager attention's QKᵀ, PV) | `bmm` B×(M×K · K×N); a 2-D right operand folds B into M (batch 1) | `bmm` dA (M, n=K, k=N), dB (m=K, N, k=M) |
 | attention (fused SDPA) | the eager decomposition: `bmm` QKᵀ, `elementwise mulu` scale, `addu`/`add` mask (when a mask is an input), `softmax`, `elementwise mul` dropout (training, `attention_dropout`), `bmm` PV | `bmm` dA, dB of both GEMMs, `softmax`, dropout `mul`, scale `mulu` |
+| attention (fused SDPA, `fused_attention`) | one fused kernel: one `bmm` row over the scores (M = Lq, N = the keys a query sees, K = d + dv: QKᵀ and PV; launch `FUSED`) | the fused backward kernel: one `bmm` row, K = 3d + 2dv (the scores recomputed, not saved, and the four gradient GEMMs) |
 | conv | `conv2d` (groups folded into the batch; stride and padding inferred from the shapes); non-square or non-2-D convs: the implicit GEMM as `linear` | the data-grad and the weight-grad as two rows of the forward's shape (their FLOPs equal the forward's: exact, only the kernels differ), bias grad `addu` |
 | softmax (softmax, log_softmax) | `softmax` batch = numel / last dim, hidden = last dim | `softmax` of the same shape (y·(g − Σ y·g): one read-reduce-write pass like the forward) |
 | layernorm (layer_norm, rms_norm) | `layernorm` hidden = normalised elements (the weight's numel, else the last dim) | `layernorm` of the same shape (the real kernel makes ~2 passes and reduces dγ/dβ) |
@@ -38,10 +39,17 @@ round(flops_bwd / flops_fwd) of their backward GEMMs (0, 1 or 2): one means the 
 (a first layer over a non-differentiable input), dA for matmul. So the backward GEMM rows' FLOPs equal the IR
 node's `flops_bwd`. A node has backward rows when the IR gave it backward work (`flops_bwd` or `bytes_read_bwd`).
 
-Approximations worth knowing: softmax is assumed over the last dim (the IR does not keep `dim`); the attention
-decomposition is the unfused (math) attention that eager Hugging Face models run, not flash attention; whether an
-attention has dropout is not in the IR either (`attention_dropout`, default: in training). Every row has the
-`dtype` given, whatever the tensors' own dtypes (int index tensors included).
+A fused SDPA node lowers to the eager decomposition unless `fused_attention` says the device runs it as one fused
+kernel (PyTorch's flash or memory-efficient attention: FlashAttention's algorithm, the scores tiled through on-chip
+memory, the softmax, scale, mask and dropout applied there, the backward recomputing the scores from the saved
+log-sum-exp); `_scaled_dot_product_attention_math` is always the decomposition. The softmax's exponentials of a fused
+kernel are not priced apart (they overlap its GEMMs).
+
+Approximations worth knowing: softmax is assumed over the last dim (the IR does not keep `dim`); an attention node
+that is not fused is the unfused (math) attention that eager Hugging Face models run; whether an attention has
+dropout is not in the IR either (`attention_dropout`, default: in training); a causal mask passed as a tensor (not
+`is_causal`) is a mask like any other. Every row has the `dtype` given, whatever the tensors' own dtypes (int index
+tensors included).
 """
 
 from __future__ import annotations
@@ -57,7 +65,7 @@ import pandas as pd
 from perfmodel.core.errors import PerfmodelError
 from perfmodel.core.ir import Graph, Node, TensorMeta
 from perfmodel.core.opkinds import OpKind, normalize_op_name
-from perfmodel.lowering.ops import EAGER, LIBRARY, SHAPE_COLUMNS
+from perfmodel.lowering.ops import EAGER, FUSED, LIBRARY, SHAPE_COLUMNS
 
 FORWARD = "forward"
 BACKWARD = "backward"
@@ -89,6 +97,7 @@ class Context:
     nodes: Mapping[str, Node]
     training: bool
     attention_dropout: bool
+    fused_attention: bool = False
 
 
 RowsFn = Callable[[Node, Context], list[Row]]
@@ -313,10 +322,41 @@ def _attention_shapes(node: Node) -> tuple[Gemm, Gemm, bool] | None:
     return Gemm(batch, lq, lk, d), Gemm(batch, lq, dv, lk), len(ts) > 3
 
 
+# the SDPA op that is the decomposition on every device (PyTorch's math backend)
+MATH_ATTENTION_OPS = frozenset({"_scaled_dot_product_attention_math"})
+
+
+def _fused(node: Node, ctx: Context) -> bool:
+    return ctx.fused_attention and normalize_op_name(node.op) not in MATH_ATTENTION_OPS
+
+
+def causal_keys(lq: int, lk: int) -> int:
+    """Keys a query sees on average under `is_causal` (PyTorch's top-left alignment: query i sees keys 0..i)."""
+    seen = lq * (lq + 1) // 2 if lq <= lk else lk * (lk + 1) // 2 + (lq - lk) * lk
+    return max(round(seen / max(lq, 1)), 1)
+
+
+def fused_attention_gemm(shapes: tuple[Gemm, Gemm, bool], causal: bool, backward: bool) -> Gemm:
+    """The fused kernel of an attention node (`_attention_shapes`) as one GEMM over its scores, Lq × keys (the keys a query sees:
+    `causal_keys` for a causal one), whose K sums what each score costs: d + dv in the forward (QKᵀ, PV), and
+    3d + 2dv in the backward (the scores again, dV = Pᵀ·dO, dP = dO·Vᵀ, dQ = dS·K, dKᵀ = Qᵀ·dS). So its FLOPs are
+    the kernel's matmul FLOPs, 2.5 times the forward's in the backward as FlashAttention counts them."""
+    scores, context, _ = shapes
+    d, dv = scores.k, context.n
+    keys = causal_keys(scores.m, scores.n) if causal else scores.n
+    return Gemm(scores.batch, scores.m, keys, 3 * d + 2 * dv if backward else d + dv)
+
+
+def _fused_row(gemm: Gemm, part: str) -> Row:
+    return replace(bmm_row(gemm, part), launch=FUSED)
+
+
 def _attention_fwd(node: Node, ctx: Context) -> list[Row]:
     shapes = _attention_shapes(node)
     if shapes is None:
         return _memory_fwd(node, ctx)
+    if _fused(node, ctx):
+        return [_fused_row(fused_attention_gemm(shapes, node.causal, backward=False), "fused")]
     scores, context, masked = shapes
     numel, lk = scores.batch * scores.m * scores.n, scores.n
     rows = [bmm_row(scores, "scores"), vector_row("elementwise", "mulu", "scale", numel, lk)]
@@ -334,6 +374,8 @@ def _attention_bwd(node: Node, ctx: Context) -> list[Row]:
     shapes = _attention_shapes(node)
     if shapes is None:
         return _memory_bwd(node, ctx)
+    if _fused(node, ctx):
+        return [_fused_row(fused_attention_gemm(shapes, node.causal, backward=True), "fused")]
     scores, context, _ = shapes
     numel, lk = scores.batch * scores.m * scores.n, scores.n
     rows = [bmm_row(g, f"context.{part}") for g, part in zip(gemm_backward(context, 2), ("dA", "dB"))]
@@ -740,12 +782,13 @@ def _needs_backward(node: Node) -> bool:
 
 
 def graph_op_rows(graph: Graph, dtype: str = "fp32", mode: str | None = None, *, device: str | None = None,
-                  attention_dropout: bool | None = None) -> pd.DataFrame:
+                  attention_dropout: bool | None = None, fused_attention: bool = False) -> pd.DataFrame:
     """One row per kernel of every node (`ROW_RULES`), forward and, for `mode="train"`, backward, in the
     regressor's schema plus `node_id`, `node_op`, `kind`, `phase` (forward, backward) and `part` (what the row
     is: fwd, dX, dW, dbias, scores, ...). `mode` defaults to the graph's; "train" needs a training graph (the IR
     knows which nodes have a backward only there). `attention_dropout` (default: in training) says whether
-    attention probabilities go through dropout: the IR does not keep dropout's p, and p = 0 runs no kernel."""
+    attention probabilities go through dropout: the IR does not keep dropout's p, and p = 0 runs no kernel.
+    `fused_attention`: the device runs a fused SDPA node as one fused kernel (its GEMMs only, launch `FUSED`)."""
     if dtype not in DTYPES:
         raise PerfmodelError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     mode = graph.mode if mode is None else mode
@@ -756,7 +799,8 @@ def graph_op_rows(graph: Graph, dtype: str = "fp32", mode: str | None = None, *,
                              "capture it with mode='train'")
     training = mode == "train"
     ctx = Context(nodes={n.id: n for n in graph.nodes}, training=training,
-                  attention_dropout=training if attention_dropout is None else attention_dropout)
+                  attention_dropout=training if attention_dropout is None else attention_dropout,
+                  fused_attention=fused_attention)
     records: list[dict[str, Any]] = []
     for phase in (FORWARD, BACKWARD) if training else (FORWARD,):
         nodes = graph.nodes if phase == FORWARD else reversed(graph.nodes)

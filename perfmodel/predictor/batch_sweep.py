@@ -37,7 +37,14 @@ from perfmodel.core.ir import Graph
 from perfmodel.hardware.spec import HardwareSpec
 from perfmodel.jobs.spec import JobSpec, Precision
 from perfmodel.lowering.ops import SHAPE_COLUMNS, op_work
-from perfmodel.predictor.gpu_iteration import cuda_core_conv_rows, heavy_nodes, job_rows, row_nodes, transposes_layout
+from perfmodel.predictor.gpu_iteration import (
+    cuda_core_conv_rows,
+    fuses_attention,
+    heavy_nodes,
+    job_rows,
+    row_nodes,
+    transposes_layout,
+)
 from perfmodel.predictor.math_modes import group_of, resolved_table, row_maths
 from perfmodel.predictor.memory import GraphBytes
 
@@ -203,12 +210,14 @@ def _share_of_work(rows: pd.DataFrame, shapes: np.ndarray, off: np.ndarray) -> f
 
 
 def table_key(precision: Precision, hardware: HardwareSpec) -> tuple[tuple[str, str, str], ...]:
-    """What a job's rows depend on of a device: the dtype and math of each op group (`resolved_table`), and whether
-    its convolutions are transposed to NHWC and back (`gpu_iteration.transposes_layout`)."""
+    """What a job's rows depend on of a device: the dtype and math of each op group (`resolved_table`), whether
+    its convolutions are transposed to NHWC and back (`gpu_iteration.transposes_layout`), and whether its attention
+    runs fused (`gpu_iteration.fuses_attention`)."""
     table = resolved_table(precision, hardware)
     transposed = transposes_layout(hardware, table[group_of("conv")].math)
     return (*sorted((group, entry.dtype, entry.math) for group, entry in table.items()),
-            ("conv", "layout", "nhwc" if transposed else "nchw"))
+            ("conv", "layout", "nhwc" if transposed else "nchw"),
+            ("attention", "kernel", "fused" if fuses_attention(hardware) else "math"))
 
 
 @dataclass(frozen=True)

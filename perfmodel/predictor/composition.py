@@ -41,7 +41,7 @@ from perfmodel.features.device_ops import GEMM_TILE
 from perfmodel.hardware.math import on_tensor_cores, peak_gflops
 from perfmodel.hardware.spec import HardwareSpec
 from perfmodel.jobs.spec import JobSpec
-from perfmodel.lowering.ops import GEMM_CLASSES, OpWork, op_work
+from perfmodel.lowering.ops import GEMM_CLASSES, OpWork, moved_bytes, op_work
 from perfmodel.lowering.rows import conv_spatial_dims, winograd_shaped
 from perfmodel.predictor.math_modes import CONV_KINDS, GROUPS, group_of, resolved_table
 
@@ -172,7 +172,7 @@ def composition_features(spec: JobSpec, graph: Graph, hardware: HardwareSpec, ro
     `breakdown_ms`: forward, backward, optimizer, communication, overhead)."""
     work = op_work(rows)
     compute = cost.compute_ms(work.flops, row_peaks(rows, hardware))
-    memory = cost.memory_ms(work.bytes_read + work.bytes_written, hardware.memory_bandwidth_gb_s)
+    memory = cost.memory_ms(moved_bytes(rows, work), hardware.memory_bandwidth_gb_s)
     fill = kernel_sm_fill(work, rows["op_class"].isin(GEMM_CLASSES).to_numpy(), hardware.compute_units)
     totals = graph.totals
     flops = float(totals.flops_fwd + totals.flops_bwd)

@@ -47,9 +47,10 @@ from perfmodel.core.errors import PerfmodelError
 from perfmodel.core.ir import Graph, Node
 from perfmodel.core.units import samples_per_s
 from perfmodel.hardware.impute import imputed
-from perfmodel.hardware.math import on_tensor_cores
+from perfmodel.hardware.math import has_tensor_cores, on_tensor_cores
 from perfmodel.hardware.spec import HardwareSpec
 from perfmodel.jobs.spec import JobSpec, Precision
+from perfmodel.lowering.ops import fused_rows
 from perfmodel.lowering.rows import BACKWARD, EAGER, FORWARD, depthwise, graph_op_rows, memory_row
 from perfmodel.predictor.math_modes import (
     CONV_KINDS,
@@ -105,6 +106,14 @@ HALF_TYPES = frozenset({"fp16", "bf16", "fp8"})
 # GPU without tensor / matrix cores, nor depthwise convolutions (`rows.depthwise`: PyTorch runs them in its own
 # channels-first kernel, or cuDNN's depthwise path for large fp16 ones; no tensor-core GEMM).
 LAYOUT_TRANSPOSE_MATHS = frozenset({"fp16", "bf16"})
+# GPUs where PyTorch runs `scaled_dot_product_attention` as one fused kernel (`fuses_attention`), by architecture:
+# its memory-efficient kernel needs compute capability 5.0 or later and its flash kernel 8.0 or later (ATen's
+# `sdp_utils.cpp`, `check_mem_efficient_hardware_support`: sm50 to sm121); on ROCm both come from AOTriton, built
+# for CDNA 2 (MI200), CDNA 3 (MI300) and CDNA 4 (MI350). Elsewhere (Kepler, GCN, CDNA 1's MI100, RDNA 1-2) it falls
+# back to the math decomposition. A sheet naming no known architecture: fused if it has tensor / matrix cores.
+FUSED_ATTENTION_ARCHITECTURES = frozenset({"maxwell", "pascal", "volta", "turing", "ampere", "ada", "hopper",
+                                           "blackwell", "cdna2", "cdna3", "cdna4"})
+MATH_ATTENTION_ARCHITECTURES = frozenset({"kepler", "gcn", "gcn5", "cdna", "rdna", "rdna2"})
 LAYOUT_TRANSPOSES = {FORWARD: ("x", "y"), BACKWARD: ("y", "x", "x", "y")}
 # A convolution is never priced slower than the same convolution run as im2col + one GEMM (cuDNN's GEMM algorithm,
 # always among those it picks from): the GEMM row (M = batch x output pixels, N = output channels, K = input
@@ -158,6 +167,44 @@ def transposes_layout(hardware: HardwareSpec, conv_math: str) -> bool:
             and on_tensor_cores(hardware, conv_math))
 
 
+def fuses_attention(hardware: HardwareSpec) -> bool:
+    """PyTorch runs a fused SDPA on `hardware` as one fused kernel (`FUSED_ATTENTION_ARCHITECTURES`): a GPU only
+    (a CPU's per-op prices are its own)."""
+    if hardware.kind != "gpu":
+        return False
+    architecture = (hardware.architecture or "").lower()
+    if architecture in FUSED_ATTENTION_ARCHITECTURES | MATH_ATTENTION_ARCHITECTURES:
+        return architecture in FUSED_ATTENTION_ARCHITECTURES
+    return has_tensor_cores(hardware)
+
+
+def on_chip_scale(rows: pd.DataFrame, catalog: Mapping[str, HardwareSpec]) -> np.ndarray:
+    """Per row, 1, except for a GEMM of a fused kernel (`fused_rows`): its compute roofline over its roofline. The
+    per-op model prices it as the eager GEMM of its shape, which writes or reads the scores through memory; in the
+    fused kernel they stay on chip, so it keeps the eager GEMM's efficiency against its roofline, on its compute
+    roofline alone (never faster than the peak of its math). `priced` keeps the kernel's launch floor under it."""
+    from perfmodel.lowering.ops import device_peaks, op_work
+
+    out = np.ones(len(rows))
+    fused = fused_rows(rows)
+    if not fused.any():
+        return out
+    own = rows[fused]
+    work = op_work(own)
+    peak, bandwidth = device_peaks(own, catalog)
+    roofline = cost.roofline_ms(work.flops, work.bytes_read + work.bytes_written, peak, bandwidth)
+    out[fused] = cost.compute_ms(work.flops, peak) / np.maximum(roofline, 1e-12)
+    return out
+
+
+def floor_twins(rows: pd.DataFrame) -> pd.DataFrame:
+    """Each row as the smallest kernel of its class, dtype, math and device (every shape column at 1, or 0 where the
+    row has none): what the per-op model charges a kernel of that class for being launched at all."""
+    from perfmodel.lowering.ops import SHAPE_COLUMNS
+
+    return rows.assign(**{f: (rows[f] > 0).astype(np.int64) for f in SHAPE_COLUMNS if f in rows})
+
+
 def layout_transpose_rows(graph: Graph, hardware: HardwareSpec, conv_math: str, training: bool) -> pd.DataFrame:
     """The NCHW <-> NHWC transposes the library runs around each convolution where it `transposes_layout`: one
     memory-bound kernel per tensor per call, reading and writing it in that half type, in the phases of
@@ -181,7 +228,7 @@ def job_rows(spec: JobSpec, graph: Graph, hardware: HardwareSpec) -> pd.DataFram
     convolutions without layout transposes)."""
     precision = spec.precision
     training = spec.mode.value == "train"
-    rows = graph_op_rows(graph, dtype="fp32", mode=spec.mode.value)
+    rows = graph_op_rows(graph, dtype="fp32", mode=spec.mode.value, fused_attention=fuses_attention(hardware))
     table = resolved_table(precision, hardware)
     groups = rows["kind"].map(group_of)
     rows["dtype"] = groups.map({g: e.dtype for g, e in table.items()})
@@ -264,7 +311,22 @@ def priced(regressor: OpLatencyModel, rows: pd.DataFrame, catalog: Mapping[str, 
     """`priced_with_fp32_twins` of `rows`, every convolution row bounded above by its GEMM twin plus the im2col
     passes (see `IM2COL_PASSES`), the twins priced in the same call, and never below the convolution's own memory
     time: a strided 1 x 1 convolution's im2col matrix is smaller than the map it reads, so its twin alone could
-    price it past the bandwidth."""
+    price it past the bandwidth. A fused kernel's GEMMs on their compute roofline (`on_chip_scale`), never below
+    the price of the smallest kernel of their class on the device (`floor_twins`), priced in the same call."""
+    fused = fused_rows(rows)
+    if not fused.any():
+        return _priced_convs(regressor, rows, catalog, training)
+    n = len(rows)
+    both = _priced_convs(regressor, pd.concat([rows, floor_twins(rows[fused])], ignore_index=True), catalog,
+                         np.concatenate([training, training[fused]]))
+    scale = on_chip_scale(rows, catalog)
+    latency = both.latency_ms[:n]
+    scale[fused] = np.maximum(scale[fused], np.minimum(both.latency_ms[n:] / latency[fused], 1.0))
+    return type(both)(latency * scale, both.p10_ms[:n] * scale, both.p90_ms[:n] * scale, both.extrapolated[:n])
+
+
+def _priced_convs(regressor: OpLatencyModel, rows: pd.DataFrame, catalog: Mapping[str, HardwareSpec],
+                  training: np.ndarray) -> OpPrediction:
     conv, twins, im2col_bytes, conv_bytes = conv_gemm_twins(rows)
     if not conv.any():
         return priced_with_fp32_twins(regressor, rows, catalog, training)
@@ -447,7 +509,7 @@ class DevicePredictor:
         vectorised over the batches. Equal to composing the graph made at each batch, up to the rounding of shapes
         on the line (`bench/sweep.py --check`)."""
         from perfmodel.hardware.catalog import get_accelerator
-        from perfmodel.lowering.ops import GEMM_CLASSES, op_work
+        from perfmodel.lowering.ops import GEMM_CLASSES, moved_bytes, op_work
         from perfmodel.predictor.composition import kernel_sm_fill, row_peaks
 
         hardware = [get_accelerator(s.accelerator, self.catalog) for s in sweeps]
@@ -462,6 +524,7 @@ class DevicePredictor:
         out = priced(frame, np.concatenate([np.full(len(kernels), s.specs[0].mode.value == "train")
                                             for s, kernels in zip(sweeps, frames)]))
         work = op_work(frame)
+        moved = moved_bytes(frame, work)
         fill = kernel_sm_fill(work, frame["op_class"].isin(GEMM_CLASSES).to_numpy(),
                               np.repeat([float(hw.compute_units) for hw in hardware], [len(k) for k in frames]))
         results, start = [], 0
@@ -475,8 +538,7 @@ class DevicePredictor:
 
             peaks = np.tile(row_peaks(s.rows.kernels, hw), steps)
             compute = per_row(cost.compute_ms(work.flops[part], peaks))
-            memory = per_row(cost.memory_ms(work.bytes_read[part] + work.bytes_written[part],
-                                            hw.memory_bandwidth_gb_s))
+            memory = per_row(cost.memory_ms(moved[part], hw.memory_bandwidth_gb_s))
             ms = per_row(out.latency_ms[part])
             factor = backward_factors(s.rows.nodes, s.rows.rows["phase"].to_numpy(), ms, s.graphs.heavy(s.batches))
             results.append(self._composed_steps(s, hw, ms * factor, per_row(out.p10_ms[part]) * factor,

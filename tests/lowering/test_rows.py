@@ -9,17 +9,19 @@ import torch
 from torch import nn
 
 from perfmodel.core.errors import PerfmodelError
+from perfmodel.core.ir import Graph
 from perfmodel.core.opkinds import OpKind
 from perfmodel.graph import graph_for_job
 from perfmodel.graph.from_torch import graph_from_module
 from perfmodel.hardware.catalog import load_catalog
 from perfmodel.jobs.spec import JobSpec
-from perfmodel.lowering.ops import OP_CLASSES, SHAPE_COLUMNS, op_roofline_ms, op_work
+from perfmodel.lowering.ops import FUSED, OP_CLASSES, SHAPE_COLUMNS, moved_bytes, op_roofline_ms, op_work
 from perfmodel.lowering.rows import (
     ROW_COLUMNS,
     ROW_RULES,
     Gemm,
     bmm_row,
+    causal_keys,
     graph_op_rows,
     infer_stride_padding,
     linear_row,
@@ -149,6 +151,64 @@ def test_attention_is_decomposed_like_eager(bert_sdpa, bert_eager):
     for graph in (bert_sdpa, bert_eager):
         without = graph_op_rows(graph, attention_dropout=False)
         assert len(without) == len(graph_op_rows(graph)) - 2 * 2  # 2 layers, forward + backward
+
+
+class CausalAttention(nn.Module):
+    """nanoGPT's attention: `is_causal=True`, no mask tensor."""
+
+    def __init__(self, width: int = 64, heads: int = 4):
+        super().__init__()
+        self.heads = heads
+        self.qkv = nn.Linear(width, 3 * width)
+
+    def forward(self, x):
+        b, t, c = x.shape
+        q, k, v = (z.view(b, t, self.heads, c // self.heads).transpose(1, 2) for z in self.qkv(x).split(c, dim=2))
+        return nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True).sum()
+
+
+def test_a_fused_attention_is_one_kernel_forward_and_backward_with_the_flops_flash_attention_counts(bert_sdpa):
+    fused = graph_op_rows(bert_sdpa, fused_attention=True)
+    decomposed = graph_op_rows(bert_sdpa)
+    attention = fused[fused["kind"] == "attention"]
+    for phase, k in (("forward", 16 + 16), ("backward", 3 * 16 + 2 * 16)):
+        rows = attention[attention["phase"] == phase]
+        assert len(rows) == 2  # one kernel per layer
+        assert (rows["launch"] == FUSED).all() and (rows["op_class"] == "bmm").all()
+        assert [tuple(rows[f]) for f in ("batch", "m", "n", "k")] == [(8, 8), (16, 16), (16, 16), (k, k)]
+        # the matmul FLOPs of the decomposition, and the recomputed scores in the backward
+        eager = decomposed[(decomposed["kind"] == "attention") & (decomposed["phase"] == phase)]
+        recompute = flops(eager[(eager["op_class"] == "bmm")]).sum() / 4 if phase == "backward" else 0
+        assert flops(rows).sum() == flops(eager[eager["op_class"] == "bmm"]).sum() + recompute
+        # its scores never go through memory: it reads its operands only
+        assert (moved_bytes(rows, op_work(rows)) == op_work(rows).bytes_read).all()
+    # everything but attention lowers as before
+    assert fused[fused["kind"] != "attention"].reset_index(drop=True).equals(
+        decomposed[decomposed["kind"] != "attention"].reset_index(drop=True))
+
+
+def test_the_math_backend_and_eager_attention_are_never_fused(bert_eager):
+    assert graph_op_rows(bert_eager, fused_attention=True).equals(graph_op_rows(bert_eager))
+
+
+def test_a_causal_fused_attention_computes_the_keys_each_query_sees():
+    with torch.device("meta"):
+        module = CausalAttention()
+        x = torch.randn(2, 32, 64)
+    graph = graph_from_module(module.train(), (x,), name="causal", mode="train")
+    (node,) = [n for n in graph.nodes if n.kind == OpKind.attention]
+    assert node.causal and Graph.from_json(graph.to_json()) == graph
+    assert '"causal"' not in node.model_copy(update={"causal": False}).model_dump_json()  # older IR JSON unchanged
+    rows = graph_op_rows(graph, fused_attention=True)
+    assert set(rows.loc[rows["kind"] == "attention", "n"]) == {causal_keys(32, 32)} == {16}  # 528 / 32 = 16.5
+    # decomposed, a causal attention computes every score and masks half (PyTorch's math backend)
+    decomposed = graph_op_rows(graph)
+    assert set(decomposed.loc[(decomposed["kind"] == "attention") & (decomposed["part"] == "scores"), "n"]) == {32}
+
+
+@pytest.mark.parametrize(("lq", "lk", "expected"), [(1, 1, 1), (4, 4, 2), (1024, 1024, 512), (4, 16, 2), (16, 4, 4)])
+def test_causal_keys_average_what_each_query_sees(lq, lk, expected):
+    assert causal_keys(lq, lk) == expected == round(sum(min(i + 1, lk) for i in range(lq)) / lq)
 
 
 def test_elementwise_names_and_backward(bert_eager):

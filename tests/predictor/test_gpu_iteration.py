@@ -291,3 +291,64 @@ def test_a_channels_last_job_pays_no_layout_transposes_and_is_answered_faster_in
             assert step_converted < step_plain
         else:
             assert step_converted == pytest.approx(step_plain)
+
+
+@pytest.mark.parametrize(("accelerator", "fused"), [
+    ("k80", False),  # Kepler: PyTorch's memory-efficient kernel needs compute capability 5.0
+    ("titan-x-maxwell", True), ("p100-pcie-16gb", True), ("v100-sxm2-16gb", True), ("t4", True),
+    ("a100-sxm4-80gb", True), ("h100-sxm5", True), ("b200", True),
+    ("mi25", False), ("mi100", False),  # no AOTriton build for GCN or CDNA 1
+    ("mi250x", True), ("mi300x", True), ("mi355x", True),
+    ("cpu", False),
+])
+def test_attention_runs_fused_where_pytorch_has_a_fused_kernel_for_the_gpu(accelerator, fused):
+    from perfmodel.hardware.catalog import get_accelerator
+    from perfmodel.predictor.gpu_iteration import fuses_attention
+
+    assert fuses_attention(get_accelerator(accelerator)) is fused
+
+
+def test_a_sheet_without_an_architecture_runs_fused_attention_if_it_has_tensor_cores():
+    from perfmodel.hardware.catalog import get_accelerator
+    from perfmodel.predictor.gpu_iteration import fuses_attention
+
+    for name, fused in (("h100-sxm5", True), ("k80", False), ("p100-pcie-16gb", False)):
+        assert fuses_attention(get_accelerator(name).model_copy(update={"architecture": None})) is fused
+
+
+@pytest.mark.parametrize("accelerator", ["t4", "a100-sxm4-80gb", "h100-sxm5", "mi300x", "k80"])
+def test_a_fused_attention_is_cheaper_than_its_decomposition_and_never_below_its_compute_roofline(accelerator,
+                                                                                                    monkeypatch):
+    """A BERT at sequence 512 in AMP: its fused attention kernels cost less than the eager decomposition they replace
+    (no scores through memory, one launch), never less than their FLOPs at the peak of their math nor than the
+    smallest kernel of their class; every other kernel keeps its price. Where PyTorch has no fused kernel (K80),
+    nothing changes."""
+    from perfmodel.graph import graph_for_job
+    from perfmodel.hardware.catalog import get_accelerator
+    from perfmodel.hardware.math import peak_gflops
+    from perfmodel.lowering.ops import op_work
+    from perfmodel.predictor.gpu_iteration import DevicePredictor, floor_twins, fuses_attention
+
+    device = DevicePredictor.load()
+    hardware = get_accelerator(accelerator)
+    spec = JobSpec.from_options(hf_config={"model_type": "bert", "hidden_size": 256, "num_hidden_layers": 2,
+                                           "num_attention_heads": 4, "intermediate_size": 1024, "vocab_size": 1000,
+                                           "max_position_embeddings": 512},
+                                batch_size=16, seq_len=512, precision="amp")
+    graph = graph_for_job(spec)
+    rows, out = device.predict_rows(spec, hardware, graph)
+    monkeypatch.setattr("perfmodel.predictor.gpu_iteration.fuses_attention", lambda hw: False)
+    eager_rows, eager = device.predict_rows(spec, hardware, graph)
+    attention, eager_attention = ((r["kind"] == "attention").to_numpy() for r in (rows, eager_rows))
+    if not fuses_attention(hardware):
+        assert rows.equals(eager_rows) and np.array_equal(out.latency_ms, eager.latency_ms)
+        return
+    assert (rows.loc[attention, "launch"] == "fused").all()
+    assert out.latency_ms[attention].sum() < eager.latency_ms[eager_attention].sum()
+    # every other kernel as before
+    assert np.allclose(out.latency_ms[~attention], eager.latency_ms[~eager_attention], rtol=1e-9)
+    fused = rows[attention]
+    peak = np.array([peak_gflops(hardware, m, True) for m in fused["math"]]) * 1e9
+    assert np.all(out.latency_ms[attention] / 1e3 >= op_work(fused).flops / peak * (1 - 1e-9))
+    floor = device.regressor.predict(floor_twins(fused), device.catalog).latency_ms
+    assert np.all(out.latency_ms[attention] >= floor * (1 - 1e-9))
