@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import gc
 import operator
+import sys
 import warnings
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -59,7 +60,8 @@ def graph_from_module(module: nn.Module, args: tuple, kwargs: Mapping[str, Any] 
     if graph_mode is None:
         raise PerfmodelError(f"graph mode must be 'train' or 'inference', got {mode!r}")
     try:
-        with warnings.catch_warnings(), _no_stack_traces(), _gc_paused(), balanced_routing(module) as moe_layers:
+        with warnings.catch_warnings(), _no_stack_traces(), _gc_paused(), _eager_mask_skips(module), \
+                balanced_routing(module) as moe_layers:
             warnings.simplefilter("ignore")
             exported = torch.export.export(module, tuple(args), dict(kwargs or {}), strict=False)
     except PerfmodelError:
@@ -86,6 +88,59 @@ def _no_stack_traces() -> Iterator[None]:
         yield
     finally:
         torch.fx.config.do_not_emit_stack_traces = before
+
+
+@contextmanager
+def _eager_mask_skips(module: nn.Module) -> Iterator[None]:
+    """Export a Hugging Face model's `sdpa` attention as its eager step runs it on a batch without padding. Outside
+    export, transformers' `sdpa` attention builds no mask when no padding mask is given: a causal model calls
+    `scaled_dot_product_attention(..., is_causal=True)` (FlashAttention's causal kernel, which skips the keys above
+    the diagonal), a bidirectional one no mask at all. Under `torch.export` it always builds the mask tensor
+    (`masking_utils._ignore_causal_mask_sdpa`: `is_torchdynamo_exporting()`), a graph no eager run has. Within the
+    block, a call without a padding mask takes the eager decision; with one, transformers' own. Nor are the positions
+    taken for packed sequences (`find_packed_sequence_indices`, which under export cannot read them and assumes
+    packing): a job's inputs are token ids alone, whose positions the model counts from 0. Nothing is patched for a
+    model with another attention (an `eager` one keeps the masks export builds, as the older transformers releases
+    that public eager measurements ran did) or when transformers is not loaded."""
+    inner = module.module if isinstance(module, TrainingStep) else module
+    if getattr(getattr(inner, "config", None), "_attn_implementation", None) != "sdpa":
+        yield
+        return
+    masking = sys.modules.get("transformers.masking_utils")
+    causal = getattr(masking, "_ignore_causal_mask_sdpa", None)
+    bidirectional = getattr(masking, "_ignore_bidirectional_mask_sdpa", None)
+    packed = getattr(masking, "find_packed_sequence_indices", None)
+    if causal is None or bidirectional is None or packed is None:
+        yield
+        return
+
+    def no_local_window(kv_length: int, local_attention_size: int | None) -> bool:
+        return local_attention_size is None or kv_length < local_attention_size
+
+    def causal_skip(padding_mask: Any, q_length: int, kv_length: int, q_offset: Any, kv_offset: int,
+                    local_attention_size: int | None = None) -> bool:
+        if padding_mask is None and isinstance(q_offset, int) and no_local_window(kv_length, local_attention_size):
+            return q_length == 1 or kv_length == q_length
+        return bool(causal(padding_mask, q_length, kv_length, q_offset, kv_offset, local_attention_size))
+
+    def bidirectional_skip(padding_mask: Any, kv_length: int, local_attention_size: int | None = None) -> bool:
+        if padding_mask is None:
+            return no_local_window(kv_length, local_attention_size)
+        return bool(bidirectional(padding_mask, kv_length, local_attention_size))
+
+    def not_packed(position_ids: Any) -> None:
+        return None
+
+    patched = {"_ignore_causal_mask_sdpa": causal_skip, "_ignore_bidirectional_mask_sdpa": bidirectional_skip,
+               "find_packed_sequence_indices": not_packed}
+    originals = {name: getattr(masking, name) for name in patched}
+    for name, function in patched.items():
+        setattr(masking, name, function)
+    try:
+        yield
+    finally:
+        for name, function in originals.items():
+            setattr(masking, name, function)
 
 
 @contextmanager

@@ -48,7 +48,7 @@ kernel are not priced apart (they overlap its GEMMs).
 Approximations worth knowing: softmax is assumed over the last dim (the IR does not keep `dim`); an attention node
 that is not fused is the unfused (math) attention that eager Hugging Face models run; whether an attention has
 dropout is not in the IR either (`attention_dropout`, default: in training); a causal mask passed as a tensor (not
-`is_causal`) is a mask like any other. Every row has the `dtype` given, whatever the tensors' own dtypes (int index
+`is_causal`: a padded batch) is a mask like any other. Every row has the `dtype` given, whatever the tensors' own dtypes (int index
 tensors included).
 """
 

@@ -140,7 +140,8 @@ def test_attention_is_decomposed_like_eager(bert_sdpa, bert_eager):
     attention = sdpa[(sdpa["kind"] == "attention") & (sdpa["phase"] == "forward")]
     node = attention["node_id"].iloc[0]
     parts = list(attention.loc[attention["node_id"] == node, "part"])
-    assert parts == ["scores", "scale", "mask", "softmax", "dropout", "context"]
+    # no padding mask in the batch: transformers' sdpa passes none, as it does outside export
+    assert parts == ["scores", "scale", "softmax", "dropout", "context"]
     scores = attention[(attention["node_id"] == node) & (attention["part"] == "scores")].iloc[0]
     assert (scores["batch"], scores["m"], scores["n"], scores["k"]) == (2 * 4, 16, 16, 16)
     eager = graph_op_rows(bert_eager)
@@ -204,6 +205,23 @@ def test_a_causal_fused_attention_computes_the_keys_each_query_sees():
     # decomposed, a causal attention computes every score and masks half (PyTorch's math backend)
     decomposed = graph_op_rows(graph)
     assert set(decomposed.loc[(decomposed["kind"] == "attention") & (decomposed["part"] == "scores"), "n"]) == {32}
+
+
+@pytest.mark.parametrize("config", [
+    {"model_type": "gpt2", "n_embd": 64, "n_head": 4, "n_layer": 2, "n_positions": 64, "vocab_size": 1000},
+    {"model_type": "llama", "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2,
+     "num_hidden_layers": 2, "intermediate_size": 128, "vocab_size": 1000},
+])
+def test_a_hugging_face_causal_lm_calls_its_attention_as_an_eager_step_without_padding_does(config):
+    """Outside export, transformers' sdpa attention passes `is_causal=True` and no mask for a batch without padding;
+    the capture records that call (not the mask tensor export would build), and leaves transformers as it was."""
+    import transformers.masking_utils as masking
+
+    before = masking._ignore_causal_mask_sdpa, masking.find_packed_sequence_indices
+    graph = graph_for_job(JobSpec.from_options(hf_config=config, batch_size=2, seq_len=32))
+    attention = [n for n in graph.nodes if n.kind == OpKind.attention]
+    assert attention and all(n.causal and len(n.input_tensors) == 3 for n in attention)
+    assert (masking._ignore_causal_mask_sdpa, masking.find_packed_sequence_indices) == before
 
 
 @pytest.mark.parametrize(("lq", "lk", "expected"), [(1, 1, 1), (4, 4, 2), (1024, 1024, 512), (4, 16, 2), (16, 4, 4)])
