@@ -179,12 +179,17 @@ def _entries() -> list[ZooEntry]:
     ]
     entries += [ZooEntry(n, f, "timm", img, _timm(n)) for n, f in timm_models]
     cls, clm, s2slm = "sequence-classification", "causal-lm", "seq2seq-lm"
+    # BERT's public training runs (NVIDIA's DeepLearningExamples BERT in NGC containers, pre-training and SQuAD)
+    # compute attention eagerly (matmul, scale, mask, softmax, dropout, matmul), as do transformers releases before
+    # PyTorch 2's fused attention: the zoo's BERT does too. Other transformers entries (and any `hf_config` job) get
+    # transformers' default, `sdpa`: one fused kernel on a GPU that has one.
+    eager = {"attn_implementation": "eager"}
     hf = [
         ("bert-small", "bert", tok, _hf("bert", cls, hidden_size=512, num_hidden_layers=4, num_attention_heads=8,
-                                        intermediate_size=2048)),
-        ("bert-base", "bert", tok, _hf("bert", cls)),
+                                        intermediate_size=2048, **eager)),
+        ("bert-base", "bert", tok, _hf("bert", cls, **eager)),
         ("bert-large", "bert", tok, _hf("bert", cls, hidden_size=1024, num_hidden_layers=24,
-                                        num_attention_heads=16, intermediate_size=4096)),
+                                        num_attention_heads=16, intermediate_size=4096, **eager)),
         ("distilbert-base", "bert", tok, _hf("distilbert", cls)),
         ("roberta-base", "roberta", tok, _hf("roberta", cls, vocab_size=50265, max_position_embeddings=514,
                                              type_vocab_size=1, pad_token_id=1)),
