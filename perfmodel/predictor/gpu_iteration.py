@@ -21,6 +21,9 @@ Rows the graph does not show but the framework runs:
   (`AMP_SCALER_PASSES`);
 - around each half-precision convolution on tensor / matrix cores, the library's (cuDNN's, MIOpen's) NCHW <-> NHWC
   transposes of its activations (`layout_transpose_rows`; none for a job that says `channels_last`).
+And one the graph shows but the GPU runs otherwise: a fused `scaled_dot_product_attention`, where PyTorch has a
+fused kernel for the GPU (`fuses_attention`), is one GEMM row per phase whose scores stay on chip (`on_chip_scale`),
+not the eager decomposition.
 The device-side launch gap is inside each op's predicted time (the model's floor).
 
 Physically possible by construction: no row faster than its roofline (`ROOFLINE_BOUNDED`, in the regressor), no
@@ -106,6 +109,7 @@ HALF_TYPES = frozenset({"fp16", "bf16", "fp8"})
 # GPU without tensor / matrix cores, nor depthwise convolutions (`rows.depthwise`: PyTorch runs them in its own
 # channels-first kernel, or cuDNN's depthwise path for large fp16 ones; no tensor-core GEMM).
 LAYOUT_TRANSPOSE_MATHS = frozenset({"fp16", "bf16"})
+LAYOUT_TRANSPOSES = {FORWARD: ("x", "y"), BACKWARD: ("y", "x", "x", "y")}
 # GPUs where PyTorch runs `scaled_dot_product_attention` as one fused kernel (`fuses_attention`), by architecture:
 # its memory-efficient kernel needs compute capability 5.0 or later and its flash kernel 8.0 or later (ATen's
 # `sdp_utils.cpp`, `check_mem_efficient_hardware_support`: sm50 to sm121); on ROCm both come from AOTriton, built
@@ -114,7 +118,6 @@ LAYOUT_TRANSPOSE_MATHS = frozenset({"fp16", "bf16"})
 FUSED_ATTENTION_ARCHITECTURES = frozenset({"maxwell", "pascal", "volta", "turing", "ampere", "ada", "hopper",
                                            "blackwell", "cdna2", "cdna3", "cdna4"})
 MATH_ATTENTION_ARCHITECTURES = frozenset({"kepler", "gcn", "gcn5", "cdna", "rdna", "rdna2"})
-LAYOUT_TRANSPOSES = {FORWARD: ("x", "y"), BACKWARD: ("y", "x", "x", "y")}
 # A convolution is never priced slower than the same convolution run as im2col + one GEMM (cuDNN's GEMM algorithm,
 # always among those it picks from): the GEMM row (M = batch x output pixels, N = output channels, K = input
 # channels x kernel area) priced by the per-op model, plus writing and reading the im2col matrix (M x K) at the
