@@ -107,12 +107,12 @@ def _eager_mask_skips(module: nn.Module) -> Iterator[None]:
         yield
         return
     masking = sys.modules.get("transformers.masking_utils")
-    causal = getattr(masking, "_ignore_causal_mask_sdpa", None)
-    bidirectional = getattr(masking, "_ignore_bidirectional_mask_sdpa", None)
-    packed = getattr(masking, "find_packed_sequence_indices", None)
-    if causal is None or bidirectional is None or packed is None:
+    names = ("_ignore_causal_mask_sdpa", "_ignore_bidirectional_mask_sdpa", "find_packed_sequence_indices")
+    if masking is None or not all(hasattr(masking, name) for name in names):
         yield
         return
+    originals = {name: getattr(masking, name) for name in names}
+    causal, bidirectional = originals["_ignore_causal_mask_sdpa"], originals["_ignore_bidirectional_mask_sdpa"]
 
     def no_local_window(kv_length: int, local_attention_size: int | None) -> bool:
         return local_attention_size is None or kv_length < local_attention_size
@@ -131,10 +131,7 @@ def _eager_mask_skips(module: nn.Module) -> Iterator[None]:
     def not_packed(position_ids: Any) -> None:
         return None
 
-    patched = {"_ignore_causal_mask_sdpa": causal_skip, "_ignore_bidirectional_mask_sdpa": bidirectional_skip,
-               "find_packed_sequence_indices": not_packed}
-    originals = {name: getattr(masking, name) for name in patched}
-    for name, function in patched.items():
+    for name, function in zip(names, (causal_skip, bidirectional_skip, not_packed)):
         setattr(masking, name, function)
     try:
         yield

@@ -48,8 +48,8 @@ kernel are not priced apart (they overlap its GEMMs).
 Approximations worth knowing: softmax is assumed over the last dim (the IR does not keep `dim`); an attention node
 that is not fused is the unfused (math) attention that eager Hugging Face models run; whether an attention has
 dropout is not in the IR either (`attention_dropout`, default: in training); a causal mask passed as a tensor (not
-`is_causal`: a padded batch) is a mask like any other. Every row has the `dtype` given, whatever the tensors' own dtypes (int index
-tensors included).
+`is_causal`: a padded batch) is a mask like any other. Every row has the `dtype` given, whatever the tensors' own
+dtypes (int index tensors included).
 """
 
 from __future__ import annotations
@@ -337,10 +337,10 @@ def causal_keys(lq: int, lk: int) -> int:
 
 
 def fused_attention_gemm(shapes: tuple[Gemm, Gemm, bool], causal: bool, backward: bool) -> Gemm:
-    """The fused kernel of an attention node (`_attention_shapes`) as one GEMM over its scores, Lq × keys (the keys a query sees:
-    `causal_keys` for a causal one), whose K sums what each score costs: d + dv in the forward (QKᵀ, PV), and
-    3d + 2dv in the backward (the scores again, dV = Pᵀ·dO, dP = dO·Vᵀ, dQ = dS·K, dKᵀ = Qᵀ·dS). So its FLOPs are
-    the kernel's matmul FLOPs, 2.5 times the forward's in the backward as FlashAttention counts them."""
+    """The fused kernel of an attention node (`_attention_shapes`) as one GEMM over its scores, Lq × keys (the keys
+    a query sees: `causal_keys` for a causal one), whose K sums what each score costs: d + dv in the forward (QKᵀ,
+    PV), and 3d + 2dv in the backward (the scores again, dV = Pᵀ·dO, dP = dO·Vᵀ, dQ = dS·K, dKᵀ = Qᵀ·dS). So its
+    FLOPs are the kernel's matmul FLOPs, 2.5 times the forward's in the backward as FlashAttention counts them."""
     scores, context, _ = shapes
     d, dv = scores.k, context.n
     keys = causal_keys(scores.m, scores.n) if causal else scores.n
