@@ -26,6 +26,11 @@ stays the group's): a dilated one (`Node.dilation` > 1): cuDNN added dilation (v
 (`perfmodel.lowering.rows.depthwise`): PyTorch runs it in its own channels-first depthwise kernel (fp32
 accumulation on the CUDA cores), or for large fp16 ones cuDNN's depthwise path (`ConvParams::use_cudnn_depthwise`),
 not a tensor-core GEMM: no TF32, no tensor-core half math.
+A known error of the dilated rule on GPUs whose TF32 rate far exceeds their fp32 one (A100, H100): Lambda's WaveGlow
+TF32 steps on A100s (cuDNN 8; batch 48: 1.57-1.64 s) take less than the fp32 peak allows for their dilated
+convolutions alone (38 TFLOP a step: 1.95 s at 19.5 TFLOP/s), so cuDNN 8 runs them on the tensor cores there. At
+what efficiency, nothing measured here says: priced as TF32 GEMMs of their shape, the composed A100 step would go
+from 1.6x its measured time to 0.57x, so the rule stays until kernel timings of dilated convolutions say more.
 
 The peak each math reaches on a device is `perfmodel.hardware.math.peak_gflops`.
 """

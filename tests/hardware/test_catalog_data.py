@@ -98,6 +98,7 @@ DEVICE_NAMES = {
     "NVIDIA GH200 144G HBM3e": "gh200-144gb",
     "NVIDIA H200 NVL": "h200-nvl",
     "NVIDIA GB200": "gb200",
+    "NVIDIA GB300": "gb300",
     "Tesla P40": "p40",
     "GeForce RTX 2080": "rtx-2080",
     "GeForce RTX 2080 SUPER": "rtx-2080-super",
@@ -222,7 +223,7 @@ REQUIRED_IDS = {
     "quadro-rtx-6000", "quadro-rtx-8000", "rtx-a4000", "rtx-a4500", "rtx-a5000", "rtx-a5500", "rtx-4000-ada",
     "rtx-5000-ada", "rtx-6000-ada", "l40", "l20", "l4", "a16", "a2", "a800-pcie-40gb", "a800-pcie-80gb",
     "a800-sxm4-80gb", "h800-pcie", "h800-sxm", "h20", "h100-nvl", "gh200-96gb", "gh200-144gb", "h200", "h200-nvl",
-    "b200", "gb200", "rtx-pro-6000-blackwell-workstation", "rtx-pro-6000-blackwell-server", "rtx-3090-ti",
+    "b200", "gb200", "gb300", "rtx-pro-6000-blackwell-workstation", "rtx-pro-6000-blackwell-server", "rtx-3090-ti",
     "rtx-5090", "mi100", "mi210", "mi250", "mi250x", "mi300x", "mi300a", "mi325x", "mi350x", "mi355x",
     # Lambda's deeplearning-benchmark GPUs, and Gavel's K80 (one GK210 die)
     "rtx-2080-ti", "rtx-3070", "rtx-3080", "rtx-2070-max-q", "rtx-2080-max-q", "rtx-2080-super-max-q",
