@@ -29,8 +29,10 @@ not a tensor-core GEMM: no TF32, no tensor-core half math.
 A known error of the dilated rule on GPUs whose TF32 rate far exceeds their fp32 one (A100, H100): Lambda's WaveGlow
 TF32 steps on A100s (cuDNN 8; batch 48: 1.57-1.64 s) take less than the fp32 peak allows for their dilated
 convolutions alone (38 TFLOP a step: 1.95 s at 19.5 TFLOP/s), so cuDNN 8 runs them on the tensor cores there. At
-what efficiency, nothing measured here says: priced as TF32 GEMMs of their shape, the composed A100 step would go
-from 1.6x its measured time to 0.57x, so the rule stays until kernel timings of dilated convolutions say more.
+what efficiency, nothing measured here says: priced in TF32 as GEMMs of their shape (tried), the measured WaveGlow
+steps over the composed ones would go from 0.7-0.9 to 2.0-2.6 on A100s and from 1.25-1.8 to 2.0-3.0 on the RTX
+A-series, A10 and A40 (TF32 at twice their fp32 rate): the dilated kernels reach a fraction of a GEMM's TF32 rate.
+The rule stays until kernel timings of dilated convolutions say more.
 
 The peak each math reaches on a device is `perfmodel.hardware.math.peak_gflops`.
 """
