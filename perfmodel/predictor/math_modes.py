@@ -30,7 +30,7 @@ A known error of the dilated rule on GPUs whose TF32 rate far exceeds their fp32
 TF32 steps on A100s (cuDNN 8; batch 48: 1.57-1.64 s) take less than the fp32 peak allows for their dilated
 convolutions alone (38 TFLOP a step: 1.95 s at 19.5 TFLOP/s), so cuDNN 8 runs them on the tensor cores there. At
 what efficiency, nothing measured here says: priced in TF32 as GEMMs of their shape (tried), the measured WaveGlow
-steps over the composed ones would go from 0.7-0.9 to 2.0-2.6 on A100s and from 1.25-1.8 to 2.0-3.0 on the RTX
+steps over the composed ones would go from 0.7-0.9 to 2.0-2.6 on A100s and from 1.2-2.3 to 2.0-3.7 on the RTX
 A-series, A10 and A40 (TF32 at twice their fp32 rate): the dilated kernels reach a fraction of a GEMM's TF32 rate.
 The rule stays until kernel timings of dilated convolutions say more.
 
