@@ -26,13 +26,10 @@ stays the group's): a dilated one (`Node.dilation` > 1): cuDNN added dilation (v
 (`perfmodel.lowering.rows.depthwise`): PyTorch runs it in its own channels-first depthwise kernel (fp32
 accumulation on the CUDA cores), or for large fp16 ones cuDNN's depthwise path (`ConvParams::use_cudnn_depthwise`),
 not a tensor-core GEMM: no TF32, no tensor-core half math.
-A known error of the dilated rule on GPUs whose TF32 rate far exceeds their fp32 one (A100, H100): Lambda's WaveGlow
-TF32 steps on A100s (cuDNN 8; batch 48: 1.57-1.64 s) take less than the fp32 peak allows for their dilated
-convolutions alone (38 TFLOP a step: 1.95 s at 19.5 TFLOP/s), so cuDNN 8 runs them on the tensor cores there. At
-what efficiency, nothing measured here says: priced in TF32 as GEMMs of their shape (tried), the measured WaveGlow
-steps over the composed ones would go from 0.7-0.9 to 2.0-2.6 on A100s and from 1.2-2.3 to 2.0-3.7 on the RTX
-A-series, A10 and A40 (TF32 at twice their fp32 rate): the dilated kernels reach a fraction of a GEMM's TF32 rate.
-The rule stays until kernel timings of dilated convolutions say more.
+On A100s the dilated rule overshoots (cuDNN 8 runs some dilated shapes on tensor cores: docs/predictors.md, "A
+dilated convolution"); priced there as TF32 GEMMs of their shape, Lambda's A100 WaveGlow steps would be composed
+2.0-2.6x too fast instead of 1.1-1.5x too slow, so the rule stays until kernel timings of dilated convolutions say
+more.
 
 The peak each math reaches on a device is `perfmodel.hardware.math.peak_gflops`.
 """
