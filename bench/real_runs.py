@@ -31,7 +31,9 @@ It prints how far the stage fitted on every one-GPU run still answers each GPU's
 what its spec-sheet device effect cannot express about a GPU it saw). It also counts the one-GPU runs measured
 faster than the floor no answer goes below (Σ of each kernel at the peak
 of its math or at the memory bandwidth, for the work the graph counts), and scores the answers and the band on them
-and on the rest.
+and on the rest. And how closely the runs repeat themselves (`repeat_spread`: each configuration measured more
+than once, every measurement answered by the geometric mean of its others, within a suite and across suites): what
+an answer that knows nothing of the server could reach at best.
 Data: Lambda, lambdal/deeplearning-benchmark (read in place, never copied).
 """
 
@@ -69,9 +71,11 @@ from perfmodel.evaluation.real_runs import (
     on_own_software,
     predict_from_frame,
     recomposed_without_p2p,
+    repeat_spread,
     run_key,
     scaling_band_log,
 )
+from perfmodel.importers.lambda_runs import read_lambda
 from perfmodel.placement.iteration import IterationParams, dump_params, params_path
 from perfmodel.regressors.whole_step_device import version_key
 from perfmodel.settings import get_settings
@@ -106,6 +110,20 @@ def figures(frame: pd.DataFrame) -> dict:
     out["family_mape_pct"] = {figure_key(k): 100 * v for k, v in by_family.mean().items()}
     out["family_configurations"] = {figure_key(k): int(v) for k, v in by_family.size().items()}
     return out
+
+
+def show_repeat_spread(datasets: Path) -> dict:
+    """How closely the runs repeat themselves (`repeat_spread`): the floor of any answer that knows nothing of the
+    server, printed and returned for the record."""
+    spread = repeat_spread(read_lambda(datasets / "lambda"))
+    print("\n## How closely the runs repeat (each repeat of a configuration answered by the geometric mean of its "
+          "others)\n")
+    for name, label in (("same_software", "same suite (container)"), ("any_software", "any suite")):
+        f = spread[name]
+        print(f"  {label:22s} one GPU {f['one_gpu_mape_pct']:.1f} % (median {f['one_gpu_median_ape_pct']:.1f} %, "
+              f"{f['one_gpu_runs']} runs); 2-16 GPUs {f['multi_gpu_mape_pct']:.1f} % (median "
+              f"{f['multi_gpu_median_ape_pct']:.1f} %, {f['multi_gpu_runs']} runs)")
+    return spread
 
 
 def replica_jitter(composed: pd.DataFrame) -> dict:
@@ -281,6 +299,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"served): {headline_line(newest)}")
         if args.out is not None:
             held.to_csv(args.out.with_name(f"{args.out.stem}-{by}{args.out.suffix}"), index=False)
+    spread = show_repeat_spread(args.datasets)
     floor = below_the_floor(result.held)
     jitter = replica_jitter(result.composed)
     bandwidth = same_die_gain(result.composed, result.held["chip"]) if "chip" in result.held else None
@@ -292,7 +311,7 @@ def main(argv: list[str] | None = None) -> int:
                                            for by, held in result.held.items()},
                                         "replica_jitter": jitter, "same_die_gain": bandwidth,
                                         "fitted_in_sample": in_sample,
-                                        "below_the_floor": floor, **p2p})
+                                        "below_the_floor": floor, "repeat_spread": spread, **p2p})
     if args.write_jitter:
         table = json.loads(params_path().read_text())["params"]
         default = IterationParams.from_dict(table["default"])

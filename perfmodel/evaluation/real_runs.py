@@ -40,6 +40,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from perfmodel.core.accuracy import throughput_ape
 from perfmodel.core.errors import PerfmodelError
 from perfmodel.hardware.chips import die_of as chip_of
 from perfmodel.jobs.spec import JobSpec
@@ -101,6 +102,50 @@ def lambda_runs(folder: str | Path) -> list[RealRun]:
     if not runs:
         raise PerfmodelError(f"no successful Lambda run of a zoo model on a catalog GPU in {folder}")
     return runs
+
+
+# what identifies one configuration of a Lambda run (`bridge`: whether its GPUs were joined by NVLink bridges, where
+# the results folder says); `repeat_spread` adds the suite for its same-software figure
+REPEAT_KEY = ("accelerator", "model", "precision", "devices", "batch_size", "bridge")
+
+
+def repeat_spread(records: Iterable[Any]) -> dict[str, dict[str, float | int]]:
+    """How closely the runs repeat themselves, the floor no prediction that knows nothing of the server can beat:
+    each successful run of a configuration (`REPEAT_KEY`: GPU, model, math, GPUs, per-GPU batch, NVLink bridges)
+    measured more than once (another results folder, test round or log), predicted by the geometric mean of the
+    configuration's other
+    measurements, scored as the answers are (`throughput_ape`). `same_software`: repeats of the same suite only;
+    `any_software`: across suites (containers) too. Per group: the MAPE and median APE at one GPU and at 2-16,
+    and how many runs were scored. `records`: `perfmodel.importers.lambda_runs.WholeJobRun`s."""
+    frame = pd.DataFrame([{"accelerator": r.accelerator, "model": r.model,
+                           "precision": str(getattr(r.precision, "value", r.precision)), "devices": int(r.devices),
+                           "batch_size": float(r.batch_size), "suite": r.suite, "throughput": float(r.throughput),
+                           "bridge": _bridge(r.variant)}
+                          for r in records if r.ok and r.accelerator is not None and r.throughput])
+    out: dict[str, dict[str, float | int]] = {}
+    for name, key in (("same_software", [*REPEAT_KEY, "suite"]), ("any_software", list(REPEAT_KEY))):
+        scored: dict[bool, list[float]] = {True: [], False: []}
+        for values, group in (frame.groupby(key).throughput if len(frame) else ()):
+            if len(group) < 2:
+                continue
+            logs = np.log(group.to_numpy(dtype=np.float64))
+            others = (logs.sum() - logs) / (len(logs) - 1)  # each run's others, their geometric mean
+            # throughputs as inverse steps: the others' mean answers, the run is measured
+            apes = throughput_ape(np.exp(-others), np.exp(-logs))
+            scored[values[key.index("devices")] == 1].extend(apes.tolist())
+        figures: dict[str, float | int] = {}
+        for one, label in ((True, "one_gpu"), (False, "multi_gpu")):
+            apes = np.asarray(scored[one])
+            figures[f"{label}_runs"] = int(len(apes))
+            figures[f"{label}_mape_pct"] = float(100 * apes.mean()) if len(apes) else float("nan")
+            figures[f"{label}_median_ape_pct"] = float(100 * np.median(apes)) if len(apes) else float("nan")
+        out[name] = figures
+    return out
+
+
+def _bridge(variant: str | None) -> str:
+    """"NVLink bridge" / "no NVLink bridge" where a run's folder says (its test round dropped), else ""."""
+    return variant.split(";")[0].strip() if variant and "bridge" in variant else ""
 
 
 def stored_runs(store: Any) -> list[RealRun]:

@@ -20,6 +20,7 @@ from perfmodel.evaluation.real_runs import (
     physically_possible,
     real_runs,
     recomposed_without_p2p,
+    repeat_spread,
     scaling_ratio_errors,
     steady_steps,
     thrash_ratio,
@@ -263,3 +264,26 @@ def test_the_replica_jitter_is_the_one_with_the_least_mean_ratio_error_and_recov
     means = [np.mean(jitter_ratio_ape(noisy, s)) for s in JITTER_GRID]
     assert np.mean(jitter_ratio_ape(noisy, fitted)) == pytest.approx(min(means))
     assert fit_dp_jitter(rows.iloc[:0]) == 0.0
+
+
+def test_the_repeat_spread_scores_each_repeat_by_the_others_of_its_configuration_and_suite():
+    """Three logs of one configuration at 100, 100 and 200 items/s: each is answered by the geometric mean of the
+    other two (141.4, 141.4, 100), as a throughput; a configuration measured once, a failed run and the same GPU
+    with NVLink bridges are not repeats of it; another suite's run is one only across software."""
+    base = _run("gnmt", "a100-sxm4-80gb", "tf32", 128, 100.0, 0)
+    runs = [base, dataclasses.replace(base, source_id="b"), dataclasses.replace(base, source_id="c", throughput=200.0),
+            dataclasses.replace(base, source_id="d", batch_size=256.0, global_batch_size=256),
+            dataclasses.replace(base, source_id="e", status="out of memory", throughput=None),
+            dataclasses.replace(base, source_id="f", variant="NVLink bridge; test round trt", throughput=400.0),
+            dataclasses.replace(base, source_id="g", devices=2, global_batch_size=256, throughput=180.0),
+            dataclasses.replace(base, source_id="h", devices=2, global_batch_size=256, throughput=180.0,
+                                suite="v1")]
+    spread = repeat_spread(runs)
+    expected = np.mean([200 ** 0.5 / 10 - 1, 200 ** 0.5 / 10 - 1, 1 - 100 / 200])
+    same = spread["same_software"]
+    assert same["one_gpu_runs"] == 3 and same["one_gpu_mape_pct"] == pytest.approx(100 * expected)
+    assert same["one_gpu_median_ape_pct"] == pytest.approx(100 * (200 ** 0.5 / 10 - 1))
+    assert same["multi_gpu_runs"] == 0 and np.isnan(same["multi_gpu_mape_pct"])
+    across = spread["any_software"]
+    assert across["one_gpu_runs"] == 3 and across["multi_gpu_runs"] == 2
+    assert across["multi_gpu_mape_pct"] == pytest.approx(0.0)
