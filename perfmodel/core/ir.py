@@ -22,9 +22,9 @@ from perfmodel.core.renamed import upgrade_names
 
 SCHEMA_VERSION = 1
 # What a capture records beyond what the schema requires; a new revision (2: convolutions' dilation; 3: causal fused
-# attention) makes caches of captured graphs (`perfmodel.engine.graphs`) capture again rather than serve a graph that
-# lacks it.
-CAPTURE_REVISION = 3
+# attention; 4: einsums' equations) makes caches of captured graphs (`perfmodel.engine.graphs`) capture again rather
+# than serve a graph that lacks it.
+CAPTURE_REVISION = 4
 
 
 class _Frozen(BaseModel):
@@ -66,6 +66,10 @@ class Node(_Frozen):
     # (`perfmodel.graph.flops.sdpa_causal`): a fused kernel skips the key blocks above the diagonal. Left out of the
     # JSON when false, as `dilation` at 1.
     causal: bool = Field(default=False, exclude_if=lambda value: not value)
+    # An einsum's equation (`perfmodel.graph.flops.einsum_equation`, spaces removed: "ibnd,jbnd->ijbn"): which of its
+    # dimensions are batch, rows, columns and contraction of the GEMM it runs (`perfmodel.lowering.rows`). Left out
+    # of the JSON when None, as `dilation` at 1.
+    equation: str | None = Field(default=None, exclude_if=lambda value: value is None)
 
 
 class GraphTotals(_Frozen):

@@ -153,6 +153,13 @@ def sdpa_causal(call: OpCall) -> bool:
     return call.attrs.get("is_causal") is True
 
 
+def einsum_equation(call: OpCall) -> str | None:
+    """An einsum call's equation without spaces (ATen `einsum` and ONNX `Einsum` carry it as `equation`; no other op
+    has that argument), None for every other call."""
+    equation = call.attrs.get("equation")
+    return equation.replace(" ", "") if isinstance(equation, str) and equation.strip() else None
+
+
 def _conv_transpose(call: OpCall) -> tuple[int, int]:
     if len(call.inputs) < 2:
         return 0, 0

@@ -45,7 +45,7 @@ from typing import Any
 from perfmodel.core.errors import JobLoadError, PerfmodelError
 from perfmodel.core.ir import Graph, GraphTotals, Node, TensorMeta
 from perfmodel.core.opkinds import OpKind, kind_of_onnx
-from perfmodel.graph.flops import OpCall, conv_dilation, is_float, op_cost, tensor_bytes
+from perfmodel.graph.flops import OpCall, conv_dilation, einsum_equation, is_float, op_cost, tensor_bytes
 from perfmodel.jobs.spec import DEFAULT_SEQ_LEN
 
 # onnx.TensorProto.DataType -> torch-style dtype name
@@ -412,6 +412,7 @@ def _build(model: Any, name: str, trainable: frozenset[str] | None = None) -> Gr
             bytes_read_bwd=cost.bytes_read_bwd, bytes_written_bwd=cost.bytes_written_bwd,
             params=sum(weights.get(i.removesuffix("#linear"), 0) for i in dict.fromkeys(input_names)),
             module=onnx_node.name or None, dilation=conv_dilation(call) if kind == OpKind.conv else 1,
+            equation=einsum_equation(call),
         ))
         for output in output_names:
             if output:

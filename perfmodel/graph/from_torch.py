@@ -40,7 +40,7 @@ from torch import fx, nn
 from perfmodel.core.errors import PerfmodelError
 from perfmodel.core.ir import Graph, GraphTotals, MoEInfo, Node, TensorMeta
 from perfmodel.core.opkinds import OpKind, kind_of
-from perfmodel.graph.flops import OpCall, conv_dilation, is_float, op_cost, sdpa_causal, tensor_bytes
+from perfmodel.graph.flops import OpCall, conv_dilation, einsum_equation, is_float, op_cost, sdpa_causal, tensor_bytes
 from perfmodel.graph.moe import balanced_routing
 from perfmodel.graph.saved import measure_saved_bytes
 from perfmodel.jobs.spec import JobSpec
@@ -387,6 +387,7 @@ class _Builder:
             params=sum(self.weight_elements.get(a, 0) for a in dict.fromkeys(arg_nodes)),
             module=module_path or None, dilation=conv_dilation(call) if kind == OpKind.conv else 1,
             causal=kind == OpKind.attention and sdpa_causal(call),
+            equation=einsum_equation(call),
         ))
         if fx_node.target is operator.getitem and isinstance(fx_node.args[0], fx.Node):
             # One element of a tuple: its own value, but the gradient status of the tuple.

@@ -13,6 +13,7 @@ Mapping (B = batch dims folded, numel = elements of the node's output unless sai
 |---|---|---|
 | linear (linear, addmm) | `linear` M×K · (N×K)ᵀ (M = product of the leading dims) | `linear` dX (m=M, n=K, k=N), dW (m=N, n=K, k=M); `elementwise addu` M×N bias grad when there is a bias |
 | matmul, bmm (incl. eager attention's QKᵀ, PV) | `bmm` B×(M×K · K×N); a 2-D right operand folds B into M (batch 1) | `bmm` dA (M, n=K, k=N), dB (m=K, N, k=M) |
+| einsum (two operands) | `bmm` from its equation (`einsum_shape`): B = indices of both operands and the output, M / N = of one operand and the output, K = summed; without an equation (older IR), M×N from the output, K from the FLOPs | as matmul |
 | attention (fused SDPA) | the eager decomposition: `bmm` QKᵀ, `elementwise mulu` scale, `addu`/`add` mask (when a mask is an input), `softmax`, `elementwise mul` dropout (training, `attention_dropout`), `bmm` PV | `bmm` dA, dB of both GEMMs, `softmax`, dropout `mul`, scale `mulu` |
 | attention (fused SDPA, `fused_attention`) | one fused kernel: one `bmm` row over the scores (M = Lq, N = the keys a query sees, K = d + dv: QKᵀ and PV; launch `FUSED`) | the fused backward kernel: one `bmm` row, K = 3d + 2dv (the scores recomputed, not saved, and the four gradient GEMMs) |
 | conv | `conv2d` (groups folded into the batch; stride and padding inferred from the shapes); non-square or non-2-D convs: the implicit GEMM as `linear` | the data-grad and the weight-grad as two rows of the forward's shape (their FLOPs equal the forward's: exact, only the kernels differ), bias grad `addu` |
@@ -55,7 +56,7 @@ dtypes (int index tensors included).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -242,16 +243,47 @@ def _matmul_shape(node: Node) -> Gemm | None:
 
 
 def _flops_shape(node: Node) -> Gemm:
-    """Fallback for a GEMM whose operands cannot be read (einsum): output (..., N), K from the IR's FLOPs."""
+    """Fallback for a GEMM whose operands cannot be read (an einsum without its equation): output (..., N), K from
+    the IR's FLOPs."""
     out = _out(node)
     numel = _numel(node)
     n = _last_dim(out)
     return Gemm(1, _pos(numel / n), n, _pos(node.flops_fwd / (2 * numel)) if node.flops_fwd else 1)
 
 
+def einsum_shape(equation: str, a: Sequence[int], b: Sequence[int]) -> Gemm | None:
+    """The batched GEMM a two-operand einsum runs, from its equation and operand shapes: batch = the indices of both
+    operands and the output, M = of the first operand and the output only, N = of the second and the output only,
+    K = the indices summed over (in both operands, or in one and not the output). None where the equation has an
+    ellipsis, not two operands, or indices the shapes do not match."""
+    lhs, arrow, out = equation.partition("->")
+    terms = lhs.split(",")
+    if "." in equation or len(terms) != 2 or any(len(t) != len(s) for t, s in zip(terms, (a, b))):
+        return None
+    if not arrow:  # implicit output: the indices that appear once, in alphabetical order
+        out = "".join(sorted(c for c in set(lhs) - {","} if lhs.count(c) == 1))
+    sizes: dict[str, int] = {}
+    for term, shape in zip(terms, (a, b)):
+        for index, dim in zip(term, shape):
+            sizes[index] = max(sizes.get(index, 1), int(dim))  # a broadcast dimension is 1 on one side
+    in_a, in_b, in_out = set(terms[0]), set(terms[1]), set(out)
+
+    def size(indices: set[str]) -> int:
+        return math.prod(sizes[c] for c in indices)
+
+    return Gemm(size(in_a & in_b & in_out), size((in_a & in_out) - in_b), size((in_b & in_out) - in_a),
+                size((in_a | in_b) - in_out))
+
+
+EINSUM_OPS = frozenset({"einsum", "onnx::Einsum"})
+
+
 def _gemm_shape(node: Node) -> Gemm:
-    if normalize_op_name(node.op) == "einsum":
-        return _flops_shape(node)
+    if normalize_op_name(node.op) in EINSUM_OPS:
+        shape = None
+        if node.equation and len(node.input_tensors) == 2:
+            shape = einsum_shape(node.equation, node.input_tensors[0].shape, node.input_tensors[1].shape)
+        return shape or _flops_shape(node)
     return _matmul_shape(node) or _flops_shape(node)
 
 

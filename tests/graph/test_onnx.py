@@ -133,3 +133,25 @@ def test_a_model_with_every_shape_fixed_is_priced_only_at_the_batch_it_was_expor
     with pytest.raises(PerfmodelError, match=r"exported at batch 2.*ask for batch 2"):
         graph_for_job(JobSpec(source=OnnxSource(path=str(path)), batch_size=8))
     assert graph_for_job(JobSpec(source=OnnxSource(path=str(path)), batch_size=2)).inputs[0].shape[0] == 2
+
+
+def test_an_einsum_keeps_its_equation_and_lowers_to_its_batched_gemm(tmp_path):
+    """ONNX `Einsum` (Transformer-XL's scores, heads and batch shared by both operands) as the PyTorch capture
+    reads it: its equation kept, one batched GEMM of the IR's FLOPs."""
+    from perfmodel.lowering.rows import graph_op_rows
+
+    i, j, b, n, d = 6, 10, 2, 3, 4
+    path = tmp_path / "einsum.onnx"
+    graph = helper.make_graph(
+        [helper.make_node("Einsum", ["q", "k"], ["s"], name="scores", equation="ibnd, jbnd -> ijbn")],
+        "einsum",
+        [helper.make_tensor_value_info("q", TensorProto.FLOAT, [i, "batch", n, d])],
+        [helper.make_tensor_value_info("s", TensorProto.FLOAT, [i, j, "batch", n])],
+        initializer=[helper.make_tensor("k", TensorProto.FLOAT, [j, b, n, d], [0.0] * j * b * n * d)],
+    )
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    ir = graph_from_onnx(path, batch_size=b)
+    (node,) = [x for x in ir.nodes if x.kind == OpKind.bmm]
+    assert node.equation == "ibnd,jbnd->ijbn" and node.flops_fwd == 2 * i * j * b * n * d
+    rows = graph_op_rows(ir)
+    assert rows.query("op_class == 'bmm'")[["batch", "m", "n", "k"]].values.tolist() == [[b * n, i, j, d]]

@@ -22,6 +22,7 @@ from perfmodel.lowering.rows import (
     Gemm,
     bmm_row,
     causal_keys,
+    einsum_shape,
     graph_op_rows,
     infer_stride_padding,
     linear_row,
@@ -406,3 +407,45 @@ def test_depthwise_is_one_group_per_input_channel():
     graph = graph_from_module(Net(), (torch.empty(2, 1, 8, 8),), name="convs", mode="inference")
     convs = [node for node in graph.nodes if node.kind == OpKind.conv]
     assert [depthwise(node) for node in convs] == [False, False, False, True, True]
+
+
+@pytest.mark.parametrize(("equation", "a", "b", "expected"), [
+    ("ibnd,jbnd->ijbn", (192, 24, 8, 64), (384, 24, 8, 64), Gemm(24 * 8, 192, 384, 64)),  # Transformer-XL's scores
+    ("ibnd,jnd->ijbn", (192, 24, 8, 64), (384, 8, 64), Gemm(8, 192 * 24, 384, 64)),  # ... against shared positions
+    ("ijbn,jbnd->ibnd", (192, 384, 24, 8), (384, 24, 8, 64), Gemm(24 * 8, 192, 64, 384)),  # probabilities x values
+    ("bij,bjk", (3, 4, 5), (3, 5, 6), Gemm(1, 4, 6, 3 * 5)),  # implicit output "ik": b and j are summed
+    ("bij,bjk->bik", (3, 4, 5), (1, 5, 6), Gemm(3, 4, 6, 5)),  # a broadcast batch
+])
+def test_an_einsum_is_the_batched_gemm_its_equation_says(equation, a, b, expected):
+    assert einsum_shape(equation, a, b) == expected
+
+
+@pytest.mark.parametrize(("equation", "a", "b"), [("...ij,...jk->...ik", (2, 3, 4), (2, 4, 5)),
+                                                  ("ij,jk,kl->il", (2, 3), (3, 4)), ("bij,jk->bik", (3, 4), (4, 5))])
+def test_an_einsum_the_rule_cannot_read_has_no_shape(equation, a, b):
+    assert einsum_shape(equation, a, b) is None
+
+
+def test_a_captured_einsum_keeps_its_equation_and_lowers_to_its_batched_gemm():
+    """Transformer-XL's attention scores, `einsum("ibnd,jbnd->ijbn")`: heads and batch are the GEMM's batch, not rows
+    of one GEMM against a shared right operand; forward and backward rows carry the IR's FLOPs; a graph whose
+    einsum has no equation (IR JSON of an older capture) keeps the rule from the output and the FLOPs."""
+    class Scores(nn.Module):
+        def forward(self, q, k):
+            return torch.einsum("ibnd,jbnd->ijbn", q, k)
+
+    i, j, b, n, d = 6, 10, 2, 3, 4
+    q, k = torch.randn(i, b, n, d, requires_grad=True), torch.randn(j, b, n, d, requires_grad=True)
+    graph = graph_from_module(Scores(), (q, k), name="scores")
+    (node,) = [x for x in graph.nodes if x.op.startswith("aten.einsum")]
+    assert node.equation == "ibnd,jbnd->ijbn"
+    assert Graph.from_json(graph.to_json()).nodes == graph.nodes
+    rows = graph_op_rows(graph)
+    gemms = rows[rows.op_class == "bmm"]
+    assert gemms[["batch", "m", "n", "k"]].iloc[0].tolist() == [b * n, i, j, d]
+    flops = 2 * gemms.batch * gemms.m * gemms.n * gemms.k
+    assert flops[gemms.phase == "forward"].sum() == node.flops_fwd
+    assert flops[gemms.phase == "backward"].sum() == node.flops_bwd
+    old = graph.model_copy(update={"nodes": tuple(x.model_copy(update={"equation": None}) for x in graph.nodes)})
+    assert "equation" not in old.to_json()
+    assert graph_op_rows(old).query("op_class == 'bmm'")[["batch", "m"]].iloc[0].tolist() == [1, i * j * b]
