@@ -113,10 +113,9 @@ def repeat_spread(records: Iterable[Any]) -> dict[str, dict[str, float | int]]:
     """How closely the runs repeat themselves, the floor no prediction that knows nothing of the server can beat:
     each successful run of a configuration (`REPEAT_KEY`: GPU, model, math, GPUs, per-GPU batch, NVLink bridges)
     measured more than once (another results folder, test round or log), predicted by the geometric mean of the
-    configuration's other
-    measurements, scored as the answers are (`throughput_ape`). `same_software`: repeats of the same suite only;
-    `any_software`: across suites (containers) too. Per group: the MAPE and median APE at one GPU and at 2-16,
-    and how many runs were scored. `records`: `perfmodel.importers.lambda_runs.WholeJobRun`s."""
+    configuration's other measurements, scored as the answers are (`throughput_ape`). `same_software`: repeats of
+    the same suite only; `any_software`: across suites (containers) too. Per group: the MAPE and median APE at one
+    GPU and at 2-16, and how many runs were scored. `records`: `perfmodel.importers.lambda_runs.WholeJobRun`s."""
     frame = pd.DataFrame([{"accelerator": r.accelerator, "model": r.model,
                            "precision": str(getattr(r.precision, "value", r.precision)), "devices": int(r.devices),
                            "batch_size": float(r.batch_size), "suite": r.suite, "throughput": float(r.throughput),
