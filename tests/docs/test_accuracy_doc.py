@@ -1,8 +1,9 @@
 """docs/accuracy.md is rendered, not edited: scripts/render_accuracy.py fills its template (docs/accuracy.md.in) with
 the figures the benches recorded (docs/figures/*.json, written by bench/_figures.py when a bench runs with
-`--record`).
+`--record`), and README.md's accuracy and speed tables from theirs (docs/readme-accuracy.md.in).
 
-- The committed docs/accuracy.md is exactly the render of the committed template and figures.
+- The committed docs/accuracy.md is exactly the render of the committed template and figures, and README.md's
+  tables are (the prose around them is its own).
 - Every figures file names its bench (an existing bench/<bench>.py), the command line that printed its figures and
   the ISO date it ran, and the template quotes it.
 - What `record` writes, the renderer reads back; a placeholder naming no value is an error naming it and its line.
@@ -47,6 +48,27 @@ def test_the_committed_accuracy_doc_is_the_render_of_its_template_and_figures():
     assert committed == rendered, f"run `make docs` (docs/accuracy.md is generated):\n{diff[:4000]}"
     assert committed.startswith(render_accuracy.HEADER + "\n")
     assert "{{" not in committed and "{#" not in committed
+
+
+def test_the_readmes_accuracy_tables_are_the_render_of_their_template_and_figures():
+    committed = (ROOT / "README.md").read_text(encoding="utf-8")
+    rendered = render_accuracy.rendered_readme(committed)
+    diff = "".join(difflib.unified_diff(committed.splitlines(keepends=True), rendered.splitlines(keepends=True),
+                                        "README.md", "rendered", n=1))
+    assert committed == rendered, f"run `make docs` (README.md's accuracy tables are generated):\n{diff[:4000]}"
+    tables = committed.split(render_accuracy.README_BEGIN)[1].split(render_accuracy.README_END)[0]
+    assert "| what is judged" in tables and "| what a scheduler asks" in tables
+    assert "{{" not in committed and "{#" not in committed
+
+
+def test_only_what_stands_between_the_readmes_markers_is_rendered():
+    begin, end = render_accuracy.README_BEGIN, render_accuracy.README_END
+    readme = f"# title\n\nprose {{{{ kept }}}}\n{begin}\n| old | table |\n{end}\n\nmore prose\n"
+    assert render_accuracy.spliced(readme, "| new | table |\n") == (
+        f"# title\n\nprose {{{{ kept }}}}\n{begin}\n| new | table |\n{end}\n\nmore prose\n")
+    for broken in ("# title\n\nno markers\n", f"{end}\n{begin}\n"):
+        with pytest.raises(render_accuracy.RenderError, match="README.md has no line"):
+            render_accuracy.spliced(broken, "| new | table |\n")
 
 
 def test_every_figures_file_names_its_bench_its_command_and_its_date():
