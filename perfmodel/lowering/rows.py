@@ -11,19 +11,19 @@ Mapping (B = batch dims folded, numel = elements of the node's output unless sai
 
 | kind | forward rows | backward rows |
 |---|---|---|
-| linear (linear, addmm) | `linear` M×K · (N×K)ᵀ (M = product of the leading dims) | `linear` dX (m=M, n=K, k=N), dW (m=N, n=K, k=M); `elementwise addu` M×N bias grad when there is a bias |
+| linear (linear, addmm) | `linear` M×K · (N×K)ᵀ (M = product of the leading dims) | `linear` dX (m=M, n=K, k=N), dW (m=N, n=K, k=M); the bias grad when there is a bias: a memory row reading M×N and writing N |
 | matmul, bmm (incl. eager attention's QKᵀ, PV) | `bmm` B×(M×K · K×N); a 2-D right operand folds B into M (batch 1) | `bmm` dA (M, n=K, k=N), dB (m=K, N, k=M) |
 | einsum (two operands) | `bmm` from its equation (`einsum_shape`): B = indices of both operands and the output, M / N = of one operand and the output, K = summed; without an equation (older IR), M×N from the output, K from the FLOPs | as matmul |
 | attention (fused SDPA) | the eager decomposition: `bmm` QKᵀ, `elementwise mulu` scale, `addu`/`add` mask (when a mask is an input), `softmax`, `elementwise mul` dropout (training, `attention_dropout`), `bmm` PV | `bmm` dA, dB of both GEMMs, `softmax`, dropout `mul`, scale `mulu` |
 | attention (fused SDPA, `fused_attention`) | one fused kernel: one `bmm` row over the scores (M = Lq, N = the keys a query sees, K = d + dv: QKᵀ and PV; launch `FUSED`) | the fused backward kernel: one `bmm` row, K = 3d + 2dv (the scores recomputed, not saved, and the four gradient GEMMs) |
-| conv | `conv2d` (groups folded into the batch; stride and padding inferred from the shapes); non-square or non-2-D convs: the implicit GEMM as `linear` | the data-grad and the weight-grad as two rows of the forward's shape (their FLOPs equal the forward's: exact, only the kernels differ), bias grad `addu` |
+| conv | `conv2d` (groups folded into the batch; stride and padding inferred from the shapes); non-square or non-2-D convs: the implicit GEMM as `linear` | the data-grad and the weight-grad as two rows of the forward's shape (their FLOPs equal the forward's: exact, only the kernels differ), the bias grad as linear's |
 | softmax (softmax, log_softmax) | `softmax` batch = numel / last dim, hidden = last dim | `softmax` of the same shape (y·(g − Σ y·g): one read-reduce-write pass like the forward) |
 | layernorm (layer_norm, rms_norm) | `layernorm` hidden = normalised elements (the weight's numel, else the last dim) | `layernorm` of the same shape (the real kernel makes ~2 passes and reduces dγ/dβ) |
 | batchnorm | training: `layernorm` batch = C, hidden = numel / C; eval: `elementwise mulu` (a scale and a shift) | `layernorm` of the same shape |
 | activation | `elementwise` relu / gelu / tanh by name (relu6, leaky_relu, hardtanh, threshold → relu), else `mulu` | `elementwise mul` (grad × f'(x)) |
 | elementwise | `elementwise` add/mul/div/pow by op (sub, where, masked_fill, compare, logical, clamp, fill, arange, cumsum, ... → add; sqrt, rsqrt → pow; exp, log, erf, neg, ... → mulu); the binary name when two tensor inputs have the output's numel, else the `u` (tensor-with-scalar) name | add, sub, rsub: none (the gradient passes through, no kernel); mul, div, neg by a scalar: `mulu` (grad × constant); pow, sqrt, rsqrt: `pow`; others: `mul` (grad × local derivative) |
 | dropout | `elementwise mul` (x × mask), training only; eval dropout is the identity: no rows | `elementwise mul` (grad × mask) |
-| embedding | `elementwise addu` tokens × dim (a row gather: read and write tokens × dim) | `elementwise add` tokens × dim (scatter-add of the grad) + `elementwise addu` vocab × dim (zeroing the weight grad) |
+| embedding | `elementwise addu` tokens × dim (a row gather: read and write tokens × dim) | `elementwise add` tokens × dim (scatter-add of the grad) + a memory row writing vocab × dim (zeroing the weight grad) |
 | copy (cat, clone, contiguous, to, index, gather, pad, ...) | memory row of the IR's bytes; none for a `to` that changes neither dtype nor shape (it returns its input) | clone, contiguous, cat, stack, copy: none (the gradient is passed on or viewed); others: memory row (read the output grad, write the input grad) |
 | reduction, pool, loss (not cross-entropy), optimizer, other | memory row of the IR's bytes | memory row of the IR's backward bytes (optimizer: none) |
 | loss (cross_entropy) | `softmax` over the logits (N × C) | `softmax` of the same shape |
@@ -135,6 +135,13 @@ def vector_row(op_class: str, op_name: str, part: str, numel: int, hidden: int) 
     numel = max(int(numel), 1)
     hidden = min(max(int(hidden), 1), numel)
     return Row(op_class, op_name, part, {"batch": _pos(numel / hidden), "hidden": hidden})
+
+
+def bias_grad_row(grad_elements: int, bias_elements: int) -> Row:
+    """The bias gradient: a reduction that reads the output's gradient (`grad_elements`) once and writes one value
+    per bias element, priced as the element-wise row of equal bytes (`memory_row`), not as an element-wise pass
+    that would also write the whole gradient back."""
+    return memory_row(grad_elements, bias_elements, bias_elements, "dbias")
 
 
 def _last_dim(t: TensorMeta | None) -> int:
@@ -336,7 +343,7 @@ def _linear_bwd(node: Node, ctx: Context) -> list[Row]:
     if count >= 1:
         rows.append(linear_row(n, k, m, "dW"))  # dW (N×K) = dYᵀ (N×M) · X (M×K)
     if bias and count >= 1:
-        rows.append(vector_row("elementwise", "addu", "dbias", m * n, n))  # db = Σ over the M rows of dY
+        rows.append(bias_grad_row(m * n, n))  # db = Σ over the M rows of dY
     return rows
 
 
@@ -516,7 +523,7 @@ def _conv_bwd(node: Node, ctx: Context) -> list[Row]:
     rows = [_conv_row(node, part) for part in parts]
     out = _out(node)
     if count and len(node.input_tensors) >= 3 and out is not None and len(out.shape) >= 2:
-        rows.append(vector_row("elementwise", "addu", "dbias", out.numel, out.shape[1]))
+        rows.append(bias_grad_row(out.numel, out.shape[1]))
     return rows
 
 
@@ -672,7 +679,7 @@ def _embedding_fwd(node: Node, ctx: Context) -> list[Row]:
 def _embedding_bwd(node: Node, ctx: Context) -> list[Row]:
     tokens, dim, vocab = _embedding_shape(node)
     return [vector_row("elementwise", "add", "grad", tokens * dim, dim),
-            vector_row("elementwise", "addu", "zero_grad", vocab * dim, dim)]
+            memory_row(0, vocab * dim, dim, "zero_grad")]  # a fill: writes the weight grad, reads nothing
 
 
 # conversions that return their input (no kernel) when dtype and shape do not change

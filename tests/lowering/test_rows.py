@@ -134,6 +134,10 @@ def test_backward_gemm_flops_are_twice_the_forward_and_the_ir(fixture, request):
     q = bwd[bwd["node_id"] == bwd["node_id"].iloc[-1]].set_index("part")  # the first layer's query, last in bwd
     assert tuple(q.loc["dX", ["m", "n", "k"]]) == (32, 64, 64)  # dY (32×64) · W (64×64)
     assert tuple(q.loc["dW", ["m", "n", "k"]]) == (64, 64, 32)  # dYᵀ (64×32) · X (32×64)
+    # the bias grad reads dY (32×64) once and writes the 64 biases: a reduction, not a pass that writes dY back
+    dbias = bwd[bwd["node_id"] == bwd["node_id"].iloc[-1]]
+    dbias = dbias[dbias["part"] == "dbias"]
+    assert moved_bytes(dbias, op_work(dbias)).sum() == pytest.approx((32 * 64 + 64) * 4, rel=0.01)
 
 
 def test_attention_is_decomposed_like_eager(bert_sdpa, bert_eager):
@@ -248,6 +252,17 @@ def test_elementwise_names_and_backward(bert_eager):
     assert not bwd["node_op"].eq("aten.add.Tensor").any()
     assert set(bwd.loc[bwd["node_op"] == "aten.gelu.default", "op_name"]) == {"mul"}
     assert set(bwd.loc[bwd["node_op"] == "aten.mul.Tensor", "op_name"]) == {"mulu"}  # the scale, by a scalar
+
+
+def test_an_embeddings_backward_scatters_the_grad_and_writes_the_zeroed_weight_grad_once(bert_sdpa):
+    rows = graph_op_rows(bert_sdpa)
+    embeddings = rows[(rows["kind"] == "embedding") & (rows["phase"] == "backward")].reset_index(drop=True)
+    embeddings = embeddings.assign(moved=moved_bytes(embeddings, op_work(embeddings)))
+    words = embeddings[embeddings["node_id"] == embeddings.loc[embeddings["moved"].idxmax(), "node_id"]]
+    moved = dict(zip(words["part"], words["moved"]))  # the word embeddings: the largest table
+    tokens, dim, vocab = 2 * 16, 64, 1000
+    assert moved["grad"] == pytest.approx(3 * tokens * dim * 4, rel=0.01)  # read grad and rows, write rows
+    assert moved["zero_grad"] == pytest.approx(vocab * dim * 4, rel=0.01)  # a fill writes, reads nothing
 
 
 def test_inference_has_forward_rows_only(bert_sdpa):
