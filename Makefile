@@ -46,7 +46,8 @@ test: setup
 bench: setup
 	$(VENV)/bin/python bench/service.py
 
-# docs/accuracy.md, rendered from its template (docs/accuracy.md.in) and the figures the benches recorded
-# (docs/figures/*.json: a bench run with `--record` rewrites its file); tests/docs fails while the two differ
+# docs/accuracy.md and README.md's accuracy and speed tables, rendered from their templates (docs/accuracy.md.in,
+# docs/readme-accuracy.md.in) and the figures the benches recorded (docs/figures/*.json: a bench run with `--record`
+# rewrites its file); tests/docs fails while a render and its file differ
 docs: setup
 	$(VENV)/bin/python scripts/render_accuracy.py

@@ -139,7 +139,8 @@ def rendered_readme(readme: str, template: Path = README_TEMPLATE, figures: Path
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true",
-                        help="write nothing; exit 1 with a diff when docs/accuracy.md is not what would be rendered")
+                        help="write nothing; exit 1 with a diff when docs/accuracy.md or README.md's tables are "
+                             "not what would be rendered")
     args = parser.parse_args(argv)
     try:
         readme = README.read_text(encoding="utf-8")
