@@ -11,7 +11,7 @@ Mapping (B = batch dims folded, numel = elements of the node's output unless sai
 
 | kind | forward rows | backward rows |
 |---|---|---|
-| linear (linear, addmm) | `linear` M×K · (N×K)ᵀ (M = product of the leading dims) | `linear` dX (m=M, n=K, k=N), dW (m=N, n=K, k=M); the bias grad when there is a bias: a memory row reading M×N and writing N |
+| linear (linear, addmm) | `linear` M×K · (N×K)ᵀ (M = product of the leading dims) | `linear` dX (m=M, n=K, k=N), dW (m=N, n=K, k=M); the bias grad when there is a bias: `elementwise addu` M × N/2 (the bytes of reading dY once) |
 | matmul, bmm (incl. eager attention's QKᵀ, PV) | `bmm` B×(M×K · K×N); a 2-D right operand folds B into M (batch 1) | `bmm` dA (M, n=K, k=N), dB (m=K, N, k=M) |
 | einsum (two operands) | `bmm` from its equation (`einsum_shape`): B = indices of both operands and the output, M / N = of one operand and the output, K = summed; without an equation (older IR), M×N from the output, K from the FLOPs | as matmul |
 | attention (fused SDPA) | the eager decomposition: `bmm` QKᵀ, `elementwise mulu` scale, `addu`/`add` mask (when a mask is an input), `softmax`, `elementwise mul` dropout (training, `attention_dropout`), `bmm` PV | `bmm` dA, dB of both GEMMs, `softmax`, dropout `mul`, scale `mulu` |
@@ -137,11 +137,14 @@ def vector_row(op_class: str, op_name: str, part: str, numel: int, hidden: int) 
     return Row(op_class, op_name, part, {"batch": _pos(numel / hidden), "hidden": hidden})
 
 
-def bias_grad_row(grad_elements: int, bias_elements: int) -> Row:
-    """The bias gradient: a reduction that reads the output's gradient (`grad_elements`) once and writes one value
-    per bias element, priced as the element-wise row of equal bytes (`memory_row`), not as an element-wise pass
-    that would also write the whole gradient back."""
-    return memory_row(grad_elements, bias_elements, bias_elements, "dbias")
+def bias_grad_row(grad_rows: int, width: int) -> Row:
+    """The bias gradient: a reduction that reads the output's gradient (`grad_rows` × `width`) once and writes
+    `width` values. Priced as the element-wise row of the bytes it reads, an `addu` pass (reads one, writes one)
+    over `grad_rows` × width / 2 (its own write, one value per bias, left out), not as a pass over the whole
+    gradient that would also write it back. The row count stays the gradient's, so that a job's rows stay affine
+    in its batch (`perfmodel.predictor.batch_sweep`)."""
+    half = max(int(width) // 2, 1)
+    return vector_row("elementwise", "addu", "dbias", _pos(grad_rows) * half, half)
 
 
 def _last_dim(t: TensorMeta | None) -> int:
@@ -343,7 +346,7 @@ def _linear_bwd(node: Node, ctx: Context) -> list[Row]:
     if count >= 1:
         rows.append(linear_row(n, k, m, "dW"))  # dW (N×K) = dYᵀ (N×M) · X (M×K)
     if bias and count >= 1:
-        rows.append(bias_grad_row(m * n, n))  # db = Σ over the M rows of dY
+        rows.append(bias_grad_row(m, n))  # db = Σ over the M rows of dY
     return rows
 
 
@@ -523,7 +526,7 @@ def _conv_bwd(node: Node, ctx: Context) -> list[Row]:
     rows = [_conv_row(node, part) for part in parts]
     out = _out(node)
     if count and len(node.input_tensors) >= 3 and out is not None and len(out.shape) >= 2:
-        rows.append(bias_grad_row(out.numel, out.shape[1]))
+        rows.append(bias_grad_row(out.numel // max(out.shape[1], 1), out.shape[1]))
     return rows
 
 
