@@ -196,6 +196,8 @@ class JobOut(BaseModel):
     mode: str
     channels_last: bool = Field(description="priced in channels-last memory format (no layout transposes around "
                                             "its half-precision convolutions)")
+    pytorch_version: str | None = Field(description="the PyTorch (major.minor) it is answered for; null: the newest "
+                                                    "software the whole-step stage learned")
     created_at: datetime
     graph: GraphSummary
 

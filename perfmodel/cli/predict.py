@@ -19,6 +19,7 @@ from perfmodel.cli.common import (
     OnnxOpt,
     OptimizerOpt,
     PrecisionOpt,
+    PytorchOpt,
     SeqOpt,
     StoreOpt,
     TaskOpt,
@@ -44,6 +45,7 @@ def predict(ctx: typer.Context, model: ModelArg = None, hf_config: HFConfigOpt =
             seq_len: SeqOpt = None, precision: PrecisionOpt = "fp32", optimizer: OptimizerOpt = None,
             mode: ModeOpt = "train",
             channels_last: ChannelsLastOpt = False,
+            pytorch_version: PytorchOpt = None,
             accelerator: Annotated[str, typer.Option(help="catalog name or alias (`perfmodel hw list`)")] = "cpu",
             nodes: Annotated[int, typer.Option(help="nodes (with --per-node devices each)")] = 1,
             per_node: Annotated[int, typer.Option(help="devices per node")] = 1,
@@ -89,7 +91,7 @@ def predict(ctx: typer.Context, model: ModelArg = None, hf_config: HFConfigOpt =
     if batch_sizes is not None and given is not None and given.name == "COMMANDLINE":
         raise PerfmodelError("--batch-sizes replaces -b/--batch-size: give one or the other")
     spec = job_spec(model, hf_config, task, module, onnx, batch_size, seq_len, precision, optimizer, mode,
-                    channels_last=channels_last)
+                    channels_last=channels_last, pytorch_version=pytorch_version)
     placement = placement_from_options(
         accelerator, global_batch_size, batch_size=batch_size, nodes=nodes, per_node=per_node,
         devices_per_node=devices_per_node, tp=tp, pp=pp, micro_batches=micro_batches, zero=zero,
@@ -137,7 +139,9 @@ def _answer(engine: Any, spec: Any, placement: Any, *, with_job: str | None, sha
         return
     lo, hi = result["interval_ms"]
     layout = "+".join(str(n) for n in placement.devices_per_node)
-    out.print(f"[bold]{result['job_name']}[/] {_batch(spec.batch_size, placement)} {spec.mode.value} on {layout} x "
+    software = f" (PyTorch {spec.pytorch_version})" if spec.pytorch_version else ""
+    out.print(f"[bold]{result['job_name']}[/] {_batch(spec.batch_size, placement)} {spec.mode.value}{software} on "
+              f"{layout} x "
               f"{result['accelerator']}: {result['iter_time_ms']:.2f} ms/iteration (80 % interval {lo:.2f}-{hi:.2f}), "
               f"{result['throughput_samples_per_s']:.1f} samples/s  [dim]{result['model_version']}[/]")
     out.print("  " + ", ".join(f"{k} {v:.2f} ms" for k, v in result["breakdown_ms"].items()))

@@ -55,7 +55,8 @@ def zoo_show(name: Annotated[str, typer.Argument(help="zoo model name (see `perf
              = None,
              as_json: JsonOpt = False) -> None:
     """One zoo model: family, library, inputs, the benchmark unit and items per sample, reference sequence length,
-    default head, the optimizer a job gets when it names none, what its reference implementation does on the host
+    default head, the optimizer and PyTorch version a job gets when it names none (no version: the newest), what
+    its reference implementation does on the host
     that the graph does not show, and description."""
     from perfmodel.core.errors import PerfmodelError
     from perfmodel.jobs.spec import DEFAULT_SEQ_LEN
@@ -69,7 +70,8 @@ def zoo_show(name: Annotated[str, typer.Argument(help="zoo model name (see `perf
             "unit": entry.unit, "seq_len": at, "items_per_sample": entry.items(at),
             "real_item_share": entry.real_item_share,
             "reference_seq_len": entry.reference_seq_len, "default_task": entry.default_task,
-            "optimizer": entry.reference_optimizer or "sgd", "host_work": entry.host_work,
+            "optimizer": entry.reference_optimizer or "sgd", "pytorch_version": entry.reference_pytorch,
+            "host_work": entry.host_work,
             "description": entry.description}
     if as_json:
         print_json(info)

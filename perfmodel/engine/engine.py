@@ -729,12 +729,16 @@ class PredictionEngine:
             throughput = alone / slowdown
             out_throughput.append(throughput)
             isolated = (alone * iteration / high_ms, alone * iteration / low_ms)
+            model = shared_interval(throughput, isolated, slowdown, params.kept_band_log)
             band = params.reported_band(applied.observations)
-            if band is not None:  # reported: its reports set its level; left is their error on its other pairs
+            if band is not None:  # reported: its reports set its level; left is their error on its other pairs,
+                # never wider than the model's own interval (evidence does not widen it; only reports that disagree)
+                point = min(throughput, isolated[1])
+                if point > 0 and model[0] > 0:
+                    band = (max(band[0], math.log(model[0] / point)), min(band[1], math.log(model[1] / point)))
                 band = reported_band(band, applied)
             intervals.append([throughput * math.exp(band[0]), min(throughput * math.exp(band[1]), isolated[1])]
-                             if band is not None else
-                             list(shared_interval(throughput, isolated, slowdown, params.kept_band_log)))
+                             if band is not None else list(model))
             slowdowns.append(slowdown)
         return {
             "jobs": [e.key for e in entries], "accelerator": answers[0]["accelerator"],

@@ -340,8 +340,8 @@ def fit_params(pairs: Sequence[Pair], source: str) -> ColocationParams:
     co-located MAPE on `pairs` (a grid search)."""
     best = min(itertools.product(GRID_HOST, GRID_SWITCH, GRID_WAIT_MS),
                key=lambda hsw: pair_mape(pairs, ColocationParams(float(hsw[1]), float(hsw[0]), float(hsw[2]))))
-    return ColocationParams(switch_overhead=float(best[1]), host_share_of_gap=float(best[0]),
-                            sync_wait_ms=float(best[2]), source=source)
+    return ColocationParams(switch_overhead=round(float(best[1]), 6), host_share_of_gap=round(float(best[0]), 6),
+                            sync_wait_ms=float(best[2]), source=source)  # grid points as written: 0.7, not 0.70..01
 
 
 def partner_ranking(pairs: Sequence[Pair], params: ColocationParams) -> float:

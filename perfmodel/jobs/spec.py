@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from enum import Enum
 from pathlib import Path
@@ -206,6 +207,22 @@ class JobSpec(BaseModel):
         description="the model and its image inputs are in channels-last memory format "
                     "(`model.to(memory_format=torch.channels_last)`): cuDNN runs its half-precision convolutions "
                     "without the NCHW <-> NHWC transposes a channels-first model pays")
+    pytorch_version: str | None = Field(
+        default=None, pattern=r"^[0-9]+\.[0-9]+$", exclude_if=lambda version: version is None,
+        description="the PyTorch (major.minor) the job trains with, e.g. \"1.4\": an answer is for the newest "
+                    "software the whole-step stage learned unless the job names an older one, which it answers "
+                    "as much slower as that version ran on the public runs (README, \"Software\"); default: a "
+                    "zoo model's reference implementation's (Gavel's jobs: 1.4), else the newest")
+
+    @field_validator("pytorch_version", mode="before")
+    @classmethod
+    def _major_minor(cls, value: Any) -> Any:
+        """A full version ("1.4.0", "2.1.2+cu121", "1.4.0a0+a5b4d78") is its major.minor."""
+        if isinstance(value, str):
+            found = re.fullmatch(r"([0-9]+)\.([0-9]+)(\.[0-9]+)?([.+a-z].*)?", value.strip())
+            if found:
+                return f"{int(found[1])}.{int(found[2])}"
+        return value
 
     @model_validator(mode="before")
     @classmethod
@@ -214,7 +231,8 @@ class JobSpec(BaseModel):
         8,000-sample segments or Tacotron 2's 850 mel frames asked without `seq_len` are not 128 of them. A zoo
         model with no sequence (an image classifier, a recommender's fixed features) ignores one: the same job
         whatever `seq_len` a scheduler sends with every job. A zoo model with a reference implementation gets its
-        optimizer when the job names none (GNMT and Gavel's Transformer train with Adam)."""
+        optimizer when the job names none (GNMT and Gavel's Transformer train with Adam), and its PyTorch version
+        where it pins one (Gavel's workloads: 1.4)."""
         if not isinstance(data, dict):
             return data
         source = data.get("source")
@@ -229,6 +247,8 @@ class JobSpec(BaseModel):
         entry = ZOO.get(name)
         if entry is not None and entry.reference_optimizer is not None and data.get("optimizer") is None:
             data = {**data, "optimizer": entry.reference_optimizer}
+        if entry is not None and entry.reference_pytorch is not None and data.get("pytorch_version") is None:
+            data = {**data, "pytorch_version": entry.reference_pytorch}
         given = data.get("seq_len")
         valid = given is None or (isinstance(given, int) and not isinstance(given, bool) and given > 0)
         if entry is not None and entry.inputs in (InputKind.image, InputKind.recsys) and valid:
@@ -272,11 +292,12 @@ class JobSpec(BaseModel):
 
     def graph_key(self) -> str:
         """The key of the spec's graph: specs that differ only in what no graph depends on share it. The optimizer
-        is priced from the parameter count, and the math of a model whose weights stay float32 (fp32, fp32-strict,
-        tf32, amp, amp-bf16) from its float32 graph: only a model cast to half (fp16, bf16) has another graph."""
+        is priced from the parameter count, the PyTorch version by the whole-step stage, and the math of a model
+        whose weights stay float32 (fp32, fp32-strict, tf32, amp, amp-bf16) from its float32 graph: only a model
+        cast to half (fp16, bf16) has another graph."""
         cached = self.__dict__.get(_GRAPH_KEY_ATTR)
         if cached is None:
-            update: dict[str, Any] = {"optimizer": OptimizerName.sgd}
+            update: dict[str, Any] = {"optimizer": OptimizerName.sgd, "pytorch_version": None}
             if not Precision(self.precision).half_weights:
                 update["precision"] = Precision.fp32
             same = all(getattr(self, name) == value for name, value in update.items())

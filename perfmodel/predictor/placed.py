@@ -314,7 +314,8 @@ class PlacementPredictor:
         if self.whole_step is None:
             return single
         return self._floored(spec, micro_spec.batch_size, hardware,
-                             self.whole_step.correct(single, features, level_key(spec, hardware)), graph)
+                             self.whole_step.correct(single, features, level_key(spec, hardware),
+                                                     spec.pytorch_version), graph)
 
     def _floored(self, spec: JobSpec, micro: int, hardware: HardwareSpec, step: Prediction,
                  graph: Graph | None = None) -> Prediction:
@@ -434,7 +435,8 @@ class PlacementPredictor:
             steps = list(made.values())
             devices = [self.hardware(step.accelerator) for _, (step, _) in steps]
             corrected = self.whole_step.correct_many([step[0] for _, step in steps], [step[1] for _, step in steps],
-                                                     [level_key(spec, hw) for (spec, _), hw in zip(steps, devices)])
+                                                     [level_key(spec, hw) for (spec, _), hw in zip(steps, devices)],
+                                                     [spec.pytorch_version for spec, _ in steps])
             # the faster maths first: a step is floored by its twins' steps, floored themselves
             keys = list(made)
             for i in sorted(range(len(keys)), key=lambda i: len(FASTER_FLOAT32.get(steps[i][0].precision, ()))):

@@ -45,20 +45,27 @@ class WholeStepStage:
         entry = registry.get(ref, role=ROLE)
         return cls(load_regressor(entry.path), entry.ref)
 
-    def factors(self, features: Mapping[str, float], job: str | None = None) -> tuple[float, float, float]:
+    def factors(self, features: Mapping[str, float], job: str | None = None,
+                software: str | None = None) -> tuple[float, float, float]:
         """(factor, low, high) multiplying the composed step, bounded below by the roofline floor. `job`: the job's
-        level key (`regressors.whole_step_device.job_level_key`), for stages that keep a level per measured model."""
-        factor, low, high = self.factors_many([features], [job])
+        level key (`regressors.whole_step_device.job_level_key`), for stages that keep a level per measured model;
+        `software`: the PyTorch (major.minor) it trains with (None: the newest the stage learned)."""
+        factor, low, high = self.factors_many([features], [job], [software])
         return float(factor[0]), float(low[0]), float(high[0])
 
-    def factors_many(self, features: Sequence[Mapping[str, float]], jobs: Sequence[str | None]
-                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """`factors` of many composed steps in one call of the stage's model."""
+    def factors_many(self, features: Sequence[Mapping[str, float]], jobs: Sequence[str | None],
+                     software: Sequence[str | None] | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """`factors` of many composed steps in one call of the stage's model. A step on an older software version
+        takes that version's offset (`software_offset`: how much slower the same GPU, model and math ran on it),
+        its interval with it."""
         out = self.regressor.predict(pd.DataFrame([{**f, JOB: job} for f, job in zip(features, jobs)]))
+        offset = np.zeros(len(jobs))
+        if software is not None and hasattr(self.regressor, "software_offset"):
+            offset = np.asarray(self.regressor.software_offset(list(software)), dtype=np.float64)
         floor = np.array([float(f.get("roofline_over_composed", 0.0)) for f in features])
-        factor = np.maximum(np.exp(np.asarray(out.log_factor, dtype=np.float64)), floor)
-        low = np.maximum(np.minimum(np.exp(np.asarray(out.log_low, dtype=np.float64)), factor), floor)
-        high = np.maximum(np.exp(np.asarray(out.log_high, dtype=np.float64)), factor)
+        factor = np.maximum(np.exp(np.asarray(out.log_factor, dtype=np.float64) + offset), floor)
+        low = np.maximum(np.minimum(np.exp(np.asarray(out.log_low, dtype=np.float64) + offset), factor), floor)
+        high = np.maximum(np.exp(np.asarray(out.log_high, dtype=np.float64) + offset), factor)
         return factor, low, high
 
     @staticmethod
@@ -89,15 +96,16 @@ class WholeStepStage:
             "interval_ms": (min(low * ratio, iter_time_ms), max(high * ratio, iter_time_ms)),
             "throughput_samples_per_s": step.throughput_samples_per_s / ratio})
 
-    def correct(self, single: Prediction, features: Mapping[str, float], job: str | None = None) -> Prediction:
-        return self.correct_many([single], [features], [job])[0]
+    def correct(self, single: Prediction, features: Mapping[str, float], job: str | None = None,
+                software: str | None = None) -> Prediction:
+        return self.correct_many([single], [features], [job], [software])[0]
 
     def correct_many(self, singles: Sequence[Prediction], features: Sequence[Mapping[str, float]],
-                     jobs: Sequence[str | None]) -> list[Prediction]:
+                     jobs: Sequence[str | None], software: Sequence[str | None] | None = None) -> list[Prediction]:
         """Each composed step times its factor, component by component (one call of the stage's model)."""
         if not singles:
             return []
-        factors, lows, highs = self.factors_many(features, jobs)
+        factors, lows, highs = self.factors_many(features, jobs, software)
         out = []
         for single, factor, low, high in zip(singles, factors.tolist(), lows.tolist(), highs.tolist()):
             breakdown = {k: v * factor if k in CORRECTED_PARTS else v for k, v in single.breakdown_ms.items()}

@@ -301,11 +301,27 @@ class DeviceStepRegressor:
         high = np.where(outside, np.hypot(np.maximum(high, 0.0), max(self.bands_["seen"][1], 0.0)), high)
         return StepCorrection(factor, factor + np.minimum(low, 0.0), factor + np.maximum(high, 0.0))
 
-    def software_offset(self, versions: Sequence[str]) -> np.ndarray:
-        """Log factor of a step on each software version against the newest the stage learned (what it answers):
-        0 for that one, an unknown version and any version without an offset."""
-        offsets: dict[str, float] = getattr(self, "software_", {}).get("offsets", {})
-        return np.array([offsets.get(str(v), 0.0) if isinstance(v, str) else 0.0 for v in versions])
+    def software_offset(self, versions: Sequence[str | None]) -> np.ndarray:
+        """Log factor of a step on each software version (PyTorch major.minor) against the newest the stage learned
+        (what it answers): 0 for that one, any newer one and an unknown one (None, ""); a learned version's own
+        offset; a version between two learned ones the newer one's (it runs at least as well as the version before
+        it); one older than every learned version the oldest's (older software was not measured)."""
+        software: dict[str, Any] = getattr(self, "software_", {})
+        offsets: dict[str, float] = software.get("offsets", {})
+        reference = str(software.get("reference", ""))
+        known = sorted([*offsets, *([reference] if reference else [])], key=version_key)
+
+        def offset(version: str | None) -> float:
+            if not isinstance(version, str) or not version or not known:
+                return 0.0
+            if version in offsets:
+                return float(offsets[version])
+            later = [k for k in known if version_key(k) >= version_key(version)]
+            if not later:
+                return 0.0  # newer than every learned version: answered as the newest
+            return float(offsets.get(later[0], 0.0))
+
+        return np.array([offset(v) for v in versions])
 
     def _outside(self, x: np.ndarray) -> np.ndarray:
         """Rows whose device features (those the spec sheet gives; not the step's convolution mix) lie outside the

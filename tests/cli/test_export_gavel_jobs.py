@@ -1,6 +1,6 @@
-"""`perfmodel export gavel --job [JOB_TYPE=]ZOO_NAME:BATCH[:KEY=VALUE...]`: each job's own seq_len, optimizer and
-precision, over --seq-len, --optimizer and --precision, which are every other job's defaults; a bad job spec is
-exit 2 naming it."""
+"""`perfmodel export gavel --job [JOB_TYPE=]ZOO_NAME:BATCH[:KEY=VALUE...]`: each job's own seq_len, optimizer,
+precision and PyTorch version, over --seq-len, --optimizer and --precision, which are every other job's defaults;
+a bad job spec is exit 2 naming it."""
 
 from __future__ import annotations
 
@@ -43,12 +43,16 @@ def test_a_jobs_own_settings_win_over_the_global_ones_which_stay_the_other_jobs_
     unnamed = export(tmp_path, "unnamed", "--job", "gavel-lm:8:seq_len=70:optimizer=adam")
     assert unnamed["gavel-lm (batch size 8)"] == pytest.approx(own[LM], rel=1e-9)
     assert sorted((Path(os.environ["PERFMODEL_HOME"]) / "graphs").rglob("*")) == kept  # a job seen before: no capture
+    # Gavel's jobs are answered for the PyTorch Gavel pins (1.4) unless a job names its own: the newest is faster
+    newest = export(tmp_path, "newest", "--job", f"{LM}=gavel-lm:8:pytorch_version=1.13", *jobs[2:])
+    assert newest[LM] > default[LM] and newest[OTHER] == pytest.approx(default[OTHER], rel=1e-9)
 
 
 @pytest.mark.parametrize(("job", "words"), [
     ("gavel-lm", ["ZOO_NAME:BATCH"]),
     ("gavel-lm:8:adam", ["ZOO_NAME:BATCH[:KEY=VALUE...]"]),
-    ("gavel-lm:8:bptt=35", ["unknown setting 'bptt'", "seq_len, optimizer, precision"]),
+    ("gavel-lm:8:bptt=35", ["unknown setting 'bptt'", "seq_len, optimizer, precision, pytorch_version"]),
+    ("gavel-lm:8:pytorch_version=latest", ["pytorch_version"]),
     ("gavel-lm:8:seq_len=0", ["seq_len must be an integer >= 1"]),
     ("gavel-lm:8:seq_len=", ["seq_len has no value"]),
     ("gavel-lm:8:seq_len=35:seq_len=70", ["seq_len is given twice"]),

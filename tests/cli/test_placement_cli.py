@@ -244,3 +244,12 @@ def test_channels_last_predicts_a_half_precision_convolutional_job_without_layou
     plain, converted = (json.loads(run(*args, *extra).output) for extra in ((), ("--channels-last",)))
     assert converted["iter_time_ms"] < plain["iter_time_ms"]
     assert converted["job_id"] != plain["job_id"]
+
+
+def test_an_older_pytorch_is_answered_slower_and_a_version_that_is_not_one_exits_2_naming_the_option():
+    args = ("predict", "resnet18", "-b", 16, "--precision", "amp", "--accelerator", "a100")
+    newest, older = (json.loads(run(*args, *extra, "--json").output) for extra in ((), ("--pytorch-version", "1.4.0")))
+    assert older["iter_time_ms"] > newest["iter_time_ms"] and older["job_id"] != newest["job_id"]
+    assert "(PyTorch 1.4)" in run("predict", "gavel-resnet18", "-b", 16, "--accelerator", "p100-pcie-16gb").output
+    bad = run(*args, "--pytorch-version", "latest")
+    assert bad.exit_code == 2 and "--pytorch-version" in bad.output

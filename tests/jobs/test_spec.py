@@ -186,3 +186,36 @@ def test_an_hf_config_job_with_an_unknown_task_is_refused_when_it_is_specified()
     with pytest.raises(ValidationError, match="unknown task 'qa'; one of " + ", ".join(TASK_CLASSES)):
         JobSpec.from_options(hf_config=config, task="qa", batch_size=2)
     assert JobSpec.from_options(hf_config=config, task="masked-lm", batch_size=2).source.task == "masked-lm"
+
+
+def test_a_pytorch_version_is_its_own_job_and_leaves_every_other_key_as_it_was():
+    """A job that names its PyTorch gets its own key and shares its graph; one that does not keeps the key (and
+    JSON) it had before the setting existed; a full version is read as its major.minor."""
+    plain = JobSpec(source=ZooSource(name="resnet50"), batch_size=32)
+    assert "pytorch_version" not in plain.model_dump(mode="json")
+    assert plain.key() == "a16c30d7f9094ea4675908cf"  # the id README's examples show, from before the setting
+    older = plain.model_copy(update={"pytorch_version": "1.4"})
+    assert JobSpec.model_validate_json(older.model_dump_json()) == older
+    assert older.key() != plain.key() and older.graph_key() == plain.graph_key()
+    for given, read in (("1.4.0", "1.4"), ("1.4.0a0+a5b4d78", "1.4"), ("2.1.2+cu121", "2.1"), (" 1.13 ", "1.13"),
+                        ("1.04", "1.4")):
+        assert JobSpec(source=ZooSource(name="resnet50"), batch_size=32, pytorch_version=given).pytorch_version == read
+
+
+@pytest.mark.parametrize("value", ["1", "1.x", "v1.4", "latest", "", 1.4])
+def test_a_pytorch_version_that_is_not_major_minor_is_refused_naming_the_field(value):
+    with pytest.raises(ValidationError) as info:
+        JobSpec(source=ZooSource(name="resnet50"), batch_size=32, pytorch_version=value)
+    assert "pytorch_version" in str(info.value)
+
+
+@pytest.mark.parametrize("name", [n for n in ZOO if n.startswith("gavel-")])
+def test_gavels_jobs_default_to_the_pytorch_gavels_workloads_pin_and_a_jobs_own_version_wins(name):
+    assert len([n for n in ZOO if n.startswith("gavel-")]) == 7
+    assert JobSpec.from_options(zoo=name, batch_size=4).pytorch_version == "1.4"
+    assert JobSpec.from_options(zoo=name, batch_size=4, pytorch_version="1.13").pytorch_version == "1.13"
+
+
+def test_a_zoo_model_that_pins_no_pytorch_is_answered_for_the_newest():
+    assert all(JobSpec.from_options(zoo=name, batch_size=4).pytorch_version is None
+               for name in ("resnet50", "gnmt", "bert-base", "waveglow"))

@@ -511,3 +511,19 @@ def test_a_spec_sheet_with_less_bandwidth_is_never_answered_faster(predictor, jo
               ["roofline_over_composed"] for s in (full, lower)]
     if job == "ncf-amp" and all(f > floor * (1 + 1e-9) for f, floor in zip(factors, floors)):  # else a roofline
         assert factors[1] == pytest.approx(factors[0], rel=1e-6)                            # bounds the correction
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(job=st.sampled_from(sorted(SHEET_JOBS)), gpu=st.sampled_from(SHEET_GPUS),
+       older=st.sampled_from(["1.2", "1.4", "1.7", "1.9"]), newer=st.sampled_from(["1.13", "2.4"]))
+def test_an_older_pytorch_is_never_answered_faster_and_a_newer_one_as_the_newest(predictor, job, gpu, older, newer):
+    """Over random jobs and catalog GPUs: a job on an older PyTorch is answered slower by at most the stage's largest
+    software offset, never faster; one on the newest learned version or a newer one as a job that names none."""
+    spec = JobSpec.from_options(**SHEET_JOBS[job])
+    placement = PlacementSpec(accelerator=gpu, global_batch_size=spec.batch_size)
+    plain, old, new = (predictor.predict(s, placement) for s in (
+        spec, spec.model_copy(update={"pytorch_version": older}), spec.model_copy(update={"pytorch_version": newer})))
+    assert new.iter_time_ms == pytest.approx(plain.iter_time_ms, rel=1e-9)
+    largest = max(predictor.whole_step.regressor.software_["offsets"].values())
+    assert plain.iter_time_ms * (1 - 1e-9) <= old.iter_time_ms <= plain.iter_time_ms * np.exp(largest) * (1 + 1e-9)
+    assert old.interval_ms[1] >= plain.interval_ms[1] * (1 - 1e-9)

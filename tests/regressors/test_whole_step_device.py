@@ -158,7 +158,10 @@ def test_older_software_is_learned_from_the_same_gpus_on_both_and_taken_off_what
         devices=devices)
     plain = fitted(frame)  # the newest software's runs alone
     np.testing.assert_allclose(model.predict(frame).log_factor, plain.predict(frame).log_factor, atol=0.02)
-    np.testing.assert_allclose(model.software_offset(["1.4", "1.13", "", "0.4"]), [offsets["1.4"], 0, 0, 0])
+    # the newest, a newer one and an unknown one are answered as the newest; one older than every learned version
+    # as the oldest
+    np.testing.assert_allclose(model.software_offset(["1.4", "1.13", "2.5", "", None, "0.4"]),
+                               [offsets["1.4"], 0, 0, 0, 0, offsets["1.4"]])
     model.save(tmp_path / "stage")
     again = load_regressor(tmp_path / "stage")
     np.testing.assert_array_equal(again.software_offset(["1.4"]), model.software_offset(["1.4"]))
@@ -169,6 +172,17 @@ def test_older_software_is_learned_from_the_same_gpus_on_both_and_taken_off_what
     with pytest.raises(PerfmodelError, match="software needs devices"):
         DeviceStepRegressor(feature_names=FEATURES, unseen_features=None).fit(
             both, groups=list(both.family), software=list(both.version))
+
+
+def test_a_version_between_two_learned_ones_is_answered_as_the_newer_one():
+    """Software offsets of 1.4, 1.7 and 1.10 against 1.13: 1.5 runs as 1.7 does (at least as well as 1.4), 1.11 as
+    1.13; the offsets never grow with the version."""
+    model = fitted(runs())
+    model.software_ = {"reference": "1.13", "offsets": {"1.4": 0.15, "1.7": 0.08, "1.10": 0.01}}
+    versions = ["0.4", "1.4", "1.5", "1.7", "1.8", "1.10", "1.11", "1.13", "2.0"]
+    offsets = model.software_offset(versions)
+    np.testing.assert_allclose(offsets, [0.15, 0.15, 0.08, 0.08, 0.01, 0.01, 0.0, 0.0, 0.0])
+    assert np.all(np.diff(offsets) <= 0)
 
 
 def test_level_keys_name_a_zoo_model_and_its_math():

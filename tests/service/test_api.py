@@ -582,3 +582,20 @@ def test_a_job_whose_reports_run_far_slower_than_its_device_time_is_answered_hos
     assert elsewhere["host_bound_likely"] is True and "own reports on t4" in elsewhere["host_bound_reason"]
     other = _register(client, {**SMALL_JOB, "batch_size": 16})
     assert client.post("/v1/predict", json={"job": other, "placement": t4}).json()["host_bound_likely"] is False
+
+
+def test_a_jobs_pytorch_version_is_its_own_job_said_back_and_refused_naming_the_field_when_not_one(client):
+    """`pytorch_version` over HTTP: said back (null: the newest), its own id, an older one answered slower; Gavel's
+    zoo jobs say 1.4 without being told; a version that is not major.minor is a 422 at the field."""
+    job = {"source": {"kind": "zoo", "name": "resnet18"}, "batch_size": 16, "precision": "amp"}
+    newest = client.post("/v1/jobs", json=job).json()
+    older = client.post("/v1/jobs", json={**job, "pytorch_version": "1.4.0"}).json()
+    assert newest["pytorch_version"] is None and older["pytorch_version"] == "1.4"
+    assert older["job_id"] != newest["job_id"]
+    answers = [client.post("/v1/predict", json={"job": j["job_id"], "placement": {"accelerator": "a100"}}).json()
+               for j in (newest, older)]
+    assert answers[1]["iter_time_ms"] > answers[0]["iter_time_ms"]
+    gavel = client.post("/v1/jobs", json={"source": {"kind": "zoo", "name": "gavel-lm"}, "batch_size": 20}).json()
+    assert gavel["pytorch_version"] == "1.4"
+    bad = client.post("/v1/jobs", json={**job, "pytorch_version": "latest"})
+    assert bad.status_code == 422 and any("pytorch_version" in e["loc"] for e in bad.json()["detail"])
