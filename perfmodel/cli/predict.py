@@ -139,10 +139,9 @@ def _answer(engine: Any, spec: Any, placement: Any, *, with_job: str | None, sha
         return
     lo, hi = result["interval_ms"]
     layout = "+".join(str(n) for n in placement.devices_per_node)
-    software = f" (PyTorch {spec.pytorch_version})" if spec.pytorch_version else ""
-    out.print(f"[bold]{result['job_name']}[/] {_batch(spec.batch_size, placement)} {spec.mode.value}{software} on "
-              f"{layout} x "
-              f"{result['accelerator']}: {result['iter_time_ms']:.2f} ms/iteration (80 % interval {lo:.2f}-{hi:.2f}), "
+    out.print(f"[bold]{result['job_name']}[/] {_batch(spec.batch_size, placement)} {spec.mode.value}{_software(spec)} "
+              f"on {layout} x {result['accelerator']}: {result['iter_time_ms']:.2f} ms/iteration "
+              f"(80 % interval {lo:.2f}-{hi:.2f}), "
               f"{result['throughput_samples_per_s']:.1f} samples/s  [dim]{result['model_version']}[/]")
     out.print("  " + ", ".join(f"{k} {v:.2f} ms" for k, v in result["breakdown_ms"].items()))
     calibration = result["calibration"]
@@ -176,6 +175,11 @@ def _sizes(text: str) -> list[int]:
     return list(dict.fromkeys(int(part) for part in sizes))
 
 
+def _software(spec: Any) -> str:
+    """" (PyTorch 1.4)" for a job answered for an older PyTorch than the newest, else nothing."""
+    return f" (PyTorch {spec.pytorch_version})" if spec.pytorch_version else ""
+
+
 def _batch_axis(engine: Any, spec: Any, sizes: list[int], accelerator: str, options: dict[str, Any],
                 as_json: bool) -> None:
     """`perfmodel predict ... --batch-sizes 8,16,32`: the job at each per-device batch on the placement."""
@@ -195,8 +199,9 @@ def _batch_axis(engine: Any, spec: Any, sizes: list[int], accelerator: str, opti
         print_json(results)
         return
     head = results[0]
-    out.print(f"[bold]{head['job_name']}[/] {spec.mode.value} on {'+'.join(map(str, placements[0].devices_per_node))} "
-              f"x {head['accelerator']}  [dim]{head['model_version']}[/]")
+    out.print(f"[bold]{head['job_name']}[/] {spec.mode.value}{_software(spec)} on "
+              f"{'+'.join(map(str, placements[0].devices_per_node))} x {head['accelerator']}  "
+              f"[dim]{head['model_version']}[/]")
     out.print(f"  {'batch/device':>12} {'global batch':>12} {'ms/iteration':>13} {'samples/s':>11} {'memory GiB':>11}")
     for size, placement, result in zip(sizes, placements, results):
         fits = "" if result["fits"] else "  [red]does not fit[/]"
