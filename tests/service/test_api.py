@@ -595,7 +595,8 @@ def test_a_jobs_pytorch_version_is_its_own_job_said_back_and_refused_naming_the_
     answers = [client.post("/v1/predict", json={"job": j["job_id"], "placement": {"accelerator": "a100"}}).json()
                for j in (newest, older)]
     assert answers[1]["iter_time_ms"] > answers[0]["iter_time_ms"]
-    gavel = client.post("/v1/jobs", json={"source": {"kind": "zoo", "name": "gavel-lm"}, "batch_size": 20}).json()
+    gavel = client.post("/v1/jobs", json={"source": {"kind": "zoo", "name": "gavel-recommendation"},
+                                          "batch_size": 64}).json()
     assert gavel["pytorch_version"] == "1.4"
     bad = client.post("/v1/jobs", json={**job, "pytorch_version": "latest"})
     assert bad.status_code == 422 and any("pytorch_version" in e["loc"] for e in bad.json()["detail"])
