@@ -220,8 +220,10 @@ class JobSpec(BaseModel):
         """A full version ("1.4.0", "2.1.2+cu121", "1.4.0a0+a5b4d78") is its major.minor."""
         if isinstance(value, str):
             found = re.fullmatch(r"([0-9]+)\.([0-9]+)(\.[0-9]+)?([.+a-z].*)?", value.strip())
-            if found:
-                return f"{int(found[1])}.{int(found[2])}"
+            if not found:
+                raise ValueError("expected a PyTorch version, major.minor like 1.4 (or a full one like 1.4.0 or "
+                                 "2.1.2+cu121)")
+            return f"{int(found[1])}.{int(found[2])}"
         return value
 
     @model_validator(mode="before")
