@@ -70,3 +70,44 @@ def test_garbage_collection_is_back_on_after_a_capture_and_after_a_failed_one():
         assert not gc.isenabled()
     finally:
         gc.enable()
+
+
+@pytest.mark.parametrize("zoo_name", ["resnet18", "bert-small", "lstm-lm"])
+def test_a_capture_with_lazy_graph_modules_is_the_graph_of_an_eager_one(zoo_name, monkeypatch):
+    """The export builds its fx modules lazily (`_lazy_graph_modules`: their Python code is never generated, the
+    graph is only read): the captured graph is the one an export with eager modules gives, field for field, and
+    torch's own setting is as it was afterwards, also after a failed capture."""
+    import torch
+    from torch import nn
+    from torch.fx import _lazy_graph_module as lazy
+
+    from perfmodel.core.errors import PerfmodelError
+    from perfmodel.graph import graph_from_module
+    from perfmodel.graph.from_torch import graph_of_job
+    from perfmodel.jobs.build import build_job
+
+    class Broken(nn.Module):
+        def forward(self, x):
+            raise ValueError("this model cannot run")
+
+    generated: list[int] = []  # per capture, how many times an fx module's Python code was written
+    recompile = torch.fx.GraphModule.recompile
+
+    def counted(self):
+        generated[-1] += 1
+        return recompile(self)
+
+    monkeypatch.setattr(torch.fx.GraphModule, "recompile", counted)
+    generated.append(0)
+    spec = JobSpec(source=ZooSource(name=zoo_name), batch_size=2, seq_len=16)
+    before = lazy._use_lazy_graph_module_flag
+    lazy_graph = graph_of_job(build_job(spec, "meta"))
+    assert lazy._use_lazy_graph_module_flag == before
+    generated.append(0)
+    with lazy._force_skip_lazy_graph_module():  # every module eager, whatever the capture asks
+        eager_graph = graph_of_job(build_job(spec, "meta"))
+    assert generated[0] < generated[1], generated
+    assert lazy_graph.model_dump() == eager_graph.model_dump()
+    with pytest.raises(PerfmodelError, match="torch.export could not capture"):
+        graph_from_module(Broken(), (torch.randn(3, 4),), name="broken")
+    assert lazy._use_lazy_graph_module_flag == before
