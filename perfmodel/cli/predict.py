@@ -176,7 +176,7 @@ def _sizes(text: str) -> list[int]:
 
 
 def _software(spec: Any) -> str:
-    """" (PyTorch 1.4)" for a job answered for an older PyTorch than the newest, else nothing."""
+    """" (PyTorch 1.4)" for a job that names the PyTorch it is answered for, else nothing (the newest)."""
     return f" (PyTorch {spec.pytorch_version})" if spec.pytorch_version else ""
 
 

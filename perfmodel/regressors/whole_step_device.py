@@ -314,9 +314,7 @@ class DeviceStepRegressor:
         def offset(version: str | None) -> float:
             if not isinstance(version, str) or not version or not known:
                 return 0.0
-            if version in offsets:
-                return float(offsets[version])
-            later = [k for k in known if version_key(k) >= version_key(version)]
+            later = [k for k in known if version_key(k) >= version_key(version)]  # its own first, if learned
             if not later:
                 return 0.0  # newer than every learned version: answered as the newest
             return float(offsets.get(later[0], 0.0))
