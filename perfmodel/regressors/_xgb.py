@@ -11,7 +11,7 @@ import hashlib
 import itertools
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -72,24 +72,28 @@ def booster_params(*, max_depth: int, learning_rate: float, min_child_weight: fl
     }
 
 
+@dataclass(eq=False)
 class QuantileBoosterSettings:
-    """The settings the XGBoost regressors share; each regressor's `__init__` stores them with its own defaults."""
+    """The settings the XGBoost regressors share, stored as given (scikit-learn's `__init__` contract: the dataclass
+    writes it). A regressor is a dataclass too and redeclares the fields whose defaults are its own; `eq=False`
+    keeps an estimator equal only to itself (and hashable), as a fitted model should be."""
 
-    n_estimators: int
-    max_depth: int
-    learning_rate: float
-    min_child_weight: float
-    seed: int
-    quantiles: tuple[float, ...]
-    inner_folds: int
-    nthread: int
-    _SETTINGS = ("n_estimators", "max_depth", "learning_rate", "min_child_weight", "seed", "quantiles", "inner_folds",
-                 "nthread")
+    n_estimators: int = 300
+    max_depth: int = 3
+    learning_rate: float = 0.05
+    min_child_weight: float = 5.0
+    seed: int = 0
+    quantiles: Sequence[float] = (0.1, 0.5, 0.9)
+    inner_folds: int = 5
+    nthread: int = 2
+
+    def __post_init__(self) -> None:
+        self.quantiles = tuple(self.quantiles)
 
     def get_params(self) -> dict:
-        params = {name: getattr(self, name) for name in self._SETTINGS}
-        params["quantiles"] = list(params["quantiles"])
-        return params
+        """The settings, JSON-ready (sequences as lists): what a manifest saves and `from_settings` takes back."""
+        params = {f.name: getattr(self, f.name) for f in fields(self)}
+        return {name: list(value) if isinstance(value, tuple) else value for name, value in params.items()}
 
     def _params(self) -> dict:
         if list(self.quantiles) != sorted(self.quantiles) or 0.5 not in self.quantiles or len(self.quantiles) < 3:

@@ -52,28 +52,17 @@ class StepCorrection:
     log_high: np.ndarray
 
 
+@dataclass(eq=False)
 class WholeStepRegressor(QuantileBoosterSettings):
     name = "xgb-whole-step"
 
-    def __init__(self, n_estimators: int = 300, max_depth: int = 3, learning_rate: float = 0.05,
-                 min_child_weight: float = 3.0, seed: int = 0, quantiles: Sequence[float] = (0.1, 0.5, 0.9),
-                 inner_folds: int = 5, nthread: int = 1, feature_names: Sequence[str] = ()):
-        self.n_estimators = n_estimators
-        self.max_depth = max_depth
-        self.learning_rate = learning_rate
-        self.min_child_weight = min_child_weight
-        self.seed = seed
-        self.quantiles = tuple(quantiles)
-        self.inner_folds = inner_folds
-        self.nthread = nthread
-        self.feature_names = tuple(feature_names)
+    min_child_weight: float = 3.0
+    nthread: int = 1
+    feature_names: Sequence[str] = ()
 
-    _SETTINGS: tuple[str, ...] = (*QuantileBoosterSettings._SETTINGS, "feature_names")  # type: ignore[assignment]
-
-    def get_params(self) -> dict:
-        params = super().get_params()
-        params["feature_names"] = list(self.feature_names)
-        return params
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.feature_names = tuple(self.feature_names)
 
     def _x(self, frame: pd.DataFrame) -> np.ndarray:
         missing = [name for name in self.feature_names if name not in frame]

@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -47,21 +48,9 @@ def _features(samples: Sequence[Sample]) -> tuple[np.ndarray, np.ndarray]:
     return x, parts.reshape(len(samples), len(PARTS))
 
 
+@dataclass(eq=False)
 class XGBGraphRegressor(QuantileBoosterSettings):
     name = "xgb-graph"
-
-    def __init__(self, n_estimators: int = 300, max_depth: int = 3, learning_rate: float = 0.05,
-                 min_child_weight: float = 5.0, seed: int = 0, quantiles: Sequence[float] = (0.1, 0.5, 0.9),
-                 inner_folds: int = 5, nthread: int = 2):
-        self.n_estimators = n_estimators
-        self.max_depth = max_depth
-        self.learning_rate = learning_rate
-        self.min_child_weight = min_child_weight
-        self.seed = seed
-        self.quantiles = tuple(quantiles)
-        self.inner_folds = inner_folds
-        self.nthread = nthread
-
 
     # --- fit / predict ----------------------------------------------------------------------------------------
 

@@ -108,21 +108,12 @@ def overhead_matrix(samples: Sequence[Sample], rows: Sequence[_Rows]) -> np.ndar
         len(table), len(OVERHEAD_FEATURES))
 
 
+@dataclass(eq=False)
 class XGBOpsRegressor(QuantileBoosterSettings):
     name = "xgb-ops"
 
-    def __init__(self, n_estimators: int = 300, max_depth: int = 8, learning_rate: float = 0.1,
-                 min_child_weight: float = 5.0, seed: int = 0, quantiles: Sequence[float] = (0.1, 0.5, 0.9),
-                 inner_folds: int = 5, nthread: int = 2):
-        self.n_estimators = n_estimators
-        self.max_depth = max_depth
-        self.learning_rate = learning_rate
-        self.min_child_weight = min_child_weight
-        self.seed = seed
-        self.quantiles = tuple(quantiles)
-        self.inner_folds = inner_folds
-        self.nthread = nthread
-
+    max_depth: int = 8
+    learning_rate: float = 0.1
 
     # --- fit / predict ----------------------------------------------------------------------------------------
 
