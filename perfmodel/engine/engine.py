@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from pydantic import ValidationError
 from sqlalchemy.exc import SQLAlchemyError
@@ -63,12 +63,17 @@ from perfmodel.core.lru import LRU
 from perfmodel.engine.errors import FieldError, Loc, NotFound, Refused
 from perfmodel.engine.graphs import GraphCache, batch_free_key
 from perfmodel.engine.models import LOAD_ERRORS, ModelLifecycle
+from perfmodel.hardware.custom import LiveCatalog
 from perfmodel.hardware.spec import HardwareSpec
 from perfmodel.jobs.spec import GraphSource, JobSpec, ZooSource
 from perfmodel.placement.colocation import ColocationParams, Sharing, SharingJob
 from perfmodel.placement.spec import PlacementSpec, data_parallel
 from perfmodel.predictor.predict import HOST_BOUND_RATIO, Prediction, device_time_ms, prediction_json
 from perfmodel.records import utc_now
+
+if TYPE_CHECKING:  # for annotations only: the engine is handed its store and limits
+    from perfmodel.jobs.limits import JobLimits
+    from perfmodel.store.jobs import JobRecord, ModelEvent, ObservationRecord
 
 log = logging.getLogger("perfmodel.engine")
 
@@ -90,7 +95,7 @@ class EngineConfig:
     max_cached_jobs: int = 20_000  # jobs, and graphs, kept in memory
     max_cached_computes: int = 20_000  # per-device computes, memory estimates, links of the placement predictor
     capture_timeout_s: float | None = None  # None: `graphs.DEFAULT_CAPTURE_TIMEOUT_S`
-    capture_limits: Any = None  # `perfmodel.jobs.limits.JobLimits`; None: its defaults
+    capture_limits: JobLimits | None = None  # None: its defaults
     isolate_captures: bool = True  # capture in a time-limited child process (False: the CLI, in-process)
     graph_dir: Path | None = None  # keep captured zoo and HF-config graphs here across processes (the CLI)
     fleet_priors: FleetPriors = field(default_factory=FleetPriors)  # the fleet's priors (`fleet_priors_from`)
@@ -148,11 +153,11 @@ class Placements(Protocol):
 class Store(Protocol):
     """What the engine asks of the job store (`perfmodel.store.jobs.JobStore`)."""
 
-    def get_job(self, key: str, *, with_graph: bool = False) -> Any: ...
+    def get_job(self, key: str, *, with_graph: bool = False) -> JobRecord | None: ...
 
-    def add_job(self, spec: JobSpec, graph_json: str | None = None) -> tuple[Any, bool]: ...
+    def add_job(self, spec: JobSpec, graph_json: str | None = None) -> tuple[JobRecord, bool]: ...
 
-    def jobs(self) -> list[Any]: ...
+    def jobs(self) -> list[JobRecord]: ...
 
     def job_ids(self) -> set[str]: ...
 
@@ -161,13 +166,13 @@ class Store(Protocol):
     def add_observation(self, key: str, *, placement: dict[str, Any], accelerator: str, devices: int,
                         throughput_samples_per_s: float, predicted_throughput_samples_per_s: float,
                         model_version: str, colocated_with: str | None = None,
-                        sharing: str | None = None) -> Any: ...
+                        sharing: str | None = None) -> ObservationRecord: ...
 
-    def observations(self, key: str | None = None, *, after_id: int = 0) -> list[Any]: ...
+    def observations(self, key: str | None = None, *, after_id: int = 0) -> list[ObservationRecord]: ...
 
-    def observation(self, observation_id: int) -> Any: ...
+    def observation(self, observation_id: int) -> ObservationRecord | None: ...
 
-    def delete_observation(self, observation_id: int) -> Any: ...
+    def delete_observation(self, observation_id: int) -> ObservationRecord | None: ...
 
     def observation_ids(self, keys: Iterable[str]) -> dict[str, set[int]]: ...
 
@@ -175,7 +180,7 @@ class Store(Protocol):
 
     def last_observation_id(self) -> int: ...
 
-    def model_events(self, limit: int | None = None) -> list[Any]: ...
+    def model_events(self, limit: int | None = None) -> list[ModelEvent]: ...
 
 
 class PlacementTemplate(Protocol):
@@ -195,7 +200,7 @@ class JobEntry:
     graph: Graph
     registered: bool
     created_at: datetime | None = None
-    observations: list[Any] = field(default_factory=list)  # ObservationRecord, oldest first
+    observations: list[ObservationRecord] = field(default_factory=list)  # oldest first
     revision: int = 0  # bumped whenever `observations` changes
     calibration: Calibration = NO_CALIBRATION
     calibrated_at: tuple[int, int] = (-1, -1)  # (model generation, revision) `calibration` was computed for
@@ -204,14 +209,14 @@ class JobEntry:
     sharing_at: tuple[int, int, int] = (-1, -1, -1)  # (model generation, revision, fleet revision) of `sharing`
 
     @property
-    def alone(self) -> list[Any]:
+    def alone(self) -> list[ObservationRecord]:
         """Its observations alone on their placement (what calibrates its isolated answers)."""
-        return [o for o in self.observations if getattr(o, "colocated_with", None) is None]
+        return [o for o in self.observations if o.colocated_with is None]
 
     @property
-    def shared(self) -> list[Any]:
+    def shared(self) -> list[ObservationRecord]:
         """Its observations while sharing its GPUs with another job (what calibrates its co-located answers)."""
-        return [o for o in self.observations if getattr(o, "colocated_with", None) is not None]
+        return [o for o in self.observations if o.colocated_with is not None]
 
     @functools.cached_property
     def model_key(self) -> str:
@@ -276,7 +281,7 @@ def _model_refusals_at(where: Loc) -> Iterator[None]:
 class PredictionEngine:
     def __init__(self, config: EngineConfig, predictor: Placements, lifecycle: ModelLifecycle,
                  store: Store | None = None,
-                 *, graphs: GraphCache | None = None, catalog: Mapping[str, Any] | None = None):
+                 *, graphs: GraphCache | None = None, catalog: Mapping[str, HardwareSpec] | None = None):
         """Cheap: `open` loads the models and reads the store."""
         self.config = config
         self.store = store
@@ -287,7 +292,7 @@ class PredictionEngine:
         self._catalog = catalog
         self._jobs: LRU[str, JobEntry] = LRU(config.max_cached_jobs)
         self._placements: LRU[tuple[Any, int], PlacementSpec] = LRU(PLACEMENT_CACHE_SIZE)
-        self._hardware: LRU[str, Any] = LRU(PLACEMENT_CACHE_SIZE)  # accelerator names and aliases as given
+        self._hardware: LRU[str, HardwareSpec] = LRU(PLACEMENT_CACHE_SIZE)  # accelerator names and aliases as given
         self._lock = threading.Lock()  # observation lists of entries
         self._promote_lock = threading.Lock()
         self._last_observation_id = 0
@@ -322,7 +327,7 @@ class PredictionEngine:
         return load_placement_predictor(self.config, self.graphs, self.catalog, refs)
 
     @property
-    def catalog(self) -> Any:
+    def catalog(self) -> Mapping[str, HardwareSpec]:
         """The accelerators predictions resolve: shipped + local entries and the store's custom ones
         (`perfmodel.hardware.custom.LiveCatalog`, refreshed by `sync_once`)."""
         if self._catalog is None:
@@ -473,7 +478,7 @@ class PredictionEngine:
         assert isinstance(resolved, PlacementSpec)
         return resolved
 
-    def hardware(self, name: str, where: Loc = ("placement", "accelerator")) -> Any:
+    def hardware(self, name: str, where: Loc = ("placement", "accelerator")) -> HardwareSpec:
         """The catalog entry a name or alias names (cached); FieldError at `where` if none."""
         found = self._hardware.get(name)
         if found is None:
@@ -812,15 +817,18 @@ class PredictionEngine:
             return entry.sharing
         points = []
         for o in entry.shared:
+            if o.colocated_with is None:  # `shared` holds none: the check tells the type checker so
+                continue
+            sharing: Sharing = "mps" if o.sharing == "mps" else "time-slicing"  # stored as `_observe_shared` wrote it
             try:
                 partner = self.job(o.colocated_with)
                 placement = SamePlacement(PlacementSpec.model_validate(o.placement))
-                pair = self._pair([entry, partner], placement, o.sharing, calibrated=False)
+                pair = self._pair([entry, partner], placement, sharing, calibrated=False)
             except (NotFound, FieldError, PerfmodelError) as exc:  # the partner was deleted, the model changed
                 log.warning("shared observation %s of job %s left out: %s", o.id, entry.key, exc)
                 continue
             answered = pair.answers[0]["throughput_samples_per_s"] * pair.jobs[0].step_ms / pair.steps_ms[0]
-            points.append(SharedPoint(o.id, o.accelerator, o.sharing, o.colocated_with,
+            points.append(SharedPoint(o.id, o.accelerator, sharing, o.colocated_with,
                                       math.log(o.throughput_samples_per_s / answered)))
         calibration = calibrate_sharing(points)
         with self._lock:
@@ -1071,7 +1079,7 @@ class PredictionEngine:
             "colocated_with": partner.key, "sharing": sharing,
         }
 
-    def _add_observations(self, entry: JobEntry, records: Sequence[Any]) -> None:
+    def _add_observations(self, entry: JobEntry, records: Sequence[ObservationRecord]) -> None:
         with self._lock:
             known = {o.id for o in entry.observations}
             new = [r for r in records if r.id not in known]
@@ -1188,7 +1196,7 @@ class PredictionEngine:
         """Pick up what other processes wrote: new and deleted observations, deleted jobs, promotions. Blocking."""
         if self.store is None:
             return
-        new: dict[str, list[Any]] = {}
+        new: dict[str, list[ObservationRecord]] = {}
         for record in self.store.observations(after_id=self._last_observation_id):
             self._last_observation_id = max(self._last_observation_id, record.id)
             new.setdefault(record.job_id, []).append(record)
@@ -1212,10 +1220,11 @@ class PredictionEngine:
                 gone = {o.id for o in entry.observations} - ids
                 if gone:
                     self._drop_observations(entry, gone)
-        if hasattr(self.catalog, "refresh"):  # custom accelerators other processes added
+        catalog = self.catalog
+        if isinstance(catalog, LiveCatalog):  # custom accelerators other processes added
             from perfmodel.store.accelerators import custom_accelerators
 
-            self.catalog.refresh(custom_accelerators(self.store))
+            catalog.refresh(custom_accelerators(self.store))
         self.sync_models()
         from perfmodel.store.device_steps import signature
 
@@ -1290,16 +1299,15 @@ def sharing_job(raw: Prediction, calibrated_ms: float, host_share_of_gap: float,
     return split_step(calibrated_ms, device, host, host_share_of_gap, sm_fill, bandwidth_share)
 
 
-def live_catalog(store: Any | None) -> Any:
+def live_catalog(store: Store | None) -> LiveCatalog:
     """Shipped + local catalog entries and the store's custom accelerators (`hardware.custom.LiveCatalog`)."""
     from perfmodel.hardware.catalog import load_catalog
-    from perfmodel.hardware.custom import LiveCatalog
     from perfmodel.store.accelerators import custom_accelerators
 
     return LiveCatalog(load_catalog(), custom_accelerators(store) if store else ())
 
 
-def load_placement_predictor(config: EngineConfig, graphs: GraphCache, catalog: Any,
+def load_placement_predictor(config: EngineConfig, graphs: GraphCache, catalog: Mapping[str, HardwareSpec],
                              refs: dict[str, str | None]) -> Placements:
     """The prediction model of `refs` (role -> NAME/VERSION, None: the promoted one), resolving accelerators in
     `catalog` and taking graphs of other micro-batches from the engine's `graphs`."""
