@@ -49,7 +49,7 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import pandas as pd
@@ -60,6 +60,10 @@ from perfmodel.registry.files import new_folder
 from perfmodel.registry.registry import DOMAIN_FILE, ModelRegistry
 from perfmodel.regressors import regressor_class as _regressor_class
 from perfmodel.regressors.manifest import Manifest, data_hash
+
+if TYPE_CHECKING:
+    from perfmodel.hardware.spec import HardwareSpec
+    from perfmodel.store.jobs import JobStore
 
 LOCK_FILE = ".retrain.lock"
 STATE_FILE = "retrain-state.json"
@@ -158,7 +162,7 @@ class RoleRecipe(ABC):
                                  f"{', '.join(cls.regressors())}")
 
     @abstractmethod
-    def load(self, store: Any, catalog: Mapping[str, Any], progress: Progress) -> RoleData:
+    def load(self, store: JobStore, catalog: Mapping[str, HardwareSpec], progress: Progress) -> RoleData:
         """The role's rows from the store (only reads it)."""
 
     @abstractmethod
@@ -166,11 +170,11 @@ class RoleRecipe(ABC):
         """The rows of `data` where `mask` holds, in the regressor's input form."""
 
     @abstractmethod
-    def fit(self, regressor: str, settings: Mapping[str, Any], rows: Any, catalog: Mapping[str, Any]) -> Any:
+    def fit(self, regressor: str, settings: Mapping[str, Any], rows: Any, catalog: Mapping[str, HardwareSpec]) -> Any:
         """A fitted regressor of kind `regressor`."""
 
     @abstractmethod
-    def predict_ms(self, model: Any, rows: Any, catalog: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray]:
+    def predict_ms(self, model: Any, rows: Any, catalog: Mapping[str, HardwareSpec]) -> tuple[np.ndarray, np.ndarray]:
         """(predicted ms, mask of rows the model can predict), one per row."""
 
     @abstractmethod
@@ -194,7 +198,7 @@ class DeviceOpsRecipe(RoleRecipe):
     default_regressor = "xgb-device-ops"
     group_by = "chip"
 
-    def load(self, store: Any, catalog: Mapping[str, Any], progress: Progress) -> RoleData:
+    def load(self, store: JobStore, catalog: Mapping[str, HardwareSpec], progress: Progress) -> RoleData:
         from perfmodel.evaluation.device_ops import chip_of, training_rows
         from perfmodel.lowering.ops import OP_CLASSES
 
@@ -215,7 +219,7 @@ class DeviceOpsRecipe(RoleRecipe):
     def subset(self, data: RoleData, mask: np.ndarray) -> Any:
         return data.rows[mask].reset_index(drop=True)
 
-    def fit(self, regressor: str, settings: Mapping[str, Any], rows: Any, catalog: Mapping[str, Any]) -> Any:
+    def fit(self, regressor: str, settings: Mapping[str, Any], rows: Any, catalog: Mapping[str, HardwareSpec]) -> Any:
         from perfmodel.regressors import regressor_class
 
         self.check_regressor(regressor)
@@ -225,7 +229,7 @@ class DeviceOpsRecipe(RoleRecipe):
             raise PerfmodelError(f"{regressor} takes no setting(s) {unknown}")
         return cls(**settings).fit(rows, catalog)
 
-    def predict_ms(self, model: Any, rows: Any, catalog: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray]:
+    def predict_ms(self, model: Any, rows: Any, catalog: Mapping[str, HardwareSpec]) -> tuple[np.ndarray, np.ndarray]:
         known = rows["op_class"].isin(list(getattr(model, "boosters_", {}))).to_numpy()
         predicted = np.full(len(rows), np.nan)
         if known.any():
@@ -259,7 +263,7 @@ class IterationRecipe(RoleRecipe):
 
         return ITERATION_REGRESSORS
 
-    def load(self, store: Any, catalog: Mapping[str, Any], progress: Progress) -> RoleData:
+    def load(self, store: JobStore, catalog: Mapping[str, HardwareSpec], progress: Progress) -> RoleData:
         from perfmodel.features.dataset import samples_from_store
 
         samples = samples_from_store(store, graph_cache_dir=self.graph_cache_dir, progress=progress)
@@ -272,7 +276,7 @@ class IterationRecipe(RoleRecipe):
     def subset(self, data: RoleData, mask: np.ndarray) -> Any:
         return [s for s, keep in zip(data.rows, mask) if keep]
 
-    def fit(self, regressor: str, settings: Mapping[str, Any], rows: Any, catalog: Mapping[str, Any]) -> Any:
+    def fit(self, regressor: str, settings: Mapping[str, Any], rows: Any, catalog: Mapping[str, HardwareSpec]) -> Any:
         import inspect
 
         from perfmodel.regressors import regressor_class
@@ -284,7 +288,7 @@ class IterationRecipe(RoleRecipe):
             raise PerfmodelError(f"{regressor} takes no setting(s) {unknown}")
         return cls(**settings).fit(rows)
 
-    def predict_ms(self, model: Any, rows: Any, catalog: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray]:
+    def predict_ms(self, model: Any, rows: Any, catalog: Mapping[str, HardwareSpec]) -> tuple[np.ndarray, np.ndarray]:
         predicted = np.asarray(model.predict(rows).iter_time_ms, dtype=np.float64)
         return predicted, np.isfinite(predicted) & (predicted > 0)
 
@@ -317,7 +321,7 @@ class WholeStepRecipe(RoleRecipe):
 
         return tuple(STAGES)
 
-    def load(self, store: Any, catalog: Mapping[str, Any], progress: Progress) -> RoleData:
+    def load(self, store: JobStore, catalog: Mapping[str, HardwareSpec], progress: Progress) -> RoleData:
         from perfmodel.evaluation.real_runs import composed_frame, steady_steps, stored_runs
         from perfmodel.predictor.placed import PlacementPredictor
 
@@ -339,7 +343,7 @@ class WholeStepRecipe(RoleRecipe):
     def subset(self, data: RoleData, mask: np.ndarray) -> Any:
         return data.rows[mask].reset_index(drop=True)
 
-    def fit(self, regressor: str, settings: Mapping[str, Any], rows: Any, catalog: Mapping[str, Any]) -> Any:
+    def fit(self, regressor: str, settings: Mapping[str, Any], rows: Any, catalog: Mapping[str, HardwareSpec]) -> Any:
         from perfmodel.evaluation.real_runs import STAGES, fit_stage
 
         if regressor not in STAGES:
@@ -347,7 +351,7 @@ class WholeStepRecipe(RoleRecipe):
         settings = {k: v for k, v in settings.items() if k != "feature_names"}
         return fit_stage(rows, None, regressor, **settings)
 
-    def predict_ms(self, model: Any, rows: Any, catalog: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray]:
+    def predict_ms(self, model: Any, rows: Any, catalog: Mapping[str, HardwareSpec]) -> tuple[np.ndarray, np.ndarray]:
         from perfmodel.evaluation.real_runs import with_jobs
 
         out = model.predict(with_jobs(rows))  # rows composed by `load`: every composition feature is there
@@ -500,7 +504,7 @@ def _clean_stale_tmp(models_dir: Path) -> None:
         shutil.rmtree(path, ignore_errors=True)
 
 
-def _write_gpu_report(store: Any, root: Path, folder: Path, result: RetrainResult, say: Progress) -> None:
+def _write_gpu_report(store: JobStore, root: Path, folder: Path, result: RetrainResult, say: Progress) -> None:
     """The GPU accuracy report of the store's whole-job runs, with the models now promoted (its path goes into
     the result's settings as `gpu_report`)."""
     from perfmodel.evaluation.gpu_report import gpu_accuracy, write_gpu_report
@@ -515,7 +519,7 @@ def _write_gpu_report(store: Any, root: Path, folder: Path, result: RetrainResul
     result.settings["gpu_report"] = str(paths["report"])
 
 
-def observation_summary(store: Any) -> dict[str, Any]:
+def observation_summary(store: JobStore) -> dict[str, Any]:
     """Per accelerator: observations posted to the service and the MAPE of the throughput predicted for them."""
     observations = store.observations()
     by_accelerator: dict[str, list[Any]] = {}
@@ -532,8 +536,8 @@ def observation_summary(store: Any) -> dict[str, Any]:
             "used_for": "report only (whole-placement throughputs; the service's calibration uses them online)"}
 
 
-def _evaluate_role(recipe: RoleRecipe, store: Any, registry: ModelRegistry, settings: RetrainSettings,
-                   catalog: Mapping[str, Any], state: dict[str, Any], progress: Progress) -> RoleOutcome:
+def _evaluate_role(recipe: RoleRecipe, store: JobStore, registry: ModelRegistry, settings: RetrainSettings,
+                   catalog: Mapping[str, HardwareSpec], state: dict[str, Any], progress: Progress) -> RoleOutcome:
     from perfmodel.engine.models import promoted_by_store
     from perfmodel.registry.registry import read_domain
     from perfmodel.regressors import load_regressor
