@@ -38,7 +38,7 @@ import pandas as pd
 from _figures import add_record_option, figure_key, record_if_asked
 
 from perfmodel.calibration.fleet import FleetPriors
-from perfmodel.evaluation.fleet import error_floors, fleet_frame, job_elsewhere, same_gpu, summary
+from perfmodel.evaluation.fleet import error_floors, fleet_frame, job_elsewhere, same_gpu, shrunk_other_models, summary
 from perfmodel.evaluation.real_runs import read_composed, steady_steps
 from perfmodel.hardware.catalog import load_catalog
 from perfmodel.settings import get_settings
@@ -140,6 +140,7 @@ def main(argv: list[str] | None = None) -> int:
           f"every other model on the GPU, no prior: {floors['other_models_mean']:.1f} %")
     recorded_floors = floors
 
+    recorded_ceilings: dict[str, pd.DataFrame] = {}
     for path in args.served or ():
         served = served_frame(frame, path)
         rows = same_gpu(served, draws=args.draws, priors=priors)
@@ -149,6 +150,11 @@ def main(argv: list[str] | None = None) -> int:
         print(table.round(1).to_string())
         name = f"same_gpu_served_{path.stem.rsplit('-', 1)[-1]}"
         recorded[name] = table
+        ceiling = shrunk_other_models(served, draws=args.draws)
+        print("\n  one share of the observed models' mean error applied to the others, the best share per k chosen on "
+              "these runs (a ceiling for any such rule, not a hold-out):\n")
+        print(ceiling.round(2).to_string())
+        recorded_ceilings[name] = ceiling
         for bias in args.device_bias:
             rows = same_gpu(off_by(served, bias), draws=args.draws, priors=priors)
             print(f"\n  the same with every measured step {bias:g}x the served answer's error (a GPU the model is "
@@ -171,7 +177,11 @@ def main(argv: list[str] | None = None) -> int:
                                     "coverage_80_pct": {"min": coverage.min(), "max": coverage.max()},
                                     "served_coverage_80_pct": {"min": served_coverage.min(),
                                                                "max": served_coverage.max()},
-                                    "one_gpu_floor_mape_pct": recorded_floors})
+                                    "one_gpu_floor_mape_pct": recorded_floors,
+                                    "shrunk_other_models": {name: {f"k{k}": {"best_shrink": r.best_shrink,
+                                                                             "best_mape_1gpu_pct": r.best_mape_1gpu_pct}
+                                                                   for k, r in table.iterrows()}
+                                                            for name, table in recorded_ceilings.items()}})
     print(f"\ndone in {time.perf_counter() - started:.0f} s")
     return 0
 

@@ -96,6 +96,41 @@ def same_gpu(frame: pd.DataFrame, ks: Sequence[int] = (0, 1, 2, 4), draws: int =
     return pd.concat(out, ignore_index=True)
 
 
+def shrunk_other_models(frame: pd.DataFrame, ks: Sequence[int] = (1, 2, 4), draws: int = 20, seed: int = 0,
+                        shrinks: Sequence[float] = tuple(np.linspace(0.0, 1.0, 21))) -> pd.DataFrame:
+    """What the best single shrinkage of other models' errors could do, one GPU (a ceiling, not a hold-out): on each
+    GPU and math mode, k models observed as in `same_gpu` (the same draws), each other model's one-GPU runs corrected
+    by `shrink` times the mean of the observed models' mean log error there; per k, the MAPE of every shrink and the
+    best one, chosen on these same runs. A rule that knows only how far each observed model is off, and applies one
+    share of it to the others, does no better than that best."""
+    rng = random.Random(seed)
+    one = frame[frame.devices == 1]
+    shrink = np.asarray(shrinks, dtype=np.float64)
+    errors: dict[int, list[np.ndarray]] = {k: [] for k in ks}
+    for _, gpu in one.groupby(["accelerator", "precision"]):
+        models = sorted(gpu.model.unique())
+        means = gpu.groupby("model").log_ratio.mean()
+        for k in ks:
+            if len(models) < k + 1:
+                continue
+            choices = list(itertools.combinations(models, k))
+            rng.shuffle(choices)
+            for observed in choices[:draws]:
+                others = gpu[~gpu.model.isin(observed)].log_ratio.to_numpy()
+                shift = float(means[list(observed)].mean())
+                e = others[:, None] - shrink[None, :] * shift  # log(measured / corrected step)
+                errors[k].append(throughput_ape(1.0, np.exp(e)) * 100)
+    rows = []
+    for k, parts in errors.items():
+        if not parts:
+            continue
+        mape = np.concatenate(parts).mean(axis=0)
+        best = int(np.argmin(mape))
+        rows.append({"k": k, "best_shrink": float(shrink[best]), "best_mape_1gpu_pct": float(mape[best]),
+                     "mape_at_0_pct": float(mape[0]), "mape_at_1_pct": float(mape[-1])})
+    return pd.DataFrame(rows).set_index("k")
+
+
 def job_elsewhere(frame: pd.DataFrame, ks: Sequence[int] = (0, 1, 2, 4), seed: int = 0,
                   every: int = 1, priors: FleetPriors = FleetPriors()) -> pd.DataFrame:
     """Protocol `job_elsewhere`: one row per predicted run, with `k` (GPUs the asked model was observed on).

@@ -7,7 +7,15 @@ import math
 
 import pandas as pd
 
-from perfmodel.evaluation.fleet import OP_GROUP_SHARES, error_floors, fleet_frame, job_elsewhere, same_gpu, summary
+from perfmodel.evaluation.fleet import (
+    OP_GROUP_SHARES,
+    error_floors,
+    fleet_frame,
+    job_elsewhere,
+    same_gpu,
+    shrunk_other_models,
+    summary,
+)
 from perfmodel.hardware.catalog import load_catalog
 
 GPUS = ("a100-sxm4-80gb", "a100-pcie-40gb", "v100-sxm2-32gb", "rtx-3090", "t4")
@@ -72,3 +80,19 @@ def test_on_served_answers_the_interval_is_the_served_band_scaled_as_the_service
     scale = pd.Series(low.map(math.log) / math.log(0.8))
     assert (rows.level != "none").all() and (scale > 0).all()
     assert (high.map(math.log) / math.log(1.5) - scale).abs().max() < 1e-9  # one scale for both ends
+
+
+def test_the_best_share_of_other_models_errors_takes_a_shared_gpu_error_whole_and_leaves_model_errors_alone():
+    """Errors that are the GPU's alone: the best share is 1 and it leaves nothing; errors that are the models' own,
+    around no common offset (the GPU part zero): any share of the others' mean only adds theirs, so the best is 0."""
+    composed = _composed()
+    gpu_only = composed.assign(measured_ms=composed.placement_ms * composed.accelerator.map(GPU_ERROR).map(math.exp))
+    table = shrunk_other_models(fleet_frame(gpu_only, load_catalog()), ks=(1, 2), draws=5)
+    assert list(table.index) == [1, 2]
+    assert (table.best_shrink == 1.0).all() and (table.best_mape_1gpu_pct < 1e-9).all()
+    assert (table.mape_at_0_pct > 1.0).all()
+    centred = {model: error - sum(MODELS.values()) / len(MODELS) for model, error in MODELS.items()}
+    model_only = composed.assign(measured_ms=composed.placement_ms * composed.model.map(centred).map(math.exp))
+    table = shrunk_other_models(fleet_frame(model_only, load_catalog()), ks=(1, 2), draws=5)
+    assert (table.best_shrink == 0.0).all()
+    assert (table.best_mape_1gpu_pct == table.mape_at_0_pct).all() and (table.mape_at_1_pct > table.mape_at_0_pct).all()
