@@ -16,7 +16,9 @@ same-GPU protocol again on what the service answered (the held-out predictions
 `bench/real_runs.py --out OUT.csv` writes, with the learned whole-step stage fitted without the run's family or
 chip): the case of a scheduler posting some jobs' throughputs on a GPU and asking for others; and again with every
 measured step `--device-bias` times longer (1.3 by default), as on a GPU the model is off on by a constant (a
-generation it never saw): how much of that the fleet learns from k other models. The composed frame
+generation it never saw): how much of that the fleet learns from k other models. On each served file it also
+prints what the best single share of the observed models' mean error, applied to the others and chosen on the same
+runs, would give (`shrunk_other_models`): a ceiling for any such rule. The composed frame
 (`--cache`) is shared with bench/real_runs.py: composing every run takes ~40 min.
 The fleet's priors were set by looking at these runs: the figures are not a hold-out of that choice. `--job-prior`
 and `--chip-prior` run every protocol with other standard deviations (what `PERFMODEL_FLEET_JOB_PRIOR` and
