@@ -30,18 +30,26 @@ zoo_app = typer.Typer(no_args_is_help=True, help="The model zoo (architectures b
 
 
 @zoo_app.command("list")
-def zoo_list(as_json: JsonOpt = False) -> None:
-    """List the zoo's models with their family and library."""
+def zoo_list(as_json: JsonOpt = False,
+             every: Annotated[bool, typer.Option(
+                 "--all", help="also every torchvision and timm image classifier a job may name")] = False) -> None:
+    """List the zoo's models with their family and library (--all: with the libraries' image classifiers)."""
     from rich.table import Table
 
-    from perfmodel.jobs.zoo import ZOO
+    from perfmodel.jobs.library_models import library_models
+    from perfmodel.jobs.zoo import ZOO, get_entry
 
+    names = [*ZOO, *(name for name in library_models() if name not in ZOO)] if every else list(ZOO)
+    entries = [get_entry(name) for name in names]
     rows = [{"name": e.name, "family": e.family, "library": e.library, "inputs": e.inputs.value, "unit": e.unit}
-            for e in ZOO.values()]
+            for e in entries]
     if as_json:
         print_json(rows)
         return
-    table = Table("name", "family", "library", "inputs", "unit", title=f"{len(rows)} zoo models")
+    more = len([name for name in library_models() if name not in ZOO])
+    caption = None if every else (f"and {more} more image classifiers of torchvision and timm by their library "
+                                  f"names (--all lists them)")
+    table = Table("name", "family", "library", "inputs", "unit", title=f"{len(rows)} zoo models", caption=caption)
     for r in rows:
         table.add_row(*r.values())
     out.print(table)
@@ -72,6 +80,7 @@ def zoo_show(name: Annotated[str, typer.Argument(help="zoo model name (see `perf
             "reference_seq_len": entry.reference_seq_len, "default_task": entry.default_task,
             "optimizer": entry.reference_optimizer or "sgd", "pytorch_version": entry.reference_pytorch,
             "host_work": entry.host_work,
+            **({"image_size": entry.image_size} if entry.inputs.value == "image" else {}),
             "description": entry.description}
     if as_json:
         print_json(info)

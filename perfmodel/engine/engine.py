@@ -1269,10 +1269,10 @@ def host_bound_reason(spec: JobSpec, reported: tuple[str, float] | None) -> str 
     own reports on some accelerator (`reported`: `Calibration.slowest_over_device_time`) put its step over
     `HOST_BOUND_RATIO` times the predicted device time there. Such a step gains less from a faster GPU than the
     device time says, on any accelerator."""
-    from perfmodel.jobs.zoo import ZOO  # the zoo's builders import torch: not at the engine's import
+    from perfmodel.jobs.zoo import find_entry  # the zoo's builders import torch: not at the engine's import
 
     if isinstance(spec.source, ZooSource):
-        entry = ZOO.get(spec.source.name)
+        entry = find_entry(spec.source.name)
         if entry is not None and entry.host_work:
             return (f"{entry.name}'s reference implementation {entry.host_work}, which the graph does not show: a "
                     f"faster GPU speeds it up less than the device time says")

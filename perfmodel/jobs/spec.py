@@ -81,11 +81,11 @@ class ZooSource(_Source):
         if task is None:
             return task
         from perfmodel.jobs.hf import TASK_CLASSES
-        from perfmodel.jobs.zoo import ZOO
+        from perfmodel.jobs.zoo import find_entry
 
         if task not in TASK_CLASSES:
             raise ValueError(f"unknown task {task!r}; one of {', '.join(TASK_CLASSES)}")
-        entry = ZOO.get(info.data.get("name", ""))
+        entry = find_entry(info.data.get("name", ""))
         if entry is not None and entry.library != "transformers":
             raise ValueError(f"zoo model {entry.name!r} is a {entry.library} model with one head; a task applies "
                              "to transformers zoo models and hf_config")
@@ -244,9 +244,9 @@ class JobSpec(BaseModel):
             name = source["name"]
         else:
             return data
-        from perfmodel.jobs.zoo import ZOO, InputKind
+        from perfmodel.jobs.zoo import InputKind, find_entry
 
-        entry = ZOO.get(name)
+        entry = find_entry(name)
         if entry is not None and entry.reference_optimizer is not None and data.get("optimizer") is None:
             data = {**data, "optimizer": entry.reference_optimizer}
         if entry is not None and entry.reference_pytorch is not None and data.get("pytorch_version") is None:

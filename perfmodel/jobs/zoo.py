@@ -1,12 +1,15 @@
 """The model zoo: architectures built from code or configs, never from downloaded weights.
 
 One table, `ZOO`, maps a name to its family (all variants of one architecture: k-fold evaluation never puts a
-family in both train and test), its input kind and a builder. Builders import their library lazily and build under
-whatever `torch.device` context the caller set (the meta device for graph capture, a real one for profiling).
+family in both train and test), its input kind and a builder; any other image classifier of torchvision or timm
+is a zoo model by its library name too (`find_entry`, `perfmodel.jobs.library_models`). Builders import their
+library lazily and build under whatever `torch.device` context the caller set (the meta device for graph capture,
+a real one for profiling).
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
@@ -14,6 +17,7 @@ from typing import Any
 
 from perfmodel.compat import ensure_torchvision
 from perfmodel.core.errors import PerfmodelError, UnknownNameError
+from perfmodel.jobs.library_models import library_models
 from perfmodel.jobs.spec import ZooSource
 
 
@@ -329,19 +333,36 @@ def _entries() -> list[ZooEntry]:
 ZOO: dict[str, ZooEntry] = {e.name: e for e in _entries()}
 
 
+def find_entry(name: str) -> ZooEntry | None:
+    """The zoo entry called `name`: the table's (`ZOO`), else an image classifier torchvision or timm builds by that
+    name (`perfmodel.jobs.library_models`); None if neither has it. Reads no library."""
+    return ZOO.get(name) or _library_entry(name)
+
+
+@functools.cache
+def _library_entry(name: str) -> ZooEntry | None:
+    found = library_models().get(name)
+    if found is None:
+        return None
+    build = _torchvision(name) if found.library == "torchvision" else _timm(name)
+    return ZooEntry(name, found.family, found.library, InputKind.image, build, image_size=found.image_size,
+                    builds_on_meta=found.builds_on_meta,
+                    description=f"{found.library}'s {name} image classifier ({found.family}), built by name")
+
+
 def get_entry(name: str) -> ZooEntry:
-    """The zoo entry called `name`; an unknown name raises an error listing the closest names."""
-    try:
-        return ZOO[name]
-    except KeyError:
-        raise UnknownNameError("zoo model", name, ZOO) from None
+    """The zoo entry called `name` (`find_entry`); an unknown name raises an error listing the closest names."""
+    entry = find_entry(name)
+    if entry is None:
+        raise UnknownNameError("zoo model", name, {*ZOO, *library_models()})
+    return entry
 
 
 def items_of(spec: Any) -> tuple[str, float]:
     """(unit, items per sample) of a job: its zoo entry's benchmark unit at the job's sequence length, else one
     sample per sample."""
     source = getattr(spec, "source", None)
-    if isinstance(source, ZooSource) and source.name in ZOO:
-        entry = ZOO[source.name]
+    entry = find_entry(source.name) if isinstance(source, ZooSource) else None
+    if entry is not None:
         return entry.unit, entry.items(spec.seq_len)
     return "samples", 1.0

@@ -156,7 +156,7 @@ def test_predict_refuses_a_bad_accelerator_before_capturing_the_job(accelerator,
 
 @pytest.mark.parametrize("args,fragment", [
     (("predict", "resnet18", "-b", 8, "--accelerator", "t4", "--with", "resnet51:8"),
-     "--with: unknown zoo model 'resnet51'; did you mean: resnet50"),
+     "--with: unknown zoo model 'resnet51'; did you mean: resnet51q, resnet50, resnet18,"),
     (("export", "gavel", "{out}", "--job", "resnet18:8", "--job", "resnet51:8", "--worker-type", "t4=t4"),
      "unknown zoo model 'resnet51'"),
 ])

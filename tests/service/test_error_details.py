@@ -48,3 +48,16 @@ def test_an_ambiguous_accelerator_lists_its_parts_and_a_name_far_from_any_says_w
     assert ambiguous.json()["detail"][0]["loc"] == ["path", "accelerator_id"]
     unknown = client.get("/v1/accelerators/zzzzqqq")
     assert unknown.status_code == 404 and "GET /v1/accelerators" in unknown.json()["detail"]
+
+
+def test_a_zoo_name_may_be_any_library_classifier_and_an_unknown_one_names_the_close_ones(client):
+    """A torchvision or timm image classifier is a zoo model by its library name; a name no library has is a 422 at
+    `source.name` listing the close names of the zoo and both libraries."""
+    unknown = client.post("/v1/jobs", json={"source": {"kind": "zoo", "name": "vit_b_17"}, "batch_size": 2})
+    assert unknown.status_code == 422, unknown.text
+    error = unknown.json()["detail"][0]
+    assert error["loc"] == ["body", "source", "name"] and "did you mean: vit_b_16" in error["msg"]
+    known = client.post("/v1/predict", json={"job": {"source": {"kind": "zoo", "name": "mnasnet0_5"}, "batch_size": 2},
+                                             "placement": {"accelerator": "t4"}})
+    assert known.status_code == 200, known.text
+    assert known.json()["job_name"] == "mnasnet0_5" and known.json()["throughput_samples_per_s"] > 0
