@@ -9,7 +9,9 @@ torchvision, then timm (both ship a `resnet50`, say: `perfmodel zoo show NAME` t
 The names are data, `library_models.json` beside this module, so that a name is known (and a request that names an
 unknown one refused) without importing torch, torchvision or timm: the service validates job specs in a process
 that never imports them. `python -m perfmodel.jobs.library_models --write` writes it from the installed
-libraries (the versions `constraints-cpu.txt` pins); `tests/jobs/test_library_models.py` checks it matches them.
+libraries and records their versions; `tests/jobs/test_library_models.py` checks it matches them where the same
+versions are installed. Where others are, a name the installed library lacks fails when the job is built (its
+library's own error), and a name only it has is unknown here until the file is written again.
 """
 
 from __future__ import annotations
@@ -44,14 +46,31 @@ def library_models() -> dict[str, LibraryModel]:
     """Every name of `library_models.json`, the first library's where both have it (`LIBRARIES`)."""
     data = json.loads(LIBRARY_FILE.read_text())
     models: dict[str, LibraryModel] = {}
-    for library in LIBRARIES:
+    for library in LIBRARIES:  # {"versions": {...}, "torchvision": {name: fields}, "timm": {...}}
         for name, fields in data.get(library, {}).items():
             models.setdefault(name, LibraryModel(name=name, library=library, **fields))
     return models
 
 
-def installed_library_models() -> dict[str, dict[str, dict[str, object]]]:
-    """{library: {name: fields}} from the installed torchvision and timm (imports both): what the file should hold."""
+def installed_versions() -> dict[str, str]:
+    """{library: its installed version} (imports both)."""
+    from perfmodel.compat import ensure_torchvision
+
+    ensure_torchvision()
+    import timm
+    import torchvision
+
+    return {"torchvision": torchvision.__version__.split("+")[0], "timm": timm.__version__}
+
+
+def shipped_versions() -> dict[str, str]:
+    """{library: the version `library_models.json` was written from}."""
+    return dict(json.loads(LIBRARY_FILE.read_text()).get("versions", {}))
+
+
+def installed_library_models() -> dict[str, object]:
+    """{"versions": ..., library: {name: fields}} from the installed torchvision and timm (imports both): what the
+    file should hold."""
     from perfmodel.compat import ensure_torchvision
 
     ensure_torchvision()
@@ -72,7 +91,8 @@ def installed_library_models() -> dict[str, dict[str, dict[str, object]]]:
 
     classifiers = torchvision.models.list_models(module=torchvision.models)
     timm_families = {name: module for module in timm.list_modules() for name in timm.list_models(module=module)}
-    return {"torchvision": {name: torchvision_model(name) for name in sorted(classifiers)},
+    return {"versions": installed_versions(),
+            "torchvision": {name: torchvision_model(name) for name in sorted(classifiers)},
             "timm": {name: timm_model(name, timm_families.get(name, name)) for name in sorted(timm.list_models())}}
 
 
@@ -83,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     installed = installed_library_models()
     if args.write:
         LIBRARY_FILE.write_text(json.dumps(installed, indent=0, sort_keys=True) + "\n")
-        print(f"wrote {LIBRARY_FILE}: " + ", ".join(f"{len(v)} {k}" for k, v in installed.items()))
+        print(f"wrote {LIBRARY_FILE}: " + ", ".join(f"{len(installed[k])} {k}" for k in LIBRARIES))  # type: ignore[arg-type]
         return 0
     shipped = json.loads(LIBRARY_FILE.read_text())
     if shipped != installed:
