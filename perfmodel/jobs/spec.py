@@ -67,7 +67,8 @@ class _Source(BaseModel):
 
 class ZooSource(_Source):
     kind: Literal["zoo"] = "zoo"
-    name: str = Field(description="a name from `perfmodel zoo list`")
+    name: str = Field(description="a name from `perfmodel zoo list`, or any torchvision or timm image classifier's "
+                                   "(`perfmodel zoo list --all`)")
     # left out of the serialised spec when None, so that the keys of specs without a task never change
     task: str | None = Field(
         default=None, exclude_if=lambda task: task is None,
