@@ -32,7 +32,8 @@ TORCHVISION_BUILDS_OFF_META = frozenset({"regnet"})
 
 @dataclass(frozen=True)
 class LibraryModel:
-    """One classifier a library builds by name: its family (the library module that defines it) and input size."""
+    """One classifier a library builds by name: its family (the zoo table's family of the library module that
+    defines it, else that module's name) and input size."""
 
     name: str
     library: str
@@ -77,23 +78,35 @@ def installed_library_models() -> dict[str, object]:
     import timm
     import torchvision
 
+    def torchvision_module(name: str) -> str:
+        return str(torchvision.models.get_model_builder(name).__module__.rsplit(".", 1)[-1])
+
+    timm_modules = {name: module for module in timm.list_modules() for name in timm.list_models(module=module)}
+    # a library module that defines one of the zoo table's models is that model's family (torchvision's and timm's
+    # `vision_transformer` are the table's `vit`, `mobilenetv3` its `mobilenet`): one architecture, one family
+    from perfmodel.jobs.zoo import ZOO
+
+    module_of = {"torchvision": torchvision_module, "timm": lambda name: timm_modules.get(name, name)}
+    families = {module_of[e.library](e.name): e.family for e in ZOO.values() if e.library in module_of}
+
     def torchvision_model(name: str) -> dict[str, object]:
-        family = torchvision.models.get_model_builder(name).__module__.rsplit(".", 1)[-1]
+        module = torchvision_module(name)
+        family = families.get(module, module)
         transforms = torchvision.models.get_model_weights(name).DEFAULT.transforms()
         crop = getattr(transforms, "crop_size", [DEFAULT_IMAGE_SIZE])
         return {"family": family, "image_size": int(crop[0] if isinstance(crop, (list, tuple)) else crop),
                 "builds_on_meta": family not in TORCHVISION_BUILDS_OFF_META}
 
-    def timm_model(name: str, family: str) -> dict[str, object]:
+    def timm_model(name: str) -> dict[str, object]:
         config = timm.models.get_pretrained_cfg(name)
         size = getattr(config, "input_size", None) if config is not None else None
-        return {"family": family, "image_size": int(size[-1]) if size else DEFAULT_IMAGE_SIZE}
+        module = timm_modules.get(name, name)
+        return {"family": families.get(module, module), "image_size": int(size[-1]) if size else DEFAULT_IMAGE_SIZE}
 
     classifiers = torchvision.models.list_models(module=torchvision.models)
-    timm_families = {name: module for module in timm.list_modules() for name in timm.list_models(module=module)}
     return {"versions": installed_versions(),
             "torchvision": {name: torchvision_model(name) for name in sorted(classifiers)},
-            "timm": {name: timm_model(name, timm_families.get(name, name)) for name in sorted(timm.list_models())}}
+            "timm": {name: timm_model(name) for name in sorted(timm.list_models())}}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -32,9 +32,10 @@ def test_the_shipped_names_are_the_installed_libraries():
 
 def test_a_name_resolves_to_the_table_then_torchvision_then_timm():
     assert find_entry("resnet50") is ZOO["resnet50"]  # the table's own, though both libraries have one
-    vit = get_entry("vit_b_16")
-    assert (vit.library, vit.family, vit.inputs, vit.image_size) == ("torchvision", "vision_transformer",
-                                                                     InputKind.image, 224)
+    vit = get_entry("vit_b_16")  # the family of the table's ViTs (timm's), one architecture whatever the library
+    assert (vit.library, vit.family, vit.inputs, vit.image_size) == ("torchvision", "vit", InputKind.image, 224)
+    assert get_entry("swin_t").family == ZOO["swin_tiny_patch4_window7_224"].family
+    assert get_entry("levit_128").family == "levit"  # a module no table model comes from: its own name
     assert get_entry("efficientnet_v2_s").image_size == 384  # its weights' crop size
     assert get_entry("resnet26d").library == "timm"
     assert get_entry("vgg13").library == "torchvision"  # in both libraries
