@@ -15,9 +15,9 @@ catalogued part is an alias of it. Files are read when asked, never at import.
 A name that matches no name or alias that way, and that carries a qualifier - a memory size or a form-factor /
 memory-type word (`sxm`, `sxm2` .. `sxm6`, `pcie`, `oam`, `nvl`, `hbm*`), the words people write in either order -
 gets a second, looser look-up (`loose_key`): any punctuation separates words, the brand words `nvidia`, `tesla`,
-`geforce` and `amd` are dropped, a memory size is one word ("80 GB", "80G" -> `80gb`), and the qualifiers may come
-in any order, while the other words keep theirs. So "H100 80GB SXM5" finds the alias "H100 SXM5 80GB",
-"V100 32GB SXM2" finds "Tesla V100-SXM2-32GB" and "A100-SXM-80GB" (older drivers' name) finds
+`geforce`, `amd`, `radeon` and `instinct` are dropped, a memory size is one word ("80 GB", "80G" -> `80gb`), and
+the qualifiers may come in any order, while the other words keep theirs. So "H100 80GB SXM5" finds the alias
+"H100 SXM5 80GB", "V100 32GB SXM2" finds "Tesla V100-SXM2-32GB" and "A100-SXM-80GB" (older drivers' name) finds
 "NVIDIA A100-SXM-80GB". A model name without qualifiers gets no loose look-up: bare names are where the defaults
 and the ambiguous table below decide, name by name. Leading brand words do not change which part a name means, so
 a bare name with them is looked up as the name without them ("NVIDIA H100" as `H100`, "Tesla P100" as the ambiguous
@@ -73,7 +73,7 @@ def normalize_name(name: str) -> str:
 
 
 # words a device name may carry or drop without naming another part ("Tesla V100-SXM2-16GB", "V100 SXM2 16GB")
-BRAND_WORDS = frozenset({"nvidia", "tesla", "geforce", "amd"})
+BRAND_WORDS = frozenset({"nvidia", "tesla", "geforce", "amd", "radeon", "instinct"})
 # words that qualify a part (memory size, board form, memory type) and that people write in any order
 _QUALIFIER = re.compile(r"\d+gb|sxm\d?|pcie|oam|nvl|hbm\d?e?")
 

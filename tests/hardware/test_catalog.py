@@ -184,6 +184,10 @@ def test_a_bare_name_with_brand_words_is_the_name_without_them():
     with pytest.raises(AmbiguousNameError) as error:  # the shipped table's P100, with its brand word
         get_accelerator("Tesla P100", catalog)
     assert set(error.value.candidates) == {"p100-pcie-16gb", "p100-sxm2-16gb"}
+    shipped = load_catalog()
+    for name, entry in {"Instinct MI300X": "mi300x", "AMD Instinct MI250X": "mi250x",
+                        "Radeon Instinct MI25": "mi25"}.items():  # AMD's brand words as NVIDIA's
+        assert get_accelerator(name, shipped).name == entry, name
     for name in ("NVIDIA", "NVIDIA Tesla", "H100 NVIDIA"):  # only leading brand words go, and never the whole name
         with pytest.raises(UnknownNameError) as unknown:
             get_accelerator(name, catalog)
