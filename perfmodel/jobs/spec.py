@@ -65,10 +65,16 @@ class _Source(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
+# the longest a zoo name may be (the longest known, a timm model's, has 39 characters): a longer one is refused
+# before it is looked up, since an unknown name's suggestions compare it with every known name
+ZOO_NAME_MAX_CHARS = 200
+
+
 class ZooSource(_Source):
     kind: Literal["zoo"] = "zoo"
-    name: str = Field(description="a name from `perfmodel zoo list`, or any torchvision or timm image classifier's "
-                                   "(`perfmodel zoo list --all`)")
+    name: str = Field(max_length=ZOO_NAME_MAX_CHARS,
+                      description="a name from `perfmodel zoo list`, or any torchvision or timm image classifier's "
+                                  "(`perfmodel zoo list --all`)")
     # left out of the serialised spec when None, so that the keys of specs without a task never change
     task: str | None = Field(
         default=None, exclude_if=lambda task: task is None,

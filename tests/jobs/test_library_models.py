@@ -7,6 +7,7 @@ import warnings
 
 import pytest
 import torch
+from pydantic import ValidationError
 
 from perfmodel.compat import ensure_torchvision
 from perfmodel.core.errors import UnknownNameError
@@ -18,7 +19,7 @@ from perfmodel.jobs.library_models import (
     library_models,
     shipped_versions,
 )
-from perfmodel.jobs.spec import JobSpec, ZooSource
+from perfmodel.jobs.spec import ZOO_NAME_MAX_CHARS, JobSpec, ZooSource
 from perfmodel.jobs.zoo import ZOO, InputKind, find_entry, get_entry, items_of
 
 
@@ -74,3 +75,9 @@ def test_a_library_classifier_captures_as_a_training_graph(name, check_training_
     graph = capture_graph(spec)
     assert graph.job_id == spec.key() and graph.totals.params > 1e6
     check_training_graph(graph)
+
+
+def test_a_zoo_name_longer_than_any_is_refused_before_it_is_compared_with_every_known_one():
+    assert max(len(name) for name in [*ZOO, *library_models()]) < ZOO_NAME_MAX_CHARS
+    with pytest.raises(ValidationError, match=f"at most {ZOO_NAME_MAX_CHARS} characters"):
+        JobSpec.model_validate({"source": {"kind": "zoo", "name": "vit" * 100}, "batch_size": 2})
