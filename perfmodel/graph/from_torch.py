@@ -95,8 +95,8 @@ def _lazy_graph_modules() -> Iterator[None]:
     """Export without generating the Python code of the intermediate fx GraphModules it builds (5 of the 6 a zoo
     capture writes): the graphs are only read, never run (a lazy module writes its code the first time it is
     called). 14 zoo captures in a fresh process: medians 24.4 -> 22.2 s over 5 alternated runs (`bench/
-    capture_speed.py`); the 69 zoo models' graphs are the same either way. Where this torch has no lazy modules,
-    nothing changes."""
+    capture_speed.py`); the graphs of the 69 zoo models of the day were the same either way. Where this torch has
+    no lazy modules, nothing changes."""
     try:
         from torch.fx._lazy_graph_module import _use_lazy_graph_module
     except ImportError:  # a torch without them: export as usual
