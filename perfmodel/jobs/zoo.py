@@ -358,7 +358,7 @@ def find_entry(name: str) -> ZooEntry | None:
     return ZOO.get(name) or _library_entry(name)
 
 
-@functools.cache
+@functools.lru_cache(maxsize=4096)  # bounded: a stream of unknown names asked of a server cannot grow it
 def _library_entry(name: str) -> ZooEntry | None:
     found = library_models().get(name)
     if found is None:
