@@ -39,15 +39,13 @@ def zoo_list(as_json: JsonOpt = False,
     from perfmodel.jobs.library_models import library_models
     from perfmodel.jobs.zoo import ZOO, get_entry
 
-    names = [*ZOO, *(name for name in library_models() if name not in ZOO)] if every else list(ZOO)
-    entries = [get_entry(name) for name in names]
+    more = [name for name in library_models() if name not in ZOO]
     rows = [{"name": e.name, "family": e.family, "library": e.library, "inputs": e.inputs.value, "unit": e.unit}
-            for e in entries]
+            for e in map(get_entry, [*ZOO, *(more if every else ())])]
     if as_json:
         print_json(rows)
         return
-    more = len([name for name in library_models() if name not in ZOO])
-    caption = None if every else (f"and {more} more image classifiers of torchvision and timm by their library "
+    caption = None if every else (f"and {len(more)} more image classifiers of torchvision and timm by their library "
                                   f"names (--all lists them)")
     table = Table("name", "family", "library", "inputs", "unit", title=f"{len(rows)} zoo models", caption=caption)
     for r in rows:
@@ -68,7 +66,7 @@ def zoo_show(name: Annotated[str, typer.Argument(help="zoo model name (see `perf
     that the graph does not show, and description."""
     from perfmodel.core.errors import PerfmodelError
     from perfmodel.jobs.spec import DEFAULT_SEQ_LEN
-    from perfmodel.jobs.zoo import get_entry
+    from perfmodel.jobs.zoo import InputKind, get_entry
 
     entry = get_entry(name)
     if seq_len is not None and seq_len <= 0:
@@ -80,7 +78,7 @@ def zoo_show(name: Annotated[str, typer.Argument(help="zoo model name (see `perf
             "reference_seq_len": entry.reference_seq_len, "default_task": entry.default_task,
             "optimizer": entry.reference_optimizer or "sgd", "pytorch_version": entry.reference_pytorch,
             "host_work": entry.host_work,
-            **({"image_size": entry.image_size} if entry.inputs.value == "image" else {}),
+            **({"image_size": entry.image_size} if entry.inputs is InputKind.image else {}),
             "description": entry.description}
     if as_json:
         print_json(info)

@@ -816,8 +816,8 @@ class PredictionEngine:
         if entry.sharing_at == at:
             return entry.sharing
         points = []
-        for o in entry.shared:
-            if o.colocated_with is None:  # `shared` holds none: the check tells the type checker so
+        for o in entry.observations:
+            if o.colocated_with is None:  # alone on its GPUs: not a report while sharing (`JobEntry.shared`)
                 continue
             sharing: Sharing = "mps" if o.sharing == "mps" else "time-slicing"  # stored as `_observe_shared` wrote it
             try:
