@@ -44,7 +44,7 @@ from perfmodel.importers.common import (
     relative,
     rows,
 )
-from perfmodel.profilers.external import OpClass, OpMeasurement
+from perfmodel.profilers.external import UPSTREAM_OP, OpClass, OpMeasurement
 
 SOURCE: Final = "vidur"
 
@@ -68,6 +68,12 @@ NETWORK_DEVICES: dict[str, tuple[str, bool]] = {
 
 MLP_OPS: tuple[str, ...] = ("emb", "input_layernorm", "attn_pre_proj", "attn_rope", "attn_post_proj",
                             "post_attention_layernorm", "mlp_up_proj", "mlp_act", "mlp_down_proj", "add")
+# vidur's `mlp_act` is one of two kernels, named as the element-wise op whose work it does (the op name sets the
+# bytes and FLOPs the per-op model sees, `lowering.ops.ELEMENTWISE_READS`): a gated MLP's SiLU-and-mul reads the
+# gate and up halves and writes one (`mul`, as LLMServingSim's rows name it), phi-2's GELU reads one (`gelu`).
+# Named `mlp_act`, as a one-read op, its SiLU-and-mul rows looked like an fp16 copy at a third of the bandwidth,
+# and the model priced every large fp16 one-read kernel (ReLU, casts, layout transposes) so.
+ACTIVATION_OP: dict[str, str] = {"silu_and_mul": "mul", "gelu": "gelu"}
 # vidur's collective name -> the op class
 COLLECTIVE_OP_CLASS: dict[str, OpClass] = {"all_reduce": "allreduce", "send_recv": "send_recv"}
 STATS = ("min", "max", "mean", "median", "std")
@@ -148,17 +154,19 @@ def _mlp_records(frame: Any, common: dict[str, Any], facts: dict[str, Any],
                 op_class, shape = "linear", {"batch": 1, "m": tokens, "k": heads * d // tp, "n": h}
             elif op == "mlp_up_proj":
                 op_class, shape = "linear", {"batch": 1, "m": tokens, "k": h, "n": (2 if gated else 1) * f // tp}
-            elif op == "mlp_act":
+            elif op == "mlp_act":  # named by the work it does (`ACTIVATION_OP`), vidur's name kept
                 op_class, shape = "elementwise", {"batch": tokens, "hidden": f // tp}
-                detail = ({"activation": "silu_and_mul", "input_width": 2 * f // tp} if gated
-                          else {"activation": "gelu"})
+                activation = "silu_and_mul" if gated else "gelu"
+                detail = {"activation": activation, UPSTREAM_OP: op,
+                          **({"input_width": 2 * f // tp} if gated else {})}
             elif op == "mlp_down_proj":
                 op_class, shape = "linear", {"batch": 1, "m": tokens, "k": f // tp, "n": h}
             else:  # add: the residual add (of attention and MLP outputs too, for a layer without post-attn norm)
                 op_class, shape = "elementwise", {"batch": tokens, "hidden": h}
                 detail = {"operands": 2 if norm == "rmsnorm" else 3}
             yield OpMeasurement(
-                source=SOURCE, source_row=index, op_class=op_class, op_name=op, dtype="fp16", phase="forward",
+                source=SOURCE, source_row=index, op_class=op_class,
+                op_name=ACTIVATION_OP[detail["activation"]] if op == "mlp_act" else op, dtype="fp16", phase="forward",
                 num_tokens=tokens, tensor_parallel=tp, latency_ms=latency,
                 extra=compact({**facts, **detail, **timing}), **common, **shape,
             )

@@ -74,6 +74,11 @@ SHAPE_FIELDS: tuple[str, ...] = (
 )
 
 
+# `OpMeasurement.extra` key of the op's name upstream, where `op_name` says the work instead: part of the record's
+# identity (`store.rows.measurement_uid`), so a re-import finds the rows an import under the upstream name stored
+UPSTREAM_OP = "upstream_op"
+
+
 class OpMeasurement(BaseModel):
     """One op measured on one device by a public benchmark."""
 
@@ -84,7 +89,9 @@ class OpMeasurement(BaseModel):
     source_row: int = Field(ge=0, description="0-based data row of that file (header excluded)")
     device: str = Field(min_length=1, description="hardware-catalog id (get_accelerator(...).name)")
     op_class: OpClass
-    op_name: str = Field(min_length=1, description="the op's name upstream: add, mulu, ln, attn_pre_proj, lstm")
+    op_name: str = Field(min_length=1, description="the op's name upstream (add, mulu, ln, attn_pre_proj, lstm), "
+                         "or the element-wise op whose work it does where upstream's name does not say (an "
+                         "activation kernel: `mul` for SiLU-and-mul; its own name then in extra[UPSTREAM_OP])")
     dtype: DType
     phase: MeasuredPhase
 

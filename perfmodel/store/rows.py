@@ -10,7 +10,7 @@ from datetime import datetime
 from typing import Any, Protocol
 
 from perfmodel.jobs.spec import Precision
-from perfmodel.profilers.external import OpMeasurement
+from perfmodel.profilers.external import UPSTREAM_OP, OpMeasurement
 from perfmodel.records import OnnxProfile, OpProfile, Profile
 
 # a row read back: column name -> value (a SQLAlchemy RowMapping, whose keys may also be columns, or a dict)
@@ -185,9 +185,11 @@ def to_profile(row: Row, ops: Sequence[dict[str, Any]], nodes: Sequence[dict[str
 
 
 def measurement_uid(measurement: OpMeasurement) -> str:
-    """The identity of a measurement across imports: its source, file, row, op and phase (hashed to 32 hex)."""
-    key = "\x1f".join((measurement.source, measurement.source_file, str(measurement.source_row),
-                       measurement.op_name, measurement.phase))
+    """The identity of a measurement across imports: its source, file, row, op (as upstream names it) and phase
+    (hashed to 32 hex)."""
+    op = measurement.extra.get(UPSTREAM_OP, measurement.op_name)
+    key = "\x1f".join((measurement.source, measurement.source_file, str(measurement.source_row), op,
+                       measurement.phase))
     return hashlib.sha256(key.encode()).hexdigest()[:32]
 
 

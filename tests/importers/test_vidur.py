@@ -7,6 +7,8 @@ import pytest
 
 from perfmodel.core.errors import PerfmodelError
 from perfmodel.importers import ImportStats, import_vidur
+from perfmodel.lowering.ops import op_work
+from perfmodel.profilers.external import UPSTREAM_OP
 
 LLAMA2_7B = "data/profiling/compute/a100/meta-llama/Llama-2-7b-hf/mlp.csv.gz"
 CODELLAMA = "data/profiling/compute/a40/codellama/CodeLlama-34b-Instruct-hf/mlp.csv.gz"
@@ -15,7 +17,7 @@ DGX_ALLREDUCE = "data/profiling/network/a100_dgx/all_reduce.csv.gz"
 
 
 def _by_row_and_op(root, catalog, *files, stats=None):
-    return {(r.source_file, r.source_row, r.op_name): r
+    return {(r.source_file, r.source_row, r.extra.get(UPSTREAM_OP, r.op_name)): r
             for r in import_vidur(root, catalog=catalog, files=files, stats=stats)}
 
 
@@ -49,6 +51,12 @@ def test_llama2_7b_projections_are_gemms_of_its_dimensions(vidur_root, catalog):
         "attn_rope": ("rope", 4096, 2 * 4096), "post_attention_layernorm": ("rmsnorm", 4096, 4096),
         "mlp_act": ("elementwise", 4096, 11008), "add": ("elementwise", 4096, 4096)}
     assert first["mlp_act"].extra["activation"] == "silu_and_mul" and first["mlp_act"].extra["input_width"] == 22016
+    # named by its work: SiLU-and-mul reads the gate and up halves (2 f) and writes f, as `mul` does
+    act = first["mlp_act"]
+    work = op_work(pd.DataFrame([{"op_class": act.op_class, "op_name": act.op_name, "dtype": act.dtype,
+                                  "batch": act.batch, "hidden": act.hidden}]))
+    assert act.op_name == "mul"
+    assert (work.bytes_read[0], work.bytes_written[0]) == (2 * 4096 * 11008 * 2, 4096 * 11008 * 2)
     # the PROVENANCE example: first row, 4096 tokens, TP 1, attn_pre_proj mean 1.857 ms
     assert records[(LLAMA2_7B, 0, "attn_pre_proj")].extra["mean_ms"] == pytest.approx(1.857, abs=1e-3)
 
@@ -70,7 +78,7 @@ def test_phi2_has_layernorm_a_gelu_mlp_and_no_post_attention_norm(vidur_root, ca
     index, _ = _row(vidur_root, PHI2, 512, 1)
     assert records[(PHI2, index, "input_layernorm")].op_class == "layernorm"
     up, act = records[(PHI2, index, "mlp_up_proj")], records[(PHI2, index, "mlp_act")]
-    assert (up.m, up.k, up.n) == (512, 2560, 10240) and act.extra["activation"] == "gelu"
+    assert (up.m, up.k, up.n) == (512, 2560, 10240) and act.extra["activation"] == "gelu" and act.op_name == "gelu"
     assert records[(PHI2, index, "add")].extra["operands"] == 3
 
 
@@ -94,3 +102,17 @@ def test_unknown_gpus_and_bad_folders(vidur_root, catalog, tmp_path):
     assert stats.unknown_devices == {"NVIDIA A40": 10 * len(pd.read_csv(vidur_root / CODELLAMA))}
     with pytest.raises(PerfmodelError, match="does not look like the vidur dataset"):
         import_vidur(tmp_path)
+
+
+def test_an_activation_keeps_the_identity_of_its_upstream_name(vidur_root, catalog):
+    """Named by its work, vidur's `mlp_act` keeps the uid it had under vidur's name: a store imported before
+    finds the same rows on a re-import (no duplicate)."""
+    from perfmodel.store.rows import measurement_uid
+
+    records = _by_row_and_op(vidur_root, catalog, LLAMA2_7B)
+    index, _ = _row(vidur_root, LLAMA2_7B, 4096, 1)
+    act = records[(LLAMA2_7B, index, "mlp_act")]
+    upstream = act.model_copy(update={"op_name": "mlp_act",
+                                      "extra": {k: v for k, v in act.extra.items() if k != UPSTREAM_OP}})
+    assert act.op_name == "mul" and measurement_uid(act) == measurement_uid(upstream)
+    assert measurement_uid(act) != measurement_uid(records[(LLAMA2_7B, index, "add")])
