@@ -81,10 +81,17 @@ ROOFLINE_BOUNDED = frozenset(OP_CLASSES)
 # recurrent layers (LSTM, GRU, vanilla; forward and backward through the data; 1,108 layers on seven NVIDIA GPUs)
 # over their kernels as priced eager is 1.46, and held out by GPU the fitted share stays within 0.64-0.71
 # (`bench/rnn_layers.py --fit`; with a training step's half-precision bound on the fp16 layers, 0.66 and 0.63-0.68;
-# with v4's bandwidth-monotone boosters 0.65 and 0.61-0.67: 0.68 is kept). Per vendor: MIOpen's layers on two AMD
-# GPUs are within 1.05-1.10x of their eager price, and keep it.
+# with v4's bandwidth-monotone boosters 0.65 and 0.61-0.67, v5's 0.66 and 0.62-0.69: 0.68 is kept). Per vendor:
+# MIOpen's layers on two AMD GPUs are within 1.05-1.10x of their eager price, and keep it.
 LIBRARY_LAUNCH_SHARE: dict[str, float] = {"NVIDIA": 0.68}
 DOMAIN_FILE = "op_domain.json"
+# A memory-bound kernel in a narrower type moves fewer bytes for the same elements and math: it is never priced above
+# the same kernel in fp32. The rows of each type come from different sources (fp32 mostly NeuSight's sweeps, half
+# types serving traces), and trees fitted on them put 1.7 % of random fp16 element-wise, softmax and norm kernels on
+# catalog GPUs above their fp32 twin, the worst 1.6x (0.4 %, 2.0x, once vidur's activation rows were named by the
+# work they do).
+NARROW_NEVER_DEARER = frozenset(VECTOR_CLASSES)
+NARROW_DTYPES = frozenset({"fp16", "bf16", "fp8"})
 
 
 def _booster_file(op_class: str) -> str:
@@ -237,9 +244,11 @@ class DeviceOpRegressor:
                 "log_residual_quantiles": residual_quantiles,
                 "monotone_constraints": dict(BANDWIDTH_MONOTONE),
             }
-        # pandas-stubs type a group key Hashable: here it is the (device, op class) pair
-        sizes = cast("dict[tuple[str, str], int]", ops.groupby(["device", "op_class"]).size().to_dict())
-        self.training_hash_ = data_hash(f"{d}:{c}:{n}" for (d, c), n in sizes.items())
+        # rows per device, op class, op and dtype: a row renamed (the work it does) changes the hash, so an adaptation
+        # fitted on another model is never taken for this one's. pandas-stubs type a group key Hashable: a 4-tuple
+        keys = [k for k in ("device", "op_class", "op_name", "dtype") if k in ops]
+        sizes = cast("dict[tuple[str, ...], int]", ops.groupby(keys).size().to_dict())
+        self.training_hash_ = data_hash(":".join(map(str, (*key, n))) for key, n in sizes.items())
         return self
 
     def _extrapolated(self, ops: pd.DataFrame, catalog: Mapping[str, HardwareSpec]) -> np.ndarray:
@@ -255,7 +264,21 @@ class DeviceOpRegressor:
         return out
 
     def predict(self, ops: pd.DataFrame, catalog: Mapping[str, HardwareSpec]) -> OpPrediction:
-        """Latency of every row (op classes this model was fitted on); no side effects."""
+        """Latency of every row (op classes this model was fitted on), a memory-bound row in a narrower type never
+        above the same row in fp32 (`NARROW_NEVER_DEARER`); no side effects."""
+        narrow = (ops["op_class"].isin(NARROW_NEVER_DEARER) & ops["dtype"].isin(NARROW_DTYPES)).to_numpy() \
+            if len(ops) and "dtype" in ops else np.zeros(len(ops), dtype=bool)
+        if not narrow.any():
+            return self._predict_bounded(ops, catalog)
+        n = len(ops)
+        twins = ops[narrow].assign(dtype="fp32", **({"math": "fp32"} if "math" in ops else {}))
+        both = self._predict_bounded(pd.concat([ops, twins], ignore_index=True), catalog)
+        scale = np.ones(n)
+        scale[narrow] = np.minimum(both.latency_ms[n:] / both.latency_ms[:n][narrow], 1.0)
+        return OpPrediction(both.latency_ms[:n] * scale, both.p10_ms[:n] * scale, both.p90_ms[:n] * scale,
+                            both.extrapolated[:n])
+
+    def _predict_bounded(self, ops: pd.DataFrame, catalog: Mapping[str, HardwareSpec]) -> OpPrediction:
         if not hasattr(self, "boosters_"):
             raise PerfmodelError("xgb-device-ops is not fitted: call fit(ops, catalog) or load(directory) first")
         unknown = sorted(set(ops["op_class"]) - set(self.boosters_))

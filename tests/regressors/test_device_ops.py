@@ -12,7 +12,13 @@ from hypothesis import strategies as st
 from perfmodel.core.errors import PerfmodelError
 from perfmodel.features.device_ops import device_op_features
 from perfmodel.hardware.catalog import load_catalog
-from perfmodel.regressors.device_ops import BANDWIDTH_MONOTONE, DeviceOpRegressor, base_ms
+from perfmodel.regressors.device_ops import (
+    BANDWIDTH_MONOTONE,
+    NARROW_DTYPES,
+    NARROW_NEVER_DEARER,
+    DeviceOpRegressor,
+    base_ms,
+)
 
 TRAIN_DEVICES = ("t4", "v100-pcie-32gb", "a100-pcie-40gb", "p100-pcie-16gb")
 
@@ -178,3 +184,22 @@ def test_a_fitted_model_is_monotone_in_the_bandwidth_whatever_its_training_rows_
     prices = np.vstack([model.predict(query.assign(device=s.name), both).latency_ms for s in sheets])
     assert np.all(np.diff(prices, axis=0) <= 1e-12)
     assert model.domain_["op_classes"]["bmm"]["monotone_constraints"] == BANDWIDTH_MONOTONE
+
+
+@settings(max_examples=15, deadline=None)
+@given(device=st.sampled_from(sorted(n for n, s in load_catalog().items() if s.kind == "gpu")),
+       dtype=st.sampled_from(sorted(NARROW_DTYPES)), seed=st.integers(0, 2**16))
+def test_the_shipped_model_never_prices_a_narrow_memory_bound_kernel_above_its_fp32_twin(device, dtype, seed):
+    """Over random element-wise, softmax and norm kernels of every catalog GPU, a kernel in a narrower type (fewer
+    bytes, the same elements and math) is never priced above the same kernel in fp32, with its interval scaled along."""
+    predictor = _shipped()
+    rng = np.random.default_rng(seed)
+    n = 60
+    rows = pd.DataFrame({"op_class": rng.choice(sorted(NARROW_NEVER_DEARER), n),
+                         "op_name": rng.choice(["relu", "addu", "mul", "add", "gelu", "mulu"], n),
+                         "device": device, "batch": np.exp2(rng.uniform(0, 22, n)).astype(int),
+                         "hidden": np.exp2(rng.uniform(3, 14, n)).astype(int)})
+    narrow = predictor.regressor.predict(rows.assign(dtype=dtype), predictor.catalog)
+    wide = predictor.regressor.predict(rows.assign(dtype="fp32"), predictor.catalog)
+    assert np.all(narrow.latency_ms <= wide.latency_ms * (1 + 1e-9))
+    assert np.all(narrow.p10_ms <= narrow.latency_ms) and np.all(narrow.latency_ms <= narrow.p90_ms)

@@ -521,7 +521,9 @@ def test_the_same_model_in_another_float32_math_or_optimizer_is_its_own_job_with
     assert [a["job_id"] for a in answers] == [j["job_id"] for j in (job, *twins)]
     assert len({a["composed_iter_time_ms"] for a in answers[:3]}) == 3  # each priced in its own math
     fp32, tf32 = answers[0]["iter_time_ms"], answers[1]["iter_time_ms"]
-    assert fp32 >= tf32  # and never answered faster in fp32 than in TF32 (the stage may leave them equal)
+    # and never answered faster in fp32 than in TF32 (the stage may leave them equal, to the rounding of the
+    # placement model's explicit sum of their parts)
+    assert fp32 >= tf32 * (1 - 1e-12)
     half = client.post("/v1/jobs", json={**SMALL_JOB, "batch_size": 16, "precision": "fp16"})  # another graph
     assert half.status_code == 201 and engine.stats()["captures"] > captures
 
