@@ -140,6 +140,7 @@ def _mlp_records(frame: Any, common: dict[str, Any], facts: dict[str, Any],
             op_class: OpClass
             shape: dict[str, Any]
             detail: dict[str, Any] = {}
+            name = op
             if op == "emb":
                 op_class, shape = "embedding", {"batch": tokens, "hidden": h}
                 detail = {"vocab_size": dims["vocab"], "vocab_rows": dims["vocab"] // tp}
@@ -157,6 +158,7 @@ def _mlp_records(frame: Any, common: dict[str, Any], facts: dict[str, Any],
             elif op == "mlp_act":  # named by the work it does (`ACTIVATION_OP`), vidur's name kept
                 op_class, shape = "elementwise", {"batch": tokens, "hidden": f // tp}
                 activation = "silu_and_mul" if gated else "gelu"
+                name = ACTIVATION_OP[activation]
                 detail = {"activation": activation, UPSTREAM_OP: op,
                           **({"input_width": 2 * f // tp} if gated else {})}
             elif op == "mlp_down_proj":
@@ -165,8 +167,7 @@ def _mlp_records(frame: Any, common: dict[str, Any], facts: dict[str, Any],
                 op_class, shape = "elementwise", {"batch": tokens, "hidden": h}
                 detail = {"operands": 2 if norm == "rmsnorm" else 3}
             yield OpMeasurement(
-                source=SOURCE, source_row=index, op_class=op_class,
-                op_name=ACTIVATION_OP[detail["activation"]] if op == "mlp_act" else op, dtype="fp16", phase="forward",
+                source=SOURCE, source_row=index, op_class=op_class, op_name=name, dtype="fp16", phase="forward",
                 num_tokens=tokens, tensor_parallel=tp, latency_ms=latency,
                 extra=compact({**facts, **detail, **timing}), **common, **shape,
             )
