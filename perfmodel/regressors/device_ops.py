@@ -266,8 +266,9 @@ class DeviceOpRegressor:
     def predict(self, ops: pd.DataFrame, catalog: Mapping[str, HardwareSpec]) -> OpPrediction:
         """Latency of every row (op classes this model was fitted on), a memory-bound row in a narrower type never
         above the same row in fp32 (`NARROW_NEVER_DEARER`); no side effects."""
-        narrow = (ops["op_class"].isin(NARROW_NEVER_DEARER) & ops["dtype"].isin(NARROW_DTYPES)).to_numpy() \
-            if len(ops) and "dtype" in ops else np.zeros(len(ops), dtype=bool)
+        narrow = np.zeros(len(ops), dtype=bool)
+        if len(ops) and "dtype" in ops:
+            narrow = (ops["op_class"].isin(NARROW_NEVER_DEARER) & ops["dtype"].isin(NARROW_DTYPES)).to_numpy()
         if not narrow.any():
             return self._predict_bounded(ops, catalog)
         n = len(ops)
