@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Protocol
 
+import numpy as np
 import pandas as pd
 
 from perfmodel.core import accuracy
@@ -23,16 +24,35 @@ OP_CLASS_ALIASES = {"gemm": "bmm", "rmsnorm": "layernorm"}
 TRAINED_DTYPES = ("fp32", "fp16", "bf16")
 
 
+# the shape columns a row of a class must have for its work to be stated (`lowering.ops.op_work`): a convolution row
+# is square (`input_size`, `kernel_size`); an importer leaves them empty for a non-square one (DeepBench's speech
+# convolutions: 161 x 700 inputs, 5 x 20 kernels), whose FLOPs would otherwise be counted as a 1 x 1 image's. The
+# lowering prices such a convolution as its implicit GEMM (`lowering.rows`), never as a conv2d row.
+REQUIRED_SHAPE: dict[str, tuple[str, ...]] = {"conv2d": ("input_size", "kernel_size", "stride")}
+
+
+def stated(rows: pd.DataFrame) -> np.ndarray:
+    """Which rows have every `REQUIRED_SHAPE` column of their class."""
+    keep = np.ones(len(rows), dtype=bool)
+    for op_class, columns in REQUIRED_SHAPE.items():
+        of_class = (rows["op_class"] == op_class).to_numpy()
+        for column in columns:
+            present = rows[column].notna().to_numpy() if column in rows else np.zeros(len(rows), dtype=bool)
+            keep &= ~of_class | present
+    return keep
+
+
 def training_rows(measurements: pd.DataFrame) -> pd.DataFrame:
     """Op measurements as the regressor's rows: forward ops of `TRAINED_DTYPES` only, aliased op classes,
-    positive latency."""
+    positive latency, every shape column their work needs (`REQUIRED_SHAPE`)."""
     rows = measurements
     if "dtype" in rows:
         rows = rows[rows["dtype"].isin(TRAINED_DTYPES)]
     if "phase" in rows:
         rows = rows[rows["phase"].isin(["forward", "total"])]
     rows = rows.assign(op_class=rows["op_class"].replace(OP_CLASS_ALIASES))
-    return rows[rows["latency_ms"] > 0].reset_index(drop=True)
+    rows = rows[(rows["latency_ms"] > 0).to_numpy() & stated(rows)]
+    return rows.reset_index(drop=True)
 
 
 _CHIP_PREFIXES = ("rtx", "gtx", "titan", "radeon", "xeon")
@@ -102,5 +122,5 @@ def op_class_mape(predictions: pd.DataFrame) -> pd.Series:
     return table["mape_pct"].groupby(level="op_class").mean()
 
 
-__all__ = ["OP_CLASS_ALIASES", "ape_pct", "chip_of", "error_table", "leave_one_device_out", "op_class_mape",
-           "training_rows"]
+__all__ = ["OP_CLASS_ALIASES", "REQUIRED_SHAPE", "ape_pct", "chip_of", "error_table", "leave_one_device_out",
+           "op_class_mape", "stated", "training_rows"]

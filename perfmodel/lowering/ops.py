@@ -12,7 +12,7 @@ weight. A conv is 2-D, square (`input_size`, `kernel_size`), NCHW.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -197,6 +197,43 @@ def row_maths(ops: pd.DataFrame) -> pd.Series:
     if "math" not in ops:
         return dtypes
     return ops["math"].where(ops["math"].notna(), dtypes)
+
+
+# cuDNN's and MIOpen's Winograd kernels compute a 3 x 3 stride-1 convolution in fp32 with fewer multiplies than the
+# direct convolution `op_work` counts: F(4x4, 3x3) does 36 per 16 outputs against 144, 4x fewer (Lavin and Gray,
+# "Fast Algorithms for Convolutional Neural Networks", 2016). Such a kernel can run faster than its direct FLOPs at
+# the fp32 peak allow: 16 % of NeuSight's fp32 3 x 3 convolution rows on five GPUs and 37 % of DeepBench's on ten
+# ran so (down to 0.42 of that roofline; Maxwell to Ampere, and AMD's GCN), where no row of any other shape did.
+# The least arithmetic of the algorithms a library may pick is what bounds a kernel's time from below, so these rows'
+# compute roofline is the direct one over this. Tensor-core maths (TF32, fp16, bf16) run implicit GEMMs: their rows
+# keep the direct count. So does an architecture no measured row shows it on (`WINOGRAD_UNMEASURED`: Kepler; chosen
+# after seeing Gavel's K80 steps answered faster with it, which no measurement here supports or refutes).
+WINOGRAD_MAX_REDUCTION = 4.0
+WINOGRAD_ROW_MATHS = frozenset({"fp32"})
+WINOGRAD_UNMEASURED = frozenset({"kepler"})
+
+
+def winograd_rows(ops: pd.DataFrame, architectures: Sequence[str | None] | np.ndarray) -> np.ndarray:
+    """Which rows are convolutions a library may run as Winograd: conv2d, 3 x 3, stride 1, in fp32 math, on a device
+    whose architecture (`architectures`, one per row) is not `WINOGRAD_UNMEASURED` (a row carries no groups or
+    dilation: a lowered convolution of another kind is a 3 x 3 stride-1 row all the same)."""
+    if not len(ops) or "kernel_size" not in ops or "stride" not in ops:
+        return np.zeros(len(ops), dtype=bool)
+    measured = ~np.isin(np.asarray(architectures, dtype=object), list(WINOGRAD_UNMEASURED))
+    return ((ops["op_class"] == "conv2d").to_numpy() & (_col(ops, "kernel_size") == 3) & (_col(ops, "stride") == 1)
+            & row_maths(ops).isin(WINOGRAD_ROW_MATHS).to_numpy() & measured)
+
+
+def row_architectures(ops: pd.DataFrame, catalog: Mapping[str, HardwareSpec]) -> np.ndarray:
+    """The architecture of every row's `device` (None where the catalog has none)."""
+    return ops["device"].map(lambda d: catalog[d].architecture if d in catalog else None).to_numpy(dtype=object)
+
+
+def least_arithmetic(ops: pd.DataFrame, architectures: Sequence[str | None] | np.ndarray) -> np.ndarray:
+    """Per row, the share of its counted FLOPs (`op_work`) the cheapest algorithm a library may run does: 1, or
+    1 / `WINOGRAD_MAX_REDUCTION` on `winograd_rows`. A kernel's compute roofline is its FLOPs times this over the
+    peak of its math."""
+    return np.where(winograd_rows(ops, architectures), 1.0 / WINOGRAD_MAX_REDUCTION, 1.0)
 
 
 def device_peaks(ops: pd.DataFrame, catalog: Mapping[str, HardwareSpec]) -> tuple[np.ndarray, np.ndarray]:

@@ -14,7 +14,8 @@ device's spec sheet, never the device's name, so the stage learned from some GPU
   convolutions in TF32 math, and `share_conv_winograd`, 3 x 3 stride-1 convolutions in fp32 on the CUDA cores;
 - `share_memory_bound`: the share of device time in rows whose memory time exceeds their compute time;
 - `roofline_over_composed`: Σ row roofline / composed step (how close to the device's peaks the kernel model puts
-  the step), `host_over_device`: the host's issue time over the device time, `share_overhead`: exposed host time;
+  the step; a convolution's at the least arithmetic a library may run it with, `lowering.ops.least_arithmetic`),
+  `host_over_device`: the host's issue time over the device time, `share_overhead`: exposed host time;
 - `log_kernels`, `log_mean_kernel_us`: kernel count and mean kernel time;
 - graph: `log_flops`, `log_bytes` (per sample and per step), `log_params`, `log_intensity`;
 - device: `log_peak_tensor_tflops` (the peak of the math its GEMM time runs in), `log_bandwidth_gb_s`, `log_ridge`,
@@ -41,7 +42,7 @@ from perfmodel.features.device_ops import GEMM_TILE
 from perfmodel.hardware.math import on_tensor_cores, peak_gflops
 from perfmodel.hardware.spec import HardwareSpec
 from perfmodel.jobs.spec import JobSpec
-from perfmodel.lowering.ops import GEMM_CLASSES, OpWork, moved_bytes, op_work
+from perfmodel.lowering.ops import GEMM_CLASSES, OpWork, least_arithmetic, moved_bytes, op_work
 from perfmodel.lowering.rows import conv_spatial_dims, winograd_shaped
 from perfmodel.predictor.math_modes import CONV_KINDS, GROUPS, group_of, resolved_table
 
@@ -220,6 +221,7 @@ def composition_feature_arrays(spec: JobSpec, hardware: HardwareSpec, rows: pd.D
         log_peak = np.full(len(ms), _log2(peak_gflops(hardware, "fp32", True) / 1e3))
     batch = np.maximum(batch, 1)
     watts = hardware.tdp_w or float("nan")
+    arch = hardware.architecture
     n = len(ms)
 
     def share(mask: np.ndarray) -> np.ndarray:
@@ -237,7 +239,9 @@ def composition_feature_arrays(spec: JobSpec, hardware: HardwareSpec, rows: pd.D
         "share_optimizer": share(optimizer),
         "share_tensor_math": share(tensor),
         "share_memory_bound": (ms * (memory_ms > compute_ms)).sum(axis=1) / device_ms,
-        "roofline_over_composed": np.maximum(compute_ms, memory_ms).sum(axis=1) / composed_ms,
+        # the floor: each kernel's compute for the least arithmetic a library may run it with (Winograd's)
+        "roofline_over_composed": (np.maximum(compute_ms * least_arithmetic(rows, np.full(len(rows), arch)),
+                                              memory_ms).sum(axis=1) / composed_ms),
         "host_over_device": rows.shape[0] * host_ms_per_kernel / device_ms,
         "share_overhead": np.asarray(breakdown_ms.get("overhead", same(0.0))) / composed_ms,
         "log_kernels": same(_log2(len(rows) + 1)),

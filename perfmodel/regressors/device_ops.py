@@ -17,7 +17,8 @@ Input: a DataFrame of ops (the shape columns of `perfmodel.features.device_ops`,
   (smaller boosters on at most `calibration_rows` rows per class), so its width is the error on a device the model
   did not see, not the training fit's. (XGBoost's multi-quantile objective was 30× slower to fit on these rows.)
 - Bound: for `ROOFLINE_BOUNDED` classes the median is never below the roofline time max(FLOPs / peak,
-  bytes / bandwidth) on that device (trees fitted on other GPUs can otherwise extrapolate past a new GPU's peak).
+  bytes / bandwidth) on that device, the FLOPs of the least arithmetic a library may run the op with
+  (`roofline_bound_ms`; trees fitted on other GPUs can otherwise extrapolate past a new GPU's peak).
 - `extrapolated`: the row's dtype was never trained on for its op class, or its device's peak or bandwidth lies
   outside the training devices' range. Such rows get their interval widened by `EXTRAPOLATION_WIDEN`.
 """
@@ -37,7 +38,15 @@ from perfmodel.core.errors import PerfmodelError
 from perfmodel.core.renamed import upgrade_names
 from perfmodel.features.device_ops import DEVICE_IDENTITY_FEATURES, DEVICE_OP_FEATURES, device_op_features
 from perfmodel.hardware.spec import HardwareSpec
-from perfmodel.lowering.ops import GEMM_CLASSES, LIBRARY, OP_CLASSES, VECTOR_CLASSES, row_maths
+from perfmodel.lowering.ops import (
+    GEMM_CLASSES,
+    LIBRARY,
+    OP_CLASSES,
+    VECTOR_CLASSES,
+    least_arithmetic,
+    row_architectures,
+    row_maths,
+)
 from perfmodel.regressors._xgb import read_booster
 from perfmodel.regressors.manifest import Manifest, data_hash
 
@@ -72,10 +81,19 @@ def class_features(op_class: str) -> tuple[str, ...]:
 
 EXTRAPOLATION_WIDEN = 1.5  # interval half-widths (in log space) × this for extrapolated rows
 # op classes whose predictions are bounded below by the roofline max(FLOPs / peak, bytes / bandwidth) of their
-# math on that device (as NeuSight bounds its per-tile utilisation): every class. A convolution's FLOPs are the
-# direct convolution's; cuDNN's Winograd and FFT kernels do fewer and are sometimes measured above the fp32 peak
-# (17 % of NeuSight's A100 conv rows), but a prediction must never claim more than the peak of its math.
+# math on that device (as NeuSight bounds its per-tile utilisation): every class. A convolution's FLOPs are those of
+# the least arithmetic a library may run it with (`lowering.ops.least_arithmetic`: a fp32 3 x 3 stride-1 one as
+# Winograd, 4x fewer multiplies than the direct convolution, which 16-37 % of such rows measured beat): a prediction
+# never claims more than the peak of its math for the work it does.
 ROOFLINE_BOUNDED = frozenset(OP_CLASSES)
+
+
+def roofline_bound_ms(ops: pd.DataFrame, features: pd.DataFrame, architectures: np.ndarray) -> np.ndarray:
+    """The least time of every row (`ops`, its `device_op_features` and its device's architecture): its compute at
+    the peak of its math for the least arithmetic a library may run it with, or its bytes at the bandwidth, whichever
+    is longer."""
+    compute_ms = np.exp2(features["log_compute_ms"].to_numpy()) * least_arithmetic(ops, architectures)
+    return np.maximum(compute_ms, np.exp2(features["log_memory_ms"].to_numpy()))
 # rows a library call launches back to back (`launch` `LIBRARY`: cuDNN's recurrent steps) cost this share of the
 # same kernel launched alone from eager PyTorch, which is what the training rows timed: the median of DeepBench's
 # recurrent layers (LSTM, GRU, vanilla; forward and backward through the data; 1,108 layers on seven NVIDIA GPUs)
@@ -291,6 +309,7 @@ class DeviceOpRegressor:
         positions = np.arange(n)
         features = device_op_features(ops, catalog) if n else None
         launched = library_launch_log_share(ops, catalog)
+        architectures = row_architectures(ops, catalog)
         for op_class, booster in self.boosters_.items():
             mask = (ops["op_class"] == op_class).to_numpy()
             if not mask.any():
@@ -300,7 +319,7 @@ class DeviceOpRegressor:
             log_ms = _predict(booster, rows[list(booster.feature_names)].to_numpy(), self.nthread)
             log_ms = log_ms + np.log(base_ms(rows) + self.floor_ms) + launched[mask]
             if op_class in ROOFLINE_BOUNDED:  # a held-out device's trees can extrapolate past its peak
-                log_ms = np.maximum(log_ms, np.log(np.exp2(rows["log_roofline_ms"].to_numpy())))
+                log_ms = np.maximum(log_ms, np.log(roofline_bound_ms(ops[mask], rows, architectures[mask])))
             q_low, q_high = self.domain_["op_classes"][op_class]["log_residual_quantiles"]
             idx = positions[mask]
             median[idx] = log_ms

@@ -43,8 +43,18 @@ def test_every_device_is_held_out_once_and_never_trained_on(ops):
     assert op_class_mape(predictions).index.tolist() == ["linear"]
 
 
+def test_a_convolution_row_whose_work_the_schema_cannot_state_is_not_a_training_row():
+    """DeepBench's non-square speech convolutions (161 x 700 inputs, 5 x 20 kernels) come without `input_size` and
+    `kernel_size`: their FLOPs would be counted as a 1 x 1 image's, so they are left out; other classes need none."""
+    raw = pd.DataFrame({"op_class": ["conv2d", "conv2d", "bmm"], "phase": "forward", "latency_ms": [1.0, 2.0, 3.0],
+                        "input_size": [56, None, None], "kernel_size": [3, None, None], "stride": [1, 2, None],
+                        "input_height": [56, 161, None], "input_width": [56, 700, None]})
+    rows = training_rows(raw)
+    assert rows["latency_ms"].tolist() == [1.0, 3.0]
+
+
 def test_training_rows_keep_forward_ops_and_alias_plain_gemms():
     raw = pd.DataFrame({"op_class": ["gemm", "conv2d", "conv2d"], "phase": ["forward", "forward", "backward_data"],
-                        "latency_ms": [1.0, 2.0, 3.0]})
+                        "latency_ms": [1.0, 2.0, 3.0], "input_size": 56, "kernel_size": 3, "stride": 1})
     rows = training_rows(raw)
     assert rows["op_class"].tolist() == ["bmm", "conv2d"]

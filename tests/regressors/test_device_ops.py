@@ -92,6 +92,46 @@ def test_bounded_classes_never_beat_the_roofline_and_boosters_keep_their_own_fea
     assert np.all(predicted[bounded] >= roofline_ms(query, catalog)[bounded] * (1 - 1e-9))
 
 
+def _convs(catalog, devices, n=150, seed=0, **shape):
+    """conv2d rows (square, NeuSight's schema) of random sizes; `shape` fixes columns (kernel_size, stride, dtype)."""
+    rng = np.random.default_rng(seed)
+    frames = [pd.DataFrame({"op_class": "conv2d", "op_name": "conv2d", "dtype": "fp32", "device": device,
+                            "batch": rng.integers(8, 64, n), "in_channels": rng.integers(64, 512, n),
+                            "out_channels": rng.integers(64, 512, n), "input_size": rng.integers(14, 56, n),
+                            "kernel_size": 3, "stride": 1, "padding": 1}).assign(**shape) for device in devices]
+    return pd.concat(frames, ignore_index=True)
+
+
+def test_a_winograd_shaped_fp32_convolution_may_beat_its_direct_flops_but_never_its_least_arithmetic(catalog):
+    """Measured at half the direct convolution's roofline on the training GPUs (as cuDNN's Winograd kernels run):
+    a 3 x 3 stride-1 fp32 row is predicted below the direct FLOPs at the fp32 peak, never below a quarter of them
+    (F(4x4, 3x3)) or its bytes at the bandwidth; a stride-2 row, a TF32 one or one on a Kepler GPU (no measurement
+    shows it there) keeps the direct roofline."""
+    from perfmodel.lowering.ops import WINOGRAD_MAX_REDUCTION, op_roofline_ms, op_work, row_architectures, winograd_rows
+    from perfmodel.lowering.ops import device_peaks as peaks_of
+
+    train = pd.concat([_convs(catalog, TRAIN_DEVICES), _convs(catalog, TRAIN_DEVICES, seed=1, stride=2)],
+                      ignore_index=True)
+    train["latency_ms"] = (np.where(winograd_rows(train, row_architectures(train, catalog)), 0.5, 1.3)
+                           * op_roofline_ms(train, catalog))
+    model = DeviceOpRegressor(n_estimators=60, floor_ms=0.0).fit(train, catalog)
+    query = pd.concat([_convs(catalog, ["v100-sxm2-32gb", "a100-pcie-80gb"], n=60, seed=5),
+                       _convs(catalog, ["v100-sxm2-32gb"], n=30, seed=6, stride=2),
+                       _convs(catalog, ["a100-pcie-80gb"], n=30, seed=7).assign(math="tf32"),
+                       _convs(catalog, ["k80"], n=30, seed=8)], ignore_index=True)
+    predicted = model.predict(query, catalog).latency_ms
+    direct = op_roofline_ms(query, catalog)
+    winograd = winograd_rows(query, row_architectures(query, catalog))
+    assert winograd.sum() == 120 and not winograd[120:].any()
+    assert np.median(predicted[winograd] / direct[winograd]) < 0.8  # the measured speed carries over
+    peak, bandwidth = peaks_of(query, catalog)
+    work = op_work(query)
+    least = np.maximum(work.flops / WINOGRAD_MAX_REDUCTION / (peak * 1e9),
+                       (work.bytes_read + work.bytes_written) / (bandwidth * 1e9)) * 1e3
+    assert np.all(predicted[winograd] >= least[winograd] * (1 - 1e-9))
+    assert np.all(predicted[~winograd] >= direct[~winograd] * (1 - 1e-9))
+
+
 def test_load_refuses_a_model_of_features_this_code_does_not_compute(catalog, tmp_path):
     import json
 
