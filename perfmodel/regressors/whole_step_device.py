@@ -3,9 +3,9 @@
 Real training steps differ from the composed kernel sum in ways that real runs can separate:
 
 - **the model's own level**: how much slower (or faster) than composed a model's whole step runs, whatever the
-  GPU. It varies most (on the public runs from 0.8-1.3x for NCF, Transformer-XL and GNMT to 1.7x for Mask R-CNN in
-  AMP) and nothing in a graph's features predicts it for a model family never measured (the
-  learned stages that tried made unseen families worse);
+  GPU. It varies most (on the public runs from 0.79x for Tacotron 2 in TF32 and 0.84x for Transformer-XL in AMP to
+  1.2-1.3x for GNMT and WaveGlow in TF32) and nothing in a graph's features predicts it for a model family never
+  measured (the learned stages that tried made unseen families worse);
 - **the device effect**: how the ratio moves from GPU to GPU for the same model and math. It follows the die's
   spec sheet: GPUs with more tensor FLOP/s, and more of them per watt of board power, run further from the kernel
   model. Memory is not in it: the kernel model prices bandwidth kernel by kernel, and a whole-step factor that grew
@@ -15,8 +15,9 @@ Real training steps differ from the composed kernel sum in ways that real runs c
 - **the convolution math effect**: how much of the step is 2-D convolution in a math no kernel measurement covers
   (`CONV_MATH_FEATURES`: TF32, slower than the kernel model's fp16-learned efficiency; fp32 3 x 3, which cuDNN
   runs as Winograd, faster). It moves the ratio within one level: a model's TF32 level holds its TF32 steps on
-  Ampere and its fp32 steps on older GPUs (on the public runs, 1-GPU MAPE held out by family 21.4 % with it and
-  24.9 % without, by chip 19.3 % and 22.1 %; only 2-D convolutions count, a choice made looking at those figures).
+  Ampere and its fp32 steps on older GPUs (on the public runs, 1-GPU MAPE held out by family 20.7 % with it and
+  24.9 % without (`device-whole-step/v12`), by chip 18.2 % and 22.1 %; only 2-D convolutions count, a choice made
+  looking at those figures).
 
 - **the software it ran on**: the same GPU, model and math run faster in a newer container (PyTorch, cuDNN,
   cuBLAS, the example's own code). On the public runs, against PyTorch 1.13 (NGC 22.09) on the GPUs measured on
