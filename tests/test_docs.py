@@ -180,6 +180,43 @@ def docs_client(sqlite_url: str, tmp_path: Path) -> Iterator[Any]:
         yield client
 
 
+# documented answers that must match what the shipped models answer: the model names exactly, the predicted step and
+# throughput within this share (a sample copied from an earlier model drifts past it; regenerate the samples)
+NAMED_KEYS = frozenset({"model_version", "model_versions"})
+ANSWER_KEYS = frozenset({"iter_time_ms", "throughput_samples_per_s"})
+ANSWER_TOLERANCE = 0.10
+
+
+def drifted(documented: Any, real: Any, where: str = "") -> list[str]:
+    """Where the documented JSON names other models than the real response, or answers another step or throughput
+    by more than `ANSWER_TOLERANCE`."""
+    out: list[str] = []
+    if isinstance(documented, dict) and isinstance(real, dict):
+        for key, value in documented.items():
+            if key not in real:
+                continue
+            here = f"{where}.{key}" if where else key
+            if key in NAMED_KEYS and value != real[key]:
+                out.append(f"{here}: documented {value!r}, answered {real[key]!r}")
+            elif (key in ANSWER_KEYS and isinstance(value, (int, float)) and isinstance(real[key], (int, float))
+                  and abs(value - real[key]) > ANSWER_TOLERANCE * abs(real[key])):
+                out.append(f"{here}: documented {value}, answered {real[key]:.4g}")
+            else:
+                out += drifted(value, real[key], here)
+    elif isinstance(documented, list) and isinstance(real, list):
+        for i, (item, answered) in enumerate(zip(documented, real)):
+            out += drifted(item, answered, f"{where}[{i}]")
+    return out
+
+
+def test_drifted_names_other_models_and_answers_off_by_more_than_the_tolerance():
+    documented = {"model_version": "a/v1", "iter_time_ms": 10.0, "rows": [{"throughput_samples_per_s": 100.0}]}
+    real = {"model_version": "a/v2", "iter_time_ms": 10.5, "rows": [{"throughput_samples_per_s": 150.0}]}
+    assert drifted(documented, real) == ["model_version: documented 'a/v1', answered 'a/v2'",
+                                         "rows[0].throughput_samples_per_s: documented 100.0, answered 150"]
+    assert drifted(documented, {**documented, "iter_time_ms": 10.9}) == []
+
+
 @pytest.mark.slow  # two graph captures (resnet50, BERT-base) and ~30 requests: ~20 s here
 def test_every_api_example_runs_against_the_app(docs_client):
     examples = parse_examples(API_DOC.read_text())
@@ -205,6 +242,8 @@ def test_every_api_example_runs_against_the_app(docs_client):
                 documented = json.loads(example.response)
                 missing = missing_keys(documented, response.json())
                 assert not missing, f"{example}: documented keys missing from the real response: {missing}"
+                off = drifted(documented, response.json())
+                assert not off, f"{example}: documented answers the shipped models do not give: {off}"
             elif example.response_lang == "text":
                 absent = _metric_names(example.response) - _metric_names(response.text)
                 assert not absent, f"{example}: documented metrics the app does not export: {sorted(absent)}"
