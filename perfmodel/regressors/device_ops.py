@@ -86,14 +86,6 @@ EXTRAPOLATION_WIDEN = 1.5  # interval half-widths (in log space) × this for ext
 # Winograd, 4x fewer multiplies than the direct convolution, which 16-37 % of such rows measured beat): a prediction
 # never claims more than the peak of its math for the work it does.
 ROOFLINE_BOUNDED = frozenset(OP_CLASSES)
-
-
-def roofline_bound_ms(ops: pd.DataFrame, features: pd.DataFrame, architectures: np.ndarray) -> np.ndarray:
-    """The least time of every row (`ops`, its `device_op_features` and its device's architecture): its compute at
-    the peak of its math for the least arithmetic a library may run it with, or its bytes at the bandwidth, whichever
-    is longer."""
-    compute_ms = np.exp2(features["log_compute_ms"].to_numpy()) * least_arithmetic(ops, architectures)
-    return np.maximum(compute_ms, np.exp2(features["log_memory_ms"].to_numpy()))
 # rows a library call launches back to back (`launch` `LIBRARY`: cuDNN's recurrent steps) cost this share of the
 # same kernel launched alone from eager PyTorch, which is what the training rows timed: the median of DeepBench's
 # recurrent layers (LSTM, GRU, vanilla; forward and backward through the data; 1,108 layers on seven NVIDIA GPUs)
@@ -110,6 +102,14 @@ DOMAIN_FILE = "op_domain.json"
 # work they do).
 NARROW_NEVER_DEARER = frozenset(VECTOR_CLASSES)
 NARROW_DTYPES = frozenset({"fp16", "bf16", "fp8"})
+
+
+def roofline_bound_ms(ops: pd.DataFrame, features: pd.DataFrame, architectures: np.ndarray) -> np.ndarray:
+    """The least time of every row (`ops`, its `device_op_features` and its device's architecture): its compute at
+    the peak of its math for the least arithmetic a library may run it with, or its bytes at the bandwidth, whichever
+    is longer."""
+    compute_ms = np.exp2(features["log_compute_ms"].to_numpy()) * least_arithmetic(ops, architectures)
+    return np.maximum(compute_ms, np.exp2(features["log_memory_ms"].to_numpy()))
 
 
 def _booster_file(op_class: str) -> str:

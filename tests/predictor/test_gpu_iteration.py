@@ -185,8 +185,10 @@ def test_a_convolution_is_never_priced_above_its_im2col_gemm_nor_a_smaller_map_a
     on a V100 at 3.5 ms on a 1 x 1 map and 0.6 ms on a 2 x 2 one. Bounded by im2col + its GEMM, no convolution costs
     more than that, none less than its roofline (for the least arithmetic a library may run it with), and a
     CIFAR-sized ResNet's last stages cost less on smaller maps."""
-    from perfmodel.lowering.ops import device_peaks, least_arithmetic, op_work, row_architectures
+    from perfmodel.features.device_ops import device_op_features
+    from perfmodel.lowering.ops import row_architectures
     from perfmodel.predictor.gpu_iteration import conv_gemm_twins, priced
+    from perfmodel.regressors.device_ops import roofline_bound_ms
 
     predictor = DevicePredictor.load()
     catalog = predictor.catalog
@@ -205,9 +207,7 @@ def test_a_convolution_is_never_priced_above_its_im2col_gemm_nor_a_smaller_map_a
         assert np.all(out.latency_ms <= bound * (1 + 1e-9))
         assert np.all(out.latency_ms >= conv_bytes / bandwidth_bytes_per_ms * (1 - 1e-9))
         # never below the roofline of the least arithmetic a library may run it with (Winograd's on 3 x 3 fp32)
-        work = op_work(rows)
-        peak, _ = device_peaks(rows, catalog)
-        least = work.flops * least_arithmetic(rows, row_architectures(rows, catalog)) / (peak * 1e6)
+        least = roofline_bound_ms(rows, device_op_features(rows, catalog), row_architectures(rows, catalog))
         assert np.all(out.latency_ms >= np.maximum(least, conv_bytes / bandwidth_bytes_per_ms) * (1 - 1e-9))
         assert np.all(out.p10_ms <= out.latency_ms) and np.all(out.latency_ms <= out.p90_ms)
         small = _conv_rows([64, 64], [512, 512], [512, 512], [3, 3], [1, 2], [1, 1], device)
