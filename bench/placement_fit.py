@@ -114,13 +114,14 @@ def main() -> int:
           f"{vtrain_figures['mape_pct']:.1f} % (target <= 10); {time.perf_counter() - started:.0f} s")
     record_if_asked(args, "placement_fit", {"adaptdl": adaptdl_figures, "vtrain": vtrain_figures})
     if args.write:
-        # the replica jitter and the n-GPU band are fitted on Lambda's runs (bench/real_runs.py --write-jitter): kept
+        # the replica jitters and the n-GPU band are fitted on Lambda's runs (bench/real_runs.py --write-jitter): kept
         kept = load_params()
         default = IterationParams(dp_overlap=fitted_a.dp_overlap,
                                   multi_device_overhead_ms=fitted_a.multi_device_overhead_ms,
                                   tp_sync_ms=fitted_v.tp_sync_ms, dp_jitter=kept.dp_jitter,
+                                  dp_jitter_steady=kept.dp_jitter_steady, dp_jitter_varying=kept.dp_jitter_varying,
                                   scaling_band_log=kept.scaling_band_log,
-                                  source="adaptdl DDP overlap/overhead + vtrain TP sync + Lambda replica jitter "
+                                  source="adaptdl DDP overlap/overhead + vtrain TP sync + Lambda replica jitters "
                                          "and band")
         table = {"default": default, "adaptdl-t4": fitted_a, "vtrain-a100": fitted_v}
         params_path().write_text(dump_params(table))

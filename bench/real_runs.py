@@ -16,11 +16,13 @@ alone buys (A100 40 GB against 80 GB: measured, composed, served with the chip h
 stage to fit, `device-whole-step` (default: a spec-sheet device effect and a level per measured model) or
 `xgb-whole-step` (boosted trees over the composition features). `--write` fits the stage on every run and saves it
 as its next version in the registry; `--promote` promotes it (role whole-step).
-The placement model's replica jitter (`IterationParams.dp_jitter`: data parallelism waits for its slowest replica)
-is fitted on the data-parallel runs' n-GPU / 1-GPU ratios, without the held-out group in each fold; the bench
-prints it fitted on every run and held out by family and by chip, with the 80 % band of the n-GPU / 1-GPU ratio it
-leaves (`IterationParams.scaling_band_log`: multi-GPU intervals add it to one GPU's band in quadrature; fitted
-without the held-out group too), and `--write-jitter` stores both fitted on every run as the default
+The placement model's replica jitters (`IterationParams.dp_jitter`: data parallelism waits for its slowest replica;
+`dp_jitter_varying` and `dp_jitter_steady` for jobs whose steps vary, or do not: `JobSpec.steps_vary`) are fitted on
+the data-parallel runs' n-GPU / 1-GPU ratios, each kind on the runs of models whose reference implementation is of
+it (`ZooEntry.reference_steps_vary`), without the held-out group in each fold; the bench prints them fitted on every
+run and held out by family and by chip (against one jitter for every job), with the 80 % band of the n-GPU / 1-GPU
+ratio they leave (`IterationParams.scaling_band_log`: multi-GPU intervals add it to one GPU's band in quadrature;
+fitted without the held-out group too), and `--write-jitter` stores them fitted on every run as the default
 (perfmodel/placement/iteration_params.json). `--record [RUN]` records the
 headline figures for docs/accuracy.md (bench/_figures.py).
 `--no-p2p-suite v1` also composes that suite's data-parallel runs again as if their GPUs had no peer-to-peer (later
@@ -64,6 +66,7 @@ from perfmodel.evaluation.real_runs import (
     STAGES,
     disk_graphs,
     fit_dp_jitter,
+    fit_replica_jitters,
     fit_stage,
     jitter_ratio_ape,
     jitter_rows,
@@ -72,6 +75,7 @@ from perfmodel.evaluation.real_runs import (
     predict_from_frame,
     recomposed_without_p2p,
     repeat_spread,
+    row_jitters,
     run_key,
     scaling_band_log,
 )
@@ -127,19 +131,28 @@ def show_repeat_spread(datasets: Path) -> dict:
 
 
 def replica_jitter(composed: pd.DataFrame) -> dict:
-    """The replica jitter fitted on every data-parallel run, and held out by family and by chip: the n-GPU / 1-GPU
-    ratio's MAPE of the held-out group with the jitter fitted without it, against none (printed and returned)."""
+    """The replica jitters fitted on every data-parallel run (`fit_replica_jitters`: one for a job of unknown kind,
+    one for steps that vary, one for steps that do not), and held out by family and by chip: the n-GPU / 1-GPU
+    ratio's MAPE of the held-out group with the jitters fitted without it, against one jitter for every job and
+    against none (printed and returned)."""
     rows = jitter_rows(composed)
-    out: dict = {"fitted_on_all": fit_dp_jitter(rows), "runs": len(rows)}
-    out["scaling_band_log"] = list(scaling_band_log(rows, out["fitted_on_all"]))
+    jitters = fit_replica_jitters(rows)
+    out: dict = {"fitted_on_all": jitters["dp_jitter"], "steady": jitters["dp_jitter_steady"],
+                 "varying": jitters["dp_jitter_varying"], "runs": len(rows),
+                 "steady_runs": int((rows.steps_vary == 0).sum()), "varying_runs": int((rows.steps_vary > 0).sum())}
+    out["scaling_band_log"] = list(scaling_band_log(rows, row_jitters(rows, jitters)))
     print(f"\n## The wait for the slowest replica (data parallel, {len(rows)} runs with a one-GPU twin)\n\n"
-          f"dp_jitter fitted on every run: {out['fitted_on_all']:.4f}; the n-GPU / 1-GPU ratio's 80 % band with it "
-          f"(log): {out['scaling_band_log'][0]:+.3f} / {out['scaling_band_log'][1]:+.3f}")
+          f"replica jitter fitted on every run: {out['fitted_on_all']:.4f} (a job of unknown kind); on the "
+          f"{out['varying_runs']} runs of models whose steps vary: {out['varying']:.4f}; on the "
+          f"{out['steady_runs']} whose steps do not: {out['steady']:.4f}; the n-GPU / 1-GPU ratio's 80 % band "
+          f"with them (log): {out['scaling_band_log'][0]:+.3f} / {out['scaling_band_log'][1]:+.3f}")
     for by in ("family", "chip"):
         out[by] = {"scaling_ratio_mape_pct": 100 * float(held_ratio_ape(rows, by).ape.mean()),
+                   "one_jitter_pct": 100 * float(held_ratio_ape(rows, by, kinds=False).ape.mean()),
                    "without_wait_pct": 100 * float(jitter_ratio_ape(rows, 0.0).mean())}
         print(f"held out by {by}: n-GPU / 1-GPU ratio MAPE {out[by]['scaling_ratio_mape_pct']:.1f} % "
-              f"(no wait: {out[by]['without_wait_pct']:.1f} %)")
+              f"(one jitter for every job: {out[by]['one_jitter_pct']:.1f} %; no wait: "
+              f"{out[by]['without_wait_pct']:.1f} %)")
     return out
 
 
@@ -230,12 +243,16 @@ def same_die_gain(composed: pd.DataFrame, held_chip: pd.DataFrame) -> dict:
     return out
 
 
-def held_ratio_ape(rows: pd.DataFrame, by: str) -> pd.DataFrame:
-    """`rows` (`jitter_rows`) with `ape`: each run's n-GPU / 1-GPU ratio APE, the replica jitter fitted without the
-    run's `by` group (family or chip)."""
-    return pd.concat([rows[rows[by] == group].assign(
-        ape=jitter_ratio_ape(rows[rows[by] == group], fit_dp_jitter(rows[rows[by] != group])))
-        for group in sorted(rows[by].unique())], ignore_index=True)
+def held_ratio_ape(rows: pd.DataFrame, by: str, kinds: bool = True) -> pd.DataFrame:
+    """`rows` (`jitter_rows`) with `ape`: each run's n-GPU / 1-GPU ratio APE, the replica jitters fitted without the
+    run's `by` group (family or chip): by the kind of each model's steps (`fit_replica_jitters`), or one for every
+    job (`kinds` False)."""
+    def held(group: str) -> pd.DataFrame:
+        test, train = rows[rows[by] == group], rows[rows[by] != group]
+        jitter = row_jitters(test, fit_replica_jitters(train)) if kinds else fit_dp_jitter(train)
+        return test.assign(ape=jitter_ratio_ape(test, jitter))
+
+    return pd.concat([held(group) for group in sorted(rows[by].unique())], ignore_index=True)
 
 
 def without_p2p(args: argparse.Namespace, composed: pd.DataFrame) -> dict:
@@ -315,11 +332,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.write_jitter:
         table = json.loads(params_path().read_text())["params"]
         default = IterationParams.from_dict(table["default"])
-        table["default"] = replace(default, dp_jitter=jitter["fitted_on_all"],
+        table["default"] = replace(default, dp_jitter=jitter["fitted_on_all"], dp_jitter_steady=jitter["steady"],
+                                   dp_jitter_varying=jitter["varying"],
                                    scaling_band_log=tuple(jitter["scaling_band_log"]),
-                                   source=default.source.split(" + Lambda")[0] + " + Lambda replica jitter and band")
+                                   source=default.source.split(" + Lambda")[0] + " + Lambda replica jitters and band")
         params_path().write_text(dump_params(table))
-        print(f"wrote dp_jitter {jitter['fitted_on_all']:.4f} and the scaling band into {params_path()}")
+        print(f"wrote the replica jitters ({jitter['fitted_on_all']:.4f}, steady {jitter['steady']:.4f}, varying "
+              f"{jitter['varying']:.4f}) and the scaling band into {params_path()}")
     if args.report is not None:
         print(f"\nreport: {write_gpu_report(result, args.report)['report']}")
     if args.write:

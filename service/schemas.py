@@ -198,6 +198,8 @@ class JobOut(BaseModel):
                                             "its half-precision convolutions)")
     pytorch_version: str | None = Field(description="the PyTorch (major.minor) it is answered for; null: the newest "
                                                     "software the whole-step stage learned")
+    steps_vary: bool | None = Field(description="whether its steps vary, so that data-parallel replicas wait for the "
+                                                "slowest (its own, or its zoo model's reference); null: not known")
     created_at: datetime
     graph: GraphSummary
 

@@ -63,6 +63,11 @@ PytorchOpt = Annotated[Optional[str], typer.Option(
     "--pytorch-version", help="the PyTorch (major.minor, e.g. 1.4) the job trains with: an older one is answered as "
                               "much slower as it ran on the public runs \\[a zoo model's reference implementation's "
                               "(`zoo show NAME`; Gavel's jobs: 1.4), else the newest]")]
+StepsVaryOpt = Annotated[Optional[bool], typer.Option(
+    "--steps-vary/--steady-steps",
+    help="its steps vary in time (variable-length batches, inputs decoded on the CPU each step: data-parallel "
+         "replicas wait for the slowest), or do not (fixed shapes, input ready on the device) \\[a zoo model's "
+         "reference implementation's, else not known]")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="machine-readable output")]
 StoreOpt = Annotated[Optional[str], typer.Option("--store", help="store URL \\[env PERFMODEL_STORE_URL, "
                                                                    "default SQLite under PERFMODEL_HOME]")]
@@ -71,13 +76,14 @@ StoreOpt = Annotated[Optional[str], typer.Option("--store", help="store URL \\[e
 # the JobSpec fields the job options set
 JOB_OPTIONS = {"batch_size": "-b/--batch-size", "seq_len": "--seq-len", "precision": "--precision",
                "optimizer": "--optimizer", "mode": "--mode", "task": "--task", "source.task": "--task",
-               "channels_last": "--channels-last", "pytorch_version": "--pytorch-version"}
+               "channels_last": "--channels-last", "pytorch_version": "--pytorch-version",
+               "steps_vary": "--steps-vary/--steady-steps"}
 
 
 def job_spec(model: str | None, hf_config: Path | None, task: str | None, module: str | None,
              onnx: Path | None, batch_size: int, seq_len: int | None, precision: str, optimizer: str | None,
              mode: str, *, channels_last: bool = False, pytorch_version: str | None = None,
-             options: Mapping[str, str] | None = JOB_OPTIONS) -> Any:
+             steps_vary: bool | None = None, options: Mapping[str, str] | None = JOB_OPTIONS) -> Any:
     """The JobSpec the job options describe; a value pydantic refuses is a PerfmodelError naming its option in
     `options` (None: the ValidationError itself, for a caller that names the values its own way)."""
     from perfmodel.jobs.spec import JobSpec
@@ -92,7 +98,7 @@ def job_spec(model: str | None, hf_config: Path | None, task: str | None, module
         return JobSpec.from_options(zoo=model, hf_config=hf_config, task=task, module=module,
                                     onnx=str(onnx) if onnx else None, batch_size=batch_size, seq_len=seq_len,
                                     precision=precision, optimizer=optimizer, mode=mode, channels_last=channels_last,
-                                    pytorch_version=pytorch_version)
+                                    pytorch_version=pytorch_version, steps_vary=steps_vary)
     except ValidationError as exc:
         if options is None:
             raise

@@ -77,7 +77,7 @@ def zoo_show(name: Annotated[str, typer.Argument(help="zoo model name (see `perf
             "real_item_share": entry.real_item_share,
             "reference_seq_len": entry.reference_seq_len, "default_task": entry.default_task,
             "optimizer": entry.reference_optimizer or "sgd", "pytorch_version": entry.reference_pytorch,
-            "host_work": entry.host_work,
+            "steps_vary": entry.reference_steps_vary, "host_work": entry.host_work,
             **({"image_size": entry.image_size} if entry.inputs is InputKind.image else {}),
             "description": entry.description}
     if as_json:

@@ -197,12 +197,16 @@ def real_runs(frame: pd.DataFrame) -> list[RealRun]:
     return out
 
 
+# the placement model's replica jitters, all off (`composing`)
+NO_JITTER: dict[str, float | None] = {"dp_jitter": 0.0, "dp_jitter_steady": None, "dp_jitter_varying": None}
+
+
 @contextmanager
 def composing(predictor: Any) -> Iterator[None]:
     """Within: `predictor` composes without what it learned from runs like these, its whole-step stage and its
-    replica jitter (`dp_jitter`); both are restored after."""
+    replica jitter (`dp_jitter` and its kinds'); both are restored after."""
     saved, predictor.whole_step = predictor.whole_step, None
-    saved_params, predictor.params = predictor.params, replace(predictor.params, dp_jitter=0.0)
+    saved_params, predictor.params = predictor.params, replace(predictor.params, **NO_JITTER)
     try:
         yield
     finally:
@@ -387,18 +391,48 @@ def jitter_rows(frame: pd.DataFrame) -> pd.DataFrame:
     measured n-GPU / 1-GPU step ratio, the placement's composed step (`composed_frame` composes it without the wait
     for the slowest replica), that wait per unit of jitter (`iteration.py`: E[max of d normals] · compute) and the
     twin's composed step."""
+    from perfmodel.jobs.zoo import find_entry
     from perfmodel.placement.iteration import expected_max_normal
+
+    def steps_vary(model: str) -> float:
+        entry = find_entry(model)
+        vary = entry.reference_steps_vary if entry is not None else None
+        return -1.0 if vary is None else float(vary)
 
     return pd.DataFrame.from_records([
         {**identity, "measured_ratio": row.measured_ms / one.measured_ms, "one_ms": one.placement_ms,
-         "base_ms": row.placement_ms, "per_jitter_ms": expected_max_normal(float(row.devices)) * row.compute_ms}
+         "base_ms": row.placement_ms, "per_jitter_ms": expected_max_normal(float(row.devices)) * row.compute_ms,
+         "steps_vary": steps_vary(row.model)}
         for row, one, identity in data_parallel_twins(frame)])
 
 
-def predicted_ratio(rows: pd.DataFrame, jitter: float) -> pd.Series:
+def predicted_ratio(rows: pd.DataFrame, jitter: float | np.ndarray) -> pd.Series:
     """The n-GPU / 1-GPU step ratio of `rows` (`jitter_rows`) the placement model predicts with the wait of
-    `jitter`."""
+    `jitter` (one for every row, or each row's)."""
     return (rows.base_ms + jitter * rows.per_jitter_ms) / rows.one_ms
+
+
+def fit_replica_jitters(rows: pd.DataFrame) -> dict[str, float | None]:
+    """The placement model's replica jitters (`IterationParams`) fitted on `rows` (`jitter_rows`): `dp_jitter` on
+    every row (a job whose kind is not known), `dp_jitter_steady` and `dp_jitter_varying` on the rows of models
+    whose reference implementation's steps do not vary, and do (`ZooEntry.reference_steps_vary`; None without
+    such rows: `dp_jitter` answers them)."""
+    kinds = rows["steps_vary"] if "steps_vary" in rows else pd.Series(-1.0, index=rows.index)
+    steady, varying = rows[kinds == 0], rows[kinds > 0]
+    return {"dp_jitter": fit_dp_jitter(rows),
+            "dp_jitter_steady": fit_dp_jitter(steady) if len(steady) else None,
+            "dp_jitter_varying": fit_dp_jitter(varying) if len(varying) else None}
+
+
+def row_jitters(rows: pd.DataFrame, jitters: dict[str, float | None]) -> np.ndarray:
+    """Each row's replica jitter under `jitters` (`fit_replica_jitters`), by its model's kind."""
+    from perfmodel.placement.iteration import IterationParams, replica_jitter
+
+    kinds = rows["steps_vary"].to_numpy(dtype=float) if "steps_vary" in rows else np.full(len(rows), -1.0)
+    params = IterationParams(dp_jitter=float(jitters.get("dp_jitter") or 0.0),
+                             dp_jitter_steady=jitters.get("dp_jitter_steady"),
+                             dp_jitter_varying=jitters.get("dp_jitter_varying"))
+    return np.asarray(replica_jitter(kinds, params), dtype=float)
 
 
 def fit_dp_jitter(rows: pd.DataFrame, grid: np.ndarray = JITTER_GRID) -> float:
@@ -415,7 +449,7 @@ def fit_dp_jitter(rows: pd.DataFrame, grid: np.ndarray = JITTER_GRID) -> float:
     return float(grid[int(np.argmin(errors))])
 
 
-def scaling_band_log(rows: pd.DataFrame, jitter: float, quantiles: tuple[float, float] = (0.1, 0.9)
+def scaling_band_log(rows: pd.DataFrame, jitter: float | np.ndarray, quantiles: tuple[float, float] = (0.1, 0.9)
                      ) -> tuple[float, float]:
     """The placement model's own 80 % band (`IterationParams.scaling_band_log`): the p10 and p90 of
     log(measured / predicted) of the n-GPU / 1-GPU step ratio of `rows` (`jitter_rows`) with the wait of `jitter`,
@@ -427,7 +461,7 @@ def scaling_band_log(rows: pd.DataFrame, jitter: float, quantiles: tuple[float, 
     return min(float(low), 0.0), max(float(high), 0.0)
 
 
-def jitter_ratio_ape(rows: pd.DataFrame, jitter: float) -> np.ndarray:
+def jitter_ratio_ape(rows: pd.DataFrame, jitter: float | np.ndarray) -> np.ndarray:
     """The n-GPU / 1-GPU ratio's APE of `rows` (`jitter_rows`) with the wait of `jitter`."""
     return np.abs(rows.measured_ratio.to_numpy() / predicted_ratio(rows, jitter).to_numpy() - 1.0)
 
@@ -542,8 +576,8 @@ def leave_one_out(runs: Sequence[RealRun], frame: pd.DataFrame, predictor: Any, 
                   serving_path: bool = True, stage: str = DEFAULT_STAGE, own_software: bool = True,
                   **settings: Any) -> pd.DataFrame:
     """Every run predicted by a stage fitted without its `by` group (family or chip) of `frame` (the composed
-    frame of the same runs), through the serving path, with the placement model's replica jitter (`dp_jitter`)
-    and its band (`scaling_band_log`) fitted without the group too (or `predict_from_frame` with
+    frame of the same runs), through the serving path, with the placement model's replica jitters
+    (`fit_replica_jitters`) and its band (`scaling_band_log`) fitted without the group too (or `predict_from_frame` with
     `serving_path=False`: the stage only). `own_software`: each run predicted for the software it ran on (the
     offset of its version, learned without the group: `on_own_software`); else as served, for the newest.
     Returns `frame` joined with `predicted_ms`, `low_ms`, `high_ms`."""
@@ -570,9 +604,9 @@ def leave_one_out(runs: Sequence[RealRun], frame: pd.DataFrame, predictor: Any, 
             predictor.set_whole_step(WholeStepStage(fitted, f"without-{group}"))
             if not pairs.empty:  # the replicas' jitter and the placement's band too are learned without the group
                 kept = pairs[pairs[by] != group]
-                jitter = fit_dp_jitter(kept)
-                predictor.params = replace(predictor.params, dp_jitter=jitter,
-                                           scaling_band_log=scaling_band_log(kept, jitter))
+                jitters = fit_replica_jitters(kept)
+                predictor.params = replace(predictor.params, **jitters,
+                                           scaling_band_log=scaling_band_log(kept, row_jitters(kept, jitters)))
             predicted = predict_runs(test, predictor)
             parts.append(on_own_software(predicted, frame, fitted) if own_software else predicted)
     finally:

@@ -221,6 +221,16 @@ class JobSpec(BaseModel):
                     "as much slower as that version ran on the public runs (README, \"Software\"); default: a "
                     "zoo model's reference implementation's (Gavel's jobs: 1.4), else the newest")
 
+    steps_vary: bool | None = Field(
+        default=None, exclude_if=lambda vary: vary is None,
+        description="whether the job's steps vary in time from one to the next, so that data-parallel replicas "
+                    "wait for the slowest every step: true for variable-length batches (bucketed sentences, "
+                    "utterances, images of several sizes) or inputs decoded and augmented on the CPU each step "
+                    "(DataLoader workers reading audio or images); false for fixed shapes with the input ready on "
+                    "the device (decoded there by DALI, or held in GPU memory); default: a zoo model's reference "
+                    "implementation's where known (`perfmodel zoo show NAME`), else not known (the average of "
+                    "the public multi-GPU runs)")
+
     @field_validator("pytorch_version", mode="before")
     @classmethod
     def _major_minor(cls, value: Any) -> Any:
@@ -240,8 +250,9 @@ class JobSpec(BaseModel):
         8,000-sample segments or Tacotron 2's 850 mel frames asked without `seq_len` are not 128 of them. A zoo
         model with no sequence (an image classifier, a recommender's fixed features) ignores one: the same job
         whatever `seq_len` a scheduler sends with every job. A zoo model with a reference implementation gets its
-        optimizer when the job names none (GNMT and Gavel's Transformer train with Adam), and its PyTorch version
-        where it pins one (Gavel's workloads: 1.4)."""
+        optimizer when the job names none (GNMT and Gavel's Transformer train with Adam), its PyTorch version
+        where it pins one (Gavel's workloads: 1.4), and whether its steps vary where its reference implementation
+        says (`steps_vary`)."""
         if not isinstance(data, dict):
             return data
         source = data.get("source")
@@ -258,6 +269,8 @@ class JobSpec(BaseModel):
             data = {**data, "optimizer": entry.reference_optimizer}
         if entry is not None and entry.reference_pytorch is not None and data.get("pytorch_version") is None:
             data = {**data, "pytorch_version": entry.reference_pytorch}
+        if entry is not None and entry.reference_steps_vary is not None and data.get("steps_vary") is None:
+            data = {**data, "steps_vary": entry.reference_steps_vary}
         given = data.get("seq_len")
         valid = given is None or (isinstance(given, int) and not isinstance(given, bool) and given > 0)
         if entry is not None and entry.inputs in (InputKind.image, InputKind.recsys) and valid:
@@ -301,12 +314,12 @@ class JobSpec(BaseModel):
 
     def graph_key(self) -> str:
         """The key of the spec's graph: specs that differ only in what no graph depends on share it. The optimizer
-        is priced from the parameter count, the PyTorch version by the whole-step stage, and the math of a model
-        whose weights stay float32 (fp32, fp32-strict, tf32, amp, amp-bf16) from its float32 graph: only a model
-        cast to half (fp16, bf16) has another graph."""
+        is priced from the parameter count, the PyTorch version by the whole-step stage, whether steps vary by the
+        placement model, and the math of a model whose weights stay float32 (fp32, fp32-strict, tf32, amp,
+        amp-bf16) from its float32 graph: only a model cast to half (fp16, bf16) has another graph."""
         cached = self.__dict__.get(_GRAPH_KEY_ATTR)
         if cached is None:
-            update: dict[str, Any] = {"optimizer": OptimizerName.sgd, "pytorch_version": None}
+            update: dict[str, Any] = {"optimizer": OptimizerName.sgd, "pytorch_version": None, "steps_vary": None}
             if not Precision(self.precision).half_weights:
                 update["precision"] = Precision.fp32
             same = all(getattr(self, name) == value for name, value in update.items())

@@ -58,6 +58,8 @@ class ZooEntry:
     reference_optimizer: str | None = None
     # the PyTorch (major.minor) the reference implementation pins (a job that names none gets it; None: the newest)
     reference_pytorch: str | None = None
+    # whether the reference implementation's steps vary from one to the next (`JobSpec.steps_vary`; None: not known)
+    reference_steps_vary: bool | None = None
     # what the reference implementation does on the host each step that the graph does not show (an environment
     # stepped on the CPU, ...): its answers say the step is likely host-bound ("" : nothing known)
     host_work: str = ""
@@ -246,10 +248,14 @@ def _entries() -> list[ZooEntry]:
     ]
     # NVIDIA DeepLearningExamples models of Lambda's GPU benchmark (perfmodel.jobs.dle): seq_len is what the
     # benchmark's unit counts per sample (tokens, mel frames, audio samples)
+    # (reference_steps_vary: SSD's DALI pipeline decodes and augments on the GPU at a fixed 300x300, NCF's data set
+    # and Transformer-XL's corpus sit in GPU memory, their batches fixed in shape; GNMT's bucketed sentences,
+    # Tacotron 2's utterances and Mask R-CNN's images vary in size, and Tacotron 2's, WaveGlow's and Mask R-CNN's
+    # inputs are read and decoded on the CPU by DataLoader workers every step)
     own, per_item = InputKind.custom, lambda seq_len: float(seq_len)
     entries += [
         ZooEntry("ssd300", "ssd", "perfmodel", own, _dle("SSD300"), make_inputs=_own_inputs, unit="images",
-                 reference_optimizer="sgd",
+                 reference_optimizer="sgd", reference_steps_vary=False,
                  description="DLE SSD300 v1.1: ResNet-50 to layer3 (stride 1), 5 extra blocks, 8732 default boxes, "
                              "81 COCO classes, 300x300; smooth-L1 + hard-negative-mined cross-entropy loss"),
         # DLE counts real source tokens + target tokens - 1 (the decoder reads target[:-1]) per sentence pair and
@@ -259,40 +265,40 @@ def _entries() -> list[ZooEntry]:
         # padded to ~32 a side, so 50 of the 63 computed tokens are real.
         ZooEntry("gnmt", "gnmt", "perfmodel", own, _dle("GNMT"), make_inputs=_own_inputs, unit="tokens",
                  items_per_sample=lambda seq_len: 2.0 * seq_len - 1, reference_seq_len=32, real_item_share=50 / 63,
-                 reference_optimizer="adam",
+                 reference_optimizer="adam", reference_steps_vary=True,
                  description="DLE GNMT v2: vocab 32320, 4+4 LSTM layers of 1024 (first encoder layer bidirectional), "
                              "normalized Bahdanau attention fed to all decoder layers, label-smoothed loss; seq_len = "
                              "tokens a side the batch is padded to (32, of which ~25 real)"),
         ZooEntry("ncf", "ncf", "perfmodel", own, _dle("NeuMF"), make_inputs=_own_inputs, unit="samples",
-                 reference_optimizer="adam",
+                 reference_optimizer="adam", reference_steps_vary=False,
                  description="DLE NCF NeuMF on MovieLens-20m: 138493 users, 26744 items, GMF 64 + MLP "
                              "[256, 256, 128, 64], BCE-with-logits; a sample is one user-item pair"),
         # DLE pads every batch to its longest utterance (random batches, no bucketing) and counts the real mel
         # frames: LJSpeech's clips average 566 frames, the longest 870, so a batch of 16-336 clips computes ~850
         ZooEntry("tacotron2", "tacotron2", "perfmodel", own, _dle("Tacotron2"), make_inputs=_own_inputs,
                  unit="mel frames", items_per_sample=per_item, reference_seq_len=850, real_item_share=566 / 850,
-                 reference_optimizer="adam",
+                 reference_optimizer="adam", reference_steps_vary=True,
                  description="DLE Tacotron 2: 512-d conv+BiLSTM encoder, location-sensitive attention, 2 x 1024 "
                              "LSTM decoder looped per mel frame, 5-conv postnet; seq_len = mel frames the batch is "
                              "padded to (LJSpeech: 850, of which 566 real)"),
         ZooEntry("waveglow", "waveglow", "perfmodel", own, _dle("WaveGlow"), make_inputs=_own_inputs,
                  unit="audio samples", items_per_sample=per_item, reference_seq_len=8000,
-                 reference_optimizer="adam",
+                 reference_optimizer="adam", reference_steps_vary=True,
                  description="DLE WaveGlow: 12 flows, groups of 8, WN 8 layers x 512, 80 mels upsampled x256; "
                              "NLL loss (sigma 1); seq_len = audio samples per segment"),
         ZooEntry("transformer-xl-base", "transformer-xl", "perfmodel", own, _dle("transformer_xl_base"),
                  make_inputs=_own_inputs, unit="tokens", items_per_sample=per_item, reference_seq_len=192,
-                 reference_optimizer="adam",
+                 reference_optimizer="adam", reference_steps_vary=False,
                  description="DLE Transformer-XL on WikiText-103 as Lambda ran it: 16 layers, d 512, 8 x 64 heads, "
                              "full tied softmax over 267735 words; tgt_len = mem_len = seq_len"),
         ZooEntry("transformer-xl-large", "transformer-xl", "perfmodel", own, _dle("transformer_xl_large"),
                  make_inputs=_own_inputs, unit="tokens", items_per_sample=per_item, reference_seq_len=256,
-                 reference_optimizer="adam",
+                 reference_optimizer="adam", reference_steps_vary=False,
                  description="DLE Transformer-XL on WikiText-103 as Lambda ran it: 18 layers, d 1024, 16 x 64 heads, "
                              "full tied softmax over 267735 words; tgt_len = mem_len = seq_len"),
         ZooEntry("maskrcnn", "maskrcnn", "perfmodel", own, _dle("MaskRCNN"), make_inputs=_own_inputs,
                  unit="images",
-                 reference_optimizer="sgd",
+                 reference_optimizer="sgd", reference_steps_vary=True,
                  description="Mask R-CNN R-50-FPN 1x (DLE maskrcnn_benchmark), 81 classes, 800x1344; proposal "
                              "selection, NMS and RoI sampling as static equivalents with fixed counts"),
     ]

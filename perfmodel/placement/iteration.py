@@ -24,11 +24,14 @@ expert degrees, m micro-batches, and T = 1 when training, 0 for inference:
                                                  + max(AG(G) + RS(G) - h_b,               backward gather + gradient
                                                        AG(bucket) + RS(bucket))]          reduce-scatter, every
                                                                                           micro-batch
-    data-parallel wait (T=1, d > 1) = dp_jitter · E[max of d standard normals] · m · (fwd + bwd + recompute) / (t·p)
+    data-parallel wait (T=1, d > 1) = jitter · E[max of d standard normals] · m · (fwd + bwd + recompute) / (t·p)
                                      synchronous data parallelism waits every step for its slowest replica: a
-                                     replica's compute varies from step to step by dp_jitter (relative standard
+                                     replica's compute varies from step to step by the jitter (relative standard
                                      deviation), and the slowest of d is E[max] (Blom's approximation) standard
-                                     deviations above the mean; the wait shows up in the gradient all-reduce
+                                     deviations above the mean; the wait shows up in the gradient all-reduce.
+                                     The jitter is the job's kind's (`replica_jitter`): `dp_jitter_varying` for
+                                     steps that vary (variable-length batches, inputs decoded on the host),
+                                     `dp_jitter_steady` for steps that do not, `dp_jitter` when not known
     optimizer (T = 1)              = O/(t·p) · (share of the parameters a rank steps: 1/d with ZeRO >= 1, else
                                      dense + experts/e), never below O/(t·p) - (data- and expert-parallel
                                      communication): a rank's step never saves more than its sharding costs
@@ -114,6 +117,9 @@ class ShardCompute:
     # gradient bytes DDP all-reduces after backward ends: its last buckets, which hold the model's first parameters
     # (`ddp_last_bucket_bytes`); 0: not known (a bucket of DDP_BUCKET_BYTES)
     last_bucket_bytes: float = 0.0
+    # whether the job's steps vary from replica to replica (`JobSpec.steps_vary`): 1 they do, 0 they do not, -1 not
+    # known; it picks the replica jitter (`replica_jitter`)
+    steps_vary: float = -1.0
 
 
 def ddp_last_bucket_bytes(params_in_forward_order: Sequence[int], gradient_bytes_per_param: int) -> int:
@@ -144,7 +150,11 @@ class IterationParams:
     tp_penalty: float = 0.0  # compute inefficiency per extra tensor-parallel rank (smaller GEMMs)
     tp_sync_ms: float = 0.0  # per tensor-parallel all-reduce, beyond α-β: the wait for the slowest rank
     dp_jitter: float = 0.0  # relative step-to-step spread of a replica's compute (data parallelism waits for the
-    # slowest replica every step)
+    # slowest replica every step), for a job whose kind is not known
+    dp_jitter_steady: float | None = None  # the same for steps that do not vary (fixed shapes, input ready on the
+    # device); None: dp_jitter
+    dp_jitter_varying: float | None = None  # for steps that do (variable-length batches, inputs decoded on the
+    # host); None: dp_jitter
     layer_overhead_ms: float = 0.0  # host-side cost per block per micro-batch (Python, launches), any batch size
     compute_scale: float = 1.0  # calibration of the compute predictor for the data it was fitted on
     # p10 and p90 of log(measured / predicted) of the n-device / 1-device step ratio on real multi-device runs (the
@@ -202,6 +212,7 @@ class ComputeArrays:
     host_forward_ms: np.ndarray | float = 0.0
     host_backward_ms: np.ndarray | float = 0.0
     last_bucket_bytes: np.ndarray | float = 0.0
+    steps_vary: np.ndarray | float = -1.0
 
     @classmethod
     def stack(cls, computes: list[ShardCompute]) -> ComputeArrays:
@@ -353,6 +364,20 @@ def _expected_max(n: float) -> float:
     return _STANDARD_NORMAL.inv_cdf((n - 0.375) / (n + 0.25)) if n > 1 else 0.0
 
 
+def replica_jitter(steps_vary: Any, params: IterationParams) -> Any:
+    """The replica jitter of jobs whose steps vary (`steps_vary` 1), do not (0) or are not known to (-1): the
+    params' `dp_jitter_varying`, `dp_jitter_steady` or `dp_jitter` (either of the first two unset: `dp_jitter`).
+    Arrays in, arrays out; a float in, a float out."""
+    unknown = params.dp_jitter
+    varying = unknown if params.dp_jitter_varying is None else params.dp_jitter_varying
+    steady = unknown if params.dp_jitter_steady is None else params.dp_jitter_steady
+    if isinstance(steps_vary, np.ndarray):
+        return np.where(steps_vary < 0, unknown, np.where(steps_vary > 0, varying, steady))
+    if steps_vary < 0:
+        return unknown
+    return varying if steps_vary > 0 else steady
+
+
 def iteration_breakdown(c: ComputeArrays, p: PlacementArrays, params: IterationParams) -> dict[str, np.ndarray]:
     """Per-pair components (ms); `iter_time_ms` is their explicit sum. Arrays in, arrays out; floats (one pair)
     in, floats out."""
@@ -403,8 +428,9 @@ def iteration_breakdown(c: ComputeArrays, p: PlacementArrays, params: IterationP
         return _where(p.zero_stage >= 3, zero3, _where(p.zero_stage >= 1, zero12, zero0))
 
     dp_ms = _when((d > 1) & (train > 0), data_parallel)
-    dp_wait = _when((d > 1) & (train > 0) & (params.dp_jitter > 0),
-                    lambda: params.dp_jitter * expected_max_normal(d) * m * (fwd + bwd + recompute))
+    jitter = replica_jitter(c.steps_vary, params)
+    dp_wait = _when((d > 1) & (train > 0) & (jitter > 0),
+                    lambda: jitter * expected_max_normal(d) * m * (fwd + bwd + recompute))
 
     # optimizer: a rank steps its share of the parameters, never saving more than the sharding's communication
     full_step = c.optimizer_ms * train / split

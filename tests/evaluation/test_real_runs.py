@@ -266,6 +266,32 @@ def test_the_replica_jitter_is_the_one_with_the_least_mean_ratio_error_and_recov
     assert fit_dp_jitter(rows.iloc[:0]) == 0.0
 
 
+def test_each_kind_of_step_gets_the_replica_jitter_of_its_own_runs():
+    """`fit_replica_jitters`: runs of models whose steps vary made with a wait of 0.15, of models whose steps do
+    not with 0.01: each kind's jitter is found on its own runs, the one for a job of unknown kind on all of them,
+    and `row_jitters` gives each run its kind's; a frame without runs of a kind leaves that one unset."""
+    from perfmodel.evaluation.real_runs import JITTER_GRID, fit_replica_jitters, row_jitters
+    from perfmodel.placement.iteration import expected_max_normal
+
+    rng = np.random.default_rng(1)
+    kinds = rng.choice([0.0, 1.0], 300)
+    one = rng.uniform(50, 500, 300)
+    per_jitter = np.array([expected_max_normal(float(d)) for d in rng.choice([2, 4, 8], 300)]) * one
+    rows = pd.DataFrame({"one_ms": one, "base_ms": one, "per_jitter_ms": per_jitter, "steps_vary": kinds})
+    rows["measured_ratio"] = (rows.base_ms + np.where(kinds > 0, 0.15, 0.01) * rows.per_jitter_ms) / rows.one_ms
+    jitters = fit_replica_jitters(rows)
+    assert jitters["dp_jitter_varying"] == pytest.approx(0.15, abs=JITTER_GRID[1])
+    assert jitters["dp_jitter_steady"] == pytest.approx(0.01, abs=JITTER_GRID[1])
+    assert jitters["dp_jitter_steady"] <= jitters["dp_jitter"] <= jitters["dp_jitter_varying"]
+    np.testing.assert_allclose(row_jitters(rows, jitters), np.where(kinds > 0, jitters["dp_jitter_varying"],
+                                                                    jitters["dp_jitter_steady"]))
+    unknown = rows.assign(steps_vary=-1.0)
+    assert set(row_jitters(unknown, jitters)) == {jitters["dp_jitter"]}
+    only_varying = fit_replica_jitters(rows[kinds > 0])
+    assert only_varying["dp_jitter_steady"] is None
+    assert set(row_jitters(rows[kinds == 0], only_varying)) == {only_varying["dp_jitter"]}
+
+
 def test_the_repeat_spread_scores_each_repeat_by_the_others_of_its_configuration_and_suite():
     """Three logs of one configuration at 100, 100 and 200 items/s: each is answered by the geometric mean of the
     other two (141.4, 141.4, 100), as a throughput; a configuration measured once, a failed run and the same GPU

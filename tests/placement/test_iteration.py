@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import fields
+
 import numpy as np
 import pytest
 
@@ -14,6 +16,7 @@ from perfmodel.placement.iteration import (
     expected_max_normal,
     iteration_breakdown,
     load_params,
+    replica_jitter,
 )
 
 RNG = np.random.default_rng(7)
@@ -76,6 +79,24 @@ def test_the_wait_for_the_slowest_replica_grows_with_the_replicas_and_is_its_sha
     one = iteration_breakdown(with_compute(c, gradient_bytes_per_param=np.zeros(6)),  # inference: nothing to wait for
                               placements(6, data=data, nodes=np.ones(6)), jitter)
     assert np.all(one["data_parallel_wait_ms"] == 0)
+
+
+def test_each_kind_of_job_waits_by_its_own_replica_jitter():
+    """A job whose steps vary waits by `dp_jitter_varying`, one whose steps do not by `dp_jitter_steady`, one of
+    unknown kind (-1, the default) by `dp_jitter`; a kind whose jitter is unset falls back to `dp_jitter`. One pair
+    as floats answers as the same pair in an array."""
+    params = IterationParams(dp_jitter=0.09, dp_jitter_steady=0.01, dp_jitter_varying=0.15)
+    c = with_compute(computes(3), steps_vary=np.array([1.0, 0.0, -1.0]))
+    out = iteration_breakdown(c, placements(3, data=np.full(3, 8.0), nodes=np.ones(3)), params)
+    share = out["data_parallel_wait_ms"] / (out["forward"] + out["backward"]) / expected_max_normal(8.0)
+    np.testing.assert_allclose(share, [0.15, 0.01, 0.09])
+    assert replica_jitter(np.array([1.0, 0.0, -1.0]), IterationParams(dp_jitter=0.09)).tolist() == [0.09] * 3
+    assert [replica_jitter(v, params) for v in (1.0, 0.0, -1.0)] == [0.15, 0.01, 0.09]
+    one = ComputeArrays(**{f.name: float(np.broadcast_to(getattr(c, f.name), (3,))[0]) for f in fields(ComputeArrays)})
+    p = placements(1, data=np.full(1, 8.0), nodes=np.ones(1))
+    single = iteration_breakdown(one, PlacementArrays(**{f.name: float(np.broadcast_to(getattr(p, f.name), (1,))[0])
+                                                          for f in fields(PlacementArrays)}), params)
+    assert single["data_parallel_wait_ms"] == pytest.approx(out["data_parallel_wait_ms"][0])
 
 
 def test_one_device_is_the_device_compute():

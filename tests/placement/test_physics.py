@@ -29,7 +29,8 @@ PARTS = ("forward", "backward", "optimizer", "communication", "pipeline_bubble",
 COMMS = ("tensor_parallel_ms", "expert_parallel_ms", "pipeline_p2p_ms", "data_parallel_ms", "data_parallel_wait_ms")
 PARAMS = [IterationParams(), load_params(),
           IterationParams(dp_overlap=1.0, overhead_ms=2.0, multi_device_overhead_ms=3.0, tp_penalty=0.05,
-                          tp_sync_ms=0.1, layer_overhead_ms=1.0, compute_scale=0.7, dp_jitter=0.2)]
+                          tp_sync_ms=0.1, layer_overhead_ms=1.0, compute_scale=0.7, dp_jitter=0.2,
+                          dp_jitter_steady=0.01, dp_jitter_varying=0.3)]
 DRAWS = 600
 CATALOG = load_catalog()
 GPUS = sorted(name for name, spec in CATALOG.items() if spec.kind == "gpu")
@@ -79,7 +80,8 @@ def draw_computes(rng: np.random.Generator, n: int) -> ComputeArrays:
         moe_dispatch_bytes=np.where(moe, 10 ** rng.uniform(3, 9, n), 0.0),
         expert_params=np.where(moe, params * rng.uniform(0.1, 0.95, n), 0.0),
         host_forward_ms=rng.uniform(0, 20, n), host_backward_ms=rng.uniform(0, 40, n),
-        last_bucket_bytes=rng.choice([0.0, 1.0], n) * params * rng.uniform(0.01, 0.5, n))
+        last_bucket_bytes=rng.choice([0.0, 1.0], n) * params * rng.uniform(0.01, 0.5, n),
+        steps_vary=rng.choice([-1.0, 0.0, 1.0], n))
 
 
 def arrays(placements: list[PlacementSpec]) -> PlacementArrays:

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from perfmodel.hardware.catalog import load_catalog
 from perfmodel.jobs.spec import JobSpec, Mode
+from perfmodel.placement.iteration import expected_max_normal
 from perfmodel.placement.spec import Parallelism, PlacementSpec
 from perfmodel.predictor.gpu_iteration import DevicePredictor
 from perfmodel.predictor.placed import PlacementPredictor
@@ -376,6 +377,22 @@ def test_the_band_of_a_data_parallel_step_spans_no_wait_to_twice_the_wait_for_th
     assert waiting.interval_ms[0] == pytest.approx(low * (waiting.iter_time_ms - wait))
     assert waiting.interval_ms[1] == pytest.approx(high * (waiting.iter_time_ms + wait))
     assert in_step.interval_ms == pytest.approx((low * in_step.iter_time_ms, high * in_step.iter_time_ms))
+
+
+def test_a_job_whose_steps_vary_waits_longer_for_its_slowest_replica_than_one_whose_steps_do_not(predictor, spec):
+    """The same job said to vary, said not to and not said: its 8-replica wait is each kind's jitter's, and only
+    the wait differs (one device, and the step without the wait, are the same)."""
+    params = replace(predictor.params, dp_jitter=0.05, dp_jitter_steady=0.01, dp_jitter_varying=0.12)
+    placed = PlacementPredictor(predictor.cpu, predictor.device, params)
+    eight = PlacementSpec.grid("a100-sxm4-80gb", per_node=8, global_batch_size=128)
+    one = PlacementSpec(accelerator="a100-sxm4-80gb", global_batch_size=16)
+    kinds = {vary: spec.model_copy(update={"steps_vary": vary}) for vary in (None, False, True)}
+    steps = {vary: placed.predict(job, eight) for vary, job in kinds.items()}
+    per_jitter = expected_max_normal(8.0) * (steps[None].breakdown_ms["forward"] + steps[None].breakdown_ms["backward"])
+    # each step's own wait: the unknown kind's is 0.05 x E[max of 8] x compute
+    waits = {vary: step.iter_time_ms - steps[None].iter_time_ms + 0.05 * per_jitter for vary, step in steps.items()}
+    assert waits[False] == pytest.approx(0.01 * per_jitter) and waits[True] == pytest.approx(0.12 * per_jitter)
+    assert len({placed.predict(job, one).iter_time_ms for job in kinds.values()}) == 1
 
 
 def test_the_placement_models_own_band_widens_multi_device_intervals_in_quadrature_and_never_one_device(predictor):
