@@ -305,46 +305,49 @@ def _entries() -> list[ZooEntry]:
     # Gavel's seven job types (perfmodel.jobs.gavel_zoo; ../shared/datasets/gavel/PROVENANCE.md), loss in the graph.
     # Gavel counts steps: a sample is what one step's batch holds one of. A job that names no optimizer gets the one
     # Gavel trains the model with (A3C's shared Adam with amsgrad and LM's plain SGD priced as Adam and SGD), and one
-    # that names no PyTorch version Gavel's: its workloads pin torch 1.4.0 (scheduler/requirements.txt).
+    # that names no PyTorch version Gavel's: its workloads pin torch 1.4.0 (scheduler/requirements.txt). Their steps
+    # vary (reference_steps_vary) but the LM's: CIFAR-10's, ImageNet's and CycleGAN's images are decoded and augmented
+    # by DataLoader workers, the Transformer's sentence batches and the Recommendation's item sets vary in size, A3C
+    # steps its emulator on the CPU; the LM's corpus sits on the GPU and every batch is bptt tokens long.
     entries += [
         ZooEntry("gavel-resnet18", "resnet", "perfmodel", own, _gavel("CifarResNet18"), make_inputs=_own_inputs,
                  unit="images",
-                 reference_optimizer="sgd", reference_pytorch=GAVEL_PYTORCH,
+                 reference_optimizer="sgd", reference_pytorch=GAVEL_PYTORCH, reference_steps_vary=True,
                  description="Gavel ResNet-18: CIFAR-10 ResNet-18 (kuangliu: 3x3 stem at stride 1, no max-pool, "
                              "stages 64-512, avgpool, linear 10), 32x32, cross-entropy; Gavel: SGD momentum 0.9"),
         ZooEntry("gavel-resnet50", "resnet", "perfmodel", own, _gavel("ImageNetResNet50"), make_inputs=_own_inputs,
                  unit="images",
-                 reference_optimizer="sgd", reference_pytorch=GAVEL_PYTORCH,
+                 reference_optimizer="sgd", reference_pytorch=GAVEL_PYTORCH, reference_steps_vary=True,
                  description="Gavel ResNet-50: torchvision ResNet-50, ImageNet 224x224, cross-entropy; Gavel: SGD "
                              "momentum 0.9"),
         ZooEntry("gavel-transformer", "transformer-nmt", "perfmodel", own, _gavel("Transformer"),
                  make_inputs=_own_inputs, unit="sentence pairs", reference_seq_len=27,
-                 reference_optimizer="adam", reference_pytorch=GAVEL_PYTORCH,
+                 reference_optimizer="adam", reference_pytorch=GAVEL_PYTORCH, reference_steps_vary=True,
                  description="Gavel Transformer (jadore801120) on Multi30k en-de: 6+6 layers, d 512, inner 2048, 8 "
                              "heads, vocab 2911/3149, target projection shared with the target embedding, summed "
                              "cross-entropy (no label smoothing: Gavel omits the flag); seq_len = padded sentence "
                              "length (BOS/EOS included; 27 is an estimate at batch 64); Gavel: Adam"),
         ZooEntry("gavel-lm", "rnn", "perfmodel", own, _gavel("WordLanguageModel"), make_inputs=_own_inputs,
                  unit="tokens", items_per_sample=per_item, reference_seq_len=35,
-                 reference_optimizer="sgd", reference_pytorch=GAVEL_PYTORCH,
+                 reference_optimizer="sgd", reference_pytorch=GAVEL_PYTORCH, reference_steps_vary=False,
                  description="Gavel LM: PyTorch word_language_model on WikiText-2, 2-layer LSTM 200/200, vocab "
                              "33278, untied (Gavel omits --tied), dropout 0.2, cross-entropy; seq_len = bptt; Gavel: "
                              "plain SGD with gradient clipping"),
         ZooEntry("gavel-recommendation", "recoder", "perfmodel", own, _gavel("DynamicAutoencoder"),
                  make_inputs=_own_inputs, unit="users",
-                 reference_optimizer="adam", reference_pytorch=GAVEL_PYTORCH,
+                 reference_optimizer="adam", reference_pytorch=GAVEL_PYTORCH, reference_steps_vary=True,
                  description="Gavel Recommendation: recoder DynamicAutoencoder on MovieLens-20M, 20108 items -> 200 "
                              "(tanh) -> items, input noise 0.5, BCE-with-logits; input width = all 20108 items (the "
                              "static bound of the batch's item union); a sample is one user; Gavel: Adam"),
         ZooEntry("gavel-cyclegan", "cyclegan", "perfmodel", own, _gavel("CycleGAN"), make_inputs=_own_inputs,
                  unit="image pairs",
-                 reference_optimizer="adam", reference_pytorch=GAVEL_PYTORCH,
+                 reference_optimizer="adam", reference_pytorch=GAVEL_PYTORCH, reference_steps_vary=True,
                  description="Gavel CycleGAN (PyTorch-GAN) 256x256: two 9-block ResNet generators, two PatchGAN "
                              "discriminators; generator (adversarial + cycle + identity) and discriminator losses "
                              "summed in one graph: 6 generator and 6 discriminator passes; Gavel: batch 1, Adam"),
         ZooEntry("gavel-a3c", "a3c", "perfmodel", own, _gavel("A3C"), make_inputs=_own_inputs, unit="rollouts",
                  reference_seq_len=20,
-                 reference_optimizer="adam", reference_pytorch=GAVEL_PYTORCH,
+                 reference_optimizer="adam", reference_pytorch=GAVEL_PYTORCH, reference_steps_vary=True,
                  host_work="steps the Atari emulator on the CPU between the rollout's forwards, runs Adam on the CPU "
                            "copy of the shared model and copies weights and gradients between it and the GPU",
                  description="Gavel A3C (rl_a3c_pytorch) on Pong: 4 convs + max-pools on 1x80x80, LSTM cell 1024 -> "
