@@ -224,8 +224,9 @@ def test_a_zoo_model_that_pins_no_pytorch_is_answered_for_the_newest():
 def test_whether_steps_vary_is_a_zoo_models_reference_unless_the_job_says_and_leaves_other_keys_as_they_were():
     """Lambda's DeepLearningExamples models default to what their reference implementations do (SSD's DALI and
     NCF's data on the GPU: steady; GNMT's buckets, Tacotron 2's and WaveGlow's audio and Mask R-CNN's images:
-    varying), and so do Gavel's (the LM's corpus on the GPU: steady), any other model to not known; the job's own setting wins, makes its own key and shares the graph; a job
-    without it keeps the key and JSON it had before the setting existed."""
+    varying), and so do Gavel's (the LM's corpus on the GPU: steady), any other model to not known; the job's own
+    setting wins, makes its own key and shares the graph; a job without it keeps the key and JSON it had before the
+    setting existed."""
     expected = {"ssd300": False, "ncf": False, "gnmt": True, "tacotron2": True, "waveglow": True, "maskrcnn": True,
                 "resnet50": None, "bert-base": None, "gavel-resnet50": True, "gavel-lm": False}
     assert {name: JobSpec.from_options(zoo=name, batch_size=4).steps_vary for name in expected} == expected
