@@ -39,9 +39,10 @@ def export_gavel(
                                                          "e.g. 'Transformer (batch size 64)=gavel-transformer:64:"
                                                          "optimizer=adam'; BATCH is one worker's batch; JOB_TYPE "
                                                          "defaults to '<name> (batch size BATCH)'; KEY is seq_len, "
-                                                         "optimizer, precision or pytorch_version: this job's "
-                                                         "own, over --seq-len, --optimizer and --precision (and "
-                                                         "the zoo model's PyTorch: Gavel's jobs 1.4)")],
+                                                         "optimizer, precision, pytorch_version or steps_vary "
+                                                         "(true or false): this job's own, over --seq-len, "
+                                                         "--optimizer and --precision (and the zoo model's "
+                                                         "reference: Gavel's jobs PyTorch 1.4)")],
     worker_type: Annotated[Optional[list[str]], typer.Option(
         "--worker-type", help="WORKER_TYPE=ACCELERATOR, repeatable, e.g. v100=v100-sxm2-16gb")] = None,
     accelerators: Annotated[Optional[str], typer.Option(
@@ -141,7 +142,7 @@ def _export(engine: Any, output: Path, specs: list[JobSpec], names: list[str | N
 # --job "[JOB_TYPE=]ZOO_NAME:BATCH[:KEY=VALUE...]" (a job type name may hold "=" and ":"; the rest holds neither
 # but as written here)
 _JOB = re.compile(r"^(?:(?P<name>.*)=)?(?P<model>[^=:]+):(?P<batch>[^=:]*)(?P<settings>(?::[^=:]*=[^=:]*)*)$")
-JOB_SETTINGS = ("seq_len", "optimizer", "precision", "pytorch_version")
+JOB_SETTINGS = ("seq_len", "optimizer", "precision", "pytorch_version", "steps_vary")
 
 
 def _job(item: str, defaults: dict[str, Any]) -> tuple[str | None, JobSpec]:
@@ -172,7 +173,7 @@ def _job(item: str, defaults: dict[str, Any]) -> tuple[str | None, JobSpec]:
     try:
         spec = job_spec(match["model"].strip(), None, None, None, None, int(match["batch"]), seq_len,
                         run["precision"], run["optimizer"], "train", pytorch_version=run.get("pytorch_version"),
-                        options=None)
+                        steps_vary=run.get("steps_vary"), options=None)
     except ValidationError as exc:
         raise PerfmodelError(f"--job {item!r}: {validation_message(exc)}") from None
     return (match["name"].strip() if match["name"] is not None else None), spec

@@ -1,5 +1,5 @@
 """`perfmodel export gavel --job [JOB_TYPE=]ZOO_NAME:BATCH[:KEY=VALUE...]`: each job's own seq_len, optimizer,
-precision and PyTorch version, over --seq-len, --optimizer and --precision, which are every other job's defaults;
+precision, PyTorch version and whether its steps vary, over --seq-len, --optimizer and --precision, which are every other job's defaults;
 a bad job spec is exit 2 naming it."""
 
 from __future__ import annotations
@@ -48,10 +48,22 @@ def test_a_jobs_own_settings_win_over_the_global_ones_which_stay_the_other_jobs_
     assert newest[LM] > default[LM] and newest[OTHER] == pytest.approx(default[OTHER], rel=1e-9)
 
 
+def test_a_job_whose_steps_vary_scales_worse_over_its_gpus_than_the_same_job_whose_steps_do_not(tmp_path):
+    """`steps_vary` in a --job is that job's own: its replicas wait longer for the slowest, so on 8 GPUs it gets
+    fewer steps/s than its steady twin (Gavel's LM is steady by its reference), and the same on one GPU."""
+    out = tmp_path / "t.json"
+    result = runner.invoke(app, ["export", "gavel", str(out), "--worker-type", "t4=t4", "--scale-factors", "1,8",
+                                 "--job", f"{LM}=gavel-lm:8:steps_vary=true", "--job", f"{OTHER}=gavel-lm:8"])
+    assert result.exit_code == 0, result.output
+    steps = {ast.literal_eval(key): entry["null"] for key, entry in json.loads(out.read_text())["t4"].items()}
+    assert steps[(LM, 8)] < steps[(OTHER, 8)] and steps[(LM, 1)] == pytest.approx(steps[(OTHER, 1)], rel=1e-9)
+
+
 @pytest.mark.parametrize(("job", "words"), [
     ("gavel-lm", ["ZOO_NAME:BATCH"]),
     ("gavel-lm:8:adam", ["ZOO_NAME:BATCH[:KEY=VALUE...]"]),
-    ("gavel-lm:8:bptt=35", ["unknown setting 'bptt'", "seq_len, optimizer, precision, pytorch_version"]),
+    ("gavel-lm:8:bptt=35", ["unknown setting 'bptt'", "seq_len, optimizer, precision, pytorch_version, steps_vary"]),
+    ("gavel-lm:8:steps_vary=maybe", ["steps_vary", "boolean"]),
     ("gavel-lm:8:pytorch_version=latest", ["pytorch_version"]),
     ("gavel-lm:8:seq_len=0", ["seq_len must be an integer >= 1"]),
     ("gavel-lm:8:seq_len=", ["seq_len has no value"]),
