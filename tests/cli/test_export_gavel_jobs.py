@@ -1,6 +1,6 @@
 """`perfmodel export gavel --job [JOB_TYPE=]ZOO_NAME:BATCH[:KEY=VALUE...]`: each job's own seq_len, optimizer,
-precision, PyTorch version and whether its steps vary, over --seq-len, --optimizer and --precision, which are every other job's defaults;
-a bad job spec is exit 2 naming it."""
+precision, PyTorch version and whether its steps vary, over --seq-len, --optimizer and --precision, which are every
+other job's defaults; a bad job spec is exit 2 naming it."""
 
 from __future__ import annotations
 
