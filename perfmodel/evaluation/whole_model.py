@@ -95,9 +95,11 @@ def vtrain_measurements(root: str | Path, max_rows: int | None = None) -> list[S
         df = df.sort_values(["model", "micro_batch", "devices"]).head(max_rows)
     out = []
     for row in df.itertuples(index=False):
+        # Megatron pretrains on fixed-length sequences read from a memory-mapped, pre-tokenized data set: its steps
+        # do not vary (`steps_vary`), and its replicas wait for the slowest by the steady kind's jitter
         spec = JobSpec.from_options(hf_config=gpt_config(row.hidden, row.heads, row.layers, row.seq_len),
                                     batch_size=int(row.micro_batch), seq_len=int(row.seq_len), precision="fp16",
-                                    optimizer="adam")
+                                    optimizer="adam", steps_vary=False)
         placement = PlacementSpec(
             accelerator=VTRAIN_ACCELERATOR, devices_per_node=(int(row.devices),),
             global_batch_size=int(row.global_batch),
