@@ -209,7 +209,7 @@ def row_maths(ops: pd.DataFrame) -> pd.Series:
 # keep the direct count. So does an architecture no measured row shows it on (`WINOGRAD_UNMEASURED`: Kepler; chosen
 # after seeing Gavel's K80 steps answered faster with it, which no measurement here supports or refutes).
 WINOGRAD_MAX_REDUCTION = 4.0
-WINOGRAD_ROW_MATHS = frozenset({"fp32"})
+WINOGRAD_MATHS = frozenset({"fp32"})  # the maths a Winograd kernel runs in (the CUDA cores')
 WINOGRAD_UNMEASURED = frozenset({"kepler"})
 
 
@@ -221,7 +221,7 @@ def winograd_rows(ops: pd.DataFrame, architectures: Sequence[str | None] | np.nd
         return np.zeros(len(ops), dtype=bool)
     measured = ~np.isin(np.asarray(architectures, dtype=object), list(WINOGRAD_UNMEASURED))
     return ((ops["op_class"] == "conv2d").to_numpy() & (_col(ops, "kernel_size") == 3) & (_col(ops, "stride") == 1)
-            & row_maths(ops).isin(WINOGRAD_ROW_MATHS).to_numpy() & measured)
+            & row_maths(ops).isin(WINOGRAD_MATHS).to_numpy() & measured)
 
 
 def row_architectures(ops: pd.DataFrame, catalog: Mapping[str, HardwareSpec]) -> np.ndarray:

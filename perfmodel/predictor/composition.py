@@ -42,7 +42,7 @@ from perfmodel.features.device_ops import GEMM_TILE
 from perfmodel.hardware.math import on_tensor_cores, peak_gflops
 from perfmodel.hardware.spec import HardwareSpec
 from perfmodel.jobs.spec import JobSpec
-from perfmodel.lowering.ops import GEMM_CLASSES, OpWork, least_arithmetic, moved_bytes, op_work
+from perfmodel.lowering.ops import GEMM_CLASSES, WINOGRAD_MATHS, OpWork, least_arithmetic, moved_bytes, op_work
 from perfmodel.lowering.rows import conv_spatial_dims, winograd_shaped
 from perfmodel.predictor.math_modes import CONV_KINDS, GROUPS, group_of, resolved_table
 
@@ -109,7 +109,6 @@ def conv_amp_share(share_conv: Any, amp: Any) -> Any:
 # Only 2-D convolutions count: the 1-D convolutions of audio models (WaveGlow, Tacotron 2) run other kernels, and
 # counting them (WaveGlow's TF32 steps on A100s ran faster than composed) made models held out worse. That choice
 # was made by looking at the held-out figures of `bench/real_runs.py`.
-WINOGRAD_MATHS = frozenset({"fp32"})
 CONV_MATH_SHARES = ("share_conv_tf32", "share_conv_winograd")
 
 
