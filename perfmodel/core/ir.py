@@ -22,9 +22,9 @@ from perfmodel.core.renamed import upgrade_names
 
 SCHEMA_VERSION = 1
 # What a capture records beyond what the schema requires; a new revision (2: convolutions' dilation; 3: causal fused
-# attention; 4: einsums' equations) makes caches of captured graphs (`perfmodel.engine.graphs`) capture again rather
-# than serve a graph that lacks it.
-CAPTURE_REVISION = 4
+# attention; 4: einsums' equations; 5: saved bytes with CUDA's one-byte dropout masks) makes caches of captured graphs
+# (`perfmodel.engine.graphs`) capture again rather than serve a graph that lacks it.
+CAPTURE_REVISION = 5
 
 
 class _Frozen(BaseModel):

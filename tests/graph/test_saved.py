@@ -103,6 +103,26 @@ def test_attention_keeps_no_probabilities_on_cuda_kernels():
     assert saved_activation_bytes(model, (x,), autocast=True) < cuda
 
 
+@pytest.mark.parametrize("inplace", [False, True])
+def test_dropout_keeps_a_one_byte_mask_on_cuda_kernels(inplace):
+    """Training dropout on CUDA is the fused kernel: its backward keeps a boolean mask (1 byte an element); the
+    meta device and the CPU multiply by a mask in the input's dtype (4 bytes in float32). Linear(16, 32) -> dropout
+    on x (4, 16): x, the mask, the output."""
+    model = nn.Sequential(nn.Linear(16, 32), nn.Dropout(0.1, inplace=inplace)).to("meta")
+    x = torch.empty(4, 16, device="meta")
+    elements = 4 * 32
+    assert saved_activation_bytes(model, (x,)) == X_BYTES + elements * 1 + elements * 4
+    assert saved_activation_bytes(model, (x,), kernels="cpu") == X_BYTES + elements * 4 + elements * 4
+    # the CPU figure is what a real CPU forward saves
+    torch.manual_seed(0)
+    real = nn.Sequential(nn.Linear(16, 32), nn.Dropout(0.1, inplace=inplace))
+    assert _real_saved_bytes(real, torch.randn(4, 16)) == X_BYTES + elements * 4 + elements * 4
+    # not training, p = 0: nothing saved for dropout
+    assert saved_activation_bytes(model.eval(), (x,)) == X_BYTES + elements * 4
+    assert saved_activation_bytes(nn.Sequential(nn.Linear(16, 32), nn.Dropout(0.0)).to("meta"), (x,)) == (
+        X_BYTES + elements * 4)
+
+
 def test_measure_returns_none_where_the_forward_cannot_run():
     class Broken(nn.Module):
         def forward(self, x: torch.Tensor) -> torch.Tensor:
