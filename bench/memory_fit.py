@@ -21,7 +21,8 @@ the single-GPU job's at the per-GPU batch):
   (DLE's defaults, GNMT's logged run arguments); Transformer-XL base's `jitlamb` keeps Adam's two moments -> adam; SGD
   with momentum for SSD and Mask R-CNN (DLE SSD and maskrcnn_benchmark).
 The accelerator is `perfmodel.hardware.catalog.get_accelerator(gpu)`, its capacity
-`perfmodel.predictor.placed.capacity_bytes`. Rows whose model or GPU does not resolve (yet) are skipped and counted.
+`perfmodel.predictor.memory.usable_memory_bytes`. Rows whose model or GPU does not resolve (yet) are skipped and
+counted.
 
 Graphs are captured once per (model, batch) (the graph does not depend on precision or optimizer: the capture
 measures the saved activations both as captured and under autocast) and kept in `--graph-cache` (default: a
@@ -71,8 +72,7 @@ from perfmodel.core.ir import Graph  # noqa: E402
 from perfmodel.hardware.catalog import get_accelerator, load_catalog  # noqa: E402
 from perfmodel.jobs.spec import JobSpec, OptimizerName, Precision, ZooSource  # noqa: E402
 from perfmodel.jobs.zoo import ZOO  # noqa: E402
-from perfmodel.predictor.memory import MemoryEstimate, estimate_memory  # noqa: E402
-from perfmodel.predictor.placed import capacity_bytes  # noqa: E402
+from perfmodel.predictor.memory import MemoryEstimate, estimate_memory, usable_memory_bytes  # noqa: E402
 
 DEFAULT_DATASETS = ROOT.parent / "shared" / "datasets"
 ZOO_NAMES = {"ssd": "ssd300", "gnmt": "gnmt", "ncf": "ncf", "tacotron2": "tacotron2", "waveglow": "waveglow",
@@ -212,7 +212,7 @@ def evaluate(rows: list[Row], graphs: Graphs) -> tuple[list[Verdict], Counter[st
             skipped[f"GPU {row.gpu} not in the catalog"] += 1
             continue
         estimate = estimate_memory(spec, graphs.graph(spec))
-        verdicts.append(Verdict(row, spec, hardware.name, estimate, capacity_bytes(hardware)))
+        verdicts.append(Verdict(row, spec, hardware.name, estimate, usable_memory_bytes(hardware)))
     return verdicts, skipped
 
 

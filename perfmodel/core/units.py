@@ -23,6 +23,13 @@ def ns_to_ms(ns: float) -> float:
 
 BITS_PER_BYTE = 8
 GIGA = 1e9  # GFLOP/s, GB/s (1e9 bytes/s), Gb/s (1e9 bit/s) -> per second
+# device memory is counted in binary units: an "80GB" GPU holds 80 x 2^30 bytes (nvidia-smi: 81,920 MiB)
+BYTES_PER_GIB = 2**30
+
+
+def gib_to_bytes(gib: float) -> int:
+    """A memory size in GiB (2^30 bytes: the "GB" of a GPU's spec sheet) in bytes."""
+    return int(gib * BYTES_PER_GIB)
 
 
 def gbit_s_to_gb_s(gbit_s: float) -> float:

@@ -66,7 +66,8 @@ _UNITS: dict[str, dict[str, float]] = {
     "_gflops": {"gflop/s": 1.0, "gflops": 1.0, "tflop/s": 1e3, "tflops": 1e3, "pflop/s": 1e6, "pflops": 1e6,
                 "mflop/s": 1e-3, "mflops": 1e-3},
     "_gb_s": {"gb/s": 1.0, "gbps": 1.0, "tb/s": 1e3, "tbps": 1e3, "mb/s": 1e-3},
-    "_gb": {"gb": 1.0, "tb": 1e3, "mb": 1e-3, "gib": 2**30 / 1e9, "tib": 2**40 / 1e9, "mib": 2**20 / 1e9},
+    # memory sizes are binary, as spec sheets write them ("80GB" is 80 GiB): GB and GiB are one unit here
+    "_gb": {"gb": 1.0, "gib": 1.0, "tb": 1024.0, "tib": 1024.0, "mb": 1 / 1024, "mib": 1 / 1024},
     "_mb": {"mb": 1.0, "kb": 1e-3, "gb": 1e3, "mib": 2**20 / 1e6, "kib": 2**10 / 1e6},
     "_mhz": {"mhz": 1.0, "ghz": 1e3},
     "_w": {"w": 1.0, "kw": 1e3},

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from perfmodel.core.units import GIGA
+from perfmodel.core.units import BYTES_PER_GIB, GIGA
 from perfmodel.hardware.spec import HardwareSpec
 
 GEMM_SIZES = (2048,)
@@ -183,13 +183,13 @@ def copy_bandwidth_gb_s(mib: int = COPY_MIB, repeats: int = REPEATS) -> float:
 
 
 def host_memory_gb() -> float:
-    """Host RAM in GB (1e9 bytes)."""
+    """Host RAM in binary GB (GiB), as `HardwareSpec.memory_gb` counts memory."""
     try:
         import psutil
 
-        return psutil.virtual_memory().total / GIGA
+        return psutil.virtual_memory().total / BYTES_PER_GIB
     except ImportError:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / GIGA
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / BYTES_PER_GIB
 
 
 def vendor_of(cpu_model: str, vendor_id: str = "") -> str:

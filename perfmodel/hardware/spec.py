@@ -5,7 +5,8 @@ predictor trained on some devices can answer for a device described only by its 
 
 Every figure is per device as torch sees it (`torch.device("cuda:0")`): for a package that shows up as several
 devices (an AMD MI250/MI250X is two GCDs, each its own torch device) the figures are per device, not per package.
-Peaks are dense (no 2:4 structured sparsity). Units are in the field names; GB and GB/s are 1e9 bytes.
+Peaks are dense (no 2:4 structured sparsity). Units are in the field names; GB/s are 1e9 bytes a second, and memory
+sizes are binary as spec sheets write them (`memory_gb`: an "80GB" GPU holds 80 x 2^30 bytes).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from perfmodel.core.renamed import upgrade_names
+from perfmodel.core.units import gib_to_bytes
 
 
 class HardwareSpec(BaseModel):
@@ -49,7 +51,8 @@ class HardwareSpec(BaseModel):
 
     # --- memory ---------------------------------------------------------------------------------------------------
     memory_bandwidth_gb_s: float = Field(gt=0, description="GB/s (1e9 bytes/s)")
-    memory_gb: float = Field(gt=0, description="device memory (host RAM for a CPU), 1e9 bytes")
+    memory_gb: float = Field(gt=0, description="device memory (host RAM for a CPU) as spec sheets write it, in "
+                                               "binary GB: an \"80GB\" GPU holds 80 x 2^30 bytes (GiB)")
     memory_type: str | None = Field(default=None, description="HBM2, HBM2e, HBM3, GDDR6, GDDR6X, DDR4, ...")
     l2_cache_mb: float | None = Field(default=None, gt=0, description="L2 cache, MB (total over the device)")
 
@@ -90,3 +93,8 @@ class HardwareSpec(BaseModel):
     def _renamed_fields(cls, data: Any) -> Any:
         """Inputs written before the renames of issue 15 (`perfmodel.core.renamed`) under today's names."""
         return upgrade_names(data)
+
+    @property
+    def memory_bytes(self) -> int:
+        """Device memory in bytes (`memory_gb` GiB)."""
+        return gib_to_bytes(self.memory_gb)

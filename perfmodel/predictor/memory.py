@@ -56,9 +56,9 @@ Transformer-XL large with its 520M parameters at batch 1). The per-parameter Ada
 the CPU's default (no foreach) allocate less.
 
 Not counted: the activation gradients backward holds while it runs an op (an op-dependent transient: cat's
-backward is views, linear's allocates its input's gradient), the CUDA context (in `USABLE_MEMORY_FRACTION`), data
-a training script keeps on the device besides the batch (DLE's NCF and Transformer-XL load their whole dataset
-onto the GPU). The estimate is therefore slightly optimistic where a job runs close to the device's limit.
+backward is views, linear's allocates its input's gradient), the CUDA context (`CONTEXT_RESERVE_BYTES`, taken off
+the capacity), data a training script keeps on the device besides the batch (DLE's NCF keeps its data set on the
+GPU). The estimate is therefore slightly optimistic where a job runs close to the device's limit.
 
 Activations scale linearly with the batch: a micro-batch of `micro_batch_size` samples holds
 `activations x micro_batch_size / spec.batch_size`. Without pipeline parallelism one micro-batch is live at a time
@@ -94,7 +94,8 @@ Checked against Lambda's benchmark runs (`bench/memory_fit.py`): all 1,986 runs 
 the 34 Transformer-XL large out-of-memory runs unfit; the 8 other out-of-memory runs contradict runs that ran
 (a larger batch of the same model on a device of the same size, or the same job).
 
-`fits(estimate, hardware)` compares `peak_bytes` with `USABLE_MEMORY_FRACTION` of `HardwareSpec.memory_gb`.
+`fits(estimate, hardware)` compares `peak_bytes` with `usable_memory_bytes(hardware)`: the device's memory in bytes
+(`memory_gb` binary GB, as spec sheets count it: an "80GB" A100 holds 81,920 MiB) less `CONTEXT_RESERVE_BYTES`.
 """
 
 from __future__ import annotations
@@ -107,7 +108,6 @@ import numpy as np
 
 from perfmodel.core.ir import Graph, MoEInfo, Node, TensorMeta
 from perfmodel.core.opkinds import OpKind
-from perfmodel.core.units import GIGA
 from perfmodel.graph.flops import DTYPE_BYTES
 from perfmodel.hardware.spec import HardwareSpec
 from perfmodel.jobs.spec import JobSpec, Mode, OptimizerName, Precision
@@ -118,9 +118,10 @@ OPTIMIZER_STATES = {OptimizerName.sgd: 1, OptimizerName.adam: 2, OptimizerName.a
 # builds sqrt(v) + eps for every parameter at once (`_multi_tensor_adam`); SGD with momentum updates in place
 OPTIMIZER_TEMPORARIES = {OptimizerName.sgd: 0, OptimizerName.adam: 1, OptimizerName.adamw: 1}
 WORKSPACE_FRACTION = 0.05  # allocator fragmentation and library workspaces, of the rest
-# of HardwareSpec.memory_gb a job may use: the CUDA/ROCm context, the caching allocator's reserve and library
-# handles take the rest (about 0.5-1.5 GB of a 16-80 GB device)
-USABLE_MEMORY_FRACTION = 0.95
+# what a process takes on the device before its first tensor: the CUDA/ROCm context with the kernels of cuDNN,
+# cuBLAS and torch loaded (0.3-0.5 GiB with CUDA's lazy loading, 11.7 on; up to about 1 GiB before it, as the
+# public runs' 10.x-11.x containers load them). The same on an 8 GB laptop part as on an 80 GB A100: not a share.
+CONTEXT_RESERVE_BYTES = 2**30
 HALF_BYTES = 2
 FP32_BYTES = 4
 
@@ -413,7 +414,11 @@ def _expert_params(graph: Graph | GraphBytes, expert_parallel: int) -> int:
     return moe.expert_params
 
 
-def fits(estimate: MemoryEstimate, hardware: HardwareSpec, *,
-         usable_fraction: float = USABLE_MEMORY_FRACTION) -> bool:
-    """Whether the estimate's peak fits in `usable_fraction` of the device's memory (memory_gb x 1e9 bytes)."""
-    return estimate.peak_bytes <= hardware.memory_gb * GIGA * usable_fraction
+def usable_memory_bytes(hardware: HardwareSpec) -> int:
+    """Memory a job may use on one device of `hardware`: its memory less the context's (`CONTEXT_RESERVE_BYTES`)."""
+    return max(0, hardware.memory_bytes - CONTEXT_RESERVE_BYTES)
+
+
+def fits(estimate: MemoryEstimate, hardware: HardwareSpec) -> bool:
+    """Whether the estimate's peak fits in the memory a job may use on the device (`usable_memory_bytes`)."""
+    return estimate.peak_bytes <= usable_memory_bytes(hardware)

@@ -34,7 +34,7 @@ import numpy as np
 from perfmodel.core.errors import PerfmodelError
 from perfmodel.core.ir import Graph, MoEInfo
 from perfmodel.core.lru import LRU
-from perfmodel.core.units import GIGA, us_to_ms
+from perfmodel.core.units import us_to_ms
 from perfmodel.graph.batch_affine import BatchAffine
 from perfmodel.hardware.spec import HardwareSpec
 from perfmodel.jobs.spec import JobSpec, Precision, ZooSource
@@ -62,7 +62,7 @@ from perfmodel.placement.iteration import (
 from perfmodel.placement.spec import PlacementSpec
 from perfmodel.predictor.batch_sweep import GraphLine, RowLine, Sweep, table_key
 from perfmodel.predictor.math_modes import FASTER_FLOAT32, FLOAT32_MATHS, faster_twins, maths_by_group
-from perfmodel.predictor.memory import USABLE_MEMORY_FRACTION, GraphBytes, bytes_per_param, estimate_memory
+from perfmodel.predictor.memory import GraphBytes, bytes_per_param, estimate_memory, usable_memory_bytes
 from perfmodel.predictor.predict import Prediction
 from perfmodel.predictor.whole_step import WholeStepStage
 from perfmodel.regressors.whole_step_device import job_level_key
@@ -543,7 +543,7 @@ class PlacementPredictor:
         global_batch = np.array([pl.global_batch_size for pl in placements], dtype=float)
         result["throughput_samples_per_s"] = global_batch[None, :] * 1e3 / result["iter_time_ms"]
         result["peak_memory_bytes"] = self._memory_matrix(specs, placements)
-        capacity = np.array([capacity_bytes(hw) for hw in hardware], dtype=np.int64)
+        capacity = np.array([usable_memory_bytes(hw) for hw in hardware], dtype=np.int64)
         result["memory_capacity_bytes"] = np.broadcast_to(capacity, shape)
         result["fits"] = result["peak_memory_bytes"] <= capacity[None, :]
         return result
@@ -589,7 +589,7 @@ class PlacementPredictor:
         p = PlacementArrays.of_floats(placement_row(placement, self._network_links(placement, hw)))
         out: dict[str, Any] = iteration_breakdown(c, p, self.params)
         out["throughput_samples_per_s"] = placement.global_batch_size * 1e3 / out["iter_time_ms"]
-        capacity = capacity_bytes(hw)
+        capacity = usable_memory_bytes(hw)
         out.update(peak_memory_bytes=memory, memory_capacity_bytes=capacity, fits=memory <= capacity)
         return self._fields(spec, placement, hw, single, out)
 
@@ -687,11 +687,6 @@ def placement_arrays(placements: Sequence[PlacementSpec], links: Sequence[_Links
     """The vectorised form of placements (and their links), one entry each."""
     rows = np.array([placement_row(p, lk) for p, lk in zip(placements, links)], dtype=float)
     return PlacementArrays(*rows.reshape(len(placements), len(fields(PlacementArrays))).T)
-
-
-def capacity_bytes(hardware: HardwareSpec) -> int:
-    """Memory a job may use on one device of `hardware`."""
-    return int(hardware.memory_gb * GIGA * USABLE_MEMORY_FRACTION)
 
 
 def activation_element_bytes(precision: Precision) -> int:

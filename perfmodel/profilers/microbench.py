@@ -35,7 +35,7 @@ import numpy as np
 import pandas as pd
 
 from perfmodel.core.errors import DeviceError, PerfmodelError
-from perfmodel.core.units import GIGA
+from perfmodel.core.units import BYTES_PER_GIB, GIGA
 from perfmodel.hardware.math import has_tf32
 from perfmodel.hardware.spec import HardwareSpec
 from perfmodel.lowering.ops import op_roofline_ms, op_work
@@ -521,7 +521,7 @@ def new_gpu_spec(target: str, props: Mapping[str, Any]) -> HardwareSpec:
     return HardwareSpec(
         name=slug(str(props["name"])) or "gpu-local", kind="gpu", vendor=vendor, aliases=(str(props["name"]),),
         peak_fp32_gflops=round(gflops, 1), memory_bandwidth_gb_s=round(bandwidth, 1),
-        memory_gb=round(props["total_memory"] / GIGA, 2), compute_units=int(props["multi_processor_count"]),
+        memory_gb=round(props["total_memory"] / BYTES_PER_GIB, 2), compute_units=int(props["multi_processor_count"]),
         l2_cache_mb=round(l2 / 1e6, 2) if l2 else None,
         boost_clock_mhz=props["clock_rate"] / 1e3 if props.get("clock_rate") else None,
         source=f"perfmodel hw bench: torch.cuda.get_device_properties and a timed {n}^3 fp32 GEMM and copy "

@@ -27,7 +27,9 @@ SHEET = {"name": "acme-x1", "kind": "gpu", "peak_fp32_gflops": "60 TFLOP/s", "me
 def test_units_convert_to_the_fields_units():
     spec = validate_spec_sheet(SHEET)
     assert spec.peak_fp32_gflops == 60_000 and spec.memory_bandwidth_gb_s == pytest.approx(3350)
-    assert spec.memory_gb == pytest.approx(80 * 2**30 / 1e9) and spec.boost_clock_mhz == pytest.approx(1980)
+    assert spec.memory_gb == 80 and spec.boost_clock_mhz == pytest.approx(1980)  # memory is binary: GB = GiB
+    assert validate_spec_sheet({**SHEET, "memory_gb": "80 GB"}).memory_bytes == 80 * 2**30
+    assert validate_spec_sheet({**SHEET, "memory_gb": "0.5 TB"}).memory_gb == 512
     assert spec.tdp_w == pytest.approx(700) and spec.node_network_gbit_s == pytest.approx(3200)
     assert is_custom(spec) and custom_reasons(spec) == [CUSTOM_REASON]
     assert spec.source == "custom accelerator: spec sheet given by the user"

@@ -8,7 +8,15 @@ from perfmodel.core.ir import Graph, GraphTotals, Node, TensorMeta
 from perfmodel.core.opkinds import OpKind
 from perfmodel.hardware.catalog import get_accelerator
 from perfmodel.jobs.spec import JobSpec, Mode, OptimizerName, Precision, ZooSource
-from perfmodel.predictor.memory import MemoryEstimate, bytes_per_param, estimate_memory, fits, layer_key, layers
+from perfmodel.predictor.memory import (
+    MemoryEstimate,
+    bytes_per_param,
+    estimate_memory,
+    fits,
+    layer_key,
+    layers,
+    usable_memory_bytes,
+)
 
 
 def _graph(layers_: int = 8, hidden: int = 256, batch: int = 8, params_per_layer: int | None = None,
@@ -134,6 +142,17 @@ def test_fits():
     assert not fits(estimate_memory(_spec(precision=Precision.fp16, optimizer=OptimizerName.adam), big), gpu)
     assert fits(estimate_memory(_spec(), _graph(layers_=2, hidden=64)), gpu)
     assert fits(MemoryEstimate(0, 0, 0, 0, 0), gpu)
+
+
+def test_capacity_is_binary_memory_less_the_context():
+    """An "80GB" A100 holds 80 GiB (nvidia-smi: 81,920 MiB); the CUDA context takes the same GiB off an 8 GB laptop
+    part as off it, so a job may use 79 GiB there and 7 GiB on the laptop: the boundary is exact."""
+    a100, laptop = get_accelerator("a100-sxm4-80gb"), get_accelerator("rtx-2070-max-q")
+    assert a100.memory_bytes == 80 * 2**30
+    assert usable_memory_bytes(a100) == 79 * 2**30 and usable_memory_bytes(laptop) == 7 * 2**30
+    for gpu in (a100, laptop):
+        room = usable_memory_bytes(gpu)
+        assert fits(MemoryEstimate(room, 0, 0, 0, 0), gpu) and not fits(MemoryEstimate(room + 1, 0, 0, 0, 0), gpu)
 
 
 def test_invalid_placements_are_rejected():

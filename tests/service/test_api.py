@@ -275,7 +275,7 @@ def test_colocation_answers_each_jobs_share_within_physics_and_refuses_pairs_tha
         assert together >= taking_turns * (1 - 1e-9)
     if sum(mps["sm_fill"]) <= 1 and sum(mps["bandwidth_share"]) <= 1:
         assert mps["slowdown"] == pytest.approx([1.0, 1.0])
-    huge = _register(client, {**SMALL_JOB, "batch_size": 2**20})  # 18 GiB a device: alone it fits a 40 GB A100
+    huge = _register(client, {**SMALL_JOB, "batch_size": 3 * 2**19})  # 27 GiB a device: alone it fits a 40 GB A100
     pair = client.post("/v1/predict/colocation", json={"jobs": [huge, huge],
                                                        "placement": {"accelerator": "a100-sxm4-40gb"}})
     assert pair.status_code == 422 and pair.json()["detail"][0]["loc"][-1] == "jobs"
