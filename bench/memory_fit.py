@@ -9,7 +9,7 @@ throughput, 42 of them out of memory at their batch (`reason == "out of memory"`
 points and are left out). PROVENANCE.md there says what each column means.
 
 Each row becomes the JobSpec of one data-parallel rank (data parallelism replicates the model: one rank's memory is
-the single-GPU job's at the per-GPU batch):
+the single-GPU job's at the per-GPU batch, plus the all-reduce buckets of its `num_gpus`-way data parallelism):
 - model: the zoo entry (ssd -> ssd300, gnmt, ncf, tacotron2, waveglow, transformerxlbase -> transformer-xl-base,
   transformerxllarge -> transformer-xl-large, maskrcnn), `seq_len` its `reference_seq_len`;
 - batch_size: `batch_per_gpu`, rounded up (a global batch that does not divide by the GPU count leaves some rank
@@ -211,7 +211,8 @@ def evaluate(rows: list[Row], graphs: Graphs) -> tuple[list[Verdict], Counter[st
         except PerfmodelError:
             skipped[f"GPU {row.gpu} not in the catalog"] += 1
             continue
-        estimate = estimate_memory(spec, graphs.graph(spec))
+        # one replica of the run's data parallelism, as a placement of num_gpus devices is answered
+        estimate = estimate_memory(spec, graphs.graph(spec), data_parallel=row.num_gpus)
         verdicts.append(Verdict(row, spec, hardware.name, estimate, usable_memory_bytes(hardware)))
     return verdicts, skipped
 
@@ -271,13 +272,15 @@ def write_rows(verdicts: list[Verdict], path: Path) -> None:
         writer = csv.writer(handle)
         writer.writerow(["source", "config", "gpu", "num_gpus", "model", "precision", "spec_precision", "batch",
                          "accelerator", "weights_bytes", "gradients_bytes", "optimizer_bytes", "activations_bytes",
-                         "temporaries_bytes", "workspace_bytes", "peak_bytes", "capacity_bytes", "outcome", "log_path"])
+                         "temporaries_bytes", "gradient_buckets_bytes", "workspace_bytes", "peak_bytes",
+                         "capacity_bytes", "outcome", "log_path"])
         for v in verdicts:
             e = v.estimate
             writer.writerow([v.row.source, v.row.config, v.row.gpu, v.row.num_gpus, v.spec.name,
                              v.row.precision_label, v.spec.precision.value, v.spec.batch_size, v.accelerator,
                              e.weights_bytes, e.gradients_bytes, e.optimizer_bytes, e.activations_bytes,
-                             e.temporaries_bytes, e.workspace_bytes, e.peak_bytes, v.capacity, v.outcome,
+                             e.temporaries_bytes, e.gradient_buckets_bytes, e.workspace_bytes, e.peak_bytes,
+                             v.capacity, v.outcome,
                              v.row.log_path])
 
 

@@ -1,5 +1,6 @@
 """Peak memory of one device from the graph alone: weights + gradients + optimizer state + activations +
-optimizer-step temporaries + workspace (explicit sum, `MemoryEstimate.peak_bytes`), for one shard of a placement.
+optimizer-step temporaries + data parallelism's gradient buckets + workspace (explicit sum,
+`MemoryEstimate.peak_bytes`), for one shard of a placement.
 
 Conventions
 -----------
@@ -88,6 +89,11 @@ Placement shard
   (`Mixed_5b`). This ignores tensors a layer saves that are not its output (e.g. a residual stream read later) and
   the recompute's own backward temporaries.
 
+Data parallelism (`data_parallel > 1` without ZeRO): torch's DistributedDataParallel all-reduces through buckets
+that hold a copy of every gradient for the whole run (`gradient_as_bucket_view=False`, its default):
+`gradient_buckets_bytes` = the gradients' bytes. ZeRO and FSDP reduce-scatter through their own buffers (not
+counted).
+
 Workspace: `WORKSPACE_FRACTION` of the rest (allocator fragmentation, library workspaces).
 
 Checked against Lambda's benchmark runs (`bench/memory_fit.py`): all 1,986 runs that ran are called fitting, and
@@ -163,11 +169,13 @@ class MemoryEstimate:
     workspace_bytes: int
     # the optimizer step's temporaries, when the step is the peak (its activations are all freed then)
     temporaries_bytes: int = 0
+    # data parallelism's all-reduce buckets (DistributedDataParallel's own copy of the gradients)
+    gradient_buckets_bytes: int = 0
 
     @property
     def peak_bytes(self) -> int:
         return (self.weights_bytes + self.gradients_bytes + self.optimizer_bytes + self.activations_bytes
-                + self.temporaries_bytes + self.workspace_bytes)
+                + self.temporaries_bytes + self.gradient_buckets_bytes + self.workspace_bytes)
 
 
 def _tensor_bytes(t: TensorMeta, precision: Precision) -> int:
@@ -398,8 +406,13 @@ def estimate_memory(spec: JobSpec, graph: Graph | GraphBytes, *, tensor_parallel
             temporaries = 0
     else:
         activations, temporaries = math.ceil(inference_activation_bytes(b, spec.precision) * scale / tp), 0
-    rest = weights + gradients + optimizer + activations + temporaries
-    return MemoryEstimate(weights, gradients, optimizer, activations, int(rest * WORKSPACE_FRACTION), temporaries)
+    # DistributedDataParallel all-reduces gradients through buckets of its own, as large as the gradients together
+    # and alive the whole run (`gradient_as_bucket_view=False`, torch's default); ZeRO and FSDP reduce-scatter
+    # through buffers of their own instead (not counted)
+    buckets = gradients if spec.mode == Mode.train and dp > 1 and zero_stage == 0 else 0
+    rest = weights + gradients + optimizer + activations + temporaries + buckets
+    return MemoryEstimate(weights, gradients, optimizer, activations, int(rest * WORKSPACE_FRACTION), temporaries,
+                          buckets)
 
 
 def _expert_params(graph: Graph | GraphBytes, expert_parallel: int) -> int:

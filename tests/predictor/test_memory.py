@@ -99,6 +99,23 @@ def test_zero_stages_never_increase_memory(precision, dp):
         assert z[3].weights_bytes < z[2].weights_bytes
 
 
+@pytest.mark.parametrize("precision", [Precision.fp32, Precision.amp, Precision.bf16])
+def test_data_parallel_replicas_keep_a_copy_of_their_gradients_in_buckets(precision):
+    """DistributedDataParallel's buckets hold every gradient again (torch's default); one device, ZeRO and inference
+    have none; the peak is the explicit sum with the buckets in it."""
+    spec = _spec(optimizer=OptimizerName.adam, precision=precision)
+    alone = estimate_memory(spec, GRAPH)
+    ddp = estimate_memory(spec, GRAPH, data_parallel=4)
+    assert alone.gradient_buckets_bytes == 0 and ddp.gradient_buckets_bytes == ddp.gradients_bytes > 0
+    assert ddp.peak_bytes - alone.peak_bytes == ddp.gradient_buckets_bytes + ddp.workspace_bytes - alone.workspace_bytes
+    assert ddp.peak_bytes == (ddp.weights_bytes + ddp.gradients_bytes + ddp.optimizer_bytes + ddp.activations_bytes
+                              + ddp.temporaries_bytes + ddp.gradient_buckets_bytes + ddp.workspace_bytes)
+    for zero in (1, 2, 3):
+        assert estimate_memory(spec, GRAPH, data_parallel=4, zero_stage=zero).gradient_buckets_bytes == 0
+    inference = _spec(mode=Mode.inference, precision=precision)
+    assert estimate_memory(inference, _graph(mode="inference"), data_parallel=4).gradient_buckets_bytes == 0
+
+
 @pytest.mark.parametrize("placement", [{}, {"tensor_parallel": 2}, {"pipeline_parallel": 4, "micro_batch_size": 2},
                                        {"data_parallel": 4, "zero_stage": 3}])
 def test_checkpointing_never_increases_activations(placement):
