@@ -240,7 +240,13 @@ def _entries() -> list[ZooEntry]:
                                        encoder_attention_heads=12, decoder_attention_heads=12,
                                        encoder_ffn_dim=3072, decoder_ffn_dim=3072)),
     ]
-    entries += [ZooEntry(n, f, "transformers", k, b, default_task=b.head) for n, f, k, b in hf]
+    # The encoders' reference fine-tuning and pre-training (Google's and NVIDIA's BERT, transformers' run_glue and
+    # run_qa, which pad to max_seq_length) feed pre-tokenized features of one fixed length, read from memory: their
+    # steps do not vary (`reference_steps_vary`). Decoder and seq2seq fine-tuning often pads each batch to its
+    # longest sequence (and pre-training packs to a fixed one): not known.
+    fixed_length = {"bert", "roberta", "albert", "electra"}
+    entries += [ZooEntry(n, f, "transformers", k, b, default_task=b.head,
+                         reference_steps_vary=False if f in fixed_length else None) for n, f, k, b in hf]
     entries += [
         ZooEntry("lstm-lm", "rnn", "perfmodel", InputKind.rnn_tokens, _rnn_lm("lstm")),
         ZooEntry("gru-lm", "rnn", "perfmodel", InputKind.rnn_tokens, _rnn_lm("gru")),

@@ -167,7 +167,7 @@ def test_specs_that_differ_only_in_optimizer_or_float32_math_share_a_graph_key()
             for o in OptimizerName]
     assert {s.graph_key() for s in same} == {base.graph_key()}
     assert len({s.key() for s in same}) == len(same)  # each is still its own job
-    assert base.graph_key() == base.key()  # fp32 with SGD: its own key
+    assert base.graph_key() == base.model_copy(update={"steps_vary": None}).key()  # fp32 with SGD: its own key
     others = [base.model_copy(update=u) for u in ({"precision": Precision.fp16}, {"precision": Precision.bf16},
                                                    {"batch_size": 16}, {"seq_len": 128}, {"mode": Mode.inference})]
     others.append(JobSpec.from_options(zoo="resnet18", batch_size=8, channels_last=True))
@@ -224,11 +224,13 @@ def test_a_zoo_model_that_pins_no_pytorch_is_answered_for_the_newest():
 def test_whether_steps_vary_is_a_zoo_models_reference_unless_the_job_says_and_leaves_other_keys_as_they_were():
     """Lambda's DeepLearningExamples models default to what their reference implementations do (SSD's DALI and
     NCF's data on the GPU: steady; GNMT's buckets, Tacotron 2's and WaveGlow's audio and Mask R-CNN's images:
-    varying), and so do Gavel's (the LM's corpus on the GPU: steady), any other model to not known; the job's own
+    varying), and so do Gavel's (the LM's corpus on the GPU: steady) and the encoders (BERT and its kin: pre-tokenized
+    features of one length), any other model to not known; the job's own
     setting wins, makes its own key and shares the graph; a job without it keeps the key and JSON it had before the
     setting existed."""
     expected = {"ssd300": False, "ncf": False, "gnmt": True, "tacotron2": True, "waveglow": True, "maskrcnn": True,
-                "resnet50": None, "bert-base": None, "gavel-resnet50": True, "gavel-lm": False}
+                "resnet50": None, "bert-base": False, "roberta-base": False, "distilbert-base": False, "gpt2": None,
+                "t5-small": None, "gavel-resnet50": True, "gavel-lm": False}
     assert {name: JobSpec.from_options(zoo=name, batch_size=4).steps_vary for name in expected} == expected
     assert JobSpec.from_options(zoo="ssd300", batch_size=4, steps_vary=True).steps_vary is True
     plain = JobSpec(source=ZooSource(name="resnet50"), batch_size=32)
