@@ -54,7 +54,8 @@ SeqOpt = Annotated[Optional[int], typer.Option("--seq-len", help="sequence lengt
 PrecisionOpt = Annotated[str, typer.Option(help="fp32 (PyTorch's defaults: TF32 convs on Ampere+), fp32-strict, "
                                                 "tf32, amp, amp-bf16, fp16 or bf16")]
 OptimizerOpt = Annotated[Optional[str], typer.Option(
-    help="sgd (momentum 0.9), adam or adamw \\[a zoo model's reference optimizer (`zoo show NAME`), else sgd]")]
+    help="sgd (momentum 0.9), adam or adamw \\[a zoo model's reference optimizer (`zoo show NAME`), adamw for "
+         "--hf-config, else sgd]")]
 ModeOpt = Annotated[str, typer.Option(help="train or inference")]
 ChannelsLastOpt = Annotated[bool, typer.Option(
     "--channels-last", help="the model runs in channels-last memory format: its half-precision convolutions "

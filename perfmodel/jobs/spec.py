@@ -187,6 +187,8 @@ ModelSource = Annotated[
 ]
 
 DEFAULT_SEQ_LEN = 128
+# what a transformers model trains with when the job names no optimizer: transformers' Trainer default (adamw_torch)
+TRANSFORMERS_OPTIMIZER = "adamw"
 _KEY_ATTR = "key_cache__"  # where `JobSpec.key()` keeps its value (not a field)
 _GRAPH_KEY_ATTR = "graph_key_cache__"  # and `JobSpec.graph_key()` its own
 
@@ -207,7 +209,8 @@ class JobSpec(BaseModel):
     optimizer: OptimizerName = Field(
         default=OptimizerName.sgd,
         description="sgd (momentum 0.9), adam or adamw; default: a zoo model's reference optimizer (the one its "
-                    "reference implementation trains with; `perfmodel zoo show NAME`), else sgd")
+                    "reference implementation trains with; `perfmodel zoo show NAME`), adamw for a transformers "
+                    "model (the zoo's and any hf_config, as transformers' Trainer trains), else sgd")
     mode: Mode = Mode.train
     channels_last: bool = Field(
         default=False, exclude_if=lambda channels_last: not channels_last,
@@ -252,10 +255,14 @@ class JobSpec(BaseModel):
         whatever `seq_len` a scheduler sends with every job. A zoo model with a reference implementation gets its
         optimizer when the job names none (GNMT and Gavel's Transformer train with Adam), its PyTorch version
         where it pins one (Gavel's workloads: 1.4), and whether its steps vary where its reference implementation
-        says (`steps_vary`)."""
+        says (`steps_vary`). A transformers model (the zoo's, or any `hf_config`) trains with AdamW when the job
+        names no optimizer, as transformers' Trainer and its example scripts do."""
         if not isinstance(data, dict):
             return data
         source = data.get("source")
+        if (isinstance(source, HFConfigSource) or (isinstance(source, dict) and source.get("kind") == "hf_config")) \
+                and data.get("optimizer") is None:
+            return {**data, "optimizer": TRANSFORMERS_OPTIMIZER}
         if isinstance(source, ZooSource):
             name = source.name
         elif isinstance(source, dict) and source.get("kind") == "zoo" and isinstance(source.get("name"), str):

@@ -18,7 +18,7 @@ from typing import Any
 from perfmodel.compat import ensure_torchvision
 from perfmodel.core.errors import PerfmodelError, UnknownNameError
 from perfmodel.jobs.library_models import library_models
-from perfmodel.jobs.spec import ZooSource
+from perfmodel.jobs.spec import TRANSFORMERS_OPTIMIZER, ZooSource
 
 
 class InputKind(str, Enum):
@@ -245,7 +245,7 @@ def _entries() -> list[ZooEntry]:
     # steps do not vary (`reference_steps_vary`). Decoder and seq2seq fine-tuning often pads each batch to its
     # longest sequence (and pre-training packs to a fixed one): not known.
     fixed_length = {"bert", "roberta", "albert", "electra"}
-    entries += [ZooEntry(n, f, "transformers", k, b, default_task=b.head,
+    entries += [ZooEntry(n, f, "transformers", k, b, default_task=b.head, reference_optimizer=TRANSFORMERS_OPTIMIZER,
                          reference_steps_vary=False if f in fixed_length else None) for n, f, k, b in hf]
     entries += [
         ZooEntry("lstm-lm", "rnn", "perfmodel", InputKind.rnn_tokens, _rnn_lm("lstm")),

@@ -32,7 +32,7 @@ def test_zoo_show_json_at_the_reference_and_another_seq_len():
 def test_zoo_show_defaults_and_table():
     info = json.loads(run("zoo", "show", "bert-base", "--json").stdout)
     assert info["default_task"] == "sequence-classification" and info["reference_seq_len"] is None
-    assert info["optimizer"] == "sgd"
+    assert info["optimizer"] == "adamw"  # transformers' Trainer default
     assert info["seq_len"] == 128 and info["items_per_sample"] == 1 and info["unit"] == "samples"
     result = run("zoo", "show", "tacotron2")
     assert result.exit_code == 0, result.output

@@ -118,7 +118,9 @@ REFERENCE_OPTIMIZERS = {  # what the reference implementations train with (DLE d
     "ssd300": "sgd", "maskrcnn": "sgd", "gnmt": "adam", "ncf": "adam", "tacotron2": "adam", "waveglow": "adam",
     "transformer-xl-base": "adam", "transformer-xl-large": "adam", "gavel-resnet18": "sgd", "gavel-resnet50": "sgd",
     "gavel-transformer": "adam", "gavel-lm": "sgd", "gavel-recommendation": "adam", "gavel-cyclegan": "adam",
-    "gavel-a3c": "adam"}
+    "gavel-a3c": "adam",
+    # transformers' Trainer (and its example scripts) train with AdamW
+    **{name: "adamw" for name, entry in ZOO.items() if entry.library == "transformers"}}
 
 
 @pytest.mark.parametrize("name,optimizer", sorted(REFERENCE_OPTIMIZERS.items()))
@@ -133,11 +135,16 @@ def test_a_zoo_job_without_an_optimizer_trains_with_its_reference_implementation
     assert JobSpec.from_options(zoo=name, batch_size=2, optimizer=other).optimizer.value == other  # given wins
 
 
-def test_a_job_without_a_reference_optimizer_trains_with_sgd():
+def test_a_job_without_a_reference_optimizer_trains_with_sgd_and_a_transformers_config_with_adamw():
     assert JobSpec.from_options(zoo="resnet50", batch_size=2).optimizer.value == "sgd"
-    assert JobSpec.from_options(zoo="bert-base", batch_size=2).optimizer.value == "sgd"
     assert JobSpec.from_options(module="m.py:make", batch_size=2).optimizer.value == "sgd"
     assert {n for n, e in ZOO.items() if e.reference_optimizer} == set(REFERENCE_OPTIMIZERS)
+    config = {"model_type": "bert", "num_hidden_layers": 2}
+    assert JobSpec.from_options(hf_config=config, batch_size=2).optimizer.value == "adamw"
+    posted = JobSpec.model_validate({"source": {"kind": "hf_config", "config": config}, "batch_size": 2})
+    assert posted.optimizer.value == "adamw"
+    assert posted.key() == JobSpec.from_options(hf_config=config, batch_size=2).key()
+    assert JobSpec.from_options(hf_config=config, batch_size=2, optimizer="sgd").optimizer.value == "sgd"
 
 
 def test_a_zoo_model_without_a_sequence_is_the_same_job_whatever_seq_len_comes_with_it():
@@ -167,7 +174,8 @@ def test_specs_that_differ_only_in_optimizer_or_float32_math_share_a_graph_key()
             for o in OptimizerName]
     assert {s.graph_key() for s in same} == {base.graph_key()}
     assert len({s.key() for s in same}) == len(same)  # each is still its own job
-    assert base.graph_key() == base.model_copy(update={"steps_vary": None}).key()  # fp32 with SGD: its own key
+    plain = base.model_copy(update={"steps_vary": None, "optimizer": OptimizerName.sgd})
+    assert base.graph_key() == plain.key()  # fp32 with SGD and no kind of step: its own key
     others = [base.model_copy(update=u) for u in ({"precision": Precision.fp16}, {"precision": Precision.bf16},
                                                    {"batch_size": 16}, {"seq_len": 128}, {"mode": Mode.inference})]
     others.append(JobSpec.from_options(zoo="resnet18", batch_size=8, channels_last=True))
