@@ -68,6 +68,7 @@ from perfmodel.hardware.spec import HardwareSpec
 from perfmodel.jobs.spec import GraphSource, JobSpec, ZooSource
 from perfmodel.placement.colocation import ColocationParams, Sharing, SharingJob
 from perfmodel.placement.spec import PlacementSpec, data_parallel
+from perfmodel.predictor.memory import shared_capacity_bytes
 from perfmodel.predictor.predict import HOST_BOUND_RATIO, Prediction, device_time_ms, prediction_json
 from perfmodel.records import utc_now
 
@@ -779,6 +780,8 @@ class PredictionEngine:
             placements.append(placement)
             jobs.append(job)
         capacity = answers[0]["memory_capacity_bytes"]
+        if capacity is not None:  # each job is its own process, with its own CUDA context
+            capacity = shared_capacity_bytes(capacity, len(answers))
         memory = [int(a["peak_memory_bytes"]) for a in answers]
         if capacity is not None and sum(memory) > capacity:
             raise FieldError(("jobs",), (

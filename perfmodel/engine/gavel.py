@@ -17,6 +17,7 @@ from perfmodel.calibration.sharing import share_calibrated
 from perfmodel.placement.colocation import Sharing
 from perfmodel.placement.gavel import Layout, gavel_file, grid_layouts, job_type_key, worker_keys
 from perfmodel.placement.spec import IntraNodeLink, Parallelism, PlacementSpec
+from perfmodel.predictor.memory import shared_capacity_bytes
 
 
 @dataclass(frozen=True)
@@ -116,8 +117,8 @@ def gavel_throughputs(engine: Any, entries: Sequence[Any], job_types: Sequence[s
                 for k in range(i, len(entries)):
                     (a, job_a), (b, job_b) = inputs[(i, j)], inputs[(k, j)]
                     capacity = a["memory_capacity_bytes"]
-                    fits = a["fits"] and b["fits"] and (capacity is None or
-                                                        a["peak_memory_bytes"] + b["peak_memory_bytes"] <= capacity)
+                    fits = a["fits"] and b["fits"] and (capacity is None or a["peak_memory_bytes"]
+                                                        + b["peak_memory_bytes"] <= shared_capacity_bytes(capacity, 2))
                     if not fits:
                         pairs[(i, k, j)] = pairs[(k, i, j)] = (0.0, 0.0)
                         continue

@@ -432,6 +432,12 @@ def usable_memory_bytes(hardware: HardwareSpec) -> int:
     return max(0, hardware.memory_bytes - CONTEXT_RESERVE_BYTES)
 
 
+def shared_capacity_bytes(capacity: int, processes: int) -> int:
+    """What `processes` jobs sharing one device (co-located, each its own process) may use together, of one job's
+    `capacity` (`usable_memory_bytes`): each further process holds a CUDA context of its own."""
+    return max(0, capacity - (processes - 1) * CONTEXT_RESERVE_BYTES)
+
+
 def fits(estimate: MemoryEstimate, hardware: HardwareSpec) -> bool:
     """Whether the estimate's peak fits in the memory a job may use on the device (`usable_memory_bytes`)."""
     return estimate.peak_bytes <= usable_memory_bytes(hardware)

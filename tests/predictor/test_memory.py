@@ -15,6 +15,7 @@ from perfmodel.predictor.memory import (
     fits,
     layer_key,
     layers,
+    shared_capacity_bytes,
     usable_memory_bytes,
 )
 
@@ -159,6 +160,14 @@ def test_fits():
     assert not fits(estimate_memory(_spec(precision=Precision.fp16, optimizer=OptimizerName.adam), big), gpu)
     assert fits(estimate_memory(_spec(), _graph(layers_=2, hidden=64)), gpu)
     assert fits(MemoryEstimate(0, 0, 0, 0, 0), gpu)
+
+
+def test_jobs_sharing_a_device_each_hold_a_context():
+    """Two co-located jobs are two processes: together they may use one job's capacity less one more context."""
+    a100 = get_accelerator("a100-sxm4-80gb")
+    one = usable_memory_bytes(a100)
+    assert shared_capacity_bytes(one, 1) == one == 79 * 2**30
+    assert shared_capacity_bytes(one, 2) == 78 * 2**30 and shared_capacity_bytes(2**29, 2) == 0
 
 
 def test_capacity_is_binary_memory_less_the_context():

@@ -254,6 +254,8 @@ def test_colocation_answers_each_jobs_share_within_physics_and_refuses_pairs_tha
         assert response.status_code == 200, response.text
         body = response.json()
         assert body["sharing"] == sharing and body["jobs"] == [small, bigger] and body["fits"] is True
+        # two processes, two CUDA contexts: the pair may use one job's capacity less one more context
+        assert body["memory_capacity_bytes"] == body["isolated"][0]["memory_capacity_bytes"] - 2**30
         for shared, alone, (low, high), slowdown, isolated in zip(
                 body["throughput_samples_per_s"], body["isolated_throughput_samples_per_s"],
                 body["interval_samples_per_s"], body["slowdown"], body["isolated"]):
