@@ -392,12 +392,11 @@ def jitter_rows(frame: pd.DataFrame) -> pd.DataFrame:
     for the slowest replica), that wait per unit of jitter (`iteration.py`: E[max of d normals] · compute) and the
     twin's composed step."""
     from perfmodel.jobs.zoo import find_entry
-    from perfmodel.placement.iteration import expected_max_normal
+    from perfmodel.placement.iteration import expected_max_normal, steps_vary_code
 
     def steps_vary(model: str) -> float:
         entry = find_entry(model)
-        vary = entry.reference_steps_vary if entry is not None else None
-        return -1.0 if vary is None else float(vary)
+        return steps_vary_code(entry.reference_steps_vary if entry is not None else None)
 
     return pd.DataFrame.from_records([
         {**identity, "measured_ratio": row.measured_ms / one.measured_ms, "one_ms": one.placement_ms,

@@ -364,6 +364,11 @@ def _expected_max(n: float) -> float:
     return _STANDARD_NORMAL.inv_cdf((n - 0.375) / (n + 0.25)) if n > 1 else 0.0
 
 
+def steps_vary_code(steps_vary: bool | None) -> float:
+    """`JobSpec.steps_vary` as `ShardCompute.steps_vary` codes it: 1 the steps vary, 0 they do not, -1 not known."""
+    return -1.0 if steps_vary is None else float(steps_vary)
+
+
 def replica_jitter(steps_vary: Any, params: IterationParams) -> Any:
     """The replica jitter of jobs whose steps vary (`steps_vary` 1), do not (0) or are not known to (-1): the
     params' `dp_jitter_varying`, `dp_jitter_steady` or `dp_jitter` (either of the first two unset: `dp_jitter`).

@@ -58,6 +58,7 @@ from perfmodel.placement.iteration import (
     iteration_breakdown,
     layer_stats,
     load_params,
+    steps_vary_code,
 )
 from perfmodel.placement.spec import PlacementSpec
 from perfmodel.predictor.batch_sweep import GraphLine, RowLine, Sweep, table_key
@@ -287,7 +288,7 @@ class PlacementPredictor:
             host_backward_ms=(single.host_issue_ms or {}).get("backward", 0.0),
             last_bucket_bytes=ddp_last_bucket_bytes(stats.params.tolist(), per_param.gradients)
             if spec.mode.value == "train" else 0,
-            steps_vary=-1.0 if spec.steps_vary is None else float(spec.steps_vary))
+            steps_vary=steps_vary_code(spec.steps_vary))
         self._computes.put(key, (compute, single))
         if micro_graph is not None:
             self._graphs.setdefault(micro_spec.graph_key(), micro_graph)
