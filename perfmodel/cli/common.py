@@ -52,7 +52,8 @@ BatchOpt = Annotated[int, typer.Option("--batch-size", "-b", help="batch size")]
 SeqOpt = Annotated[Optional[int], typer.Option("--seq-len", help="sequence length of token models \\[a zoo model's "
                                                                   "own (`zoo show NAME`), else 128]")]
 PrecisionOpt = Annotated[str, typer.Option(help="fp32 (PyTorch's defaults: TF32 convs on Ampere+), fp32-strict, "
-                                                "tf32, amp, amp-bf16, fp16 or bf16")]
+                                                "tf32, amp, amp-bf16, fp16, bf16, fp16-master or bf16-master "
+                                                "(a half model, fp32 master weights: apex O2, DeepSpeed, Megatron)")]
 OptimizerOpt = Annotated[Optional[str], typer.Option(
     help="sgd (momentum 0.9), adam or adamw \\[a zoo model's reference optimizer (`zoo show NAME`), adamw for "
          "--hf-config, else sgd]")]

@@ -23,7 +23,7 @@ JobsSeqOpt = Annotated[Optional[int], typer.Option(
                       "NAME`), else 128]")]
 JobsPrecisionOpt = Annotated[str, typer.Option(
     help="every job's precision, unless its --job gives one: fp32 (PyTorch's defaults: TF32 convs on Ampere+), "
-         "fp32-strict, tf32, amp, amp-bf16, fp16 or bf16")]
+         "fp32-strict, tf32, amp, amp-bf16, fp16, bf16, fp16-master or bf16-master")]
 JobsOptimizerOpt = Annotated[Optional[str], typer.Option(
     help="every job's optimizer, unless its --job gives one: sgd (momentum 0.9), adam or adamw \\[each zoo model's "
          "reference optimizer (`zoo show NAME`), else sgd]")]

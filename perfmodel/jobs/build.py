@@ -32,7 +32,7 @@ from perfmodel.jobs.spec import (
 from perfmodel.jobs.zoo import InputKind, build_model, get_entry
 from perfmodel.torch_device import resolve_device
 
-_DTYPES = {Precision.fp16: torch.float16, Precision.bf16: torch.bfloat16}
+_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}  # a half model's dtype, by `Precision.half_dtype`
 
 
 @dataclass(frozen=True)
@@ -140,8 +140,8 @@ def build_job(spec: JobSpec, device: str | torch.device = "cpu", seed: int = 0) 
     module = module.to(device)
     args = tuple(_to(a, device) for a in args)
     kwargs = {k: _to(v, device) for k, v in kwargs.items()}
-    if spec.precision in _DTYPES:
-        dtype = _DTYPES[spec.precision]
+    dtype = _DTYPES.get(spec.precision.half_dtype or "") if spec.precision.half_weights else None
+    if dtype is not None:
         module = module.to(dtype)
         args = tuple(_cast_float(a, dtype) for a in args)
         kwargs = {k: _cast_float(v, dtype) for k, v in kwargs.items()}

@@ -25,6 +25,9 @@ class Precision(str, Enum):
     - `amp`: autocast to fp16 (bf16 on CPU), weights and optimizer in fp32, GradScaler.
     - `amp-bf16`: autocast to bf16.
     - `fp16`, `bf16`: the model cast to half precision (`model.half()`): weights, activations and optimizer.
+    - `fp16-master`, `bf16-master`: the model cast to half precision, the optimizer stepping an fp32 master copy of
+      the weights from fp32 copies of the gradients (apex AMP O2, DeepSpeed's and Megatron-LM's fp16/bf16 training):
+      every activation in half precision (softmax and norms included), as `fp16`/`bf16`, with `amp`'s optimizer.
     """
 
     fp32 = "fp32"
@@ -34,6 +37,8 @@ class Precision(str, Enum):
     amp_bf16 = "amp-bf16"
     fp16 = "fp16"
     bf16 = "bf16"
+    fp16_master = "fp16-master"
+    bf16_master = "bf16-master"
 
     @property
     def autocast(self) -> bool:
@@ -42,12 +47,35 @@ class Precision(str, Enum):
     @property
     def half_weights(self) -> bool:
         """The module itself is cast to fp16/bf16."""
-        return self in (Precision.fp16, Precision.bf16)
+        return self in (Precision.fp16, Precision.bf16, Precision.fp16_master, Precision.bf16_master)
+
+    @property
+    def master_weights(self) -> bool:
+        """A half model whose optimizer steps an fp32 master copy of its weights."""
+        return self in (Precision.fp16_master, Precision.bf16_master)
+
+    @property
+    def half_dtype(self) -> str | None:
+        """The half type the job computes in (fp16 or bf16), None for the float32 maths."""
+        return _HALF_DTYPES.get(self)
+
+    @property
+    def graph_precision(self) -> Precision:
+        """The precision of the graph the job runs: float32 unless the model is cast to half (`fp16-master` runs
+        the `fp16` graph)."""
+        if not self.half_weights:
+            return Precision.fp32
+        return Precision.fp16 if self.half_dtype == "fp16" else Precision.bf16
 
     @property
     def family(self) -> str:
         """fp32, fp16, bf16 or amp: what the CPU iteration models (trained before the math modes) know."""
-        return {Precision.fp32_strict: "fp32", Precision.tf32: "fp32", Precision.amp_bf16: "amp"}.get(self, self.value)
+        return {Precision.fp32_strict: "fp32", Precision.tf32: "fp32", Precision.amp_bf16: "amp",
+                Precision.fp16_master: "fp16", Precision.bf16_master: "bf16"}.get(self, self.value)
+
+
+_HALF_DTYPES = {Precision.amp: "fp16", Precision.fp16: "fp16", Precision.fp16_master: "fp16",
+                Precision.amp_bf16: "bf16", Precision.bf16: "bf16", Precision.bf16_master: "bf16"}
 
 
 class OptimizerName(str, Enum):
@@ -323,12 +351,12 @@ class JobSpec(BaseModel):
         """The key of the spec's graph: specs that differ only in what no graph depends on share it. The optimizer
         is priced from the parameter count, the PyTorch version by the whole-step stage, whether steps vary by the
         placement model, and the math of a model whose weights stay float32 (fp32, fp32-strict, tf32, amp,
-        amp-bf16) from its float32 graph: only a model cast to half (fp16, bf16) has another graph."""
+        amp-bf16) from its float32 graph: only a model cast to half (fp16, bf16, fp16-master, bf16-master) has
+        another graph, one per half type."""
         cached = self.__dict__.get(_GRAPH_KEY_ATTR)
         if cached is None:
-            update: dict[str, Any] = {"optimizer": OptimizerName.sgd, "pytorch_version": None, "steps_vary": None}
-            if not Precision(self.precision).half_weights:
-                update["precision"] = Precision.fp32
+            update: dict[str, Any] = {"optimizer": OptimizerName.sgd, "pytorch_version": None, "steps_vary": None,
+                                      "precision": Precision(self.precision).graph_precision}
             same = all(getattr(self, name) == value for name, value in update.items())
             cached = self.__dict__[_GRAPH_KEY_ATTR] = self.key() if same else self.model_copy(update=update).key()
         return cached

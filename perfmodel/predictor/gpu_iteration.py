@@ -18,7 +18,8 @@ Rows the graph does not show but the framework runs:
   writes 1);
 - under autocast, every GEMM/conv weight cast to half in forward (read 4 B, write 2 B per element) and its gradient
   cast back to fp32 in backward, and for `amp` (fp16) the GradScaler's unscale and inf check over the gradients
-  (`AMP_SCALER_PASSES`);
+  (`AMP_SCALER_PASSES`); for a half model with fp32 master weights, the copies of the gradients to fp32 and of the
+  weights back to half (`MASTER_COPY_PASSES`);
 - around each half-precision convolution on tensor / matrix cores, the library's (cuDNN's, MIOpen's) NCHW <-> NHWC
   transposes of its activations (`layout_transpose_rows`; none for a job that says `channels_last`).
 And one the graph shows but the GPU runs otherwise: a fused `scaled_dot_product_attention`, where PyTorch has a
@@ -79,6 +80,9 @@ OPTIMIZER = "optimizer"
 # sqrt (2), div_ (2), add_ eps (2), addcdiv_ on the params (4); AdamW adds the decoupled weight decay mul_ (2)
 FOREACH_TENSOR_PASSES = {"sgd": 8, "adam": 18, "adamw": 20}
 AMP_SCALER_PASSES = 2  # GradScaler.unscale_: read and write every gradient (the inf check rides along)
+# fp16-master / bf16-master: half gradients -> fp32 (read 2 B, write 4 B: 1.5 fp32 passes; apex unscales and checks
+# for inf in that copy) and fp32 weights -> the half model (1.5)
+MASTER_COPY_PASSES = 3
 PASSES_PER_ADD_KERNEL = 3  # an `add` row reads 2 tensors and writes 1
 ROW_HIDDEN = 4096  # width of the rows standing for passes over parameters
 GEMM_KINDS = MATMUL_KINDS | CONV_KINDS
@@ -160,7 +164,7 @@ def weight_cast_rows(graph: Graph, precision: Precision, training: bool) -> pd.D
     backward. One kernel per weight, as autocast launches them."""
     if not precision.autocast:
         return _EMPTY.copy()
-    half = "fp16" if precision == Precision.amp else "bf16"
+    half = precision.half_dtype or "fp16"
     records = []
     for phase in (FORWARD, BACKWARD) if training else (FORWARD,):
         for node in graph.nodes:
@@ -243,8 +247,11 @@ def job_rows(spec: JobSpec, graph: Graph, hardware: HardwareSpec) -> pd.DataFram
     groups = rows["kind"].map(group_of)
     rows["dtype"] = groups.map({g: e.dtype for g, e in table.items()})
     rows["math"] = row_maths(rows["kind"], cuda_core_conv_rows(rows, graph), table)
-    weights = "fp16" if precision == Precision.fp16 else "bf16" if precision == Precision.bf16 else "fp32"
-    scaler = AMP_SCALER_PASSES if precision == Precision.amp else 0
+    # the optimizer steps fp32 weights but a half model's own (fp16, bf16); a master-weight step also copies the half
+    # gradients into fp32 ones and the fp32 weights back into the model
+    half_state = precision.half_weights and not precision.master_weights
+    weights = (precision.half_dtype or "fp32") if half_state else "fp32"
+    scaler = AMP_SCALER_PASSES if precision == Precision.amp else MASTER_COPY_PASSES if precision.master_weights else 0
     optimizer = spec.optimizer.value if training else None
     casts = weight_cast_rows(graph, precision, training)
     transposes = (_EMPTY.copy() if spec.channels_last

@@ -11,8 +11,8 @@ multiplied on tensor cores at the TF32 peak. Rows are grouped by the IR kind of 
 | tf32 | fp32 tensors, TF32 math* | fp32 tensors, TF32 math* | fp32 | fp32 |
 | amp | fp16 | fp16 | fp32 | fp16 |
 | amp-bf16 | bf16 | bf16 | fp32 | bf16 |
-| fp16 | fp16 | fp16 | fp16 | fp16 |
-| bf16 | bf16 | bf16 | bf16 | bf16 |
+| fp16, fp16-master | fp16 | fp16 | fp16 | fp16 |
+| bf16, bf16-master | bf16 | bf16 | bf16 | bf16 |
 
 (*) where the device has TF32 (NVIDIA Ampere and later: the catalog's `peak_tf32_gflops`), else fp32. PyTorch's
 defaults are why `fp32` differs from `fp32-strict`: `torch.backends.cudnn.allow_tf32` is True and
@@ -75,6 +75,8 @@ MATH_TABLE: dict[Precision, dict[str, RowMath]] = {
     Precision.amp_bf16: {"matmul": _BF16, "conv": _BF16, "autocast_fp32": _FP32, "vector": _BF16},
     Precision.fp16: dict.fromkeys(GROUPS, _FP16),
     Precision.bf16: dict.fromkeys(GROUPS, _BF16),
+    Precision.fp16_master: dict.fromkeys(GROUPS, _FP16),
+    Precision.bf16_master: dict.fromkeys(GROUPS, _BF16),
 }
 
 

@@ -78,13 +78,19 @@ DEFAULT_CACHE_SIZE = 4096  # entries of each cache (computes, memory estimates, 
 LINKS_CACHE_SIZE = 1024
 
 
+# the public runs' mixed precision is stored as `amp`, whatever recipe the reference script used (NVIDIA's
+# Transformer-XL, GNMT and BERT keep fp32 master weights of a half model): a master-weight job takes those levels
+MEASURED_AS = {Precision.fp16_master: Precision.amp, Precision.bf16_master: Precision.amp_bf16}
+
+
 def level_key(spec: JobSpec, hardware: HardwareSpec) -> str | None:
     """The key a whole-step stage keeps a measured model's level under (zoo jobs; None for the others). A precision
     whose math on `hardware` is TF32's (fp32 on a GPU without TF32: every op group the same math) takes the TF32
-    runs' level, the runs it is the same step as (the public runs' "FP32" is TF32 where the GPU has it)."""
+    runs' level, the runs it is the same step as (the public runs' "FP32" is TF32 where the GPU has it); a
+    master-weight precision its autocast twin's (`MEASURED_AS`)."""
     if not isinstance(spec.source, ZooSource):
         return None
-    precision = spec.precision
+    precision = MEASURED_AS.get(spec.precision, spec.precision)
     if precision in (Precision.fp32, Precision.fp32_strict) and (
             maths_by_group(precision, hardware) == maths_by_group(Precision.tf32, hardware)):
         precision = Precision.tf32

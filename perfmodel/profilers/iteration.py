@@ -25,6 +25,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable, Iterable
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -58,10 +59,49 @@ WARMUP_SHARE = 0.3  # of a time budget, for the warm-up
 _OOM_MESSAGES = ("out of memory", "can't allocate memory", "cannot allocate memory")
 
 
-def make_optimizer(name: OptimizerName, params: Iterable[torch.nn.Parameter]) -> torch.optim.Optimizer | None:
-    """The spec's optimizer over the trainable parameters (a small learning rate); None when nothing trains."""
+class Stepper(Protocol):
+    """What a training step calls after backward: a torch optimizer, or `MasterWeightsOptimizer`."""
+
+    def step(self) -> Any: ...
+
+    def zero_grad(self, set_to_none: bool = ...) -> None: ...
+
+
+class MasterWeightsOptimizer:
+    """The optimizer of a half model with fp32 master weights (`fp16-master`, `bf16-master`: apex AMP O2,
+    DeepSpeed, Megatron-LM): each step copies the half gradients into fp32 ones, steps the fp32 master copy of the
+    weights with the spec's optimizer, and writes it back into the model. The fp32 gradients stay allocated."""
+
+    def __init__(self, name: OptimizerName, params: list[torch.nn.Parameter]):
+        self.params = params
+        self.master = [torch.nn.Parameter(p.detach().to(torch.float32, copy=True)) for p in params]
+        self.inner = _OPTIMIZERS[name](self.master)
+
+    @torch.no_grad()
+    def step(self) -> None:
+        for param, master in zip(self.params, self.master):
+            if param.grad is None:
+                continue
+            if master.grad is None:
+                master.grad = torch.empty_like(master)
+            master.grad.copy_(param.grad)
+        self.inner.step()
+        for param, master in zip(self.params, self.master):
+            param.copy_(master)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for param in self.params:
+            param.grad = None
+
+
+def make_optimizer(name: OptimizerName, params: Iterable[torch.nn.Parameter],
+                   master_weights: bool = False) -> Stepper | None:
+    """The spec's optimizer over the trainable parameters (a small learning rate), over their fp32 master copy
+    with `master_weights`; None when nothing trains."""
     trainable = [p for p in params if p.requires_grad]
-    return _OPTIMIZERS[name](trainable) if trainable else None
+    if not trainable:
+        return None
+    return MasterWeightsOptimizer(name, trainable) if master_weights else _OPTIMIZERS[name](trainable)
 
 
 def make_step(job: BuiltJob) -> Callable[[], None]:
@@ -79,7 +119,7 @@ def make_step(job: BuiltJob) -> Callable[[], None]:
 
         return infer
 
-    optimizer = make_optimizer(job.spec.optimizer, job.module.parameters())
+    optimizer = make_optimizer(job.spec.optimizer, job.module.parameters(), job.spec.precision.master_weights)
 
     def train() -> None:
         with record_function(PHASE_LABELS["forward"]):

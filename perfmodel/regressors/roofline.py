@@ -26,7 +26,7 @@ from perfmodel.regressors.base import IterationPrediction
 from perfmodel.regressors.manifest import Manifest
 
 OPTIMIZER_TENSORS: dict[OptimizerName, int] = {OptimizerName.sgd: 3, OptimizerName.adam: 4, OptimizerName.adamw: 4}
-HALF_PRECISIONS = (Precision.fp16, Precision.bf16, Precision.amp, Precision.amp_bf16)
+HALF_PRECISIONS = tuple(p for p in Precision if p.half_dtype is not None)
 
 
 def compute_hardware(sample: Sample) -> HardwareSpec:

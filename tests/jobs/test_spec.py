@@ -52,11 +52,24 @@ def test_hf_config_from_path_and_dict(tmp_path):
 
 
 def test_enums_cover_the_issue():
-    assert {p.value for p in Precision} == {"fp32", "fp32-strict", "tf32", "amp", "amp-bf16", "fp16", "bf16"}
+    assert {p.value for p in Precision} == {"fp32", "fp32-strict", "tf32", "amp", "amp-bf16", "fp16", "bf16",
+                                            "fp16-master", "bf16-master"}
     # the CPU models were trained before the math modes: each mode maps onto what they know
     assert {p.family for p in Precision} == {"fp32", "fp16", "bf16", "amp"}
     assert Precision.amp_bf16.autocast and not Precision.bf16.autocast and Precision.bf16.half_weights
     assert {o.value for o in OptimizerName} == {"sgd", "adam", "adamw"}
+
+
+def test_a_master_weight_precision_runs_its_half_models_graph():
+    # apex O2 / DeepSpeed / Megatron: the model is cast to half, the optimizer keeps fp32 master weights
+    for master, half in ((Precision.fp16_master, Precision.fp16), (Precision.bf16_master, Precision.bf16)):
+        assert master.half_weights and master.master_weights and not master.autocast
+        assert master.half_dtype == half.half_dtype and master.graph_precision == half == half.graph_precision
+        assert not half.master_weights and master.family == half.family
+        spec = JobSpec.from_options(zoo="resnet18", batch_size=4, precision=master.value)
+        assert spec.graph_key() == spec.model_copy(update={"precision": half}).graph_key()
+        assert spec.graph_key() != spec.model_copy(update={"precision": Precision.amp}).graph_key()
+    assert {p.graph_precision for p in Precision if not p.half_weights} == {Precision.fp32}
 
 
 def test_zoo_has_at_least_30_architectures_from_every_library():

@@ -15,6 +15,7 @@ from perfmodel.predictor.memory import (
     fits,
     layer_key,
     layers,
+    optimizer_temporary_bytes,
     shared_capacity_bytes,
     usable_memory_bytes,
 )
@@ -66,9 +67,30 @@ def test_peak_is_the_explicit_sum():
     (Precision.fp16, OptimizerName.adam, 8), (Precision.bf16, OptimizerName.sgd, 6),
     (Precision.amp, OptimizerName.adam, 16), (Precision.amp, OptimizerName.adamw, 16),
     (Precision.amp, OptimizerName.sgd, 12),
+    # apex O2 / DeepSpeed fp16: half weights and gradients, fp32 master weights and gradients, fp32 states
+    (Precision.fp16_master, OptimizerName.adam, 20), (Precision.bf16_master, OptimizerName.sgd, 16),
 ])
 def test_bytes_per_param(precision, optimizer, total):
     assert bytes_per_param(precision, optimizer).total == total
+
+
+@pytest.mark.parametrize(("master", "half"), [(Precision.fp16_master, Precision.fp16),
+                                              (Precision.bf16_master, Precision.bf16)])
+def test_master_weights_cost_the_fp32_copies_not_activations(master, half):
+    """A half model with fp32 master weights holds the half model's activations and weights and, in the optimizer,
+    fp32 weights, gradients and states; its step's temporaries are fp32. Inference keeps the half weights only."""
+    half_graph = _graph()
+    spec = _spec(optimizer=OptimizerName.adamw, precision=half)
+    plain, with_master = estimate_memory(spec, half_graph), estimate_memory(
+        spec.model_copy(update={"precision": master}), half_graph)
+    params = half_graph.totals.params
+    assert (with_master.weights_bytes, with_master.gradients_bytes) == (plain.weights_bytes, plain.gradients_bytes)
+    assert with_master.optimizer_bytes == (4 + 4 + 8) * params == 4 * plain.optimizer_bytes
+    assert with_master.peak_bytes > plain.peak_bytes
+    assert bytes_per_param(master, OptimizerName.adam, Mode.inference) == bytes_per_param(
+        half, OptimizerName.adam, Mode.inference)
+    assert optimizer_temporary_bytes(master, OptimizerName.adam) == 2 * optimizer_temporary_bytes(
+        half, OptimizerName.adam) == optimizer_temporary_bytes(Precision.amp, OptimizerName.adam)
 
 
 def test_amp_halves_float_activations():

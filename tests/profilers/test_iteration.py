@@ -3,7 +3,9 @@ import torch
 
 from perfmodel.jobs.build import build_job
 from perfmodel.profilers.iteration import (
+    MasterWeightsOptimizer,
     iteration_stats,
+    make_optimizer,
     make_step,
     peak_allocated_bytes,
     profile_iteration,
@@ -43,6 +45,29 @@ def test_train_step_updates_the_weights(optimizer):
     make_step(job)()
     assert not torch.equal(before, job.module.fc1.weight)
     assert job.module.fc1.weight.grad is None  # zero_grad(set_to_none=True)
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adamw"])
+def test_master_weight_step_updates_fp32_masters_and_writes_them_back(optimizer):
+    """bf16-master (apex O2 / DeepSpeed / Megatron): the module is bf16, the optimizer steps fp32 copies of the
+    weights from fp32 copies of the gradients, and the module holds the masters rounded to bf16."""
+    job = build_job(user_spec("tiny_mlp", optimizer=optimizer, precision="bf16-master"))
+    weight = job.module.fc1.weight
+    assert weight.dtype == torch.bfloat16
+    make_step(job)()  # the training step runs it
+    assert weight.grad is None
+    stepper = make_optimizer(job.spec.optimizer, job.module.parameters(), master_weights=True)
+    assert isinstance(stepper, MasterWeightsOptimizer)
+    master = stepper.master[[id(p) for p in stepper.params].index(id(weight))]
+    before = master.detach().clone()
+    assert before.dtype == torch.float32 and torch.equal(before.to(torch.bfloat16), weight.detach())
+    job.loss_fn(job.forward()).backward()
+    stepper.step()
+    stepper.zero_grad(set_to_none=True)
+    assert master.grad is not None and master.grad.dtype == torch.float32  # kept, as apex keeps them
+    assert not torch.equal(master.detach(), before)
+    assert torch.equal(weight.detach(), master.detach().to(torch.bfloat16))
+    assert weight.grad is None  # the half gradients are freed
 
 
 def test_inference_step_computes_no_gradients():
