@@ -80,6 +80,7 @@ class Predicted:
     device_ms: float  # the predicted device time of one step (forward, backward, optimizer, communication)
     host_ms: float
     interval_steps_per_s: tuple[float, float] = (0.0, 0.0)  # [p10, p90]
+    conv_share: float = 0.0  # the share of the step's FLOPs in convolutions, as the service attaches to observations
 
 
 def predict_all(engine: Any, measured: Mapping[str, Mapping[tuple[str, int], Any]],
@@ -88,6 +89,7 @@ def predict_all(engine: Any, measured: Mapping[str, Mapping[tuple[str, int], Any
     """Every (worker type incl. _unconsolidated, job type, scale factor) of the measured file, predicted on servers
     whose intra-node link is `intra_node_link` (None: the catalog's)."""
     from perfmodel.engine.gavel import GavelColumn
+    from perfmodel.predictor.math_modes import conv_flop_share
 
     out: dict[tuple[str, str, int], Predicted] = {}
     for worker, table in measured.items():
@@ -107,7 +109,8 @@ def predict_all(engine: Any, measured: Mapping[str, Mapping[tuple[str, int], Any
             low_ms, high_ms = answer["interval_ms"]
             scale = steps_per_s * answer["iter_time_ms"]
             out[(worker, job_type, scale_factor)] = Predicted(steps_per_s, job.device_ms, job.host_ms,
-                                                              (scale / high_ms, scale / low_ms))
+                                                              (scale / high_ms, scale / low_ms),
+                                                              conv_flop_share(entry.graph.totals))
         progress(f"predicted {worker}: {len(table)} job types x scale factors")
     return out
 
@@ -123,7 +126,7 @@ def isolated_frame(measured: Mapping[str, Mapping[tuple[str, int], Any]],
             p = predicted[(worker, job_type, scale_factor)]
             rows.append({"worker": worker, "job_type": job_type, "family": family(job_type),
                          "scale_factor": scale_factor, "measured": value, "predicted": p.steps_per_s,
-                         "device_ms": p.device_ms, "measured_ms": 1e3 / value})
+                         "device_ms": p.device_ms, "measured_ms": 1e3 / value, "conv_share": p.conv_share})
     frame = pd.DataFrame(rows)
     return frame.assign(ape=(frame.predicted / frame.measured - 1).abs() * 100)
 
@@ -147,11 +150,14 @@ def speedups(frame: pd.DataFrame, fast: str = "p100", slow: str = "k80") -> pd.D
 def observed_on_the_gpu(frame: pd.DataFrame, catalog: Mapping[str, Any]) -> pd.DataFrame:
     """One-GPU runs predicted as a scheduler meets them once it has run other jobs there: on each GPU, each job
     family's runs calibrated by the fleet (`perfmodel.calibration.fleet`) from the other families' measured one-GPU
-    runs on that GPU posted as observations, never its own. `calibrated` (steps/s) and `level` added."""
+    runs on that GPU posted as observations, never its own, each with its share of convolution FLOPs as the service
+    attaches it. `calibrated` (steps/s) and `level` added."""
     from perfmodel.calibration.fleet import FleetPoint, FleetQuery, fit_fleet
     from perfmodel.hardware.chips import die_of
 
     one = frame[(frame.scale_factor == 1) & ~frame.worker.str.endswith("_unconsolidated")].reset_index(drop=True)
+    if "conv_share" not in one:
+        one = one.assign(conv_share=0.0)  # not known: no op-mix effect
     accelerator = {w: WORKERS[w] for w in one.worker.unique()}
 
     def where(worker: str) -> tuple[str, str, str]:
@@ -160,10 +166,11 @@ def observed_on_the_gpu(frame: pd.DataFrame, catalog: Mapping[str, Any]) -> pd.D
 
     calibrated, level = [], []
     for r in one.itertuples():
-        points = [FleetPoint(i, o.family, *where(o.worker), "fp32", math.log(o.predicted / o.measured))
+        points = [FleetPoint(i, o.family, *where(o.worker), "fp32", math.log(o.predicted / o.measured),
+                             conv_share=o.conv_share)
                   for i, o in enumerate(one.itertuples())
                   if o.worker == r.worker and o.family != r.family and o.predicted > 0]
-        applied = fit_fleet(points).apply(FleetQuery(r.family, *where(r.worker), "fp32"))
+        applied = fit_fleet(points).apply(FleetQuery(r.family, *where(r.worker), "fp32", conv_share=r.conv_share))
         calibrated.append(r.predicted * applied.throughput_factor)
         level.append(applied.level)
     return one.assign(calibrated=calibrated, level=level,

@@ -97,6 +97,16 @@ def test_observations_of_other_families_calibrate_a_job_never_its_own():
         assert out.loc[("k80", family_), "level"] != "none"
         assert 10.0 <= out.loc[("k80", family_), "calibrated"] < 20.0  # pulled toward the others' factor
     assert out.loc[("p100", "LM"), "level"] == "none" and out.loc[("p100", "LM"), "calibrated"] == 20.0
+    # with each step's share of convolution FLOPs (as the service attaches it): when the convolutional jobs are
+    # further off than the others, a convolutional job is pulled further than a job without convolutions
+    shares = {"ResNet-18": 0.9, "ResNet-50": 0.9, "CycleGAN": 0.9, "LM": 0.0, "Transformer": 0.0}
+    measured = {"ResNet-18": 5.0, "ResNet-50": 5.0, "CycleGAN": 5.0, "LM": 10.0, "Transformer": 10.0}
+    mixed = pd.DataFrame([{"worker": "k80", "job_type": f"{f} (batch size 8)", "family": f, "scale_factor": 1,
+                           "measured": measured[f], "predicted": 20.0, "conv_share": shares[f]} for f in shares])
+    out = observed_on_the_gpu(mixed, load_catalog()).set_index("family")
+    assert out.loc["CycleGAN", "calibrated"] < out.loc["LM", "calibrated"] < 20.0
+    flat = observed_on_the_gpu(mixed.drop(columns="conv_share"), load_catalog()).set_index("family")
+    assert out.loc["CycleGAN", "calibrated"] < flat.loc["CycleGAN", "calibrated"]
 
 
 def test_pairs_are_scored_against_the_isolated_figure_the_jobs_same_job_pair_agrees_with():
