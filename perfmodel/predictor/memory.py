@@ -16,17 +16,19 @@ section 3.1: mixed-precision Adam = 2 + 2 + 12 = 16 bytes/param):
     fp16/bf16     2         2       states x 2 (torch keeps them in the     6              8
                                     parameters' dtype)
     amp           2         2       4 (fp32 master weights) + states x 4    12             16
-    fp16-master,  2         2       4 (fp32 master weights) + 4 (fp32       16             20
-    bf16-master                     gradients) + states x 4
+    fp16-master,  2         2       4 (fp32 master weights) + states x 4    12             16
+    bf16-master
 
 `states` (`OPTIMIZER_STATES`) is 1 for SGD (momentum buffer) and 2 for Adam/AdamW (first and second moments).
 amp follows the ZeRO / Megatron split (half working weights and gradients, fp32 master weights counted as
 optimizer state, so ZeRO-1 shards them). torch autocast as the profiler runs it keeps fp32 weights and fp32
 gradients instead (4 + 4 + states x 4): the same 16 bytes/param for Adam without ZeRO, split differently.
-The master-weight modes keep what apex AMP O2 and DeepSpeed's fp16 optimizer keep: the half model and its half
-gradients, and the fp32 master weights with the fp32 gradients the optimizer steps on (Megatron-LM accumulates the
-gradients in fp32 instead of half: 2 bytes fewer). Inference keeps only weights: 4 bytes/param for fp32 and amp
-(autocast leaves weights fp32), 2 for the half models.
+The master-weight modes keep what apex AMP O2 and DeepSpeed's fp16 optimizer keep through forward and backward: the
+half model and its half gradients, the fp32 master weights and the optimizer's fp32 states; the fp32 copy of the
+gradients the master step reads exists only at the step (apex allocates it after backward and `zero_grad` frees
+it), an optimizer-step temporary (`optimizer_temporary_bytes`). Megatron-LM accumulates the gradients in an fp32
+buffer instead of half ones, 2 bytes more through backward. Inference keeps only weights: 4 bytes/param for fp32
+and amp (autocast leaves weights fp32), 2 for the half models.
 
 Activations
 -----------
@@ -153,19 +155,19 @@ def bytes_per_param(precision: Precision, optimizer: OptimizerName, mode: Mode =
     states = OPTIMIZER_STATES[optimizer]
     if mode == Mode.inference:
         return BytesPerParam(HALF_BYTES if precision.half_weights else FP32_BYTES, 0, 0)
-    if precision.master_weights:  # fp32 master weights and gradients + states
-        return BytesPerParam(HALF_BYTES, HALF_BYTES, 2 * FP32_BYTES + states * FP32_BYTES)
-    if precision.half_weights:
+    if precision.half_weights and not precision.master_weights:
         return BytesPerParam(HALF_BYTES, HALF_BYTES, states * HALF_BYTES)
-    if precision.autocast:
+    if precision.autocast or precision.master_weights:
         return BytesPerParam(HALF_BYTES, HALF_BYTES, FP32_BYTES + states * FP32_BYTES)  # fp32 master + states
     return BytesPerParam(FP32_BYTES, FP32_BYTES, states * FP32_BYTES)  # fp32, fp32-strict, tf32
 
 
 def optimizer_temporary_bytes(precision: Precision, optimizer: OptimizerName) -> int:
-    """Bytes per parameter the optimizer step allocates and frees (`OPTIMIZER_TEMPORARIES` state-sized buffers)."""
+    """Bytes per parameter the optimizer step allocates and frees (`OPTIMIZER_TEMPORARIES` state-sized buffers, and
+    a master-weight step's fp32 copy of the gradients)."""
     half_state = precision.half_weights and not precision.master_weights
-    return OPTIMIZER_TEMPORARIES[optimizer] * (HALF_BYTES if half_state else FP32_BYTES)
+    buffers = OPTIMIZER_TEMPORARIES[optimizer] + (1 if precision.master_weights else 0)
+    return buffers * (HALF_BYTES if half_state else FP32_BYTES)
 
 
 @dataclass(frozen=True)

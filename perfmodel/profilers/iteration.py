@@ -70,7 +70,8 @@ class Stepper(Protocol):
 class MasterWeightsOptimizer:
     """The optimizer of a half model with fp32 master weights (`fp16-master`, `bf16-master`: apex AMP O2,
     DeepSpeed, Megatron-LM): each step copies the half gradients into fp32 ones, steps the fp32 master copy of the
-    weights with the spec's optimizer, and writes it back into the model. The fp32 gradients stay allocated."""
+    weights with the spec's optimizer, and writes it back into the model. `zero_grad` frees both gradients, as
+    apex's does the fp32 ones: they exist only at the step."""
 
     def __init__(self, name: OptimizerName, params: list[torch.nn.Parameter]):
         self.params = params
@@ -82,16 +83,14 @@ class MasterWeightsOptimizer:
         for param, master in zip(self.params, self.master):
             if param.grad is None:
                 continue
-            if master.grad is None:
-                master.grad = torch.empty_like(master)
-            master.grad.copy_(param.grad)
+            master.grad = param.grad.to(torch.float32)
         self.inner.step()
         for param, master in zip(self.params, self.master):
             param.copy_(master)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        for param in self.params:
-            param.grad = None
+        for param, master in zip(self.params, self.master):
+            param.grad = master.grad = None
 
 
 def make_optimizer(name: OptimizerName, params: Iterable[torch.nn.Parameter],

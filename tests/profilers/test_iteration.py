@@ -63,8 +63,10 @@ def test_master_weight_step_updates_fp32_masters_and_writes_them_back(optimizer)
     assert before.dtype == torch.float32 and torch.equal(before.to(torch.bfloat16), weight.detach())
     job.loss_fn(job.forward()).backward()
     stepper.step()
+    assert master.grad is not None and master.grad.dtype == torch.float32
+    assert torch.equal(master.grad, weight.grad.float())
     stepper.zero_grad(set_to_none=True)
-    assert master.grad is not None and master.grad.dtype == torch.float32  # kept, as apex keeps them
+    assert master.grad is None  # the fp32 gradients exist at the step only, as apex frees them
     assert not torch.equal(master.detach(), before)
     assert torch.equal(weight.detach(), master.detach().to(torch.bfloat16))
     assert weight.grad is None  # the half gradients are freed
