@@ -245,8 +245,13 @@ def _entries() -> list[ZooEntry]:
     # steps do not vary (`reference_steps_vary`). Decoder and seq2seq fine-tuning often pads each batch to its
     # longest sequence (and pre-training packs to a fixed one): not known.
     fixed_length = {"bert", "roberta", "albert", "electra"}
+    # the eager BERTs stand for NVIDIA's BERT, whose mixed precision is apex AMP O2 (`fp16-master`), not autocast
+    nvidia_bert = ("BERT as NVIDIA's DeepLearningExamples trains it (eager attention); its mixed precision there is "
+                   "apex AMP O2: ask `fp16-master` for that recipe, `amp` for torch.autocast")
     entries += [ZooEntry(n, f, "transformers", k, b, default_task=b.head, reference_optimizer=TRANSFORMERS_OPTIMIZER,
-                         reference_steps_vary=False if f in fixed_length else None) for n, f, k, b in hf]
+                         reference_steps_vary=False if f in fixed_length else None,
+                         description=nvidia_bert if n in ("bert-small", "bert-base", "bert-large") else "")
+                for n, f, k, b in hf]
     entries += [
         ZooEntry("lstm-lm", "rnn", "perfmodel", InputKind.rnn_tokens, _rnn_lm("lstm")),
         ZooEntry("gru-lm", "rnn", "perfmodel", InputKind.rnn_tokens, _rnn_lm("gru")),

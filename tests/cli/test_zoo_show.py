@@ -34,6 +34,8 @@ def test_zoo_show_defaults_and_table():
     assert info["default_task"] == "sequence-classification" and info["reference_seq_len"] is None
     assert info["optimizer"] == "adamw"  # transformers' Trainer default
     assert info["seq_len"] == 128 and info["items_per_sample"] == 1 and info["unit"] == "samples"
+    assert "fp16-master" in info["description"]  # NVIDIA's recipe, which the zoo's eager BERT stands for
+    assert "fp16-master" not in json.loads(run("zoo", "show", "roberta-base", "--json").stdout)["description"]
     result = run("zoo", "show", "tacotron2")
     assert result.exit_code == 0, result.output
     assert "mel frames" in result.stdout and "850" in result.stdout and "566" in result.stdout
