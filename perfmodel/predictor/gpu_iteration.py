@@ -251,7 +251,8 @@ def job_rows(spec: JobSpec, graph: Graph, hardware: HardwareSpec) -> pd.DataFram
     # gradients into fp32 ones and the fp32 weights back into the model
     half_state = precision.half_weights and not precision.master_weights
     weights = (precision.half_dtype or "fp32") if half_state else "fp32"
-    scaler = AMP_SCALER_PASSES if precision == Precision.amp else MASTER_COPY_PASSES if precision.master_weights else 0
+    extra_passes = (AMP_SCALER_PASSES if precision == Precision.amp
+                    else MASTER_COPY_PASSES if precision.master_weights else 0)
     optimizer = spec.optimizer.value if training else None
     casts = weight_cast_rows(graph, precision, training)
     transposes = (_EMPTY.copy() if spec.channels_last
@@ -259,7 +260,7 @@ def job_rows(spec: JobSpec, graph: Graph, hardware: HardwareSpec) -> pd.DataFram
     parts = [casts[casts["phase"] == FORWARD], rows[rows["phase"] == FORWARD],
              transposes[transposes["phase"] == FORWARD], rows[rows["phase"] == BACKWARD],
              transposes[transposes["phase"] == BACKWARD], casts[casts["phase"] == BACKWARD],
-             optimizer_rows(graph.totals.params, optimizer, weights, scaler)]
+             optimizer_rows(graph.totals.params, optimizer, weights, extra_passes)]
     return pd.concat([part for part in parts if len(part)], ignore_index=True)  # in launch order
 
 
