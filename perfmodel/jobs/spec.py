@@ -55,6 +55,12 @@ class Precision(str, Enum):
         return self in (Precision.fp16_master, Precision.bf16_master)
 
     @property
+    def half_state(self) -> bool:
+        """The optimizer steps the half weights themselves, its states in their dtype (`fp16`, `bf16`: no master
+        copy)."""
+        return self.half_weights and not self.master_weights
+
+    @property
     def half_dtype(self) -> str | None:
         """The half type the job computes in (fp16 or bf16), None for the float32 maths."""
         return _HALF_DTYPES.get(self)

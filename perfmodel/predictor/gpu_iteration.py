@@ -249,8 +249,7 @@ def job_rows(spec: JobSpec, graph: Graph, hardware: HardwareSpec) -> pd.DataFram
     rows["math"] = row_maths(rows["kind"], cuda_core_conv_rows(rows, graph), table)
     # the optimizer steps fp32 weights but a half model's own (fp16, bf16); a master-weight step also copies the half
     # gradients into fp32 ones and the fp32 weights back into the model
-    half_state = precision.half_weights and not precision.master_weights
-    weights = (precision.half_dtype or "fp32") if half_state else "fp32"
+    weights = (precision.half_dtype or "fp32") if precision.half_state else "fp32"
     extra_passes = (AMP_SCALER_PASSES if precision == Precision.amp
                     else MASTER_COPY_PASSES if precision.master_weights else 0)
     optimizer = spec.optimizer.value if training else None

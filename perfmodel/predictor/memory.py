@@ -155,7 +155,7 @@ def bytes_per_param(precision: Precision, optimizer: OptimizerName, mode: Mode =
     states = OPTIMIZER_STATES[optimizer]
     if mode == Mode.inference:
         return BytesPerParam(HALF_BYTES if precision.half_weights else FP32_BYTES, 0, 0)
-    if precision.half_weights and not precision.master_weights:
+    if precision.half_state:
         return BytesPerParam(HALF_BYTES, HALF_BYTES, states * HALF_BYTES)
     if precision.autocast or precision.master_weights:
         return BytesPerParam(HALF_BYTES, HALF_BYTES, FP32_BYTES + states * FP32_BYTES)  # fp32 master + states
@@ -165,9 +165,8 @@ def bytes_per_param(precision: Precision, optimizer: OptimizerName, mode: Mode =
 def optimizer_temporary_bytes(precision: Precision, optimizer: OptimizerName) -> int:
     """Bytes per parameter the optimizer step allocates and frees (`OPTIMIZER_TEMPORARIES` state-sized buffers, and
     a master-weight step's fp32 copy of the gradients)."""
-    half_state = precision.half_weights and not precision.master_weights
     buffers = OPTIMIZER_TEMPORARIES[optimizer] + (1 if precision.master_weights else 0)
-    return buffers * (HALF_BYTES if half_state else FP32_BYTES)
+    return buffers * (HALF_BYTES if precision.half_state else FP32_BYTES)
 
 
 @dataclass(frozen=True)

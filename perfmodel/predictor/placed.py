@@ -698,7 +698,7 @@ def placement_arrays(placements: Sequence[PlacementSpec], links: Sequence[_Links
 
 def activation_element_bytes(precision: Precision) -> int:
     """Bytes of one activation element: 2 when the model runs in half precision or autocast, else 4."""
-    return 2 if precision.half_weights or precision.autocast else 4
+    return 2 if precision.half_dtype else 4
 
 
 def moe_fields(moe: Any, precision: Precision) -> dict[str, int]:
