@@ -5,8 +5,9 @@ PyTorch runs: 8 DeepLearningExamples models, 27 GPUs, TF32 and AMP, 1-16 GPUs in
         [--served OUT-family.csv OUT-chip.csv [--device-bias 1.3 ...]] [--job-prior SD] [--chip-prior SD]
 
 Two protocols (`perfmodel.evaluation.fleet`), every prediction of a run whose own measurements were not used:
-- same GPU: on each GPU and math mode, k models observed (k = 0, 1, 2, 4; up to `--draws` random choices of k), the
-  other models' runs on that GPU predicted at 1 and at 2-16 GPUs;
+- same GPU: on each GPU and math mode (the fleet's: a half model with fp32 master weights, `fp16-master`, shares
+  autocast's device effects, `amp`: `device_math`), k models observed (k = 0, 1, 2, 4; up to `--draws` random
+  choices of k), the other models' runs on that GPU predicted at 1 and at 2-16 GPUs;
 - the job elsewhere: every other model observed on every GPU, the asked model on k other GPUs (random), its runs
   on a GPU it was not observed on predicted.
 Prints MAPE against k (one GPU, 2-16 GPUs), the 80 % interval's coverage, and the same-GPU table per GPU and math
@@ -129,8 +130,8 @@ def main(argv: list[str] | None = None) -> int:
     recorded = {"same_gpu": summary(rows)}
     print(recorded["same_gpu"].round(1).to_string())
     print("\nper math mode:\n")
-    print(summary(rows, ("precision", "k")).round(1).to_string())
-    table = summary(rows, ("accelerator", "precision", "k")).mape_1gpu_pct.unstack("k").round(1)
+    print(summary(rows, ("math", "k")).round(1).to_string())
+    table = summary(rows, ("accelerator", "math", "k")).mape_1gpu_pct.unstack("k").round(1)
     print("\none-GPU MAPE per GPU and math mode against k:\n")
     print(table.to_string())
 
@@ -170,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     recorded["job_elsewhere"] = summary(rows)
     print(recorded["job_elsewhere"].round(1).to_string())
     print("\nper math mode:\n")
-    print(summary(rows, ("precision", "k")).round(1).to_string())
+    print(summary(rows, ("math", "k")).round(1).to_string())
     coverage = pd.concat(list(recorded.values())).coverage_80_pct
     served_tables = [table for name, table in recorded.items() if name.startswith("same_gpu_served_")
                      and "_off_" not in name]

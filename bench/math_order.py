@@ -69,7 +69,8 @@ def main(argv: list[str] | None = None) -> int:
         items = [(base.model_copy(update={"precision": p}), gpu, graph) for p in maths for gpu in gpus]
         composed = predictor.device.predict_composed_many(items)
         factors, _, _ = stage.factors_many([f for _, f in composed],
-                                           [level_key(spec, catalog[gpu]) for spec, gpu, _ in items])
+                                           [level_key(spec, catalog[gpu], stage.known_levels)
+                                            for spec, gpu, _ in items])
         kernels = np.array([step.iter_time_ms for step, _ in composed]).reshape(len(maths), len(gpus))
         own = kernels * factors.reshape(len(maths), len(gpus))
         one = [i for i, p in enumerate(placements) if p.devices == 1]

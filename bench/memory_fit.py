@@ -14,9 +14,11 @@ the single-GPU job's at the per-GPU batch, plus the all-reduce buckets of its `n
   transformerxllarge -> transformer-xl-large, maskrcnn), `seq_len` its `reference_seq_len`;
 - batch_size: `batch_per_gpu`, rounded up (a global batch that does not divide by the GPU count leaves some rank
   the larger share);
-- precision: FP32 -> tf32 (PyTorch's default on the containers' Ampere GPUs; the same bytes as fp32 elsewhere),
-  FP16/AMP -> amp, except runs whose log shows mixed precision off (`amp_in_log` false: 6 NCF runs of the v1 80 GB
-  template, and the Tacotron 2 runs without `amp : True`) -> tf32;
+- precision: as `perfmodel import lambda` stores it (`perfmodel.importers.lambda_runs.run_precision`): FP32 -> tf32
+  (PyTorch's default on the containers' Ampere GPUs; the same bytes as fp32 elsewhere), FP16/AMP -> the script's
+  recipe, `fp16-master` (apex O2: GNMT, NCF, both Transformer-XLs, SSD in v0) or `amp` (per-op casts), except runs
+  whose log shows mixed precision off (`amp_in_log` false: 6 NCF runs of the v1 80 GB template, and the Tacotron 2
+  and WaveGlow runs without `amp : True`) -> tf32;
 - optimizer: the zoo entry's reference optimizer: Adam for GNMT, NCF, Tacotron 2, WaveGlow and Transformer-XL large
   (DLE's defaults, GNMT's logged run arguments); Transformer-XL base's `jitlamb` keeps Adam's two moments -> adam; SGD
   with momentum for SSD and Mask R-CNN (DLE SSD and maskrcnn_benchmark).
@@ -24,8 +26,9 @@ The accelerator is `perfmodel.hardware.catalog.get_accelerator(gpu)`, its capaci
 `perfmodel.predictor.memory.usable_memory_bytes`. Rows whose model or GPU does not resolve (yet) are skipped and
 counted.
 
-Graphs are captured once per (model, batch) (the graph does not depend on precision or optimizer: the capture
-measures the saved activations both as captured and under autocast) and kept in `--graph-cache` (default: a
+Graphs are captured once per (model, batch) and dtype (float32, or the half model of `fp16-master`: the graph does
+not depend on the optimizer, and the float32 capture measures the saved activations both as captured and under
+autocast) and kept in `--graph-cache` (default: a
 temporary directory; pass one to make re-runs fast; `--remeasure` measures their saved activations again). A
 first run captures each model at three batches and makes its other batches from them (batch-affine graphs; Mask
 R-CNN, whose proposal counts are not affine in the batch, at every batch); from the cache it is faster.
@@ -70,6 +73,7 @@ from _figures import add_record_option, record_if_asked  # noqa: E402
 from perfmodel.core.errors import PerfmodelError  # noqa: E402
 from perfmodel.core.ir import Graph  # noqa: E402
 from perfmodel.hardware.catalog import get_accelerator, load_catalog  # noqa: E402
+from perfmodel.importers.lambda_runs import run_precision  # noqa: E402
 from perfmodel.jobs.spec import JobSpec, OptimizerName, Precision, ZooSource  # noqa: E402
 from perfmodel.jobs.zoo import ZOO  # noqa: E402
 from perfmodel.predictor.memory import MemoryEstimate, estimate_memory, usable_memory_bytes  # noqa: E402
@@ -89,6 +93,7 @@ class Row:
     gpu: str
     num_gpus: int
     model: str
+    suite: str
     precision_label: str
     amp_in_log: str
     batch_per_gpu: float
@@ -130,15 +135,15 @@ def read_rows(folder: Path) -> tuple[list[Row], Counter[str]]:
                     skipped[f"failed, not out of memory ({record['reason'][:40]})"] += 1
                     continue
                 rows.append(Row(name, record["config"], record["gpu"], int(record["num_gpus"]), record["model"],
-                                record["precision"], record["amp_in_log"], float(record["batch_per_gpu"]), ran,
-                                record["log_path"]))
+                                record["suite"], record["precision"], record["amp_in_log"],
+                                float(record["batch_per_gpu"]), ran, record["log_path"]))
     return rows, skipped
 
 
 def precision_of(row: Row) -> Precision:
-    if row.precision_label == "FP32" or row.amp_in_log.lower() == "false":
-        return Precision.tf32
-    return Precision.amp
+    """What the run's math was, as `perfmodel import lambda` stores it (`lambda_runs.run_precision`)."""
+    amp_in_log = {"true": True, "false": False}.get(row.amp_in_log.strip().lower())
+    return run_precision(row.model, row.suite, row.precision_label, amp_in_log)
 
 
 def spec_of(row: Row) -> JobSpec | None:
@@ -164,7 +169,9 @@ class Graphs:
         self._graphs: dict[str, Graph] = {}
 
     def graph(self, spec: JobSpec) -> Graph:
-        shape_spec = spec.model_copy(update={"precision": Precision.tf32, "optimizer": OptimizerName.sgd})
+        # a half model's graph is the model cast to half (what it saves is half); the others' is float32's
+        precision = spec.precision.graph_precision if spec.precision.half_weights else Precision.tf32
+        shape_spec = spec.model_copy(update={"precision": precision, "optimizer": OptimizerName.sgd})
         key = shape_spec.key()
         found = self._graphs.get(key)
         if found is not None:

@@ -12,7 +12,7 @@ in that log space:
   for it); the engine keys a job's CPU points apart, the CPU being priced by another model;
 - `job_arch`: the job's error on one GPU generation (TF32 convolutions on Ampere are not FP32 ones on Turing);
 - `chip` (per die and precision) and `accelerator` (per SKU and precision, on top of its chip): the device's error
-  on every job of that math;
+  on every job of that math (a master-weight precision's is its autocast twin's: `device_math`);
 - `link`: a factor on the communication part only, per accelerator (its links and network);
 - `accelerator_conv`: how much more (or less) a step's convolutions cost on the device than the rest of it, per
   accelerator and precision, times the step's share of convolution FLOPs (`conv_share`): a device's convolution
@@ -56,6 +56,7 @@ from typing import Any
 import numpy as np
 
 from perfmodel.hardware.chips import die_of
+from perfmodel.jobs.spec import Precision
 
 LEVELS = ("job", "accelerator", "chip", "none")
 MAX_LOG_EFFECT = math.log(100.0)  # no effect corrects by more than observations may differ from the model
@@ -108,6 +109,12 @@ class FleetQuery:
     conv_share: float = 0.0  # the share of the step's FLOPs in convolutions
 
 
+def device_math(precision: str) -> str:
+    """The math whose device effects a point or query of `precision` shares (`Precision.device_math`: a half
+    model with fp32 master weights runs the device's half kernels as autocast does)."""
+    return Precision(precision).device_math.value
+
+
 def _one(_point: FleetPoint | FleetQuery) -> float:
     return 1.0
 
@@ -126,10 +133,10 @@ class Effect:
 EFFECTS: tuple[Effect, ...] = (
     Effect("job", lambda p: p.job, lambda pr: pr.job, heavy_tailed=True, of_job=True),
     Effect("job_arch", lambda p: (p.job, p.architecture), lambda pr: pr.job_arch, heavy_tailed=True, of_job=True),
-    Effect("chip", lambda p: (p.chip, p.precision), lambda pr: pr.chip),
-    Effect("accelerator", lambda p: (p.accelerator, p.precision), lambda pr: pr.accelerator),
+    Effect("chip", lambda p: (p.chip, device_math(p.precision)), lambda pr: pr.chip),
+    Effect("accelerator", lambda p: (p.accelerator, device_math(p.precision)), lambda pr: pr.accelerator),
     Effect("link", lambda p: p.accelerator, lambda pr: pr.link, compute=False),
-    Effect("accelerator_conv", lambda p: (p.accelerator, p.precision), lambda pr: pr.conv,
+    Effect("accelerator_conv", lambda p: (p.accelerator, device_math(p.precision)), lambda pr: pr.conv,
            covariate=lambda p: min(max(p.conv_share, 0.0), 1.0)),
 )
 _BY_NAME = {effect.name: effect for effect in EFFECTS}

@@ -26,11 +26,15 @@ def gpu_accuracy_command(
                  "beside the checkout]")] = None,
         cache: Annotated[Optional[Path], Opt(
             help="keep the composed runs in this Parquet file; a later run given the same file skips composing "
-                 "them")] = None) -> None:
+                 "them")] = None,
+        graph_cache: Annotated[Optional[Path], Opt(
+            help="keep the captured graphs (IR JSON) in this folder; a later run given it captures none")] = None,
+        ) -> None:
     """Predict Lambda's public training runs (1,986 runs: TF32/AMP, 1-16 GPUs) with each model family and each chip
     held out of the whole-step stage; write gpu-accuracy.md and its plots to --out and print the report. Nothing
     runs on a GPU: the runs are read from --datasets and predicted on the CPU. Slow: composing every run takes about
-    16 minutes on a 2-core machine, about 6 when --cache holds the runs an earlier run composed."""
+    16 minutes on a 2-core machine, about 8 when --cache holds the runs and --graph-cache the graphs an earlier run
+    composed and captured (the held-out predictions run the serving path, which needs the graphs: without them, 25)."""
     from perfmodel.core.errors import PerfmodelError
     from perfmodel.evaluation.gpu_report import gpu_accuracy, write_gpu_report
     from perfmodel.settings import get_settings
@@ -38,7 +42,8 @@ def gpu_accuracy_command(
     root = datasets if datasets is not None else get_settings().datasets_dir
     if not (Path(root) / "lambda").is_dir():
         raise PerfmodelError(f"no Lambda runs at {Path(root) / 'lambda'} (give --datasets)")
-    result = gpu_accuracy(root, cache=cache, progress=lambda message: out.print(f"[dim]{message}[/]"))
+    result = gpu_accuracy(root, cache=cache, graph_cache=graph_cache,
+                          progress=lambda message: out.print(f"[dim]{message}[/]"))
     paths = write_gpu_report(result, output)
     sys.stdout.write(paths["report"].read_text())
     out.print(f"[dim]report and plots in {output}/[/]")

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from perfmodel.calibration.fleet import FleetPoint, FleetPriors, FleetQuery, fit_fleet
+from perfmodel.calibration.fleet import FleetPoint, FleetPriors, FleetQuery, device_math, fit_fleet
 from perfmodel.core.accuracy import Z80, throughput_ape
 from perfmodel.hardware.chips import die_of
 from perfmodel.hardware.spec import HardwareSpec
@@ -34,6 +34,7 @@ def fleet_frame(composed: pd.DataFrame, catalog: Mapping[str, HardwareSpec]) -> 
     frame = composed.reset_index(drop=True)
     return frame.assign(
         job=frame.model + ":" + frame.precision,
+        math=frame.precision.map(device_math),  # the math whose device effects the fleet shares (`device_math`)
         chip=frame.accelerator.map(die_of),
         architecture=frame.accelerator.map(lambda a: catalog[a].architecture or a),
         log_ratio=np.log(frame.measured_ms / frame.placement_ms),
@@ -82,7 +83,7 @@ def same_gpu(frame: pd.DataFrame, ks: Sequence[int] = (0, 1, 2, 4), draws: int =
     """Protocol `same_gpu`: one row per predicted run and draw, with `k` (`priors`: the fleet's)."""
     rng = random.Random(seed)
     out = []
-    for _, gpu in frame.groupby(["accelerator", "precision"]):
+    for _, gpu in frame.groupby(["accelerator", "math"]):
         models = sorted(gpu.model.unique())
         for k in ks:
             if len(models) < k + 1:
@@ -107,7 +108,7 @@ def shrunk_other_models(frame: pd.DataFrame, ks: Sequence[int] = (1, 2, 4), draw
     one = frame[frame.devices == 1]
     shrink = np.asarray(shrinks, dtype=np.float64)
     errors: dict[int, list[np.ndarray]] = {k: [] for k in ks}
-    for _, gpu in one.groupby(["accelerator", "precision"]):
+    for _, gpu in one.groupby(["accelerator", "math"]):
         models = sorted(gpu.model.unique())
         means = gpu.groupby("model").log_ratio.mean()
         for k in ks:
@@ -181,7 +182,7 @@ def error_floors(frame: pd.DataFrame, sweeps: int = 50) -> dict[str, float]:
       observed there (no prior): what "the GPU's factor" says of a new model."""
     one = frame[frame.devices == 1].reset_index(drop=True)
     r = one.log_ratio.to_numpy()
-    gpu, model = one.accelerator + ":" + one.precision, one.job
+    gpu, model = one.accelerator + ":" + one.math, one.job
     a = b = np.zeros(len(one))
     for _ in range(sweeps):  # alternating means: the least-squares two-way additive fit
         a = pd.Series(r - b).groupby(gpu).transform("mean").to_numpy()

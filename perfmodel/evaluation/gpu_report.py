@@ -23,7 +23,9 @@ from perfmodel.core.atomic import write_text_atomically
 from perfmodel.core.errors import PerfmodelError
 from perfmodel.evaluation.real_runs import RealRun, scaling_ratio_errors
 
-MODES = {"tf32": "TF32 (FP32 in NGC)", "amp": "AMP", "fp32": "FP32"}
+MODES = {"tf32": "TF32 (FP32 in NGC)", "amp": "AMP (per-op casts)",
+         "fp16-master": "FP16, fp32 master weights (apex O2)", "fp32": "FP32"}
+MARKERS = {"tf32": "o", "amp": "^", "fp16-master": "v", "fp32": "s"}  # each math's marker in the plots (else "x")
 HOLDOUTS = {"family": "Leave one model family out (all GPUs)",
             "chip": "Leave one chip out (every SKU of the die)"}
 PLOT_COLUMNS = 4
@@ -158,10 +160,10 @@ def _plot(frame: pd.DataFrame, by: str, path: Path, title: str) -> Path:
         part = frame[frame[by] == group]
         measured = part.global_batch_size / part.measured_ms * 1e3
         predicted = part.global_batch_size / part.predicted_ms * 1e3
-        for precision, marker in (("tf32", "o"), ("amp", "^"), ("fp32", "s")):
+        for precision in sorted(part.precision.unique(), key=lambda p: (p not in MARKERS, str(p))):
             sel = (part.precision == precision).to_numpy()
-            if sel.any():
-                ax.scatter(measured[sel], predicted[sel], marker=marker, s=14, label=MODES.get(precision, precision))
+            ax.scatter(measured[sel], predicted[sel], marker=MARKERS.get(precision, "x"), s=14,
+                       label=MODES.get(precision, precision))
         lo, hi = float(min(measured.min(), predicted.min())), float(max(measured.max(), predicted.max()))
         ax.plot([lo, hi], [lo, hi], color="grey", linewidth=0.8)
         ax.set_xscale("log")

@@ -20,15 +20,18 @@ Mapping, per run (`WholeJobRun`):
 - `devices` = `num_gpus`, `nodes` = 1 (every job is single-node data parallel).
 - `accelerator`: the hardware-catalog id of the GPU name as written (`gpu_name`), or None where the catalog lacks
   it (`unresolved_gpus` counts those rows); the run is kept either way.
-- `precision`: what really ran, as perfmodel's `Precision`. The task folder's label (`source_precision`: FP32,
-  FP16 or AMP) says what was asked for; the log (`amp_in_log`) says whether mixed precision was on, and wins where
-  it says so. FP32 -> `tf32` (NGC containers keep TF32 on for matmuls and convolutions; on pre-Ampere GPUs tf32
-  prices as fp32); FP16/AMP -> `amp`; but a run whose log shows mixed precision off -> `tf32` (and one whose log
-  shows it on -> `amp`, which no FP32 run does). The FP16 runs with `amp_in_log` false are the 6 NCF runs of
-  the v1 80 GB template that PROVENANCE names, and also 82 Tacotron2 and 76 WaveGlow runs (late 2020 on, v0 and
-  v1): those run at about their FP32 speed (median FP16/FP32 throughput ratio per folder and GPU count 1.01
-  Tacotron2, 1.07 WaveGlow, 1.16 NCF at a 1.25x batch; 1.6-2.0 where the log shows AMP on), so they were not mixed
-  precision either.
+- `precision`: what really ran, as perfmodel's `Precision` (`run_precision`). The task folder's label
+  (`source_precision`: FP32, FP16 or AMP) says what was asked for; the log (`amp_in_log`) says whether mixed
+  precision was on, and wins where it says so. FP32 -> `tf32` (NGC containers keep TF32 on for matmuls and
+  convolutions; on pre-Ampere GPUs tf32 prices as fp32); FP16/AMP -> mixed precision; but a run whose log shows
+  mixed precision off -> `tf32` (and one whose log shows it on -> mixed precision, which no FP32 run does). Mixed
+  precision is the recipe the reference script ran: apex amp O2, a half model with fp32 master weights
+  (`fp16-master`), for GNMT, NCF and both Transformer-XLs in every suite and SSD in v0 (`APEX_O2`); per-op casts
+  (`amp`: apex O1 for Mask R-CNN and the 2020 Tacotron 2 and WaveGlow runs, `torch.cuda.amp` for SSD in v1) for the
+  others. The FP16 runs with `amp_in_log` false are the 6 NCF runs of the v1 80 GB template that PROVENANCE names,
+  and also 82 Tacotron2 and 76 WaveGlow runs (late 2020 on, v0 and v1): those run at about their FP32 speed (median
+  FP16/FP32 throughput ratio per folder and GPU count 1.01 Tacotron2, 1.07 WaveGlow, 1.16 NCF at a 1.25x batch;
+  1.6-2.0 where the log shows AMP on), so they were not mixed precision either.
 - `batch_size`: per GPU, as the data gives it (global / devices: fractional in the 9 runs whose global batch does
   not split evenly, NCF and Transformer-XL large); `global_batch_size`: samples per optimizer step, all GPUs.
 - `throughput`, `unit`: whole-job training throughput as the benchmark logged it, per second, in the model's own
@@ -98,6 +101,32 @@ LABEL_PRECISION: Final[Mapping[str, Precision]] = {
     "FP16": Precision.amp,
     "AMP": Precision.amp,  # SSD's name for its mixed-precision task
 }
+
+# upstream task model -> the suites whose mixed precision (FP16/AMP) is apex amp O2 (`opt_level="O2"`: the model
+# cast to fp16, fp32 master weights in the optimizer, no per-op casts: `fp16-master`). From the runs' logs (in
+# lambdal/deeplearning-benchmark, pytorch/results/), which print apex's banner "Selected optimization level O2"
+# in every container for these models (GNMT `math='fp16'`, NCF `opt_level O2`, Transformer-XL `fp16=True` /
+# `amp='apex'`). SSD ran O2 in v0 and `torch.cuda.amp` (autocast) in v1; Mask R-CNN and the 2020 Tacotron 2 and
+# WaveGlow runs print apex's O1 banner (per-op casts, as autocast): `amp`.
+APEX_O2: Final[Mapping[str, frozenset[str]]] = {
+    "ssd": frozenset({"v0"}),
+    "gnmt": frozenset({"v0", "v1"}),
+    "ncf": frozenset({"v0", "v1"}),
+    "transformerxlbase": frozenset({"v0", "v1"}),
+    "transformerxllarge": frozenset({"v0", "v1"}),
+}
+
+
+def run_precision(source_model: str, suite: str, source_precision: str, amp_in_log: bool | None) -> Precision:
+    """What a run's math really was: the task folder's label (`LABEL_PRECISION`), overridden by its log where the
+    log says whether mixed precision was on, and mixed precision as its script's recipe (`APEX_O2`)."""
+    precision = LABEL_PRECISION[source_precision]
+    if amp_in_log is not None:  # the log says what ran
+        precision = Precision.amp if amp_in_log else Precision.tf32
+    if precision is Precision.amp and suite in APEX_O2.get(source_model, frozenset()):
+        return Precision.fp16_master
+    return precision
+
 
 _COLUMNS = ("config", "suite", "gpu", "arch", "num_gpus", "host", "variant", "model", "precision", "amp_in_log",
             "batch_per_gpu", "global_batch", "batch_source", "date", "log_path")
@@ -271,9 +300,8 @@ def _run(name: str, line: int, row: dict[str, str], builds: Mapping[str, list[Bu
     if amp_text not in (None, "true", "false"):
         raise fail("amp_in_log", "is not true, false or empty")
     amp_in_log = None if amp_text is None else amp_text == "true"
-    precision = LABEL_PRECISION[source_precision]
-    if amp_in_log is not None:  # the log says what ran
-        precision = Precision.amp if amp_in_log else Precision.tf32
+    suite = text("suite")
+    precision = run_precision(source_model, suite, source_precision, amp_in_log)
     devices = whole("num_gpus")
     global_batch = whole("global_batch")
     batch = number("batch_per_gpu")
@@ -295,7 +323,7 @@ def _run(name: str, line: int, row: dict[str, str], builds: Mapping[str, list[Bu
     config = text("config")
     pytorch_version, cuda_version = build_on(builds.get(config, [(None, None)]), date)
     return WholeJobRun(
-        source=SOURCE, source_id=text("log_path"), suite=text("suite"), config=config, host=optional("host"),
+        source=SOURCE, source_id=text("log_path"), suite=suite, config=config, host=optional("host"),
         variant=optional("variant"), gpu_name=gpu_name, arch=text("arch"), accelerator=resolve(gpu_name),
         devices=devices, nodes=1, source_model=source_model, model=ZOO_MODELS[source_model],
         source_precision=source_precision, amp_in_log=amp_in_log, precision=precision, batch_size=batch,

@@ -74,12 +74,27 @@ class Precision(str, Enum):
         return Precision.fp16 if self.half_dtype == "fp16" else Precision.bf16
 
     @property
+    def twin(self) -> Precision | None:
+        """The same half-precision kernels under the other mixed-precision recipe: autocast's per-op casts (`amp`,
+        `amp-bf16`) and a half model with fp32 master weights (`fp16-master`, `bf16-master`), each the other's;
+        None for the other maths."""
+        return _TWINS.get(self)
+
+    @property
+    def device_math(self) -> Precision:
+        """The precision whose device effects (fleet calibration) a job of this one shares: a master-weight
+        precision its autocast twin's (the device runs the same half kernels), every other its own."""
+        return _TWINS[self] if self.master_weights else self
+
+    @property
     def family(self) -> str:
         """fp32, fp16, bf16 or amp: what the CPU iteration models (trained before the math modes) know."""
         return {Precision.fp32_strict: "fp32", Precision.tf32: "fp32", Precision.amp_bf16: "amp",
                 Precision.fp16_master: "fp16", Precision.bf16_master: "bf16"}.get(self, self.value)
 
 
+_TWINS = {Precision.fp16_master: Precision.amp, Precision.amp: Precision.fp16_master,
+          Precision.bf16_master: Precision.amp_bf16, Precision.amp_bf16: Precision.bf16_master}
 _HALF_DTYPES = {Precision.amp: "fp16", Precision.fp16: "fp16", Precision.fp16_master: "fp16",
                 Precision.amp_bf16: "bf16", Precision.bf16: "bf16", Precision.bf16_master: "bf16"}
 

@@ -268,7 +268,8 @@ def _entries() -> list[ZooEntry]:
         ZooEntry("ssd300", "ssd", "perfmodel", own, _dle("SSD300"), make_inputs=_own_inputs, unit="images",
                  reference_optimizer="sgd", reference_steps_vary=False,
                  description="DLE SSD300 v1.1: ResNet-50 to layer3 (stride 1), 5 extra blocks, 8732 default boxes, "
-                             "81 COCO classes, 300x300; smooth-L1 + hard-negative-mined cross-entropy loss"),
+                             "81 COCO classes, 300x300; smooth-L1 + hard-negative-mined cross-entropy loss; its mixed "
+                             "precision: apex AMP O2 (`fp16-master`) in NGC 20.xx-21.xx, torch.autocast (`amp`) since"),
         # DLE counts real source tokens + target tokens - 1 (the decoder reads target[:-1]) per sentence pair and
         # computes on padded ones: its bucketing sampler (5 buckets of width 10 over max(src, tgt) length, pairs
         # kept at <= 50 tokens with BOS/EOS) pads each side of a batch to the top of its bucket, ~5 tokens above the
@@ -279,11 +280,13 @@ def _entries() -> list[ZooEntry]:
                  reference_optimizer="adam", reference_steps_vary=True,
                  description="DLE GNMT v2: vocab 32320, 4+4 LSTM layers of 1024 (first encoder layer bidirectional), "
                              "normalized Bahdanau attention fed to all decoder layers, label-smoothed loss; seq_len = "
-                             "tokens a side the batch is padded to (32, of which ~25 real)"),
+                             "tokens a side the batch is padded to (32, of which ~25 real); its mixed precision: "
+                             "apex AMP O2 (`fp16-master`)"),
         ZooEntry("ncf", "ncf", "perfmodel", own, _dle("NeuMF"), make_inputs=_own_inputs, unit="samples",
                  reference_optimizer="adam", reference_steps_vary=False,
                  description="DLE NCF NeuMF on MovieLens-20m: 138493 users, 26744 items, GMF 64 + MLP "
-                             "[256, 256, 128, 64], BCE-with-logits; a sample is one user-item pair"),
+                             "[256, 256, 128, 64], BCE-with-logits; a sample is one user-item pair; its mixed "
+                             "precision: apex AMP O2 (`fp16-master`)"),
         # DLE pads every batch to its longest utterance (random batches, no bucketing) and counts the real mel
         # frames: LJSpeech's clips average 566 frames, the longest 870, so a batch of 16-336 clips computes ~850
         ZooEntry("tacotron2", "tacotron2", "perfmodel", own, _dle("Tacotron2"), make_inputs=_own_inputs,
@@ -301,12 +304,14 @@ def _entries() -> list[ZooEntry]:
                  make_inputs=_own_inputs, unit="tokens", items_per_sample=per_item, reference_seq_len=192,
                  reference_optimizer="adam", reference_steps_vary=False,
                  description="DLE Transformer-XL on WikiText-103 as Lambda ran it: 16 layers, d 512, 8 x 64 heads, "
-                             "full tied softmax over 267735 words; tgt_len = mem_len = seq_len"),
+                             "full tied softmax over 267735 words; tgt_len = mem_len = seq_len; its mixed precision: "
+                             "apex AMP O2 (`fp16-master`)"),
         ZooEntry("transformer-xl-large", "transformer-xl", "perfmodel", own, _dle("transformer_xl_large"),
                  make_inputs=_own_inputs, unit="tokens", items_per_sample=per_item, reference_seq_len=256,
                  reference_optimizer="adam", reference_steps_vary=False,
                  description="DLE Transformer-XL on WikiText-103 as Lambda ran it: 18 layers, d 1024, 16 x 64 heads, "
-                             "full tied softmax over 267735 words; tgt_len = mem_len = seq_len"),
+                             "full tied softmax over 267735 words; tgt_len = mem_len = seq_len; its mixed precision: "
+                             "apex AMP O2 (`fp16-master`)"),
         ZooEntry("maskrcnn", "maskrcnn", "perfmodel", own, _dle("MaskRCNN"), make_inputs=_own_inputs,
                  unit="images",
                  reference_optimizer="sgd", reference_steps_vary=True,

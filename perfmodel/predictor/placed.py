@@ -25,7 +25,7 @@ from __future__ import annotations
 import functools
 import inspect
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Container, Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -78,23 +78,24 @@ DEFAULT_CACHE_SIZE = 4096  # entries of each cache (computes, memory estimates, 
 LINKS_CACHE_SIZE = 1024
 
 
-# the public runs' mixed precision is stored as `amp`, whatever recipe the reference script used (NVIDIA's
-# Transformer-XL, GNMT and BERT keep fp32 master weights of a half model): a master-weight job takes those levels
-MEASURED_AS = {Precision.fp16_master: Precision.amp, Precision.bf16_master: Precision.amp_bf16}
-
-
-def level_key(spec: JobSpec, hardware: HardwareSpec) -> str | None:
+def level_key(spec: JobSpec, hardware: HardwareSpec, known: Container[str] = frozenset()) -> str | None:
     """The key a whole-step stage keeps a measured model's level under (zoo jobs; None for the others). A precision
     whose math on `hardware` is TF32's (fp32 on a GPU without TF32: every op group the same math) takes the TF32
-    runs' level, the runs it is the same step as (the public runs' "FP32" is TF32 where the GPU has it); a
-    master-weight precision its autocast twin's (`MEASURED_AS`)."""
+    runs' level, the runs it is the same step as (the public runs' "FP32" is TF32 where the GPU has it); a mixed
+    precision whose own level the stage does not keep (`known`: the keys it keeps) takes its twin's
+    (`Precision.twin`, the other recipe: NVIDIA's Transformer-XL, GNMT and NCF run a half model with fp32 master
+    weights, its Mask R-CNN per-op casts) where the stage keeps that."""
     if not isinstance(spec.source, ZooSource):
         return None
-    precision = MEASURED_AS.get(spec.precision, spec.precision)
+    precision = spec.precision
     if precision in (Precision.fp32, Precision.fp32_strict) and (
             maths_by_group(precision, hardware) == maths_by_group(Precision.tf32, hardware)):
         precision = Precision.tf32
-    return job_level_key(spec.source.name, precision.value)
+    key = job_level_key(spec.source.name, precision.value)
+    twin = precision.twin
+    if key not in known and twin is not None and job_level_key(spec.source.name, twin.value) in known:
+        return job_level_key(spec.source.name, twin.value)
+    return key
 
 
 HOST_LINK = "host"  # the intra-node link a placement names when its GPUs have no peer-to-peer
@@ -322,7 +323,8 @@ class PlacementPredictor:
         if self.whole_step is None:
             return single
         return self._floored(spec, micro_spec.batch_size, hardware,
-                             self.whole_step.correct(single, features, level_key(spec, hardware),
+                             self.whole_step.correct(single, features,
+                                                     level_key(spec, hardware, self.whole_step.known_levels),
                                                      spec.pytorch_version), graph)
 
     def _floored(self, spec: JobSpec, micro: int, hardware: HardwareSpec, step: Prediction,
@@ -443,7 +445,8 @@ class PlacementPredictor:
             steps = list(made.values())
             devices = [self.hardware(step.accelerator) for _, (step, _) in steps]
             corrected = self.whole_step.correct_many([step[0] for _, step in steps], [step[1] for _, step in steps],
-                                                     [level_key(spec, hw) for (spec, _), hw in zip(steps, devices)],
+                                                     [level_key(spec, hw, self.whole_step.known_levels)
+                                                      for (spec, _), hw in zip(steps, devices)],
                                                      [spec.pytorch_version for spec, _ in steps])
             # the faster maths first: a step is floored by its twins' steps, floored themselves
             keys = list(made)

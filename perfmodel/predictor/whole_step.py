@@ -16,6 +16,7 @@ stage never saw).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -44,6 +45,12 @@ class WholeStepStage:
             return None
         entry = registry.get(ref, role=ROLE)
         return cls(load_regressor(entry.path), entry.ref)
+
+    @cached_property
+    def known_levels(self) -> frozenset[str]:
+        """The level keys the stage keeps a level for (`job_level_key`); empty for stages without levels."""
+        levels = getattr(self.regressor, "levels", None)
+        return frozenset(levels()) if callable(levels) else frozenset()
 
     def factors(self, features: Mapping[str, float], job: str | None = None,
                 software: str | None = None) -> tuple[float, float, float]:

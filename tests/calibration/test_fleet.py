@@ -169,3 +169,14 @@ def test_reference_steps_that_split_by_convolution_share_correct_each_mix_by_its
     # one factor for the device when the steps carry no share: the conv and the rest averaged
     flat = fit_fleet([FleetPoint(p.id, p.job, **A100, log_ratio=p.log_ratio, reference=True) for p in steps])
     assert 1.1 < 1 / flat.apply(FleetQuery("new", **A100, conv_share=1.0)).throughput_factor < 1.3
+
+
+def test_a_half_model_with_master_weights_shares_the_device_evidence_of_autocast_jobs():
+    """apex O2 (`fp16-master`) and autocast (`amp`) run the same half kernels on the device: jobs observed under one
+    correct the other's answers there, and neither those of another math."""
+    amp, master = {**A100, "precision": "amp"}, {**A100, "precision": "fp16-master"}
+    fleet = fit_fleet(points(1.5, 4, amp))
+    assert ask(fleet, where=master).level == "accelerator" and ask(fleet, where=master) == ask(fleet, where=amp)
+    assert ask(fit_fleet(points(1.5, 4, master)), where=amp).throughput_factor == pytest.approx(
+        ask(fleet, where=amp).throughput_factor)
+    assert ask(fleet, where={**A100, "precision": "fp16"}) == NONE  # a pure half model: another math

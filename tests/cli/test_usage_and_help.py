@@ -73,7 +73,7 @@ def test_a_group_help_that_lists_its_commands_lists_them_all():
 
 def test_the_gpu_accuracy_report_help_says_how_long_and_what_it_overwrites():
     help_text = " ".join(run("report", "gpu-accuracy", "--help").stdout.replace("│", " ").split())
-    for fragment in ("1,986 runs", "about 16 minutes on a 2-core machine", "about 6 when --cache",
+    for fragment in ("1,986 runs", "about 16 minutes on a 2-core machine", "about 8 when --cache", "--graph-cache",
                      "Nothing runs on a GPU", "the default overwrites the committed report",
                      "[default: reports/gpu-accuracy]", "[env PERFMODEL_DATASETS_DIR, default shared/datasets"):
         assert fragment in help_text, fragment

@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from perfmodel.evaluation.gpu_report import GpuAccuracy, headline, write_gpu_report
+from perfmodel.evaluation.gpu_report import MARKERS, MODES, GpuAccuracy, headline, write_gpu_report
 from perfmodel.evaluation.real_runs import (
     IMPOSSIBLE_BELOW_ROOFLINE,
     THRASH_ABOVE_SMALLER_BATCH,
@@ -229,7 +229,7 @@ def test_retrain_with_a_gpu_report_and_no_stored_runs_says_so(tmp_path):
 def test_the_report_of_perfect_predictions_says_so(tmp_path):
     rng = np.random.default_rng(0)
     rows = [dict(source="lambda", model=f"m{i % 3}", family=f"f{i % 3}", accelerator=GPUS[i % 5], chip=f"c{i % 5}",
-                 devices=n, precision=("tf32", "amp")[i % 2], batch_size=8, global_batch_size=8 * n, suite="v0",
+                 devices=n, precision=("tf32", "amp", "fp16-master")[i % 3], batch_size=8, global_batch_size=8 * n, suite="v0",
                  measured_ms=ms * (1 if n == 1 else 1.2), placement_ms=ms, predicted_ms=ms * (1 if n == 1 else 1.2),
                  low_ms=ms * 0.9, high_ms=ms * 1.3)
             for i, ms in enumerate(rng.uniform(5, 50, 30)) for n in (1, 2)]
@@ -242,6 +242,8 @@ def test_the_report_of_perfect_predictions_says_so(tmp_path):
     text = paths["report"].read_text()
     assert "one GPU 0.0% MAPE" in text and "![gpu-accuracy-chip-by-gpu.png]" in text
     assert all(path.stat().st_size > 1000 for name, path in paths.items() if name.endswith(".png"))
+    assert set(MARKERS) == set(MODES) and len(set(MARKERS.values())) == len(MARKERS)  # every math drawn apart
+    assert "FP16, fp32 master weights (apex O2)" in text  # the mode table names each recipe
 
 
 def test_the_replica_jitter_is_the_one_with_the_least_mean_ratio_error_and_recovers_a_known_wait():

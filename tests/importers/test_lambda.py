@@ -66,7 +66,7 @@ def test_the_real_runs_as_published(real_runs):
             first.amp_in_log, first.precision, first.batch_size, first.global_batch_size, first.throughput,
             first.unit, first.date, first.pytorch_version, first.cuda_version) == (
         "pytorch/results/A100_PCIe/PyTorch_gnmt_FP16/31-10-2020_16-27-06.txt", "A100_PCIe", "A100 40GB PCIe",
-        "test-a100-40-pcie", "gnmt", "FP16", True, Precision.amp, 800.0, 800, 171504.0, "tokens/s",
+        "test-a100-40-pcie", "gnmt", "FP16", True, Precision.fp16_master, 800.0, 800, 171504.0, "tokens/s",
         datetime(2020, 10, 31, 16, 27, 6), "1.7.0a0+7036e91", "11.1.74")
     uneven = [r for r in real_runs if r.batch_size != int(r.batch_size)]  # global batches that do not split evenly
     assert len(uneven) == 9 and {r.source_model for r in uneven} == {"ncf", "transformerxllarge"}
@@ -84,8 +84,16 @@ def test_the_precision_mapping(real_runs):
     assert {(label, amp, p) for label, amp, p in by_label} == {
         ("FP32", False, Precision.tf32), ("FP32", None, Precision.tf32),  # NGC containers: TF32 on
         ("FP16", True, Precision.amp), ("AMP", True, Precision.amp), ("FP16", None, Precision.amp),
+        ("FP16", True, Precision.fp16_master), ("AMP", True, Precision.fp16_master),  # apex O2's recipe
         ("FP16", False, Precision.tf32),  # the log shows mixed precision off
     }
+    # mixed precision as each script ran it: apex O2 (a half model, fp32 master weights) or per-op casts
+    recipes = {(r.source_model, r.suite, r.precision) for r in real_runs if r.precision.half_dtype}
+    assert recipes == {
+        *((m, suite, Precision.fp16_master) for m in ("gnmt", "ncf", "transformerxlbase", "transformerxllarge")
+          for suite in ("v0", "v1")),
+        ("ssd", "v0", Precision.fp16_master), ("ssd", "v1", Precision.amp),  # v1's SSD: torch.cuda.amp
+        ("maskrcnn", "v0", Precision.amp), ("tacotron2", "v0", Precision.amp), ("waveglow", "v0", Precision.amp)}
     assert sum(n for (_, amp, _), n in by_label.items() if amp is None) == 54  # the log does not say: the label
     not_amp = [r for r in real_runs if r.source_precision != "FP32" and r.amp_in_log is False]
     assert Counter(r.source_model for r in not_amp) == {"ncf": 6, "tacotron2": 82, "waveglow": 76}
@@ -182,7 +190,7 @@ def test_a_synthetic_folder_is_parsed(tmp_path):
     assert (gnmt.model, gnmt.accelerator, gnmt.devices, gnmt.nodes, gnmt.precision, gnmt.amp_in_log,
             gnmt.batch_size, gnmt.global_batch_size, gnmt.throughput, gnmt.unit, gnmt.status, gnmt.host,
             gnmt.variant, gnmt.pytorch_version, gnmt.cuda_version) == (
-        "gnmt", "test-gpu-a", 1, 1, Precision.amp, True, 256.0, 256, 97000.5, "tokens/s", "ok", None, None,
+        "gnmt", "test-gpu-a", 1, 1, Precision.fp16_master, True, 256.0, 256, 97000.5, "tokens/s", "ok", None, None,
         "1.9.0a0+df837d0", "11.2.142")
     assert (ncf.accelerator, ncf.precision, ncf.source_precision, ncf.batch_size, ncf.host, ncf.variant) == (
         None, Precision.tf32, "FP16", 2504145.5, "LambdaCloud", "NVLink bridge; test round trt")
@@ -190,9 +198,9 @@ def test_a_synthetic_folder_is_parsed(tmp_path):
     assert (ncf.pytorch_version, ncf.cuda_version) == (None, None)
     assert (ssd_fp32.model, ssd_fp32.precision, ssd_fp32.amp_in_log, ssd_fp32.batch_source) == (
         "ssd300", Precision.tf32, None, "config_v0 script")
-    assert (ssd_amp.precision, ssd_amp.source_precision) == (Precision.amp, "AMP")
+    assert (ssd_amp.precision, ssd_amp.source_precision) == (Precision.fp16_master, "AMP")  # v0's SSD: apex O2
     assert (oom.status, oom.throughput, oom.unit, oom.metric, oom.model, oom.precision) == (
-        "out of memory", None, None, None, "transformer-xl-large", Precision.amp)
+        "out of memory", None, None, None, "transformer-xl-large", Precision.fp16_master)
     assert unresolved_gpus(runs) == {"Test GPU B": 2}
     assert oom.extra == {"gradient_sync": False, "suite": "v1", "config": "4xG2", "host": "LambdaCloud",
                          "arch": "Turing", "source_model": "transformerxllarge", "amp_in_log": True,
@@ -250,7 +258,7 @@ def test_a_store_import_twice_adds_nothing_and_fills_in_learned_gpus(tmp_path):
         assert learned.added == () and learned.accelerators_filled == 2
         frame = store.whole_job_measurements()
         assert frame.accelerator.tolist() == ["test-gpu-a", "test-gpu-b", "test-gpu-a", "test-gpu-a", "test-gpu-b"]
-        assert frame.precision.tolist() == ["amp", "tf32", "tf32", "amp", "amp"]
+        assert frame.precision.tolist() == ["fp16-master", "tf32", "tf32", "fp16-master", "fp16-master"]
         assert frame.unit.tolist()[:4] == ["tokens/s", "samples/s", "images/s", "images/s"]
 
 

@@ -72,6 +72,16 @@ def test_a_master_weight_precision_runs_its_half_models_graph():
     assert {p.graph_precision for p in Precision if not p.half_weights} == {Precision.fp32}
 
 
+def test_each_mixed_precision_recipe_has_the_other_as_twin():
+    # autocast's per-op casts and a half model with fp32 master weights run the same half kernels on the device
+    for p in Precision:
+        twin = p.twin
+        assert twin is None or (twin.twin is p and twin.half_dtype == p.half_dtype and twin.autocast != p.autocast)
+        assert p.device_math == (twin if p.master_weights else p)
+    assert Precision.fp16_master.twin is Precision.amp and Precision.bf16_master.twin is Precision.amp_bf16
+    assert Precision.fp16.twin is None and Precision.tf32.twin is None
+
+
 def test_zoo_has_at_least_30_architectures_from_every_library():
     assert len(ZOO) >= 30
     libraries = {e.library for e in ZOO.values()}

@@ -312,3 +312,21 @@ def test_fp32_on_a_gpu_without_tf32_takes_the_measured_tf32_level():
     assert {level_key(spec, v100) for spec in specs.values()} == {"gnmt:tf32"}
     assert level_key(specs["tf32"], a100) == "gnmt:tf32" and level_key(specs["fp32"], a100) == "gnmt:fp32"
     assert level_key(JobSpec.from_options(module="m.py:make", batch_size=8), v100) is None
+
+
+def test_a_mixed_precision_recipe_never_measured_takes_its_twins_level():
+    """A model measured under one mixed-precision recipe only (GNMT: apex O2, `fp16-master`; Mask R-CNN: per-op
+    casts, `amp`) lends that level to the other recipe of the same half kernels, never over a level of its own and
+    never to another math."""
+    a100 = get_accelerator("a100-sxm4-80gb")
+    spec = {p: JobSpec.from_options(zoo="gnmt", batch_size=8, precision=p)
+            for p in ("amp", "fp16-master", "amp-bf16", "bf16-master", "fp16", "tf32")}
+    master_only = frozenset({"gnmt:fp16-master", "gnmt:tf32"})
+    assert level_key(spec["amp"], a100, master_only) == "gnmt:fp16-master"
+    assert level_key(spec["fp16-master"], a100, master_only) == "gnmt:fp16-master"
+    assert level_key(spec["fp16"], a100, master_only) == "gnmt:fp16"  # a pure half model: no twin
+    assert level_key(spec["bf16-master"], a100, master_only) == "gnmt:bf16-master"  # another half type
+    both = master_only | {"gnmt:amp", "gnmt:amp-bf16"}
+    assert level_key(spec["amp"], a100, both) == "gnmt:amp"  # its own level first
+    assert level_key(spec["bf16-master"], a100, both) == "gnmt:amp-bf16"
+    assert level_key(spec["fp16-master"], a100) == "gnmt:fp16-master"  # a stage without levels: its own key
