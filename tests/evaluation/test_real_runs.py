@@ -229,7 +229,8 @@ def test_retrain_with_a_gpu_report_and_no_stored_runs_says_so(tmp_path):
 def test_the_report_of_perfect_predictions_says_so(tmp_path):
     rng = np.random.default_rng(0)
     rows = [dict(source="lambda", model=f"m{i % 3}", family=f"f{i % 3}", accelerator=GPUS[i % 5], chip=f"c{i % 5}",
-                 devices=n, precision=("tf32", "amp", "fp16-master")[i % 3], batch_size=8, global_batch_size=8 * n, suite="v0",
+                 devices=n, precision=("tf32", "amp", "fp16-master")[i % 3], batch_size=8, global_batch_size=8 * n,
+                 suite="v0",
                  measured_ms=ms * (1 if n == 1 else 1.2), placement_ms=ms, predicted_ms=ms * (1 if n == 1 else 1.2),
                  low_ms=ms * 0.9, high_ms=ms * 1.3)
             for i, ms in enumerate(rng.uniform(5, 50, 30)) for n in (1, 2)]
