@@ -53,7 +53,8 @@ SeqOpt = Annotated[Optional[int], typer.Option("--seq-len", help="sequence lengt
                                                                   "own (`zoo show NAME`), else 128]")]
 PrecisionOpt = Annotated[str, typer.Option(help="fp32 (PyTorch's defaults: TF32 convs on Ampere+), fp32-strict, "
                                                 "tf32, amp, amp-bf16, fp16, bf16, fp16-master or bf16-master "
-                                                "(a half model, fp32 master weights: apex O2, DeepSpeed, Megatron)")]
+                                                "(a half model, fp32 master weights: apex O2; bf16-master "
+                                                "accumulates fp32 gradients, as Megatron-LM)")]
 OptimizerOpt = Annotated[Optional[str], typer.Option(
     help="sgd (momentum 0.9), adam or adamw \\[a zoo model's reference optimizer (`zoo show NAME`), adamw for "
          "--hf-config, else sgd]")]

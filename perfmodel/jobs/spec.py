@@ -26,8 +26,11 @@ class Precision(str, Enum):
     - `amp-bf16`: autocast to bf16.
     - `fp16`, `bf16`: the model cast to half precision (`model.half()`): weights, activations and optimizer.
     - `fp16-master`, `bf16-master`: the model cast to half precision, the optimizer stepping an fp32 master copy of
-      the weights from fp32 copies of the gradients (apex AMP O2, DeepSpeed's and Megatron-LM's fp16/bf16 training):
-      every activation in half precision (softmax and norms included), as `fp16`/`bf16`, with `amp`'s optimizer.
+      the weights (apex AMP O2, DeepSpeed's and Megatron-LM's fp16/bf16 training): every activation in half
+      precision (softmax and norms included), as `fp16`/`bf16`, with `amp`'s optimizer. `fp16-master` keeps half
+      gradients and copies them to fp32 at the step (apex O2, Megatron-LM's fp16); `bf16-master` accumulates the
+      gradients in fp32 through backward and all-reduces them in fp32 (`fp32_gradients`: Megatron-LM, which
+      requires it for bf16, and FSDP's and torchtitan's reduce in fp32).
     """
 
     fp32 = "fp32"
@@ -53,6 +56,12 @@ class Precision(str, Enum):
     def master_weights(self) -> bool:
         """A half model whose optimizer steps an fp32 master copy of its weights."""
         return self in (Precision.fp16_master, Precision.bf16_master)
+
+    @property
+    def fp32_gradients(self) -> bool:
+        """A half model whose gradients are accumulated, all-reduced and stepped in fp32 (`bf16-master`): each
+        parameter's half gradient is added into a persistent fp32 one as backward produces it."""
+        return self is Precision.bf16_master
 
     @property
     def half_state(self) -> bool:

@@ -19,7 +19,8 @@ Rows the graph does not show but the framework runs:
 - under autocast, every GEMM/conv weight cast to half in forward (read 4 B, write 2 B per element) and its gradient
   cast back to fp32 in backward, and for `amp` (fp16) the GradScaler's unscale and inf check over the gradients
   (`AMP_SCALER_PASSES`); for a half model with fp32 master weights, the copies of the gradients to fp32 and of the
-  weights back to half (`MASTER_COPY_PASSES`);
+  weights back to half (`MASTER_COPY_PASSES`), or, where the gradients accumulate in fp32 (`bf16-master`), each
+  half gradient's addition into its fp32 buffer and the copy back (`FP32_GRADIENT_PASSES`);
 - around each half-precision convolution on tensor / matrix cores, the library's (cuDNN's, MIOpen's) NCHW <-> NHWC
   transposes of its activations (`layout_transpose_rows`; none for a job that says `channels_last`).
 And one the graph shows but the GPU runs otherwise: a fused `scaled_dot_product_attention`, where PyTorch has a
@@ -83,6 +84,9 @@ AMP_SCALER_PASSES = 2  # GradScaler.unscale_: read and write every gradient (the
 # fp16-master / bf16-master: half gradients -> fp32 (read 2 B, write 4 B: 1.5 fp32 passes; apex unscales and checks
 # for inf in that copy) and fp32 weights -> the half model (1.5)
 MASTER_COPY_PASSES = 3
+# bf16-master (`Precision.fp32_gradients`): each half gradient added into its fp32 buffer as backward produces it
+# (read 2 B, read and write 4 B: 2.5 fp32 passes) and the fp32 weights copied back to the half model (1.5)
+FP32_GRADIENT_PASSES = 4
 PASSES_PER_ADD_KERNEL = 3  # an `add` row reads 2 tensors and writes 1
 ROW_HIDDEN = 4096  # width of the rows standing for passes over parameters
 GEMM_KINDS = MATMUL_KINDS | CONV_KINDS
@@ -251,6 +255,7 @@ def job_rows(spec: JobSpec, graph: Graph, hardware: HardwareSpec) -> pd.DataFram
     # gradients into fp32 ones and the fp32 weights back into the model
     weights = (precision.half_dtype or "fp32") if precision.half_state else "fp32"
     extra_passes = (AMP_SCALER_PASSES if precision == Precision.amp
+                    else FP32_GRADIENT_PASSES if precision.fp32_gradients
                     else MASTER_COPY_PASSES if precision.master_weights else 0)
     optimizer = spec.optimizer.value if training else None
     casts = weight_cast_rows(graph, precision, training)

@@ -16,19 +16,20 @@ section 3.1: mixed-precision Adam = 2 + 2 + 12 = 16 bytes/param):
     fp16/bf16     2         2       states x 2 (torch keeps them in the     6              8
                                     parameters' dtype)
     amp           2         2       4 (fp32 master weights) + states x 4    12             16
-    fp16-master,  2         2       4 (fp32 master weights) + states x 4    12             16
-    bf16-master
+    fp16-master   2         2       4 (fp32 master weights) + states x 4    12             16
+    bf16-master   2         4       4 (fp32 master weights) + states x 4    14             18
 
 `states` (`OPTIMIZER_STATES`) is 1 for SGD (momentum buffer) and 2 for Adam/AdamW (first and second moments).
 amp follows the ZeRO / Megatron split (half working weights and gradients, fp32 master weights counted as
 optimizer state, so ZeRO-1 shards them). torch autocast as the profiler runs it keeps fp32 weights and fp32
 gradients instead (4 + 4 + states x 4): the same 16 bytes/param for Adam without ZeRO, split differently.
-The master-weight modes keep what apex AMP O2 and DeepSpeed's fp16 optimizer keep through forward and backward: the
-half model and its half gradients, the fp32 master weights and the optimizer's fp32 states; the fp32 copy of the
+`fp16-master` keeps what apex AMP O2 and DeepSpeed's fp16 optimizer keep through forward and backward: the half
+model and its half gradients, the fp32 master weights and the optimizer's fp32 states; the fp32 copy of the
 gradients the master step reads exists only at the step (apex allocates it after backward and `zero_grad` frees
-it), an optimizer-step temporary (`optimizer_temporary_bytes`). Megatron-LM accumulates the gradients in an fp32
-buffer instead of half ones, 2 bytes more through backward. Inference keeps only weights: 4 bytes/param for fp32
-and amp (autocast leaves weights fp32), 2 for the half models.
+it), an optimizer-step temporary (`optimizer_temporary_bytes`). `bf16-master` accumulates the gradients in
+persistent fp32 buffers through backward instead (`Precision.fp32_gradients`: Megatron-LM's `main_grad`, which it
+requires for bf16), 2 bytes more per parameter, and its step reads them as they are. Inference keeps only
+weights: 4 bytes/param for fp32 and amp (autocast leaves weights fp32), 2 for the half models.
 
 Activations
 -----------
@@ -99,7 +100,7 @@ Placement shard
 Data parallelism (`data_parallel > 1` without ZeRO): torch's DistributedDataParallel all-reduces through buckets
 that hold a copy of every gradient for the whole run (`gradient_as_bucket_view=False`, its default):
 `gradient_buckets_bytes` = the gradients' bytes. ZeRO and FSDP reduce-scatter through their own buffers (not
-counted).
+counted), and `bf16-master`'s fp32 gradients are themselves the buffer all-reduced (Megatron-LM's).
 
 Workspace: `WORKSPACE_FRACTION` of the rest (allocator fragmentation, library workspaces).
 
@@ -157,15 +158,17 @@ def bytes_per_param(precision: Precision, optimizer: OptimizerName, mode: Mode =
         return BytesPerParam(HALF_BYTES if precision.half_weights else FP32_BYTES, 0, 0)
     if precision.half_state:
         return BytesPerParam(HALF_BYTES, HALF_BYTES, states * HALF_BYTES)
+    gradients = FP32_BYTES if precision.fp32_gradients else HALF_BYTES
     if precision.autocast or precision.master_weights:
-        return BytesPerParam(HALF_BYTES, HALF_BYTES, FP32_BYTES + states * FP32_BYTES)  # fp32 master + states
+        return BytesPerParam(HALF_BYTES, gradients, FP32_BYTES + states * FP32_BYTES)  # fp32 master + states
     return BytesPerParam(FP32_BYTES, FP32_BYTES, states * FP32_BYTES)  # fp32, fp32-strict, tf32
 
 
 def optimizer_temporary_bytes(precision: Precision, optimizer: OptimizerName) -> int:
     """Bytes per parameter the optimizer step allocates and frees (`OPTIMIZER_TEMPORARIES` state-sized buffers, and
-    a master-weight step's fp32 copy of the gradients)."""
-    buffers = OPTIMIZER_TEMPORARIES[optimizer] + (1 if precision.master_weights else 0)
+    a master-weight step's fp32 copy of half gradients)."""
+    copies = 1 if precision.master_weights and not precision.fp32_gradients else 0
+    buffers = OPTIMIZER_TEMPORARIES[optimizer] + copies
     return buffers * (HALF_BYTES if precision.half_state else FP32_BYTES)
 
 
@@ -418,7 +421,9 @@ def estimate_memory(spec: JobSpec, graph: Graph | GraphBytes, *, tensor_parallel
     # DistributedDataParallel all-reduces gradients through buckets of its own, as large as the gradients together
     # and alive the whole run (`gradient_as_bucket_view=False`, torch's default); ZeRO and FSDP reduce-scatter
     # through buffers of their own instead (not counted)
-    buckets = gradients if spec.mode == Mode.train and dp > 1 and zero_stage == 0 else 0
+    # (none where the fp32 gradient buffers are what is all-reduced: Megatron-LM's contiguous `main_grad` buffer)
+    buckets = (gradients if spec.mode == Mode.train and dp > 1 and zero_stage == 0
+               and not spec.precision.fp32_gradients else 0)
     rest = weights + gradients + optimizer + activations + temporaries + buckets
     return MemoryEstimate(weights, gradients, optimizer, activations, int(rest * WORKSPACE_FRACTION), temporaries,
                           buckets)

@@ -69,38 +69,63 @@ class Stepper(Protocol):
 
 class MasterWeightsOptimizer:
     """The optimizer of a half model with fp32 master weights (`fp16-master`, `bf16-master`: apex AMP O2,
-    DeepSpeed, Megatron-LM): each step copies the half gradients into fp32 ones, steps the fp32 master copy of the
-    weights with the spec's optimizer, and writes it back into the model. `zero_grad` frees both gradients, as
-    apex's does the fp32 ones: they exist only at the step."""
+    DeepSpeed, Megatron-LM): it steps the fp32 master copy of the weights with the spec's optimizer and writes it
+    back into the model. Its fp32 gradients are copied from the half ones at each step and freed by `zero_grad`, as
+    apex's are; or, with `fp32_gradients` (`bf16-master`, as Megatron-LM's `main_grad`), persistent fp32 buffers
+    that each half gradient is added into as backward produces it (the half gradient then freed), zeroed by
+    `zero_grad`."""
 
-    def __init__(self, name: OptimizerName, params: list[torch.nn.Parameter]):
+    def __init__(self, name: OptimizerName, params: list[torch.nn.Parameter], fp32_gradients: bool = False):
         self.params = params
+        self.fp32_gradients = fp32_gradients
         self.master = [torch.nn.Parameter(p.detach().to(torch.float32, copy=True)) for p in params]
         self.inner = _OPTIMIZERS[name](self.master)
+        self._hooks = [param.register_post_accumulate_grad_hook(self._accumulate_into(master))
+                       for param, master in zip(params, self.master)] if fp32_gradients else []
+
+    @staticmethod
+    def _accumulate_into(master: torch.nn.Parameter) -> Callable[[torch.Tensor], None]:
+        def accumulate(param: torch.Tensor) -> None:
+            if param.grad is None:
+                return
+            with torch.no_grad():
+                if master.grad is None:
+                    master.grad = param.grad.to(torch.float32)
+                else:
+                    master.grad.add_(param.grad)
+            param.grad = None
+
+        return accumulate
 
     @torch.no_grad()
     def step(self) -> None:
-        for param, master in zip(self.params, self.master):
-            if param.grad is None:
-                continue
-            master.grad = param.grad.to(torch.float32)
+        if not self.fp32_gradients:
+            for param, master in zip(self.params, self.master):
+                if param.grad is not None:
+                    master.grad = param.grad.to(torch.float32)
         self.inner.step()
         for param, master in zip(self.params, self.master):
             param.copy_(master)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         for param, master in zip(self.params, self.master):
-            param.grad = master.grad = None
+            param.grad = None
+            if not self.fp32_gradients:
+                master.grad = None
+            elif master.grad is not None:
+                master.grad.zero_()  # the fp32 buffers persist, as Megatron-LM's
 
 
-def make_optimizer(name: OptimizerName, params: Iterable[torch.nn.Parameter],
-                   master_weights: bool = False) -> Stepper | None:
+def make_optimizer(name: OptimizerName, params: Iterable[torch.nn.Parameter], master_weights: bool = False,
+                   fp32_gradients: bool = False) -> Stepper | None:
     """The spec's optimizer over the trainable parameters (a small learning rate), over their fp32 master copy
-    with `master_weights`; None when nothing trains."""
+    with `master_weights` (its gradients accumulated in fp32 with `fp32_gradients`); None when nothing trains."""
     trainable = [p for p in params if p.requires_grad]
     if not trainable:
         return None
-    return MasterWeightsOptimizer(name, trainable) if master_weights else _OPTIMIZERS[name](trainable)
+    if master_weights:
+        return MasterWeightsOptimizer(name, trainable, fp32_gradients)
+    return _OPTIMIZERS[name](trainable)
 
 
 def make_step(job: BuiltJob) -> Callable[[], None]:
@@ -118,7 +143,9 @@ def make_step(job: BuiltJob) -> Callable[[], None]:
 
         return infer
 
-    optimizer = make_optimizer(job.spec.optimizer, job.module.parameters(), job.spec.precision.master_weights)
+    precision = job.spec.precision
+    optimizer = make_optimizer(job.spec.optimizer, job.module.parameters(), precision.master_weights,
+                               precision.fp32_gradients)
 
     def train() -> None:
         with record_function(PHASE_LABELS["forward"]):

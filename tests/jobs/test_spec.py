@@ -80,6 +80,7 @@ def test_each_mixed_precision_recipe_has_the_other_as_twin():
         assert p.device_math == (twin if p.master_weights else p)
     assert Precision.fp16_master.twin is Precision.amp and Precision.bf16_master.twin is Precision.amp_bf16
     assert Precision.fp16.twin is None and Precision.tf32.twin is None
+    assert {p for p in Precision if p.fp32_gradients} == {Precision.bf16_master}  # Megatron-LM's bf16 main_grad
 
 
 def test_zoo_has_at_least_30_architectures_from_every_library():

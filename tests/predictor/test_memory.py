@@ -68,7 +68,9 @@ def test_peak_is_the_explicit_sum():
     (Precision.amp, OptimizerName.adam, 16), (Precision.amp, OptimizerName.adamw, 16),
     (Precision.amp, OptimizerName.sgd, 12),
     # apex O2 / DeepSpeed fp16: half weights and gradients, fp32 master weights and states (the ZeRO paper's 16)
-    (Precision.fp16_master, OptimizerName.adam, 16), (Precision.bf16_master, OptimizerName.sgd, 12),
+    (Precision.fp16_master, OptimizerName.adam, 16), (Precision.fp16_master, OptimizerName.sgd, 12),
+    # Megatron-LM bf16: fp32 gradients accumulated through backward, 2 bytes more
+    (Precision.bf16_master, OptimizerName.adam, 18), (Precision.bf16_master, OptimizerName.sgd, 14),
 ])
 def test_bytes_per_param(precision, optimizer, total):
     assert bytes_per_param(precision, optimizer).total == total
@@ -78,21 +80,36 @@ def test_bytes_per_param(precision, optimizer, total):
                                               (Precision.bf16_master, Precision.bf16)])
 def test_master_weights_cost_the_fp32_copies_not_activations(master, half):
     """A half model with fp32 master weights holds the half model's activations and weights and, in the optimizer,
-    fp32 weights and states; its step's temporaries are fp32 and hold the fp32 copy of the gradients too (apex
-    allocates it after backward and frees it at zero_grad). Inference keeps the half weights only."""
+    fp32 weights and states. Its fp32 gradients are either a step temporary (fp16-master: apex allocates the copy
+    after backward and frees it at zero_grad) or persistent buffers in place of the half gradients (bf16-master:
+    Megatron-LM's main_grad). Inference keeps the half weights only."""
     half_graph = _graph()
     spec = _spec(optimizer=OptimizerName.adamw, precision=half)
     plain, with_master = estimate_memory(spec, half_graph), estimate_memory(
         spec.model_copy(update={"precision": master}), half_graph)
     params = half_graph.totals.params
-    assert (with_master.weights_bytes, with_master.gradients_bytes) == (plain.weights_bytes, plain.gradients_bytes)
+    gradients = 2 * plain.gradients_bytes if master.fp32_gradients else plain.gradients_bytes
+    assert (with_master.weights_bytes, with_master.gradients_bytes) == (plain.weights_bytes, gradients)
     assert with_master.optimizer_bytes == (4 + 8) * params == 3 * plain.optimizer_bytes
     assert with_master.peak_bytes > plain.peak_bytes
     assert bytes_per_param(master, OptimizerName.adam, Mode.inference) == bytes_per_param(
         half, OptimizerName.adam, Mode.inference)
-    assert optimizer_temporary_bytes(master, OptimizerName.adam) == (1 + 1) * 4  # sqrt(v) + eps, fp32 gradients
-    assert optimizer_temporary_bytes(master, OptimizerName.sgd) == 4 > optimizer_temporary_bytes(
-        Precision.amp, OptimizerName.sgd) == 0
+    copy = 0 if master.fp32_gradients else 1  # the step's fp32 copy of half gradients
+    assert optimizer_temporary_bytes(master, OptimizerName.adam) == (1 + copy) * 4  # sqrt(v) + eps
+    assert optimizer_temporary_bytes(master, OptimizerName.sgd) == copy * 4
+    assert optimizer_temporary_bytes(Precision.amp, OptimizerName.sgd) == 0
+
+
+def test_bf16_master_all_reduces_its_fp32_gradient_buffers_in_place():
+    """Data parallelism: DistributedDataParallel keeps a bucket copy of the gradients; Megatron-LM's fp32 gradient
+    buffers are what it all-reduces, no copy beside them."""
+    half_graph = _graph()
+    spec = _spec(optimizer=OptimizerName.adam, precision=Precision.bf16_master)
+    one, four = estimate_memory(spec, half_graph), estimate_memory(spec, half_graph, data_parallel=4)
+    assert four.gradient_buckets_bytes == 0 and four.gradients_bytes == one.gradients_bytes
+    apex = spec.model_copy(update={"precision": Precision.fp16_master})
+    assert estimate_memory(apex, half_graph, data_parallel=4).gradient_buckets_bytes == (
+        estimate_memory(apex, half_graph).gradients_bytes)
 
 
 def test_amp_halves_float_activations():

@@ -49,18 +49,18 @@ def test_train_step_updates_the_weights(optimizer):
 
 @pytest.mark.parametrize("optimizer", ["sgd", "adamw"])
 def test_master_weight_step_updates_fp32_masters_and_writes_them_back(optimizer):
-    """bf16-master (apex O2 / DeepSpeed / Megatron): the module is bf16, the optimizer steps fp32 copies of the
-    weights from fp32 copies of the gradients, and the module holds the masters rounded to bf16."""
-    job = build_job(user_spec("tiny_mlp", optimizer=optimizer, precision="bf16-master"))
+    """fp16-master (apex O2): the module is fp16, the optimizer steps fp32 copies of the weights from fp32 copies of
+    the gradients made at the step, and the module holds the masters rounded to fp16."""
+    job = build_job(user_spec("tiny_mlp", optimizer=optimizer, precision="fp16-master"))
     weight = job.module.fc1.weight
-    assert weight.dtype == torch.bfloat16
+    assert weight.dtype == torch.float16
     make_step(job)()  # the training step runs it
     assert weight.grad is None
     stepper = make_optimizer(job.spec.optimizer, job.module.parameters(), master_weights=True)
     assert isinstance(stepper, MasterWeightsOptimizer)
     master = stepper.master[[id(p) for p in stepper.params].index(id(weight))]
     before = master.detach().clone()
-    assert before.dtype == torch.float32 and torch.equal(before.to(torch.bfloat16), weight.detach())
+    assert before.dtype == torch.float32 and torch.equal(before.to(torch.float16), weight.detach())
     job.loss_fn(job.forward()).backward()
     stepper.step()
     assert master.grad is not None and master.grad.dtype == torch.float32
@@ -68,8 +68,35 @@ def test_master_weight_step_updates_fp32_masters_and_writes_them_back(optimizer)
     stepper.zero_grad(set_to_none=True)
     assert master.grad is None  # the fp32 gradients exist at the step only, as apex frees them
     assert not torch.equal(master.detach(), before)
-    assert torch.equal(weight.detach(), master.detach().to(torch.bfloat16))
+    assert torch.equal(weight.detach(), master.detach().to(torch.float16))
     assert weight.grad is None  # the half gradients are freed
+
+
+def test_bf16_master_accumulates_the_gradients_in_persistent_fp32_buffers():
+    """bf16-master (Megatron-LM's main_grad): each bf16 gradient is added into an fp32 buffer as backward produces
+    it and freed; two backwards (gradient accumulation) sum in fp32; the step reads the buffers, `zero_grad` zeroes
+    them and keeps them."""
+    spec = user_spec("tiny_mlp", optimizer="adamw", precision="bf16-master")
+    stepped = build_job(spec)
+    make_step(stepped)()  # the training step runs it
+    assert stepped.module.fc1.weight.dtype == torch.bfloat16 and stepped.module.fc1.weight.grad is None
+    job = build_job(spec)  # one optimizer per module: its hooks own the module's gradients
+    weight = job.module.fc1.weight
+    stepper = make_optimizer(job.spec.optimizer, job.module.parameters(), master_weights=True, fp32_gradients=True)
+    assert isinstance(stepper, MasterWeightsOptimizer)
+    master = stepper.master[[id(p) for p in stepper.params].index(id(weight))]
+    job.loss_fn(job.forward()).backward()
+    assert weight.grad is None and master.grad is not None and master.grad.dtype == torch.float32
+    once = master.grad.clone()
+    job.loss_fn(job.forward()).backward()
+    assert torch.allclose(master.grad, 2 * once, rtol=1e-2, atol=1e-6)  # accumulated in fp32
+    before = master.detach().clone()
+    stepper.step()
+    assert not torch.equal(master.detach(), before)
+    assert torch.equal(weight.detach(), master.detach().to(torch.bfloat16))
+    buffer = master.grad
+    stepper.zero_grad(set_to_none=True)
+    assert master.grad is buffer and not buffer.any()  # persistent, zeroed
 
 
 def test_inference_step_computes_no_gradients():
