@@ -420,8 +420,8 @@ def estimate_memory(spec: JobSpec, graph: Graph | GraphBytes, *, tensor_parallel
         activations, temporaries = math.ceil(inference_activation_bytes(b, spec.precision) * scale / tp), 0
     # DistributedDataParallel all-reduces gradients through buckets of its own, as large as the gradients together
     # and alive the whole run (`gradient_as_bucket_view=False`, torch's default); ZeRO and FSDP reduce-scatter
-    # through buffers of their own instead (not counted)
-    # (none where the fp32 gradient buffers are what is all-reduced: Megatron-LM's contiguous `main_grad` buffer)
+    # through buffers of their own instead (not counted), and fp32 gradient buffers are themselves what is
+    # all-reduced (Megatron-LM's contiguous `main_grad`)
     buckets = (gradients if spec.mode == Mode.train and dp > 1 and zero_stage == 0
                and not spec.precision.fp32_gradients else 0)
     rest = weights + gradients + optimizer + activations + temporaries + buckets

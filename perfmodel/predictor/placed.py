@@ -92,10 +92,8 @@ def level_key(spec: JobSpec, hardware: HardwareSpec, known: Container[str] = fro
             maths_by_group(precision, hardware) == maths_by_group(Precision.tf32, hardware)):
         precision = Precision.tf32
     key = job_level_key(spec.source.name, precision.value)
-    twin = precision.twin
-    if key not in known and twin is not None and job_level_key(spec.source.name, twin.value) in known:
-        return job_level_key(spec.source.name, twin.value)
-    return key
+    twin = job_level_key(spec.source.name, precision.twin.value) if precision.twin is not None else None
+    return twin if key not in known and twin in known else key
 
 
 HOST_LINK = "host"  # the intra-node link a placement names when its GPUs have no peer-to-peer
