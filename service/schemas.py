@@ -193,6 +193,8 @@ class JobOut(BaseModel):
     seq_len: int
     precision: str
     optimizer: str
+    fused_optimizer: bool = Field(description="its optimizer steps in one fused kernel (torch's fused=True, "
+                                              "apex's, DeepSpeed's)")
     mode: str
     channels_last: bool = Field(description="priced in channels-last memory format (no layout transposes around "
                                             "its half-precision convolutions)")

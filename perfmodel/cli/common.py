@@ -62,6 +62,10 @@ ModeOpt = Annotated[str, typer.Option(help="train or inference")]
 ChannelsLastOpt = Annotated[bool, typer.Option(
     "--channels-last", help="the model runs in channels-last memory format: its half-precision convolutions "
                             "pay no NCHW <-> NHWC transposes")]
+FusedOptimizerOpt = Annotated[bool, typer.Option(
+    "--fused-optimizer", help="the optimizer steps in one fused kernel (torch's fused=True, apex's FusedAdam, "
+                              "DeepSpeed's): each tensor read and written once, no temporaries \\[torch's default, "
+                              "foreach]")]
 PytorchOpt = Annotated[Optional[str], typer.Option(
     "--pytorch-version", help="the PyTorch (major.minor, e.g. 1.4) the job trains with: an older one is answered as "
                               "much slower as it ran on the public runs \\[a zoo model's reference implementation's "
@@ -79,13 +83,15 @@ StoreOpt = Annotated[Optional[str], typer.Option("--store", help="store URL \\[e
 # the JobSpec fields the job options set
 JOB_OPTIONS = {"batch_size": "-b/--batch-size", "seq_len": "--seq-len", "precision": "--precision",
                "optimizer": "--optimizer", "mode": "--mode", "task": "--task", "source.task": "--task",
-               "channels_last": "--channels-last", "pytorch_version": "--pytorch-version",
+               "channels_last": "--channels-last", "fused_optimizer": "--fused-optimizer",
+               "pytorch_version": "--pytorch-version",
                "steps_vary": "--steps-vary/--steady-steps"}
 
 
 def job_spec(model: str | None, hf_config: Path | None, task: str | None, module: str | None,
              onnx: Path | None, batch_size: int, seq_len: int | None, precision: str, optimizer: str | None,
-             mode: str, *, channels_last: bool = False, pytorch_version: str | None = None,
+             mode: str, *, channels_last: bool = False, fused_optimizer: bool = False,
+             pytorch_version: str | None = None,
              steps_vary: bool | None = None, options: Mapping[str, str] | None = JOB_OPTIONS) -> Any:
     """The JobSpec the job options describe; a value pydantic refuses is a PerfmodelError naming its option in
     `options` (None: the ValidationError itself, for a caller that names the values its own way)."""
@@ -101,7 +107,8 @@ def job_spec(model: str | None, hf_config: Path | None, task: str | None, module
         return JobSpec.from_options(zoo=model, hf_config=hf_config, task=task, module=module,
                                     onnx=str(onnx) if onnx else None, batch_size=batch_size, seq_len=seq_len,
                                     precision=precision, optimizer=optimizer, mode=mode, channels_last=channels_last,
-                                    pytorch_version=pytorch_version, steps_vary=steps_vary)
+                                    fused_optimizer=fused_optimizer, pytorch_version=pytorch_version,
+                                    steps_vary=steps_vary)
     except ValidationError as exc:
         if options is None:
             raise

@@ -11,6 +11,7 @@ import typer
 
 from perfmodel.cli.common import (
     ChannelsLastOpt,
+    FusedOptimizerOpt,
     HFConfigOpt,
     JsonOpt,
     ModelArg,
@@ -46,6 +47,7 @@ def predict(ctx: typer.Context, model: ModelArg = None, hf_config: HFConfigOpt =
             seq_len: SeqOpt = None, precision: PrecisionOpt = "fp32", optimizer: OptimizerOpt = None,
             mode: ModeOpt = "train",
             channels_last: ChannelsLastOpt = False,
+            fused_optimizer: FusedOptimizerOpt = False,
             pytorch_version: PytorchOpt = None,
             steps_vary: StepsVaryOpt = None,
             accelerator: Annotated[str, typer.Option(help="catalog name or alias (`perfmodel hw list`)")] = "cpu",
@@ -93,7 +95,8 @@ def predict(ctx: typer.Context, model: ModelArg = None, hf_config: HFConfigOpt =
     if batch_sizes is not None and given is not None and given.name == "COMMANDLINE":
         raise PerfmodelError("--batch-sizes replaces -b/--batch-size: give one or the other")
     spec = job_spec(model, hf_config, task, module, onnx, batch_size, seq_len, precision, optimizer, mode,
-                    channels_last=channels_last, pytorch_version=pytorch_version, steps_vary=steps_vary)
+                    channels_last=channels_last, fused_optimizer=fused_optimizer, pytorch_version=pytorch_version,
+                    steps_vary=steps_vary)
     placement = placement_from_options(
         accelerator, global_batch_size, batch_size=batch_size, nodes=nodes, per_node=per_node,
         devices_per_node=devices_per_node, tp=tp, pp=pp, micro_batches=micro_batches, zero=zero,

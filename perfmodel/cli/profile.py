@@ -14,6 +14,7 @@ import typer
 from perfmodel.cli.common import (
     BatchOpt,
     ChannelsLastOpt,
+    FusedOptimizerOpt,
     HFConfigOpt,
     JsonOpt,
     ModelArg,
@@ -39,7 +40,7 @@ from perfmodel.core.errors import PerfmodelError
 def profile(model: ModelArg = None, hf_config: HFConfigOpt = None, task: TaskOpt = None,
             module: ModuleOpt = None, onnx: OnnxOpt = None, batch_size: BatchOpt = 1, seq_len: SeqOpt = None,
             precision: PrecisionOpt = "fp32", optimizer: OptimizerOpt = None, mode: ModeOpt = "train",
-            channels_last: ChannelsLastOpt = False,
+            channels_last: ChannelsLastOpt = False, fused_optimizer: FusedOptimizerOpt = False,
             device: Annotated[str, typer.Option(help="cpu, cuda or cuda:N (ROCm too)")] = "cpu",
             warmup: Annotated[int, typer.Option(min=0, help="untimed steps first")] = 3,
             repeats: Annotated[int, typer.Option(min=1, help="timed steps")] = 10,
@@ -75,7 +76,7 @@ def profile(model: ModelArg = None, hf_config: HFConfigOpt = None, task: TaskOpt
         specs = load_sweep(sweep)  # every job checked, its model source resolved, before the first runs
     else:
         specs = [job_spec(model, hf_config, task, module, onnx, batch_size, seq_len, precision, optimizer, mode,
-                          channels_last=channels_last)]
+                          channels_last=channels_last, fused_optimizer=fused_optimizer)]
         check_source(specs[0])  # a missing file or unknown name is one line, before any progress line
     if ray is not None:
         on_ray = profile_on_ray(specs, device, ray, store, force=force, progress=say, options=options)

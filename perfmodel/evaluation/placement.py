@@ -130,6 +130,9 @@ VTRAIN_COLUMNS = {"# GPUs": "devices", "global batch": "global_batch", "micro ba
                   "sequence length": "seq_len", "tensor parallelism": "tp", "data parallelism": "dp",
                   "pipeline parallelism": "pp", "iteration time (ms)": "step_ms"}
 VTRAIN_ACCELERATOR = "a100-sxm4-40gb"  # DGX A100 (the data does not say 40 or 80 GB)
+# Megatron-DeepSpeed's fp16 recipe, as vTrain's runs train: the half model stepping fp32 master weights through
+# DeepSpeed's fused Adam
+VTRAIN_RECIPE: dict[str, Any] = {"precision": "fp16-master", "optimizer": "adam", "fused_optimizer": True}
 
 
 def vtrain_rows(root: str | Path) -> pd.DataFrame:
@@ -155,7 +158,7 @@ def gpt_config(hidden: int, heads: int, layers: int, seq_len: int) -> dict[str, 
 
 def vtrain_computes(df: pd.DataFrame, predictor: Any, *, say: Callable[[str], None] = lambda _: None
                     ) -> dict[tuple[str, int], ShardCompute]:
-    """(model, micro-batch) → the device model's compute of one micro-batch on the A100 (fp16, Adam)."""
+    """(model, micro-batch) → the device model's compute of one micro-batch on the A100 (`VTRAIN_RECIPE`)."""
     from perfmodel.hardware.catalog import get_accelerator
     from perfmodel.jobs.spec import JobSpec
 
@@ -164,8 +167,7 @@ def vtrain_computes(df: pd.DataFrame, predictor: Any, *, say: Callable[[str], No
     keys = df[["model", "hidden", "heads", "layers", "seq_len", "micro_batch"]].drop_duplicates()
     for i, row in enumerate(keys.itertuples(index=False)):
         spec = JobSpec.from_options(hf_config=gpt_config(row.hidden, row.heads, row.layers, row.seq_len),
-                                    batch_size=int(row.micro_batch), seq_len=int(row.seq_len), precision="fp16",
-                                    optimizer="adam")
+                                    batch_size=int(row.micro_batch), seq_len=int(row.seq_len), **VTRAIN_RECIPE)
         out[(row.model, int(row.micro_batch))] = predictor.compute(spec, hardware, int(row.micro_batch))[0]
         say(f"compute {i + 1}/{len(keys)}: {row.model} micro-batch {row.micro_batch}")
     return out

@@ -87,7 +87,7 @@ def adaptdl_measurements(root: str | Path) -> list[StepMeasurement]:
 
 
 def vtrain_measurements(root: str | Path, max_rows: int | None = None) -> list[StepMeasurement]:
-    from perfmodel.evaluation.placement import VTRAIN_ACCELERATOR, gpt_config, vtrain_rows
+    from perfmodel.evaluation.placement import VTRAIN_ACCELERATOR, VTRAIN_RECIPE, gpt_config, vtrain_rows
 
     df = vtrain_rows(root)
     df = df[(df.tp == 1) & (df.pp == 1)]
@@ -98,8 +98,8 @@ def vtrain_measurements(root: str | Path, max_rows: int | None = None) -> list[S
         # Megatron pretrains on fixed-length sequences read from a memory-mapped, pre-tokenized data set: its steps
         # do not vary (`steps_vary`), and its replicas wait for the slowest by the steady kind's jitter
         spec = JobSpec.from_options(hf_config=gpt_config(row.hidden, row.heads, row.layers, row.seq_len),
-                                    batch_size=int(row.micro_batch), seq_len=int(row.seq_len), precision="fp16",
-                                    optimizer="adam", steps_vary=False)
+                                    batch_size=int(row.micro_batch), seq_len=int(row.seq_len), **VTRAIN_RECIPE,
+                                    steps_vary=False)
         placement = PlacementSpec(
             accelerator=VTRAIN_ACCELERATOR, devices_per_node=(int(row.devices),),
             global_batch_size=int(row.global_batch),
@@ -155,7 +155,8 @@ def predict_measurements(measurements: Iterable[StepMeasurement], predictor_for_
                     record["predicted_ms"] = whole_step.correct(single, features).iter_time_ms
                 else:
                     hardware = device.catalog[m.device]
-                    key = (m.graph_key, table_key(m.spec.precision, hardware), m.spec.channels_last)
+                    key = (m.graph_key, table_key(m.spec.precision, hardware), m.spec.channels_last,
+                           m.spec.optimizer, m.spec.fused_optimizer)
                     if key not in job_rows_cache:
                         job_rows_cache[key] = job_rows(m.spec, graph, hardware)
                     rows, out = device.predict_rows(m.spec, hardware, graph, job_rows_cache[key])

@@ -269,6 +269,13 @@ class JobSpec(BaseModel):
         description="sgd (momentum 0.9), adam or adamw; default: a zoo model's reference optimizer (the one its "
                     "reference implementation trains with; `perfmodel zoo show NAME`), adamw for a transformers "
                     "model (the zoo's and any hf_config, as transformers' Trainer trains), else sgd")
+    fused_optimizer: bool = Field(
+        default=False, exclude_if=lambda fused: not fused,
+        description="the optimizer steps every parameter in one fused kernel (torch.optim's `fused=True`, "
+                    "transformers' `adamw_torch_fused`, apex's FusedAdam and FusedSGD, DeepSpeed's and Megatron-LM's "
+                    "fused Adam): it reads the weights, gradients and states once and writes the weights and states "
+                    "once (Adam: 7 passes over the parameters against torch's default multi-tensor step's 18), and "
+                    "allocates no temporaries; default: false, torch's default (foreach) implementation")
     mode: Mode = Mode.train
     channels_last: bool = Field(
         default=False, exclude_if=lambda channels_last: not channels_last,
@@ -379,13 +386,14 @@ class JobSpec(BaseModel):
 
     def graph_key(self) -> str:
         """The key of the spec's graph: specs that differ only in what no graph depends on share it. The optimizer
-        is priced from the parameter count, the PyTorch version by the whole-step stage, whether steps vary by the
-        placement model, and the math of a model whose weights stay float32 (fp32, fp32-strict, tf32, amp,
-        amp-bf16) from its float32 graph: only a model cast to half (fp16, bf16, fp16-master, bf16-master) has
-        another graph, one per half type."""
+        (fused or not) is priced from the parameter count, the PyTorch version by the whole-step stage, whether
+        steps vary by the placement model, and the math of a model whose weights stay float32 (fp32, fp32-strict,
+        tf32, amp, amp-bf16) from its float32 graph: only a model cast to half (fp16, bf16, fp16-master,
+        bf16-master) has another graph, one per half type."""
         cached = self.__dict__.get(_GRAPH_KEY_ATTR)
         if cached is None:
-            update: dict[str, Any] = {"optimizer": OptimizerName.sgd, "pytorch_version": None, "steps_vary": None,
+            update: dict[str, Any] = {"optimizer": OptimizerName.sgd, "fused_optimizer": False,
+                                      "pytorch_version": None, "steps_vary": None,
                                       "precision": Precision(self.precision).graph_precision}
             same = all(getattr(self, name) == value for name, value in update.items())
             cached = self.__dict__[_GRAPH_KEY_ATTR] = self.key() if same else self.model_copy(update=update).key()

@@ -247,7 +247,8 @@ def _entries() -> list[ZooEntry]:
     fixed_length = {"bert", "roberta", "albert", "electra"}
     # the eager BERTs stand for NVIDIA's BERT, whose mixed precision is apex AMP O2 (`fp16-master`), not autocast
     nvidia_bert = ("BERT as NVIDIA's DeepLearningExamples trains it (eager attention); its mixed precision there is "
-                   "apex AMP O2: ask `fp16-master` for that recipe, `amp` for torch.autocast")
+                   "apex AMP O2 stepping apex's FusedAdam: ask `fp16-master` with `fused_optimizer` for that recipe, "
+                   "`amp` for torch.autocast")
     entries += [ZooEntry(n, f, "transformers", k, b, default_task=b.head, reference_optimizer=TRANSFORMERS_OPTIMIZER,
                          reference_steps_vary=False if f in fixed_length else None,
                          description=nvidia_bert if n in ("bert-small", "bert-base", "bert-large") else "")

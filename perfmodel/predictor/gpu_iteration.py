@@ -14,8 +14,8 @@ kernel every `HOST_MS_PER_KERNEL`; a fast GPU running small kernels waits for th
 Rows the graph does not show but the framework runs:
 - the optimizer step: PyTorch's default (foreach) implementations make `FOREACH_TENSOR_PASSES` passes over the
   parameters (AdamW: lerp, mul, addcmul, sqrt, div, add, addcdiv, and the weight-decay mul: 20 tensor reads and
-  writes per element), in the weights' dtype, predicted as element-wise `add` kernels (each reads 2 tensors and
-  writes 1);
+  writes per element), a fused one (`fused_optimizer`) `FUSED_TENSOR_PASSES` (each tensor read or written once),
+  in the weights' dtype, predicted as element-wise `add` kernels (each reads 2 tensors and writes 1);
 - under autocast, every GEMM/conv weight cast to half in forward (read 4 B, write 2 B per element) and its gradient
   cast back to fp32 in backward, and for `amp` (fp16) the GradScaler's unscale and inf check over the gradients
   (`AMP_SCALER_PASSES`); for a half model with fp32 master weights, the copies of the gradients to fp32 and of the
@@ -80,6 +80,10 @@ OPTIMIZER = "optimizer"
 # SGD momentum: mul_ + add_ on the buffer, add_ on the params (2 + 3 + 3); Adam: lerp_ (3), mul_ (2), addcmul_ (3),
 # sqrt (2), div_ (2), add_ eps (2), addcdiv_ on the params (4); AdamW adds the decoupled weight decay mul_ (2)
 FOREACH_TENSOR_PASSES = {"sgd": 8, "adam": 18, "adamw": 20}
+# a fused step (`JobSpec.fused_optimizer`: torch's fused=True, apex's, DeepSpeed's, Megatron-LM's) reads each tensor
+# once and writes the updated ones once: SGD momentum reads param, grad, buffer and writes param, buffer (5); Adam
+# and AdamW read param, grad, both moments and write param and both moments (7), the weight decay inside the kernel
+FUSED_TENSOR_PASSES = {"sgd": 5, "adam": 7, "adamw": 7}
 AMP_SCALER_PASSES = 2  # GradScaler.unscale_: read and write every gradient (the inf check rides along)
 # fp16-master / bf16-master: half gradients -> fp32 (read 2 B, write 4 B: 1.5 fp32 passes; apex unscales and checks
 # for inf in that copy) and fp32 weights -> the half model (1.5)
@@ -144,11 +148,14 @@ _EMPTY = pd.DataFrame(columns=["op_class", "op_name", "dtype", "math", "batch", 
                                "launch"])
 
 
-def optimizer_rows(params: int, optimizer: str | None, dtype: str = "fp32", extra_passes: int = 0) -> pd.DataFrame:
-    """The optimizer step as element-wise `add` rows over the parameters (none for inference)."""
+def optimizer_rows(params: int, optimizer: str | None, dtype: str = "fp32", extra_passes: int = 0,
+                   fused: bool = False) -> pd.DataFrame:
+    """The optimizer step as element-wise `add` rows over the parameters (none for inference): the passes of
+    torch's default (foreach) step, or of a `fused` one, and `extra_passes` (copies, the scaler's)."""
     if not optimizer or params <= 0:
         return _EMPTY.copy()
-    kernels = math.ceil((FOREACH_TENSOR_PASSES[optimizer] + extra_passes) / PASSES_PER_ADD_KERNEL)
+    passes = (FUSED_TENSOR_PASSES if fused else FOREACH_TENSOR_PASSES)[optimizer]
+    kernels = math.ceil((passes + extra_passes) / PASSES_PER_ADD_KERNEL)
     return pd.DataFrame({"op_class": "elementwise", "op_name": "add", "dtype": dtype, "math": dtype,
                          "batch": [max(math.ceil(params / ROW_HIDDEN), 1)] * kernels, "hidden": ROW_HIDDEN,
                          "phase": OPTIMIZER, "part": "step", "kind": "optimizer", "launch": EAGER})
@@ -264,7 +271,7 @@ def job_rows(spec: JobSpec, graph: Graph, hardware: HardwareSpec) -> pd.DataFram
     parts = [casts[casts["phase"] == FORWARD], rows[rows["phase"] == FORWARD],
              transposes[transposes["phase"] == FORWARD], rows[rows["phase"] == BACKWARD],
              transposes[transposes["phase"] == BACKWARD], casts[casts["phase"] == BACKWARD],
-             optimizer_rows(graph.totals.params, optimizer, weights, extra_passes)]
+             optimizer_rows(graph.totals.params, optimizer, weights, extra_passes, spec.fused_optimizer)]
     return pd.concat([part for part in parts if len(part)], ignore_index=True)  # in launch order
 
 

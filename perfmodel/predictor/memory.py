@@ -61,8 +61,9 @@ Optimizer step: the activations are freed, every gradient is alive, and torch's 
 Adam/AdamW allocates one state-sized temporary per parameter (sqrt(v) + eps for all of them at once;
 `OPTIMIZER_TEMPORARIES`; SGD with momentum updates in place). When those temporaries exceed the activations' share
 the step is the peak: `temporaries_bytes` holds them and `activations_bytes` is 0 (a large model at a small batch:
-Transformer-XL large with its 520M parameters at batch 1). The per-parameter Adam of torch < 2.0, fused Adam and
-the CPU's default (no foreach) allocate less.
+Transformer-XL large with its 520M parameters at batch 1). A fused step (`JobSpec.fused_optimizer`: torch's
+fused=True, apex's, DeepSpeed's) allocates none; the per-parameter Adam of torch < 2.0 and the CPU's default (no
+foreach) allocate one parameter's worth at a time (not counted).
 
 Not counted: the activation gradients backward holds while it runs an op (an op-dependent transient: cat's
 backward is views, linear's allocates its input's gradient), the CUDA context (`CONTEXT_RESERVE_BYTES`, taken off
@@ -164,11 +165,12 @@ def bytes_per_param(precision: Precision, optimizer: OptimizerName, mode: Mode =
     return BytesPerParam(FP32_BYTES, FP32_BYTES, states * FP32_BYTES)  # fp32, fp32-strict, tf32
 
 
-def optimizer_temporary_bytes(precision: Precision, optimizer: OptimizerName) -> int:
-    """Bytes per parameter the optimizer step allocates and frees (`OPTIMIZER_TEMPORARIES` state-sized buffers, and
-    a master-weight step's fp32 copy of half gradients)."""
+def optimizer_temporary_bytes(precision: Precision, optimizer: OptimizerName, fused: bool = False) -> int:
+    """Bytes per parameter the optimizer step allocates and frees (`OPTIMIZER_TEMPORARIES` state-sized buffers,
+    none for a `fused` step, which computes each element's update in registers; and a master-weight step's fp32
+    copy of half gradients)."""
     copies = 1 if precision.master_weights and not precision.fp32_gradients else 0
-    buffers = OPTIMIZER_TEMPORARIES[optimizer] + copies
+    buffers = (0 if fused else OPTIMIZER_TEMPORARIES[optimizer]) + copies
     return buffers * (HALF_BYTES if precision.half_state else FP32_BYTES)
 
 
@@ -411,7 +413,8 @@ def estimate_memory(spec: JobSpec, graph: Graph | GraphBytes, *, tensor_parallel
         activations = backward_overlap_bytes(b, spec.precision, stored / tp / outputs if outputs else 0.0,
                                              gradients)
         # the optimizer step: activations freed, every gradient alive, its temporaries sharded like its state
-        temporaries = shard(optimizer_temporary_bytes(spec.precision, spec.optimizer), zero=zero_stage >= 1)
+        temporaries = shard(optimizer_temporary_bytes(spec.precision, spec.optimizer, spec.fused_optimizer),
+                            zero=zero_stage >= 1)
         if temporaries > activations:
             activations = 0
         else:

@@ -46,10 +46,12 @@ PHASE_LABELS: dict[Phase, str] = {
     "optimizer": "perfmodel::optimizer",
 }
 
-_OPTIMIZERS: dict[OptimizerName, Callable[[list[torch.nn.Parameter]], torch.optim.Optimizer]] = {
-    OptimizerName.sgd: lambda params: torch.optim.SGD(params, lr=1e-4, momentum=0.9),
-    OptimizerName.adam: lambda params: torch.optim.Adam(params, lr=1e-4),
-    OptimizerName.adamw: lambda params: torch.optim.AdamW(params, lr=1e-4),
+# each optimizer over its parameters, fused (`JobSpec.fused_optimizer`: torch's fused=True, one kernel per group of
+# tensors on CUDA and the CPU) or torch's default implementation
+_OPTIMIZERS: dict[OptimizerName, Callable[[list[torch.nn.Parameter], bool], torch.optim.Optimizer]] = {
+    OptimizerName.sgd: lambda params, fused: torch.optim.SGD(params, lr=1e-4, momentum=0.9, fused=fused or None),
+    OptimizerName.adam: lambda params, fused: torch.optim.Adam(params, lr=1e-4, fused=fused or None),
+    OptimizerName.adamw: lambda params, fused: torch.optim.AdamW(params, lr=1e-4, fused=fused or None),
 }
 
 MIN_WARMUP = 2  # warm-up steps kept under a time budget (the first step is never steady: allocations, caches)
@@ -75,11 +77,12 @@ class MasterWeightsOptimizer:
     that each half gradient is added into as backward produces it (the half gradient then freed), zeroed by
     `zero_grad`."""
 
-    def __init__(self, name: OptimizerName, params: list[torch.nn.Parameter], fp32_gradients: bool = False):
+    def __init__(self, name: OptimizerName, params: list[torch.nn.Parameter], fp32_gradients: bool = False,
+                 fused: bool = False):
         self.params = params
         self.fp32_gradients = fp32_gradients
         self.master = [torch.nn.Parameter(p.detach().to(torch.float32, copy=True)) for p in params]
-        self.inner = _OPTIMIZERS[name](self.master)
+        self.inner = _OPTIMIZERS[name](self.master, fused)
         self._hooks = [param.register_post_accumulate_grad_hook(self._accumulate_into(master))
                        for param, master in zip(params, self.master)] if fp32_gradients else []
 
@@ -117,15 +120,16 @@ class MasterWeightsOptimizer:
 
 
 def make_optimizer(name: OptimizerName, params: Iterable[torch.nn.Parameter], master_weights: bool = False,
-                   fp32_gradients: bool = False) -> Stepper | None:
+                   fp32_gradients: bool = False, fused: bool = False) -> Stepper | None:
     """The spec's optimizer over the trainable parameters (a small learning rate), over their fp32 master copy
-    with `master_weights` (its gradients accumulated in fp32 with `fp32_gradients`); None when nothing trains."""
+    with `master_weights` (its gradients accumulated in fp32 with `fp32_gradients`), `fused` or torch's default
+    implementation; None when nothing trains."""
     trainable = [p for p in params if p.requires_grad]
     if not trainable:
         return None
     if master_weights:
-        return MasterWeightsOptimizer(name, trainable, fp32_gradients)
-    return _OPTIMIZERS[name](trainable)
+        return MasterWeightsOptimizer(name, trainable, fp32_gradients, fused)
+    return _OPTIMIZERS[name](trainable, fused)
 
 
 def make_step(job: BuiltJob) -> Callable[[], None]:
@@ -145,7 +149,7 @@ def make_step(job: BuiltJob) -> Callable[[], None]:
 
     precision = job.spec.precision
     optimizer = make_optimizer(job.spec.optimizer, job.module.parameters(), precision.master_weights,
-                               precision.fp32_gradients)
+                               precision.fp32_gradients, job.spec.fused_optimizer)
 
     def train() -> None:
         with record_function(PHASE_LABELS["forward"]):

@@ -72,7 +72,8 @@ def job_out(entry: JobEntry, created: bool) -> dict[str, Any]:
     return {
         "job_id": entry.key, "name": spec.name, "created": created, "source_kind": spec.source.kind,
         "batch_size": spec.batch_size, "seq_len": spec.seq_len, "precision": spec.precision.value,
-        "optimizer": spec.optimizer.value, "mode": spec.mode.value, "channels_last": spec.channels_last,
+        "optimizer": spec.optimizer.value, "fused_optimizer": spec.fused_optimizer, "mode": spec.mode.value,
+        "channels_last": spec.channels_last,
         "pytorch_version": spec.pytorch_version, "steps_vary": spec.steps_vary,
         "created_at": entry.created_at,
         "graph": {"name": entry.graph.name, "source": entry.graph.source, "mode": entry.graph.mode,

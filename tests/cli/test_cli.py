@@ -145,6 +145,30 @@ def test_profile_runs_a_channels_last_job_as_its_own_job(tmp_path):
     assert converted["job_id"] != plain["job_id"] and converted["iteration"]["iter_time_ms_median"] > 0
 
 
+def test_predict_prices_a_fused_optimizer_step_faster_and_profile_runs_it_as_its_own_job(tmp_path):
+    """`--fused-optimizer`: the answer's optimizer part shrinks and nothing else moves; `profile` runs torch's
+    fused implementation as a job of its own."""
+    args = ("predict", "bert-small", "-b", 8, "--seq-len", 64, "--optimizer", "adamw", "--accelerator", "a100",
+            "--json")
+    plain, fused = (run(*args, *extra) for extra in ((), ("--fused-optimizer",)))
+    assert plain.exit_code == 0 and fused.exit_code == 0, fused.output
+    plain, fused = json.loads(plain.stdout)["breakdown_ms"], json.loads(fused.stdout)["breakdown_ms"]
+    assert fused["optimizer"] < plain["optimizer"]
+    assert (fused["forward"], fused["backward"]) == (plain["forward"], plain["backward"])
+    path = tmp_path / "mlp.py"
+    path.write_text(textwrap.dedent("""
+        import torch
+        def make(batch_size):
+            return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4)), \\
+                torch.randn(batch_size, 16)
+    """))
+    args = ("profile", "--module", f"{path}:make", "-b", 2, "--optimizer", "adam", "--repeats", 3, "--warmup", 1,
+            "--no-per-op", "--json")
+    plain, fused = (run(*args, *extra) for extra in ((), ("--fused-optimizer",)))
+    assert plain.exit_code == 0 and fused.exit_code == 0, fused.output
+    assert json.loads(fused.stdout)["job_id"] != json.loads(plain.stdout)["job_id"]
+
+
 @pytest.mark.parametrize("accelerator,fragment", [("p100", "ambiguous accelerator 'p100'"), ("v100-sxm9", "v100")])
 def test_predict_refuses_a_bad_accelerator_before_capturing_the_job(accelerator, fragment):
     result = run("predict", "resnet18", "-b", 8, "--accelerator", accelerator)

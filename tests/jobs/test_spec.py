@@ -189,6 +189,18 @@ def test_channels_last_is_its_own_job_and_leaves_every_other_key_as_it_was():
     assert converted.key() != plain.key()
 
 
+def test_a_fused_optimizer_is_its_own_job_on_the_same_graph_and_leaves_every_other_key_as_it_was():
+    """A job stepping a fused optimizer gets its own key but its graph's (the optimizer is no node of it); a job
+    that does not say it keeps the key and JSON it had before the setting existed."""
+    plain = JobSpec(source=ZooSource(name="resnet50"), batch_size=32)
+    assert "fused_optimizer" not in plain.model_dump(mode="json")
+    assert plain.key() == "a16c30d7f9094ea4675908cf"
+    fused = plain.model_copy(update={"fused_optimizer": True})
+    assert JobSpec.model_validate_json(fused.model_dump_json()) == fused
+    assert fused.key() != plain.key() and fused.graph_key() == plain.graph_key()
+    assert JobSpec.model_validate({**plain.model_dump(mode="json"), "fused_optimizer": False}).key() == plain.key()
+
+
 def test_specs_that_differ_only_in_optimizer_or_float32_math_share_a_graph_key():
     """The optimizer is priced from the parameter count and fp32, tf32 and autocast run the float32 graph: one
     graph key; a model cast to half, another batch, sequence, layout or mode is another graph."""

@@ -100,6 +100,24 @@ def test_master_weights_cost_the_fp32_copies_not_activations(master, half):
     assert optimizer_temporary_bytes(Precision.amp, OptimizerName.sgd) == 0
 
 
+@pytest.mark.parametrize("precision", [Precision.fp32, Precision.amp, Precision.fp16_master, Precision.bf16_master])
+def test_a_fused_optimizer_allocates_no_temporaries_and_a_master_step_still_copies(precision):
+    """A fused step computes each element's update in registers: no state-sized temporary, whatever the
+    optimizer; a master-weight step's fp32 copy of half gradients stays (apex and DeepSpeed make it apart). At a
+    batch of 1, where foreach Adam's temporaries are the step's peak, the fused job needs less memory."""
+    copy = 4 if precision.master_weights and not precision.fp32_gradients else 0
+    for optimizer in OptimizerName:
+        assert optimizer_temporary_bytes(precision, optimizer, fused=True) == copy
+        assert optimizer_temporary_bytes(precision, optimizer) >= copy
+    small = _graph(batch=1, params_per_layer=4_000_000)
+    spec = _spec(optimizer=OptimizerName.adam, precision=precision, batch_size=1)
+    foreach, fused = (estimate_memory(s, small) for s in (spec, spec.model_copy(update={"fused_optimizer": True})))
+    assert foreach.temporaries_bytes > 0 and fused.temporaries_bytes < foreach.temporaries_bytes
+    assert fused.peak_bytes < foreach.peak_bytes
+    assert (fused.weights_bytes, fused.gradients_bytes, fused.optimizer_bytes) == (
+        foreach.weights_bytes, foreach.gradients_bytes, foreach.optimizer_bytes)
+
+
 def test_bf16_master_all_reduces_its_fp32_gradient_buffers_in_place():
     """Data parallelism: DistributedDataParallel keeps a bucket copy of the gradients; Megatron-LM's fp32 gradient
     buffers are what it all-reduces, no copy beside them."""

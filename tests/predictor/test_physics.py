@@ -120,6 +120,26 @@ def test_amp_adds_weight_casts_and_the_grad_scaler(predictor, graphs):
     assert set(rows_amp.loc[rows_amp["kind"] == "linear", "dtype"]) == {"fp16"}
 
 
+def test_a_fused_optimizer_reads_and_writes_each_tensor_once(predictor, graphs):
+    """A fused AdamW step moves each of param, grad and both moments in and the three updated ones out: 7 passes
+    (rounded up to whole 3-pass kernels), against torch's foreach step's 20; every other row is the same."""
+    import pandas as pd
+
+    from perfmodel.predictor.gpu_iteration import FOREACH_TENSOR_PASSES, FUSED_TENSOR_PASSES, job_rows
+
+    hardware = predictor.catalog["h100-sxm5"]
+    spec, graph = JobSpec.from_options(**JOBS["tiny-bert"]), graphs["tiny-bert"]
+    rows = {fused: job_rows(spec.model_copy(update={"fused_optimizer": fused}), graph, hardware)
+            for fused in (False, True)}
+    step = {fused: r[r["phase"] == "optimizer"] for fused, r in rows.items()}
+    moved = {fused: float((op_work(s).bytes_read + op_work(s).bytes_written).sum()) / (4 * graph.totals.params)
+             for fused, s in step.items()}
+    assert FUSED_TENSOR_PASSES["adamw"] <= moved[True] < FUSED_TENSOR_PASSES["adamw"] + 3.1
+    assert FOREACH_TENSOR_PASSES["adamw"] <= moved[False] < FOREACH_TENSOR_PASSES["adamw"] + 3.1
+    rest = {fused: r[r["phase"] != "optimizer"].reset_index(drop=True) for fused, r in rows.items()}
+    pd.testing.assert_frame_equal(rest[True], rest[False])
+
+
 def test_a_host_bound_stream_waits_for_the_host():
     from perfmodel.predictor.gpu_iteration import host_bound_ms
 

@@ -544,3 +544,20 @@ def test_an_older_pytorch_is_never_answered_faster_and_a_newer_one_as_the_newest
     largest = max(predictor.whole_step.regressor.software_["offsets"].values())
     assert plain.iter_time_ms * (1 - 1e-9) <= old.iter_time_ms <= plain.iter_time_ms * np.exp(largest) * (1 + 1e-9)
     assert old.interval_ms[1] >= plain.interval_ms[1] * (1 - 1e-9)
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(job=st.sampled_from(sorted(SHEET_JOBS)), gpu=st.sampled_from(SHEET_GPUS),
+       optimizer=st.sampled_from(["sgd", "adam", "adamw"]), devices=st.sampled_from([1, 4]))
+def test_a_fused_optimizer_is_never_answered_slower_nor_needs_more_memory(predictor, job, gpu, optimizer, devices):
+    """Served, the whole-step stage included, over random jobs, GPUs and optimizers: the same job stepping a fused
+    optimizer (each tensor read and written once, no temporaries) is never slower than torch's default (foreach)
+    step, saves no more than that step's whole optimizer time, and never needs more memory."""
+    spec = JobSpec.from_options(**SHEET_JOBS[job], optimizer=optimizer)
+    placement = PlacementSpec(accelerator=gpu, devices_per_node=(devices,), global_batch_size=spec.batch_size * devices)
+    fused_spec = spec.model_copy(update={"fused_optimizer": True})
+    foreach, fused = (predictor.predict(s, placement) for s in (spec, fused_spec))
+    assert fused.breakdown_ms["optimizer"] < foreach.breakdown_ms["optimizer"]
+    assert fused.iter_time_ms <= foreach.iter_time_ms * (1 + 1e-9)
+    assert foreach.iter_time_ms - fused.iter_time_ms <= foreach.breakdown_ms["optimizer"] * (1 + 1e-9)
+    assert fused.peak_memory_bytes <= foreach.peak_memory_bytes

@@ -47,6 +47,27 @@ def test_train_step_updates_the_weights(optimizer):
     assert job.module.fc1.weight.grad is None  # zero_grad(set_to_none=True)
 
 
+@pytest.mark.parametrize("precision", ["fp32", "fp16-master"])
+@pytest.mark.parametrize("optimizer", ["sgd", "adam", "adamw"])
+def test_a_fused_optimizer_is_torchs_fused_implementation_and_steps_as_the_default_one(optimizer, precision):
+    """`fused_optimizer`: the profiled step runs torch's fused implementation (on a master-weight recipe, over the
+    fp32 masters), whose update equals the default (foreach) one's to rounding."""
+    weights = {}
+    for fused in (False, True):
+        torch.manual_seed(0)
+        job = build_job(user_spec("tiny_mlp", optimizer=optimizer, precision=precision, fused_optimizer=fused))
+        stepper = make_optimizer(job.spec.optimizer, job.module.parameters(), job.spec.precision.master_weights,
+                                 fused=job.spec.fused_optimizer)
+        inner = stepper.inner if isinstance(stepper, MasterWeightsOptimizer) else stepper
+        assert bool(inner.defaults["fused"]) is fused
+        torch.manual_seed(1)
+        job.loss_fn(job.forward()).backward()
+        stepper.step()
+        weights[fused] = job.module.fc1.weight.detach().float().clone()
+        make_step(job)()  # and the training step runs
+    torch.testing.assert_close(weights[True], weights[False], rtol=1e-3, atol=1e-3)
+
+
 @pytest.mark.parametrize("optimizer", ["sgd", "adamw"])
 def test_master_weight_step_updates_fp32_masters_and_writes_them_back(optimizer):
     """fp16-master (apex O2): the module is fp16, the optimizer steps fp32 copies of the weights from fp32 copies of
