@@ -21,7 +21,7 @@ Real training steps differ from the composed kernel sum in ways that real runs c
 
 - **the software it ran on**: the same GPU, model and math run faster in a newer container (PyTorch, cuDNN,
   cuBLAS, the example's own code). On the public runs, against PyTorch 1.13 (NGC 22.09) on the GPUs measured on
-  both: 1.4 (NGC 20.01) 17 % slower, 1.7-1.9 (20.10-21.03) 7-8 %, 1.10 (21.07) under 1 %. Left in, it would read as a
+  both: 1.4 (NGC 20.01) 22 % slower, 1.7-1.9 (20.10-21.03) 6-8 %, 1.10 (21.07) under 1 %. Left in, it would read as a
   device effect (the Volta and Turing parts ran mostly on 1.4) and each level would be an old container's.
   `fit(..., software=, devices=)` takes each older version's offset (`software_offsets`: paired on the same GPU,
   model and math) off its rows first, so the stage learns, and answers, the newest software's step;
