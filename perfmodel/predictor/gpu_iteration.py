@@ -148,6 +148,12 @@ _EMPTY = pd.DataFrame(columns=["op_class", "op_name", "dtype", "math", "batch", 
                                "launch"])
 
 
+def fused_bytes_share(optimizer: str) -> float:
+    """What a fused step moves of the bytes torch's default step (foreach, or per tensor: the same passes) moves:
+    the ratio of their passes (`FUSED_TENSOR_PASSES` / `FOREACH_TENSOR_PASSES`; AdamW 0.35)."""
+    return FUSED_TENSOR_PASSES[optimizer] / FOREACH_TENSOR_PASSES[optimizer]
+
+
 def optimizer_rows(params: int, optimizer: str | None, dtype: str = "fp32", extra_passes: int = 0,
                    fused: bool = False) -> pd.DataFrame:
     """The optimizer step as element-wise `add` rows over the parameters (none for inference): the passes of

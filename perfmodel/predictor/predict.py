@@ -105,23 +105,29 @@ class Predictor:
         from perfmodel.features.dataset import sample_for_prediction
         from perfmodel.graph import graph_for_job
         from perfmodel.hardware.catalog import get_accelerator
+        from perfmodel.predictor.gpu_iteration import fused_bytes_share
 
         hardware = get_accelerator(accelerator)
         sample = sample_for_prediction(spec, hardware, graph=graph if graph is not None else graph_for_job(spec))
         out = self.regressor.predict([sample])
+        optimizer_ms = float(out.optimizer_ms[0])
+        # the profiled steps ran torch's default optimizer; a fused one moves only its share of their bytes, and
+        # the step is memory-bound: the interval moves with the step
+        fused_ms = optimizer_ms * fused_bytes_share(spec.optimizer.value) if spec.fused_optimizer else optimizer_ms
         breakdown = {
             "forward": float(out.forward_ms[0]),
             "backward": float(out.backward_ms[0]),
-            "optimizer": float(out.optimizer_ms[0]),
-            "communication": 0.0,  # one device: nothing to communicate (placement model: issue 5)
+            "optimizer": fused_ms,
+            "communication": 0.0,  # one device: nothing to communicate
             "overhead": float(out.overhead_ms[0]),
         }
         iter_time_ms = sum(breakdown.values())
+        scale = iter_time_ms / (iter_time_ms + optimizer_ms - fused_ms) if iter_time_ms > 0 else 1.0
         reasons = self.extrapolation_reasons(sample)
         return Prediction(
             job_name=spec.name, job_id=spec.key(), accelerator=hardware.name, model_version=self.model_version,
             iter_time_ms=iter_time_ms, throughput_samples_per_s=samples_per_s(spec.batch_size, iter_time_ms),
-            interval_ms=(float(out.p10_ms[0]), float(out.p90_ms[0])), breakdown_ms=breakdown,
+            interval_ms=(float(out.p10_ms[0]) * scale, float(out.p90_ms[0]) * scale), breakdown_ms=breakdown,
             peak_memory_bytes=estimate_memory(spec, sample.graph).peak_bytes,
             extrapolated=bool(reasons), extrapolation_reasons=tuple(reasons),
         )

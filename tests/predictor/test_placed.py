@@ -561,3 +561,23 @@ def test_a_fused_optimizer_is_never_answered_slower_nor_needs_more_memory(predic
     assert fused.iter_time_ms <= foreach.iter_time_ms * (1 + 1e-9)
     assert foreach.iter_time_ms - fused.iter_time_ms <= foreach.breakdown_ms["optimizer"] * (1 + 1e-9)
     assert fused.peak_memory_bytes <= foreach.peak_memory_bytes
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adamw"])
+def test_a_fused_optimizer_on_the_cpu_model_moves_its_share_of_the_profiled_steps_bytes(predictor, optimizer):
+    """The CPU step model learned torch's default optimizer (the per-tensor step: the foreach passes); a fused step
+    is answered with its share of that step's bytes (`fused_bytes_share`), every other part the same, and the
+    interval moved with the step."""
+    from perfmodel.predictor.gpu_iteration import fused_bytes_share
+
+    spec = JobSpec.from_options(zoo="resnet18", batch_size=8, optimizer=optimizer)
+    placement = PlacementSpec(accelerator="cpu", global_batch_size=8)
+    fused_spec = spec.model_copy(update={"fused_optimizer": True})
+    default, fused = (predictor.predict(s, placement) for s in (spec, fused_spec))
+    assert fused.breakdown_ms["optimizer"] == pytest.approx(
+        default.breakdown_ms["optimizer"] * fused_bytes_share(optimizer), rel=1e-9)
+    assert (fused.breakdown_ms["forward"], fused.breakdown_ms["backward"]) == (
+        default.breakdown_ms["forward"], default.breakdown_ms["backward"])
+    assert fused.iter_time_ms < default.iter_time_ms
+    assert fused.interval_ms[0] < default.interval_ms[0] and fused.interval_ms[1] < default.interval_ms[1]
+    assert fused.interval_ms[0] <= fused.iter_time_ms <= fused.interval_ms[1]
