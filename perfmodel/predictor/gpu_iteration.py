@@ -51,6 +51,7 @@ from perfmodel.core import cost
 from perfmodel.core.errors import PerfmodelError
 from perfmodel.core.ir import Graph, Node
 from perfmodel.core.units import samples_per_s
+from perfmodel.features.whole_graph import OPTIMIZER_TENSOR_PASSES
 from perfmodel.hardware.impute import imputed
 from perfmodel.hardware.math import has_tensor_cores, on_tensor_cores
 from perfmodel.hardware.spec import HardwareSpec
@@ -80,10 +81,10 @@ OPTIMIZER = "optimizer"
 # SGD momentum: mul_ + add_ on the buffer, add_ on the params (2 + 3 + 3); Adam: lerp_ (3), mul_ (2), addcmul_ (3),
 # sqrt (2), div_ (2), add_ eps (2), addcdiv_ on the params (4); AdamW adds the decoupled weight decay mul_ (2)
 FOREACH_TENSOR_PASSES = {"sgd": 8, "adam": 18, "adamw": 20}
-# a fused step (`JobSpec.fused_optimizer`: torch's fused=True, apex's, DeepSpeed's, Megatron-LM's) reads each tensor
-# once and writes the updated ones once: SGD momentum reads param, grad, buffer and writes param, buffer (5); Adam
-# and AdamW read param, grad, both moments and write param and both moments (7), the weight decay inside the kernel
-FUSED_TENSOR_PASSES = {"sgd": 5, "adam": 7, "adamw": 7}
+# a fused step (`JobSpec.fused_optimizer`: torch's fused=True, apex's, DeepSpeed's, Megatron-LM's) makes the fewest
+# passes a step can, the roofline's: each tensor read once and the updated ones written once, the weight decay
+# inside the kernel (`features.whole_graph.OPTIMIZER_TENSOR_PASSES`: SGD momentum 5, Adam and AdamW 7)
+FUSED_TENSOR_PASSES = OPTIMIZER_TENSOR_PASSES
 AMP_SCALER_PASSES = 2  # GradScaler.unscale_: read and write every gradient (the inf check rides along)
 # fp16-master / bf16-master: half gradients -> fp32 (read 2 B, write 4 B: 1.5 fp32 passes; apex unscales and checks
 # for inf in that copy) and fp32 weights -> the half model (1.5)
