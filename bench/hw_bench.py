@@ -28,6 +28,8 @@ from _figures import add_record_option, record_if_asked
 VERDICT = {"as shipped": "as_shipped", "op-sweep adaptation": "adaptation",
            "calibrated by the other steps": "calibrated", "adaptation + calibrated": "adaptation_calibrated"}
 VERDICT_LINE = re.compile(r"^\s+(?P<way>.+?)\s+(?P<mape>[\d.]+) % MAPE on held-out steps(?P<applied>  <- applied)?$")
+# the most the model as shipped may miss the steps by on a device it answers within its own held-out error
+WITHIN_LINE = re.compile(r"within its own held-out error \(at most (?P<pct>[\d.]+) % MAPE over")
 
 HELD_OUT = (  # (zoo model, batch sizes, seq_len, optimizer): none of them in `device_steps.STEP_JOBS`
     ("squeezenet1_1", (4, 8), None, "sgd"),
@@ -108,10 +110,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nMAPE before hw bench: {statistics.fmean(errors_before):.1f} % (worst {max(errors_before):.0f} %)")
     print(f"MAPE after hw bench:  {statistics.fmean(errors_after):.1f} % (worst {max(errors_after):.0f} %)")
     verdict = [m for m in map(VERDICT_LINE.match, result.output.splitlines()) if m and m["way"] in VERDICT]
+    within = WITHIN_LINE.search(result.output)
     record_if_asked(args, "hw_bench", {
         "cases": len(cases),
         "held_out_steps_mape_pct": {VERDICT[m["way"]]: float(m["mape"]) for m in verdict},
         "applied": next((VERDICT[m["way"]] for m in verdict if m["applied"]), None),
+        "within_pct": float(within["pct"]) if within else None,
         "before": {"mape_pct": statistics.fmean(errors_before), "worst_pct": max(errors_before)},
         "after": {"mape_pct": statistics.fmean(errors_after), "worst_pct": max(errors_after)}})
     return 0

@@ -147,6 +147,7 @@ def hw_bench(
     from perfmodel.evaluation.device_steps import (
         DEFAULT_STEPS_BUDGET_S,
         judge,
+        own_held_out_mape_pct,
         predictors_for,
         time_steps,
     )
@@ -181,7 +182,8 @@ def hw_bench(
             for line in fitted:
                 typer.echo(line)
         return
-    verdict = judge(timed, hardware, predictors_for(run.device, adaptation, run.catalog))
+    verdict = judge(timed, hardware, predictors_for(run.device, adaptation, run.catalog),
+                    own_held_out_mape_pct(hardware.kind))
     typer.echo(f"{len(timed)} whole steps on {run.device}, each predicted without its own measurement:")
     for line in verdict.lines():
         typer.echo(line)
@@ -195,7 +197,8 @@ def hw_bench(
         else:
             shutil.rmtree(adaptations_dir() / run.device, ignore_errors=True)
             alone = mape.get((True, False), float("inf")) < mape[(False, False)]
-            why = (f"it beat the model as shipped ({versus}), not the calibration without it "
+            why = ("the model as shipped answers the steps within its own held-out error" if verdict.within else
+                   f"it beat the model as shipped ({versus}), not the calibration without it "
                    f"({min(mape[(True, False)], mape[(True, True)]):.1f} % vs {mape[(False, True)]:.1f} % MAPE)"
                    if alone else f"it did not beat the model as shipped on held-out steps: {versus}")
             typer.echo(f"op-sweep adaptation: not applied ({why}); its rows stay in the store (`perfmodel adapt "
@@ -204,7 +207,9 @@ def hw_bench(
         path = save_device_steps(run.device, timed)
         typer.echo(f"kept the steps in {path}: every prediction for {run.device} is calibrated by them")
     elif delete_device_steps(run.device):
-        typer.echo(f"dropped the steps kept before for {run.device}: they do not help on held-out steps")
+        why = ("the model as shipped answers them within its own held-out error" if verdict.within else
+               "they do not help on held-out steps")
+        typer.echo(f"dropped the steps kept before for {run.device}: {why}")
 
 
 @user_errors

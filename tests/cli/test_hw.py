@@ -82,3 +82,37 @@ def test_hw_bench_says_once_whether_the_adaptation_is_applied(monkeypatch, adapt
         assert "op-sweep adaptation: not applied (it did not beat the model as shipped on held-out steps: 160.0 % " \
                "vs 20.0 % MAPE)" in result.output
         assert str(folder) not in result.output and not folder.exists()
+
+
+def test_hw_bench_says_when_the_model_as_shipped_is_within_its_own_error(monkeypatch):
+    """Steps the model as shipped already answers within its own held-out error: neither the adaptation nor the
+    calibration is applied, and the output says why (the sweep and the steps are stand-ins)."""
+    from perfmodel.evaluation import bench, device_steps, training
+    from perfmodel.evaluation.device_steps import Verdict, within_bound_pct
+    from perfmodel.store import device_steps as stored_steps
+
+    mape = {(False, False): 11.0, (True, False): 99.1, (False, True): 8.7, (True, True): 25.9}
+    monkeypatch.setattr(bench, "bench_device", lambda *args, **kwargs: SimpleNamespace(
+        summary=lambda: "timed 3 shapes", device="cpu", catalog={"cpu": SimpleNamespace(kind="cpu")}))
+    monkeypatch.setattr(training, "fit_adaptation", lambda *args: SimpleNamespace(rows_per_class={"linear": 3}))
+    monkeypatch.setattr(device_steps, "time_steps", lambda *args: ["step"] * 8)
+    monkeypatch.setattr(device_steps, "predictors_for", lambda *args: {})
+    seen = []
+
+    def judge(steps, hardware, predictors, own_mape_pct):
+        seen.append(own_mape_pct)
+        within = within_bound_pct(own_mape_pct, len(steps))
+        return Verdict(mape, False, False, within_pct=within, steps=len(steps))
+
+    monkeypatch.setattr(device_steps, "judge", judge)
+    monkeypatch.setattr(stored_steps, "delete_device_steps", lambda device: True)
+    result = run("hw", "bench", "--device", "cpu")
+    assert result.exit_code == 0, result.output
+    assert seen == [pytest.approx(device_steps.own_held_out_mape_pct("cpu"))]
+    bound = within_bound_pct(device_steps.own_held_out_mape_pct("cpu"), 8)
+    said = f"answers these steps within its own held-out error (at most {bound:.1f} % MAPE over 8 steps"
+    assert said in result.output
+    assert "op-sweep adaptation: not applied (the model as shipped answers the steps within its own held-out " \
+           "error)" in result.output
+    assert "dropped the steps kept before for cpu: the model as shipped answers them within its own held-out " \
+           "error" in result.output

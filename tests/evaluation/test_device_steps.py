@@ -3,13 +3,24 @@ evidence of the device."""
 
 from __future__ import annotations
 
+import itertools
 import random
 
 import pytest
 
 from perfmodel.core.ir import Graph
 from perfmodel.engine import EngineConfig, PredictionEngine
-from perfmodel.evaluation.device_steps import StepJob, choose, held_out_ms, judge, predictors_for, time_steps
+from perfmodel.evaluation.device_steps import (
+    StepJob,
+    Verdict,
+    choose,
+    held_out_ms,
+    judge,
+    own_held_out_mape_pct,
+    predictors_for,
+    time_steps,
+    within_bound_pct,
+)
 from perfmodel.hardware.catalog import load_catalog
 from perfmodel.jobs.spec import JobSpec
 from perfmodel.placement.spec import PlacementSpec
@@ -63,6 +74,54 @@ def test_an_adaptation_is_applied_only_if_it_beats_the_model_as_shipped_on_its_o
         assert scores[(adapt, calibrate)] <= scores[shipped]
         assert not adapt or scores[off] < scores[shipped]
         assert scores[(adapt, calibrate)] <= min(scores[shipped], scores[(False, True)])
+
+
+def test_nothing_is_applied_where_the_model_as_shipped_is_within_its_own_held_out_error():
+    # a 2-core EPYC of a newer generation than the corpus host: 11.0 % as shipped, 8.7 % calibrated, against a
+    # bound of 15.7 % for eight steps of a model 9.9 % off held out: nothing applied; a Xeon's 20.5 % is outside it
+    shipped, calibrated = (False, False), (False, True)
+    epyc = {shipped: 11.0, calibrated: 8.7, (True, False): 99.1, (True, True): 25.9}
+    assert choose(epyc) == calibrated and choose(epyc, within_bound_pct(9.9, 8)) == shipped
+    xeon = {shipped: 20.5, calibrated: 20.2, (True, False): 86.2, (True, True): 60.0}
+    assert choose(xeon, within_bound_pct(9.9, 8)) == calibrated
+    rng = random.Random(1)
+    for _ in range(300):
+        scores = {key: rng.uniform(5.0, 60.0) for key in (shipped, calibrated, (True, False), (True, True))}
+        within = rng.uniform(5.0, 30.0)
+        chosen = choose(scores, within)
+        assert chosen == shipped if scores[shipped] <= within else chosen == choose(scores)
+    verdict = Verdict(epyc, False, False, within_pct=within_bound_pct(9.9, 8), steps=8)
+    assert verdict.within and "within its own held-out error (at most 15.7 % MAPE over 8 steps" in verdict.lines()[-1]
+    assert [line for line in verdict.lines() if "<- applied" in line] == [verdict.lines()[0]]
+    assert not Verdict(epyc, False, True).within and len(Verdict(epyc, False, True).lines()) == 4
+
+
+def test_the_bound_narrows_toward_the_models_own_error_with_more_steps():
+    bounds = [within_bound_pct(10.0, n) for n in (2, 4, 8, 16, 64, 10_000)]
+    assert all(a > b > 10.0 for a, b in itertools.pairwise(bounds))
+    assert within_bound_pct(10.0, 8) == pytest.approx(10.0 * (1 + 1.645 / 8 ** 0.5))
+    assert bounds[-1] == pytest.approx(10.0, rel=0.02)
+
+
+def test_the_models_own_held_out_error_is_read_from_the_promoted_models_manifest(tmp_path):
+    from perfmodel.registry.registry import ModelRegistry
+
+    registry = ModelRegistry()
+    cpu = registry.get(None, role="cpu-step").manifest.metrics["inner_oof"]["mape"]
+    assert own_held_out_mape_pct("cpu") == pytest.approx(100 * cpu)
+    gpu = registry.get(None, role="whole-step").manifest.metrics["oof_mape_unseen"]
+    assert own_held_out_mape_pct("gpu") == pytest.approx(100 * gpu)
+    assert own_held_out_mape_pct("cpu", models_dir=tmp_path) is None  # nothing promoted there: not judged so
+
+
+def test_judge_applies_nothing_on_steps_the_model_already_answers_within_its_error(timed):
+    catalog = load_catalog()
+    predictors = predictors_for("cpu", None, catalog)
+    loose = judge(timed, catalog["cpu"], predictors, own_mape_pct=1e4)
+    assert loose.within and (loose.adapt, loose.calibrate) == (False, False) and loose.steps == len(timed)
+    strict = judge(timed, catalog["cpu"], predictors, own_mape_pct=1e-3)
+    assert not strict.within and strict.mape_pct == loose.mape_pct
+    assert (strict.adapt, strict.calibrate) == choose(strict.mape_pct)
 
 
 def test_held_out_calibration_never_uses_the_step_itself():
