@@ -9,7 +9,8 @@ throughput, 42 of them out of memory at their batch (`reason == "out of memory"`
 points and are left out). PROVENANCE.md there says what each column means.
 
 Each row becomes the JobSpec of one data-parallel rank (data parallelism replicates the model: one rank's memory is
-the single-GPU job's at the per-GPU batch, plus the all-reduce buckets of its `num_gpus`-way data parallelism):
+the single-GPU job's at the per-GPU batch, its `num_gpus`-way data parallelism's buckets being the gradients, as in
+apex's DDP and the estimate's default: `gradient_bucket_copy` off):
 - model: the zoo entry (ssd -> ssd300, gnmt, ncf, tacotron2, waveglow, transformerxlbase -> transformer-xl-base,
   transformerxllarge -> transformer-xl-large, maskrcnn), `seq_len` its `reference_seq_len`;
 - batch_size: `batch_per_gpu`, rounded up (a global batch that does not divide by the GPU count leaves some rank

@@ -60,6 +60,9 @@ def predict(ctx: typer.Context, model: ModelArg = None, hf_config: HFConfigOpt =
             micro_batches: Annotated[int, typer.Option(help="micro-batches per replica per iteration")] = 1,
             zero: Annotated[int, typer.Option(help="ZeRO stage 0-3 (3 = FSDP)")] = 0,
             checkpointing: Annotated[bool, typer.Option(help="activation checkpointing")] = False,
+            gradient_bucket_copy: Annotated[bool, typer.Option(
+                help="data parallelism keeps a copy of every gradient in its all-reduce buckets (torch DDP's "
+                     "default gradient_as_bucket_view=False); counted in the memory")] = False,
             intra_link: Annotated[Optional[str], typer.Option(
                 help="override the catalog's intra-node link: nvlink1..5, infinity-fabric, pcie3..5, or host "
                      "(no peer-to-peer, as with NCCL_P2P_DISABLE=1)")] = None,
@@ -101,7 +104,7 @@ def predict(ctx: typer.Context, model: ModelArg = None, hf_config: HFConfigOpt =
         accelerator, global_batch_size, batch_size=batch_size, nodes=nodes, per_node=per_node,
         devices_per_node=devices_per_node, tp=tp, pp=pp, micro_batches=micro_batches, zero=zero,
         checkpointing=checkpointing, intra_link=intra_link, ep=ep, inter_node_gbit_s=inter_node_gbit_s,
-        inter_node_latency_us=inter_node_latency_us)
+        inter_node_latency_us=inter_node_latency_us, gradient_bucket_copy=gradient_bucket_copy)
     from perfmodel.settings import get_settings
     from perfmodel.store.jobs import JobStore
 
@@ -119,7 +122,8 @@ def predict(ctx: typer.Context, model: ModelArg = None, hf_config: HFConfigOpt =
                 options=dict(nodes=nodes, per_node=per_node, devices_per_node=devices_per_node, tp=tp, pp=pp,
                              micro_batches=micro_batches, zero=zero, checkpointing=checkpointing,
                              intra_link=intra_link, ep=ep, inter_node_gbit_s=inter_node_gbit_s,
-                             inter_node_latency_us=inter_node_latency_us))
+                             inter_node_latency_us=inter_node_latency_us,
+                             gradient_bucket_copy=gradient_bucket_copy))
     finally:
         job_store.close()
 

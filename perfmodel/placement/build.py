@@ -35,7 +35,7 @@ def placement_from_options(accelerator: str, global_batch_size: int | None, *, b
                            per_node: int = 1, devices_per_node: str | None = None, tp: int = 1, pp: int = 1,
                            micro_batches: int = 1, zero: int = 0, checkpointing: bool = False,
                            intra_link: str | None = None, ep: int = 1, inter_node_gbit_s: float | None = None,
-                           inter_node_latency_us: float = 5.0) -> PlacementSpec:
+                           inter_node_latency_us: float = 5.0, gradient_bucket_copy: bool = False) -> PlacementSpec:
     """Data parallel over whatever the tensor and pipeline degrees leave. `global_batch_size` None: `batch_size` on
     every data-parallel replica and micro-batch. `inter_node_gbit_s` None: the catalog's network of the accelerator's
     server."""
@@ -69,7 +69,7 @@ def placement_from_options(accelerator: str, global_batch_size: int | None, *, b
     # validated from what the user typed: a --zero or --intra-link outside its choices is named by its option
     parallelism = _validated(Parallelism, options, dict(
         data=data, tensor=tp, pipeline=pp, micro_batches=micro_batches, expert=ep, zero_stage=zero,
-        activation_checkpointing=checkpointing))
+        activation_checkpointing=checkpointing, gradient_bucket_copy=gradient_bucket_copy))
     return _validated(PlacementSpec, options, dict(
         accelerator=accelerator, devices_per_node=layout, intra_node_link=intra_link,
         inter_node_bandwidth_gbit_s=inter_node_gbit_s, inter_node_latency_us=inter_node_latency_us,

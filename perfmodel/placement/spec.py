@@ -43,6 +43,13 @@ class Parallelism(BaseModel):
                                                      "model's experts; divides `data` (1: experts replicated)")
     zero_stage: Literal[0, 1, 2, 3] = Field(default=0, description="ZeRO stage; 3 = fully sharded (FSDP)")
     activation_checkpointing: bool = False
+    gradient_bucket_copy: bool = Field(
+        default=False, exclude_if=lambda copy: not copy,
+        description="data parallelism all-reduces through buckets that keep a copy of every gradient for the whole "
+                    "run: torch's DistributedDataParallel with its default `gradient_as_bucket_view=False` (and the "
+                    "trainers that keep it: transformers', Lightning's, Accelerate's); default: false, buckets that "
+                    "are the gradients (`gradient_as_bucket_view=True`, apex's, Megatron-LM's and DeepSpeed's "
+                    "data parallelism): a placement is not refused for a copy the job may not keep")
 
     @property
     def devices(self) -> int:

@@ -99,9 +99,15 @@ Placement shard
   the recompute's own backward temporaries.
 
 Data parallelism (`data_parallel > 1` without ZeRO): torch's DistributedDataParallel all-reduces through buckets
-that hold a copy of every gradient for the whole run (`gradient_as_bucket_view=False`, its default):
-`gradient_buckets_bytes` = the gradients' bytes. ZeRO and FSDP reduce-scatter through their own buffers (not
-counted), and `bf16-master`'s fp32 gradients are themselves the buffer all-reduced (Megatron-LM's).
+that hold a copy of every gradient for the whole run (`gradient_as_bucket_view=False`, its default, kept by
+transformers' Trainer, Lightning and Accelerate): with `gradient_bucket_copy` (`Parallelism.gradient_bucket_copy`)
+`gradient_buckets_bytes` = the gradients' bytes. Without it (the default) the buckets are the gradients: torch DDP
+with `gradient_as_bucket_view=True`, apex's DDP (NVIDIA's DeepLearningExamples: it flattens one bucket at a time
+while it all-reduces), Megatron-LM's and DeepSpeed's data parallelism. The default is the leaner one because a
+placement should not be refused for a copy the job may not keep: NVIDIA's BERT-large SQuAD fine-tuning in fp32 at
+batch 16 runs on 2-8 GPUs of 24 GB through apex's DDP, where the copy (1.2 GiB) would put it 4 MiB over. ZeRO and
+FSDP reduce-scatter through their own buffers (not counted), and `bf16-master`'s fp32 gradients are themselves the
+buffer all-reduced (Megatron-LM's).
 
 Workspace: `WORKSPACE_FRACTION` of the rest (allocator fragmentation, library workspaces).
 
@@ -361,8 +367,9 @@ def _check_positive(**values: int) -> None:
 def estimate_memory(spec: JobSpec, graph: Graph | GraphBytes, *, tensor_parallel: int = 1, pipeline_parallel: int = 1,
                     data_parallel: int = 1, zero_stage: int = 0, activation_checkpointing: bool = False,
                     micro_batch_size: int | None = None, micro_batches: int | None = None,
-                    expert_parallel: int = 1) -> MemoryEstimate:
+                    expert_parallel: int = 1, gradient_bucket_copy: bool = False) -> MemoryEstimate:
     """Peak memory of the worst device of a placement shard (the defaults: the whole job on one device).
+    `gradient_bucket_copy`: data parallelism keeps a bucket copy of the gradients (torch DDP's default).
 
     `micro_batches`, when given, is the number of micro-batches per iteration and `spec`/`graph` are one
     micro-batch (the placement model captures graphs at the micro-batch size); otherwise `spec.batch_size` is the
@@ -421,11 +428,11 @@ def estimate_memory(spec: JobSpec, graph: Graph | GraphBytes, *, tensor_parallel
             temporaries = 0
     else:
         activations, temporaries = math.ceil(inference_activation_bytes(b, spec.precision) * scale / tp), 0
-    # DistributedDataParallel all-reduces gradients through buckets of its own, as large as the gradients together
-    # and alive the whole run (`gradient_as_bucket_view=False`, torch's default); ZeRO and FSDP reduce-scatter
-    # through buffers of their own instead (not counted), and fp32 gradient buffers are themselves what is
-    # all-reduced (Megatron-LM's contiguous `main_grad`)
-    buckets = (gradients if spec.mode == Mode.train and dp > 1 and zero_stage == 0
+    # torch's DistributedDataParallel, asked for (`gradient_bucket_copy`), all-reduces gradients through buckets of
+    # its own, as large as the gradients together and alive the whole run (`gradient_as_bucket_view=False`, its
+    # default); ZeRO and FSDP reduce-scatter through buffers of their own instead (not counted), and fp32 gradient
+    # buffers are themselves what is all-reduced (Megatron-LM's contiguous `main_grad`)
+    buckets = (gradients if gradient_bucket_copy and spec.mode == Mode.train and dp > 1 and zero_stage == 0
                and not spec.precision.fp32_gradients else 0)
     rest = weights + gradients + optimizer + activations + temporaries + buckets
     return MemoryEstimate(weights, gradients, optimizer, activations, int(rest * WORKSPACE_FRACTION), temporaries,

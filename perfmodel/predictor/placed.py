@@ -656,7 +656,8 @@ class PlacementPredictor:
         estimate = estimate_memory(micro_spec, graph, tensor_parallel=par.tensor,
                                    pipeline_parallel=par.pipeline, data_parallel=par.data,
                                    zero_stage=par.zero_stage, activation_checkpointing=par.activation_checkpointing,
-                                   micro_batches=par.micro_batches, **extra)
+                                   micro_batches=par.micro_batches,
+                                   gradient_bucket_copy=par.gradient_bucket_copy, **extra)
         self._memory.put(key, estimate.peak_bytes)
         return estimate.peak_bytes
 
@@ -664,7 +665,7 @@ class PlacementPredictor:
 def _memory_key(spec: JobSpec, placement: PlacementSpec) -> tuple[Any, ...]:
     par = placement.parallelism
     return (spec.key(), placement.micro_batch_size, par.tensor, par.pipeline, par.data, par.zero_stage,
-            par.activation_checkpointing, par.micro_batches, par.expert)
+            par.activation_checkpointing, par.micro_batches, par.expert, par.gradient_bucket_copy)
 
 
 def placement_row(placement: PlacementSpec, links: _Links) -> tuple[float, ...]:

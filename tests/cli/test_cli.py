@@ -169,6 +169,15 @@ def test_predict_prices_a_fused_optimizer_step_faster_and_profile_runs_it_as_its
     assert json.loads(fused.stdout)["job_id"] != json.loads(plain.stdout)["job_id"]
 
 
+def test_predict_counts_torch_ddps_bucket_copy_only_when_told():
+    args = ("predict", "bert-small", "-b", 8, "--seq-len", 64, "--accelerator", "a100", "--per-node", 4, "--json")
+    lean, copy = (run(*args, *extra) for extra in ((), ("--gradient-bucket-copy",)))
+    assert lean.exit_code == 0 and copy.exit_code == 0, copy.output
+    lean, copy = json.loads(lean.stdout), json.loads(copy.stdout)
+    assert copy["peak_memory_bytes"] > lean["peak_memory_bytes"] and copy["iter_time_ms"] == lean["iter_time_ms"]
+    assert copy["placement"]["parallelism"]["gradient_bucket_copy"] is True
+
+
 @pytest.mark.parametrize("accelerator,fragment", [("p100", "ambiguous accelerator 'p100'"), ("v100-sxm9", "v100")])
 def test_predict_refuses_a_bad_accelerator_before_capturing_the_job(accelerator, fragment):
     result = run("predict", "resnet18", "-b", 8, "--accelerator", accelerator)

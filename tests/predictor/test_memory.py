@@ -123,10 +123,11 @@ def test_bf16_master_all_reduces_its_fp32_gradient_buffers_in_place():
     buffers are what it all-reduces, no copy beside them."""
     half_graph = _graph()
     spec = _spec(optimizer=OptimizerName.adam, precision=Precision.bf16_master)
-    one, four = estimate_memory(spec, half_graph), estimate_memory(spec, half_graph, data_parallel=4)
+    one = estimate_memory(spec, half_graph)
+    four = estimate_memory(spec, half_graph, data_parallel=4, gradient_bucket_copy=True)
     assert four.gradient_buckets_bytes == 0 and four.gradients_bytes == one.gradients_bytes
     apex = spec.model_copy(update={"precision": Precision.fp16_master})
-    assert estimate_memory(apex, half_graph, data_parallel=4).gradient_buckets_bytes == (
+    assert estimate_memory(apex, half_graph, data_parallel=4, gradient_bucket_copy=True).gradient_buckets_bytes == (
         estimate_memory(apex, half_graph).gradients_bytes)
 
 
@@ -160,20 +161,26 @@ def test_zero_stages_never_increase_memory(precision, dp):
 
 
 @pytest.mark.parametrize("precision", [Precision.fp32, Precision.amp, Precision.bf16])
-def test_data_parallel_replicas_keep_a_copy_of_their_gradients_in_buckets(precision):
-    """DistributedDataParallel's buckets hold every gradient again (torch's default); one device, ZeRO and inference
-    have none; the peak is the explicit sum with the buckets in it."""
+def test_data_parallel_replicas_keep_a_copy_of_their_gradients_in_buckets_when_asked(precision):
+    """torch DDP's default buckets (`gradient_bucket_copy`) hold every gradient again; buckets that are the
+    gradients (the default: apex's, Megatron-LM's, DeepSpeed's, `gradient_as_bucket_view=True`), one device, ZeRO
+    and inference have none; the peak is the explicit sum with the buckets in it."""
     spec = _spec(optimizer=OptimizerName.adam, precision=precision)
     alone = estimate_memory(spec, GRAPH)
-    ddp = estimate_memory(spec, GRAPH, data_parallel=4)
-    assert alone.gradient_buckets_bytes == 0 and ddp.gradient_buckets_bytes == ddp.gradients_bytes > 0
+    lean = estimate_memory(spec, GRAPH, data_parallel=4)
+    ddp = estimate_memory(spec, GRAPH, data_parallel=4, gradient_bucket_copy=True)
+    assert alone.gradient_buckets_bytes == lean.gradient_buckets_bytes == 0 and alone.peak_bytes == lean.peak_bytes
+    assert ddp.gradient_buckets_bytes == ddp.gradients_bytes > 0
     assert ddp.peak_bytes - alone.peak_bytes == ddp.gradient_buckets_bytes + ddp.workspace_bytes - alone.workspace_bytes
     assert ddp.peak_bytes == (ddp.weights_bytes + ddp.gradients_bytes + ddp.optimizer_bytes + ddp.activations_bytes
                               + ddp.temporaries_bytes + ddp.gradient_buckets_bytes + ddp.workspace_bytes)
+    assert estimate_memory(spec, GRAPH, gradient_bucket_copy=True) == alone  # one device all-reduces nothing
     for zero in (1, 2, 3):
-        assert estimate_memory(spec, GRAPH, data_parallel=4, zero_stage=zero).gradient_buckets_bytes == 0
+        assert estimate_memory(spec, GRAPH, data_parallel=4, zero_stage=zero,
+                               gradient_bucket_copy=True).gradient_buckets_bytes == 0
     inference = _spec(mode=Mode.inference, precision=precision)
-    assert estimate_memory(inference, _graph(mode="inference"), data_parallel=4).gradient_buckets_bytes == 0
+    assert estimate_memory(inference, _graph(mode="inference"), data_parallel=4,
+                           gradient_bucket_copy=True).gradient_buckets_bytes == 0
 
 
 @pytest.mark.parametrize("placement", [{}, {"tensor_parallel": 2}, {"pipeline_parallel": 4, "micro_batch_size": 2},

@@ -563,6 +563,43 @@ def test_a_fused_optimizer_is_never_answered_slower_nor_needs_more_memory(predic
     assert fused.peak_memory_bytes <= foreach.peak_memory_bytes
 
 
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(job=st.sampled_from(sorted(SHEET_JOBS)), gpu=st.sampled_from(SHEET_GPUS), devices=st.sampled_from([1, 2, 8]),
+       zero=st.sampled_from([0, 1, 3]))
+def test_torch_ddps_bucket_copy_costs_memory_only_and_only_where_data_parallelism_keeps_it(predictor, job, gpu,
+                                                                                          devices, zero):
+    """Over random jobs, GPUs, device counts and ZeRO stages: saying that data parallelism keeps a bucket copy of
+    the gradients (torch DDP's default) never changes the step, never lowers the memory, adds memory only where
+    there is more than one replica and no ZeRO, and a job that fits with the copy fits without it."""
+    spec = JobSpec.from_options(**SHEET_JOBS[job], optimizer="adamw")
+    lean, copy = (predictor.predict(spec, PlacementSpec(
+        accelerator=gpu, devices_per_node=(devices,), global_batch_size=spec.batch_size * devices,
+        parallelism=Parallelism(data=devices, zero_stage=zero if devices > 1 else 0, gradient_bucket_copy=flag)))
+        for flag in (False, True))
+    assert copy.iter_time_ms == lean.iter_time_ms and copy.interval_ms == lean.interval_ms
+    if devices > 1 and zero == 0:
+        assert copy.peak_memory_bytes > lean.peak_memory_bytes
+    else:
+        assert copy.peak_memory_bytes == lean.peak_memory_bytes
+    assert lean.fits or not copy.fits
+
+
+def test_nvidias_bert_large_squad_at_its_24_gb_batch_fits_on_2_and_8_gpus_unless_torch_ddp_keeps_its_copy(
+        predictor):
+    """NVIDIA's BERT-large SQuAD fine-tuning in fp32 at batch 16 (seq 384) ran on 1-8 GPUs of 24 GB through apex's
+    DDP (Lambda's benchmark): the default data parallelism fits it; torch DDP's bucket copy (1.2 GiB more) would
+    not."""
+    spec = JobSpec.from_options(zoo="bert-large", batch_size=16, seq_len=384, precision="tf32",
+                                task="question-answering")
+    for devices in (1, 2, 8):
+        placement = PlacementSpec(accelerator="rtx-3090", devices_per_node=(devices,),
+                                  global_batch_size=16 * devices)
+        assert predictor.predict(spec, placement).fits
+    copy = PlacementSpec(accelerator="rtx-3090", devices_per_node=(2,), global_batch_size=32,
+                         parallelism=Parallelism(data=2, gradient_bucket_copy=True))
+    assert not predictor.predict(spec, copy).fits
+
+
 @pytest.mark.parametrize("optimizer", ["sgd", "adamw"])
 def test_a_fused_optimizer_on_the_cpu_model_moves_its_share_of_the_profiled_steps_bytes(predictor, optimizer):
     """The CPU step model learned torch's default optimizer (the per-tensor step: the foreach passes); a fused step

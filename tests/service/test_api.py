@@ -564,6 +564,22 @@ def test_a_fused_optimizer_job_is_its_own_job_without_a_capture_and_steps_faster
     assert refused.status_code == 422 and refused.json()["detail"][0]["loc"][-1] == "fused_optimizer"
 
 
+def test_a_placement_says_its_data_parallelism_keeps_a_bucket_copy_of_the_gradients(client):
+    """`parallelism.gradient_bucket_copy` over HTTP: torch DDP's default buckets cost memory, not time; said back
+    only when true; a value that is not a boolean is refused naming the field."""
+    job = client.post("/v1/jobs", json={**SMALL_JOB, "batch_size": 16, "optimizer": "adamw"}).json()["job_id"]
+    placement = {"accelerator": "a100", "devices_per_node": [4]}
+    lean = client.post("/v1/predict", json={"job": job, "placement": placement}).json()
+    copy = client.post("/v1/predict", json={"job": job, "placement": {
+        **placement, "parallelism": {"data": 4, "gradient_bucket_copy": True}}}).json()
+    assert copy["peak_memory_bytes"] > lean["peak_memory_bytes"] and copy["iter_time_ms"] == lean["iter_time_ms"]
+    assert copy["placement"]["parallelism"]["gradient_bucket_copy"] is True
+    assert "gradient_bucket_copy" not in lean["placement"]["parallelism"]
+    refused = client.post("/v1/predict", json={"job": job, "placement": {
+        **placement, "parallelism": {"data": 4, "gradient_bucket_copy": "sometimes"}}})
+    assert refused.status_code == 422 and refused.json()["detail"][0]["loc"][-1] == "gradient_bucket_copy"
+
+
 @pytest.mark.parametrize(("path", "body", "loc"), [
     ("/v1/predict", {"job": "SPEC", "placement": {"accelerator": "p100"}}, ["body", "placement", "accelerator"]),
     ("/v1/predict/colocation", {"jobs": ["SPEC", "SPEC"], "placement": {"accelerator": "v100-sxm9"}},
