@@ -10,11 +10,20 @@ from __future__ import annotations
 
 import hashlib
 import json
+import operator
 from collections.abc import Iterator
 from typing import Any
 
+from pydantic import Field
+
 SEPARATORS = (",", ":")
 PIECE_ITEMS = 64  # lists and dicts longer than this are written an item at a time
+
+
+def opt_in_flag(description: str) -> Any:
+    """A boolean field of a record, false unless set, and left out of its JSON (so of its content hash) while false:
+    a flag added to a record keeps every existing record's key and text."""
+    return Field(default=False, exclude_if=operator.not_, description=description)
 
 
 def canonical_json(value: Any) -> str:

@@ -11,7 +11,7 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationInfo, field_validator, model_validator
 
-from perfmodel.core.canonical import canonical_sha256
+from perfmodel.core.canonical import canonical_sha256, opt_in_flag
 from perfmodel.core.errors import PerfmodelError
 
 
@@ -269,19 +269,17 @@ class JobSpec(BaseModel):
         description="sgd (momentum 0.9), adam or adamw; default: a zoo model's reference optimizer (the one its "
                     "reference implementation trains with; `perfmodel zoo show NAME`), adamw for a transformers "
                     "model (the zoo's and any hf_config, as transformers' Trainer trains), else sgd")
-    fused_optimizer: bool = Field(
-        default=False, exclude_if=lambda fused: not fused,
-        description="the optimizer steps every parameter in one fused kernel (torch.optim's `fused=True`, "
-                    "transformers' `adamw_torch_fused`, apex's FusedAdam and FusedSGD, DeepSpeed's and Megatron-LM's "
-                    "fused Adam): it reads the weights, gradients and states once and writes the weights and states "
-                    "once (Adam: 7 passes over the parameters against torch's default multi-tensor step's 18), and "
-                    "allocates no temporaries; default: false, torch's default (foreach) implementation")
+    fused_optimizer: bool = opt_in_flag(
+        "the optimizer steps every parameter in one fused kernel (torch.optim's `fused=True`, "
+        "transformers' `adamw_torch_fused`, apex's FusedAdam and FusedSGD, DeepSpeed's and Megatron-LM's "
+        "fused Adam): it reads the weights, gradients and states once and writes the weights and states "
+        "once (Adam: 7 passes over the parameters against torch's default multi-tensor step's 18), and "
+        "allocates no temporaries; default: false, torch's default (foreach) implementation")
     mode: Mode = Mode.train
-    channels_last: bool = Field(
-        default=False, exclude_if=lambda channels_last: not channels_last,
-        description="the model and its image inputs are in channels-last memory format "
-                    "(`model.to(memory_format=torch.channels_last)`): cuDNN runs its half-precision convolutions "
-                    "without the NCHW <-> NHWC transposes a channels-first model pays")
+    channels_last: bool = opt_in_flag(
+        "the model and its image inputs are in channels-last memory format "
+        "(`model.to(memory_format=torch.channels_last)`): cuDNN runs its half-precision convolutions "
+        "without the NCHW <-> NHWC transposes a channels-first model pays")
     pytorch_version: str | None = Field(
         default=None, pattern=r"^[0-9]+\.[0-9]+$", exclude_if=lambda version: version is None,
         description="the PyTorch (major.minor) the job trains with, e.g. \"1.4\": an answer is for the newest "

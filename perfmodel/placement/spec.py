@@ -22,6 +22,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from perfmodel.core.canonical import opt_in_flag
 from perfmodel.core.renamed import upgrade_names
 
 # intra-node links a placement can name instead of the catalog's; per-direction bandwidth is the comm model's job.
@@ -43,13 +44,12 @@ class Parallelism(BaseModel):
                                                      "model's experts; divides `data` (1: experts replicated)")
     zero_stage: Literal[0, 1, 2, 3] = Field(default=0, description="ZeRO stage; 3 = fully sharded (FSDP)")
     activation_checkpointing: bool = False
-    gradient_bucket_copy: bool = Field(
-        default=False, exclude_if=lambda copy: not copy,
-        description="data parallelism all-reduces through buckets that keep a copy of every gradient for the whole "
-                    "run: torch's DistributedDataParallel with its default `gradient_as_bucket_view=False` (and the "
-                    "trainers that keep it: transformers', Lightning's, Accelerate's); default: false, buckets that "
-                    "are the gradients (`gradient_as_bucket_view=True`, apex's, Megatron-LM's and DeepSpeed's "
-                    "data parallelism): a placement is not refused for a copy the job may not keep")
+    gradient_bucket_copy: bool = opt_in_flag(
+        "data parallelism all-reduces through buckets that keep a copy of every gradient for the whole run: torch's "
+        "DistributedDataParallel with its default `gradient_as_bucket_view=False` (and the trainers that keep it: "
+        "transformers', Lightning's, Accelerate's); default: false, buckets that are the gradients "
+        "(`gradient_as_bucket_view=True`, apex's, Megatron-LM's and DeepSpeed's data parallelism): a placement is not "
+        "refused for a copy the job may not keep")
 
     @property
     def devices(self) -> int:
