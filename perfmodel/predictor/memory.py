@@ -105,9 +105,9 @@ transformers' Trainer, Lightning and Accelerate): with `gradient_bucket_copy` (`
 with `gradient_as_bucket_view=True`, apex's DDP (NVIDIA's DeepLearningExamples: it flattens one bucket at a time
 while it all-reduces), Megatron-LM's and DeepSpeed's data parallelism. The default is the leaner one because a
 placement should not be refused for a copy the job may not keep: NVIDIA's BERT-large SQuAD fine-tuning in fp32 at
-batch 16 runs on 2-8 GPUs of 24 GB through apex's DDP, where the copy (1.2 GiB) would put it 4 MiB over. ZeRO and
-FSDP reduce-scatter through their own buffers (not counted), and `bf16-master`'s fp32 gradients are themselves the
-buffer all-reduced (Megatron-LM's).
+batch 16, as Lambda's GPU benchmark runs it on 1-8 GPUs of 24 GB, goes through apex's DDP, where the copy (1.2 GiB)
+would put it 4 MiB over. ZeRO and FSDP reduce-scatter through their own buffers (not counted), and `bf16-master`'s
+fp32 gradients are themselves the buffer all-reduced (Megatron-LM's).
 
 Workspace: `WORKSPACE_FRACTION` of the rest (allocator fragmentation, library workspaces).
 

@@ -586,9 +586,9 @@ def test_torch_ddps_bucket_copy_costs_memory_only_and_only_where_data_parallelis
 
 def test_nvidias_bert_large_squad_at_its_24_gb_batch_fits_on_2_and_8_gpus_unless_torch_ddp_keeps_its_copy(
         predictor):
-    """NVIDIA's BERT-large SQuAD fine-tuning in fp32 at batch 16 (seq 384) ran on 1-8 GPUs of 24 GB through apex's
-    DDP (Lambda's benchmark): the default data parallelism fits it; torch DDP's bucket copy (1.2 GiB more) would
-    not."""
+    """NVIDIA's BERT-large SQuAD fine-tuning in fp32 at batch 16 (seq 384), as Lambda's benchmark scripts run it on
+    1-8 GPUs of 24 GB, goes through apex's DDP: the default data parallelism fits it; torch DDP's bucket copy
+    (1.2 GiB more) would not."""
     spec = JobSpec.from_options(zoo="bert-large", batch_size=16, seq_len=384, precision="tf32",
                                 task="question-answering")
     for devices in (1, 2, 8):
