@@ -196,11 +196,13 @@ def hw_bench(
                 typer.echo(line)
         else:
             shutil.rmtree(adaptations_dir() / run.device, ignore_errors=True)
-            alone = mape.get((True, False), float("inf")) < mape[(False, False)]
-            why = ("the model as shipped answers the steps within its own held-out error" if verdict.within else
-                   f"it beat the model as shipped ({versus}), not the calibration without it "
-                   f"({min(mape[(True, False)], mape[(True, True)]):.1f} % vs {mape[(False, True)]:.1f} % MAPE)"
-                   if alone else f"it did not beat the model as shipped on held-out steps: {versus}")
+            if verdict.within:
+                why = "the model as shipped answers the steps within its own held-out error"
+            elif mape.get((True, False), float("inf")) < mape[(False, False)]:
+                why = (f"it beat the model as shipped ({versus}), not the calibration without it "
+                       f"({min(mape[(True, False)], mape[(True, True)]):.1f} % vs {mape[(False, True)]:.1f} % MAPE)")
+            else:
+                why = f"it did not beat the model as shipped on held-out steps: {versus}"
             typer.echo(f"op-sweep adaptation: not applied ({why}); its rows stay in the store (`perfmodel adapt "
                        f"--device {run.device}` fits it again)")
     if verdict.calibrate:

@@ -113,7 +113,7 @@ class Verdict:
     @property
     def within(self) -> bool:
         """The model as shipped answers these steps within its own held-out error: nothing is applied."""
-        return self.within_pct is not None and self.mape_pct[(False, False)] <= self.within_pct
+        return shipped_within(self.mape_pct, self.within_pct)
 
     def lines(self) -> list[str]:
         names = {(False, False): "as shipped", (True, False): "op-sweep adaptation",
@@ -204,6 +204,11 @@ def own_held_out_mape_pct(kind: str, models_dir: Any = None) -> float | None:
     return 100.0 * float(value) if isinstance(value, (int, float)) and value > 0 else None
 
 
+def shipped_within(mape_pct: Mapping[tuple[bool, bool], float], within_pct: float | None) -> bool:
+    """The model as shipped misses the steps by at most `within_pct` (None: not judged so)."""
+    return within_pct is not None and mape_pct[(False, False)] <= within_pct
+
+
 def choose(mape_pct: Mapping[tuple[bool, bool], float], within_pct: float | None = None) -> tuple[bool, bool]:
     """(adapt, calibrate) from the held-out MAPE of each way. Nothing if the model as shipped misses the steps by at
     most `within_pct` (`within_bound_pct`). Without the adaptation: the calibration only if it beats
@@ -212,7 +217,7 @@ def choose(mape_pct: Mapping[tuple[bool, bool], float], within_pct: float | None
     0.7 points ahead once calibrated, and 58 % off on unseen jobs) and its better way (alone or calibrated) beats the
     better way without it (on a 2-core EPYC an adaptation 32 % off alone, 17 % calibrated, was applied where the
     calibration alone held 14 %)."""
-    if within_pct is not None and mape_pct[(False, False)] <= within_pct:
+    if shipped_within(mape_pct, within_pct):
         return False, False
     plain = (False, (False, True) in mape_pct and mape_pct[(False, True)] < mape_pct[(False, False)])
     if (True, False) not in mape_pct or not mape_pct[(True, False)] < mape_pct[(False, False)]:
