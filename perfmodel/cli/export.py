@@ -14,6 +14,7 @@ from perfmodel.cli.common import StoreOpt, job_spec, out, user_errors, validatio
 from perfmodel.core.errors import PerfmodelError
 
 if TYPE_CHECKING:
+    from perfmodel.engine.engine import PredictionEngine
     from perfmodel.jobs.spec import JobSpec
     from perfmodel.placement.colocation import Sharing
 
@@ -101,8 +102,8 @@ def export_gavel(
         job_store.close()
 
 
-def _export(engine: Any, output: Path, specs: list[JobSpec], names: list[str | None], workers: dict[str, str],
-            factors: list[int], *, batch_sizes: str | None, colocation: bool, sharing: Sharing,
+def _export(engine: PredictionEngine, output: Path, specs: list[JobSpec], names: list[str | None],
+            workers: dict[str, str], factors: list[int], *, batch_sizes: str | None, colocation: bool, sharing: Sharing,
             inter_node_gbit_s: float | None, intra_link: str | None) -> None:
     """Predict and write the throughputs file (`export_gavel`, on an open engine)."""
     from perfmodel.core.atomic import write_text_atomically

@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from pydantic import ValidationError
 from sqlalchemy.exc import SQLAlchemyError
@@ -182,6 +182,9 @@ class Store(Protocol):
     def last_observation_id(self) -> int: ...
 
     def model_events(self, limit: int | None = None) -> list[ModelEvent]: ...
+
+    def add_model_event(self, action: Literal["promoted", "refused"], model_version: str,
+                        detail: str | None = None) -> ModelEvent: ...
 
 
 class PlacementTemplate(Protocol):

@@ -11,13 +11,16 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from perfmodel.calibration.sharing import share_calibrated
 from perfmodel.placement.colocation import Sharing
 from perfmodel.placement.gavel import Layout, gavel_file, grid_layouts, job_type_key, worker_keys
 from perfmodel.placement.spec import IntraNodeLink, Parallelism, PlacementSpec
 from perfmodel.predictor.memory import shared_capacity_bytes
+
+if TYPE_CHECKING:
+    from perfmodel.engine.engine import JobEntry, PredictionEngine
 
 
 @dataclass(frozen=True)
@@ -40,7 +43,7 @@ class GavelColumn:
                              global_batch_size=batch_size * devices, parallelism=Parallelism(data=devices), **links)
 
 
-def grid_columns(engine: Any, worker_types: Mapping[str, str], scale_factors: Sequence[int], *,
+def grid_columns(engine: PredictionEngine, worker_types: Mapping[str, str], scale_factors: Sequence[int], *,
                  per_node: int | None = None, inter_node_gbit_s: float | None = None,
                  inter_node_latency_us: float | None = None,
                  intra_node_link: IntraNodeLink | None = None) -> list[GavelColumn]:
@@ -71,8 +74,8 @@ def with_batch(job_type: str, batch_size: int) -> str:
     return f"{job_type} (batch size {batch_size})"
 
 
-def expand_batches(engine: Any, entries: Sequence[Any], job_types: Sequence[str], batch_sizes: Sequence[int]
-                   ) -> tuple[list[Any], list[str]]:
+def expand_batches(engine: PredictionEngine, entries: Sequence[JobEntry], job_types: Sequence[str],
+                   batch_sizes: Sequence[int]) -> tuple[list[JobEntry], list[str]]:
     """Each job at each of `batch_sizes` (per worker), as a job type of its own: a goodput scheduler's batch axis in
     one file. Graphs of the new batches come from each job's two captures (`GraphCache`), not new captures."""
     out_entries, out_types = [], []
@@ -84,8 +87,8 @@ def expand_batches(engine: Any, entries: Sequence[Any], job_types: Sequence[str]
     return out_entries, out_types
 
 
-def gavel_throughputs(engine: Any, entries: Sequence[Any], job_types: Sequence[str], columns: Sequence[GavelColumn],
-                      *, colocation: bool = False, sharing: Sharing = "time-slicing",
+def gavel_throughputs(engine: PredictionEngine, entries: Sequence[JobEntry], job_types: Sequence[str],
+                      columns: Sequence[GavelColumn], *, colocation: bool = False, sharing: Sharing = "time-slicing",
                       calibrated: dict[str, dict[str, str]] | None = None
                       ) -> dict[str, dict[str, dict[str, float | list[float]]]]:
     """Gavel's file of the engine's jobs (`JobEntry`s, named `job_types`) on `columns`. With `calibrated`, the

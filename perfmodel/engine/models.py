@@ -15,11 +15,14 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from perfmodel.core.errors import PerfmodelError, UnknownNameError
 from perfmodel.engine.errors import NotFound, Refused
 from perfmodel.registry.registry import ROLES, ModelRegistry, load_errors, role_of
+
+if TYPE_CHECKING:
+    from perfmodel.store.jobs import ModelEvent
 
 log = logging.getLogger("perfmodel.engine")
 
@@ -30,10 +33,20 @@ class Pin:
     role: str
 
 
+class ModelEvents(Protocol):
+    """What the lifecycle asks of the store (`perfmodel.store.jobs.JobStore`): its model events, newest first, and
+    a new one."""
+
+    def model_events(self, limit: int | None = None) -> list[ModelEvent]: ...
+
+    def add_model_event(self, action: Literal["promoted", "refused"], model_version: str,
+                        detail: str | None = None) -> ModelEvent: ...
+
+
 class ModelLifecycle:
     """Decides the models each role serves (pin > store > registry) and loads them through `load(refs)`."""
 
-    def __init__(self, registry: ModelRegistry, store: Any | None, pin: Pin | None,
+    def __init__(self, registry: ModelRegistry, store: ModelEvents | None, pin: Pin | None,
                  load: Callable[[dict[str, str | None]], Any]):
         self.registry = registry
         self.store = store
@@ -116,14 +129,14 @@ class ModelLifecycle:
                           f"promotions of that role; restart it without PERFMODEL_MODEL_VERSION to follow them")
         return entry.ref, role, {**self.wanted(), role: entry.ref}
 
-    def record(self, action: str, ref: str, detail: str | None = None) -> None:
+    def record(self, action: Literal["promoted", "refused"], ref: str, detail: str | None = None) -> None:
         """A model event in the store (not marked seen: the next sync reads it with any other worker's)."""
         if self.store is not None:
             self.store.add_model_event(action, ref, detail)
 
 
 
-def promoted_by_store(registry: ModelRegistry, store: Any | None) -> dict[str, str]:
+def promoted_by_store(registry: ModelRegistry, store: ModelEvents | None) -> dict[str, str]:
     """role -> the model the store promotes (its newest `promoted` event for the role, else the registry's
     promoted.json): what every service on that store serves, a pin apart, and what `perfmodel retrain` takes as the
     champion. Read with a lifecycle of its own, so that no engine's record of the events it has seen moves."""

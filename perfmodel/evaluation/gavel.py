@@ -19,7 +19,7 @@ import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -29,6 +29,9 @@ from perfmodel.jobs.spec import JobSpec
 from perfmodel.placement.colocation import ColocationParams, SharingJob, share, shared_interval, split_step
 from perfmodel.placement.spec import IntraNodeLink
 from perfmodel.predictor.predict import HOST_BOUND_RATIO
+
+if TYPE_CHECKING:
+    from perfmodel.engine.engine import PredictionEngine
 
 GAVEL_FILE = "physical_cluster_throughputs.k80_p100.json"
 WORKERS = {"k80": "k80", "p100": "p100-pcie-16gb"}
@@ -83,7 +86,7 @@ class Predicted:
     conv_share: float = 0.0  # the share of the step's FLOPs in convolutions, as the service attaches to observations
 
 
-def predict_all(engine: Any, measured: Mapping[str, Mapping[tuple[str, int], Any]],
+def predict_all(engine: PredictionEngine, measured: Mapping[str, Mapping[tuple[str, int], Any]],
                 progress: Callable[[str], None] = lambda _m: None, *,
                 intra_node_link: IntraNodeLink | None = GAVEL_INTRA_LINK) -> dict[tuple[str, str, int], Predicted]:
     """Every (worker type incl. _unconsolidated, job type, scale factor) of the measured file, predicted on servers

@@ -64,6 +64,7 @@ from perfmodel.store.tables import (
 
 if TYPE_CHECKING:
     import pandas as pd
+    from typing_extensions import Self  # typing.Self from Python 3.11
 
 # op and ONNX rows are inserted this many per statement
 INSERT_CHUNK_ROWS = 5_000
@@ -527,7 +528,7 @@ class ProfileStore:
     def close(self) -> None:
         self.engine.dispose()
 
-    def __enter__(self) -> ProfileStore:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(
