@@ -35,7 +35,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import numpy as np
 import pandas as pd
@@ -45,6 +45,10 @@ from perfmodel.core.errors import PerfmodelError
 from perfmodel.hardware.chips import die_of as chip_of
 from perfmodel.jobs.spec import JobSpec
 from perfmodel.placement.spec import IntraNodeLink, Parallelism, PlacementSpec
+
+if TYPE_CHECKING:
+    from perfmodel.predictor.placed import PlacementPredictor
+    from perfmodel.predictor.predict import Prediction
 
 
 @dataclass(frozen=True)
@@ -198,11 +202,19 @@ def real_runs(frame: pd.DataFrame) -> list[RealRun]:
 
 
 # the placement model's replica jitters, all off (`composing`)
-NO_JITTER: dict[str, float | None] = {"dp_jitter": 0.0, "dp_jitter_steady": None, "dp_jitter_varying": None}
+class ReplicaJitters(TypedDict):
+    """The placement model's replica jitters (`IterationParams`' fields of the same names)."""
+
+    dp_jitter: float
+    dp_jitter_steady: float | None
+    dp_jitter_varying: float | None
+
+
+NO_JITTER = ReplicaJitters(dp_jitter=0.0, dp_jitter_steady=None, dp_jitter_varying=None)
 
 
 @contextmanager
-def composing(predictor: Any) -> Iterator[None]:
+def composing(predictor: PlacementPredictor) -> Iterator[None]:
     """Within: `predictor` composes without what it learned from runs like these, its whole-step stage and its
     replica jitter (`dp_jitter` and its kinds'); both are restored after."""
     saved, predictor.whole_step = predictor.whole_step, None
@@ -213,13 +225,13 @@ def composing(predictor: Any) -> Iterator[None]:
         predictor.whole_step, predictor.params = saved, saved_params
 
 
-def placed_columns(placed: Any) -> dict[str, float]:
+def placed_columns(placed: Prediction) -> dict[str, float]:
     """A composed frame's columns of one placement's prediction: its step, exposed communication and compute."""
     return {"placement_ms": placed.iter_time_ms, "communication_ms": placed.breakdown_ms.get("communication", 0.0),
             "compute_ms": placed.breakdown_ms.get("forward", 0.0) + placed.breakdown_ms.get("backward", 0.0)}
 
 
-def composed_frame(runs: Iterable[RealRun], predictor: Any,
+def composed_frame(runs: Iterable[RealRun], predictor: PlacementPredictor,
                    progress: Callable[[str], None] = lambda _: None) -> pd.DataFrame:
     """One row per run: identity, measured and composed steps, and the composition features. `predictor`: a
     `PlacementPredictor`; what it learned from runs like these is set aside while composing: its whole-step stage
@@ -255,7 +267,8 @@ def composed_frame(runs: Iterable[RealRun], predictor: Any,
     return pd.DataFrame.from_records(records)
 
 
-def recomposed_without_p2p(frame: pd.DataFrame, runs: Iterable[RealRun], predictor: Any, suite: str) -> pd.DataFrame:
+def recomposed_without_p2p(frame: pd.DataFrame, runs: Iterable[RealRun], predictor: PlacementPredictor,
+                           suite: str) -> pd.DataFrame:
     """`frame` (a composed frame of `runs`) with the data-parallel multi-GPU runs of `suite` composed again as if
     their GPUs had no peer-to-peer (`intra_node_link="host"`, as under `NCCL_P2P_DISABLE=1`): their
     `placement_ms`, `communication_ms` and `compute_ms` replaced, without stage and replica jitter as
@@ -411,26 +424,24 @@ def predicted_ratio(rows: pd.DataFrame, jitter: float | np.ndarray) -> pd.Series
     return (rows.base_ms + jitter * rows.per_jitter_ms) / rows.one_ms
 
 
-def fit_replica_jitters(rows: pd.DataFrame) -> dict[str, float | None]:
+def fit_replica_jitters(rows: pd.DataFrame) -> ReplicaJitters:
     """The placement model's replica jitters (`IterationParams`) fitted on `rows` (`jitter_rows`): `dp_jitter` on
     every row (a job whose kind is not known), `dp_jitter_steady` and `dp_jitter_varying` on the rows of models
     whose reference implementation's steps do not vary, and do (`ZooEntry.reference_steps_vary`; None without
     such rows: `dp_jitter` answers them)."""
     kinds = rows["steps_vary"] if "steps_vary" in rows else pd.Series(-1.0, index=rows.index)
     steady, varying = rows[kinds == 0], rows[kinds > 0]
-    return {"dp_jitter": fit_dp_jitter(rows),
-            "dp_jitter_steady": fit_dp_jitter(steady) if len(steady) else None,
-            "dp_jitter_varying": fit_dp_jitter(varying) if len(varying) else None}
+    return ReplicaJitters(dp_jitter=fit_dp_jitter(rows),
+                          dp_jitter_steady=fit_dp_jitter(steady) if len(steady) else None,
+                          dp_jitter_varying=fit_dp_jitter(varying) if len(varying) else None)
 
 
-def row_jitters(rows: pd.DataFrame, jitters: dict[str, float | None]) -> np.ndarray:
+def row_jitters(rows: pd.DataFrame, jitters: ReplicaJitters) -> np.ndarray:
     """Each row's replica jitter under `jitters` (`fit_replica_jitters`), by its model's kind."""
     from perfmodel.placement.iteration import IterationParams, replica_jitter
 
     kinds = rows["steps_vary"].to_numpy(dtype=float) if "steps_vary" in rows else np.full(len(rows), -1.0)
-    params = IterationParams(dp_jitter=float(jitters.get("dp_jitter") or 0.0),
-                             dp_jitter_steady=jitters.get("dp_jitter_steady"),
-                             dp_jitter_varying=jitters.get("dp_jitter_varying"))
+    params = IterationParams(**jitters)
     return np.asarray(replica_jitter(kinds, params), dtype=float)
 
 
@@ -508,7 +519,7 @@ def fit_stage(train: pd.DataFrame, feature_names: Sequence[str] | None = None, s
         frame, groups=list(ones.family), keys=keys)
 
 
-def predict_runs(runs: Sequence[RealRun], predictor: Any) -> pd.DataFrame:
+def predict_runs(runs: Sequence[RealRun], predictor: PlacementPredictor) -> pd.DataFrame:
     """Every run predicted through the serving path (`PlacementPredictor.predict`, with whatever whole-step stage
     it holds): `predicted_ms` and the 80 % band (`low_ms`, `high_ms`) of the run's placement, and
     `predicted_single_ms` of one GPU at the same per-GPU batch."""
@@ -570,7 +581,7 @@ def predict_from_frame(frame: pd.DataFrame, stage: Any) -> pd.DataFrame:
                          "low_ms": predicted * low / factor, "high_ms": predicted * high / factor})
 
 
-def leave_one_out(runs: Sequence[RealRun], frame: pd.DataFrame, predictor: Any, by: str,
+def leave_one_out(runs: Sequence[RealRun], frame: pd.DataFrame, predictor: PlacementPredictor, by: str,
                   feature_names: Sequence[str] | None = None, progress: Callable[[str], None] = lambda _: None,
                   serving_path: bool = True, stage: str = DEFAULT_STAGE, own_software: bool = True,
                   **settings: Any) -> pd.DataFrame:
