@@ -448,7 +448,7 @@ def _shared(jobs: Sequence[tuple[JobSpec, HardwareSpec]]) -> bool:
 class DevicePredictor:
     """The promoted per-op device model (registry role `device-ops`) and the hardware catalog."""
 
-    def __init__(self, regressor: OpLatencyModel, model_version: str, catalog: dict[str, HardwareSpec],
+    def __init__(self, regressor: OpLatencyModel, model_version: str, catalog: Mapping[str, HardwareSpec],
                  host_ms_per_kernel: float = HOST_MS_PER_KERNEL):
         self.regressor = regressor
         self.model_version = model_version

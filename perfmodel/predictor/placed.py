@@ -27,7 +27,7 @@ import inspect
 import math
 from collections.abc import Callable, Container, Mapping, Sequence
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -67,6 +67,9 @@ from perfmodel.predictor.memory import GraphBytes, bytes_per_param, estimate_mem
 from perfmodel.predictor.predict import Prediction
 from perfmodel.predictor.whole_step import WholeStepStage
 from perfmodel.regressors.whole_step_device import job_level_key
+
+if TYPE_CHECKING:
+    from perfmodel.predictor.gpu_iteration import DevicePredictor
 
 # datasheet GPU-to-GPU bandwidth of the links a placement may name instead of the catalog's, GB/s bidirectional
 INTRA_LINK_BIDIR_GB_S = {"nvlink1": 160.0, "nvlink2": 300.0, "nvlink3": 600.0, "nvlink4": 900.0, "nvlink5": 1800.0,
@@ -170,10 +173,20 @@ def placement_links(placement: PlacementSpec, hardware: HardwareSpec, intra: Lin
     return _Links(intra, network, host_staged)
 
 
+class SingleDevice(Protocol):
+    """What prices one device's step: the CPU step model (`predict.Predictor`) or the per-op device model
+    (`gpu_iteration.DevicePredictor`, which also composes: `predict_composed`)."""
+
+    model_version: str
+
+    def predict(self, spec: JobSpec, accelerator: str, *, graph: Any = None) -> Prediction: ...
+
+
 class PlacementPredictor:
     """Single-device predictors (CPU iteration model, per-op device model) + the placement model."""
 
-    def __init__(self, cpu: Any | None, device: Any | None, params: IterationParams | None = None, *,
+    def __init__(self, cpu: SingleDevice | None, device: DevicePredictor | None,
+                 params: IterationParams | None = None, *,
                  cache_size: int = DEFAULT_CACHE_SIZE, graphs: Callable[[JobSpec], Graph] | None = None,
                  whole_step: WholeStepStage | None = None,
                  batch_models: Callable[[JobSpec], BatchAffine | None] | None = None):
@@ -248,7 +261,7 @@ class PlacementPredictor:
 
     # --- compute of one device --------------------------------------------------------------------------------------
 
-    def _single(self, hardware: HardwareSpec) -> Any:
+    def _single(self, hardware: HardwareSpec) -> SingleDevice:
         # a CPU with its own measurements (`perfmodel hw bench --device cpu`) is one more device of the device model
         own = self.device is not None and hardware.name in getattr(self.device.regressor, "devices", ())
         predictor = self.device if hardware.kind == "gpu" or own else self.cpu
@@ -437,8 +450,8 @@ class PlacementPredictor:
                 for (key, micro_spec), step in zip(members, composed):
                     made[key] = (micro_spec, self._compositions.put(key, step))
         if len(todo) >= 2:  # one alone is composed as before
-            for key, composed in zip(todo, self.device.predict_composed_many(list(todo.values()))):
-                made[key] = (todo[key][0], self._compositions.put(key, composed))
+            for key, one in zip(todo, self.device.predict_composed_many(list(todo.values()))):
+                made[key] = (todo[key][0], self._compositions.put(key, one))
         if self.whole_step is not None and made:
             steps = list(made.values())
             devices = [self.hardware(step.accelerator) for _, (step, _) in steps]
