@@ -26,7 +26,14 @@ Rows the graph does not show but the framework runs:
 And one the graph shows but the GPU runs otherwise: a fused `scaled_dot_product_attention`, where PyTorch has a
 fused kernel for the GPU (`fuses_attention`), is one GEMM row per phase whose scores stay on chip (`on_chip_scale`),
 not the eager decomposition.
-The device-side launch gap is inside each op's predicted time (the model's floor).
+The device-side launch gap is inside each op's predicted time (the model's floor). The floor is mostly NeuSight's
+(its fp32 ops timed one eager call at a time: 25-65 us for a kernel of a few us), and taking it out of a training
+step's eager rows was tried (each row's price less, in quadrature, that of the smallest kernel of its class on the
+device, `floor_twins`, plus 3 us, never below its roofline; the whole-step stage refitted): Lambda's one-GPU runs held
+out by model family 20.9 -> 20.5 % MAPE (Tacotron 2 22 -> 18 %), held out by chip unchanged (18.9 %); Gavel's 2019
+runs, which the stage does not correct, P100 23 -> 32 % and K80 62 -> 68 %, all faster: on those hosts the floor
+stands in for the per-op host cost `HOST_MS_PER_KERNEL` does not reach. Subtracting it whole was worse on both (Lambda
+20.9 -> 22.6 %). Kept as is.
 
 Physically possible by construction: no row faster than its roofline (`ROOFLINE_BOUNDED`, in the regressor), no
 convolution slower than im2col + its GEMM (`IM2COL_PASSES`), and no node whose backward does at least its forward's
