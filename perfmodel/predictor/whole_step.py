@@ -23,6 +23,7 @@ import numpy as np
 import pandas as pd
 
 from perfmodel.predictor.predict import Prediction
+from perfmodel.regressors.whole_step import StepCorrector
 from perfmodel.regressors.whole_step_device import JOB
 
 ROLE = "whole-step"
@@ -30,7 +31,7 @@ CORRECTED_PARTS = ("forward", "backward", "optimizer", "overhead")
 
 
 class WholeStepStage:
-    def __init__(self, regressor: Any, model_version: str):
+    def __init__(self, regressor: StepCorrector, model_version: str):
         self.regressor = regressor
         self.model_version = model_version
 

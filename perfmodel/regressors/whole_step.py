@@ -24,6 +24,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 import pandas as pd
@@ -50,6 +51,17 @@ class StepCorrection:
     log_factor: np.ndarray
     log_low: np.ndarray
     log_high: np.ndarray
+
+
+class StepCorrector(Protocol):
+    """What the serving whole-step stage (`perfmodel.predictor.whole_step.WholeStepStage`) asks of its model
+    (`WholeStepRegressor`, `whole_step_device.DeviceStepRegressor`): log factors for rows of composition features
+    (and, where the model keeps a level per measured model, the `job` column). A model may also keep levels
+    (`levels()`) and software offsets (`software_offset(versions)`); the stage looks for them."""
+
+    name: str
+
+    def predict(self, frame: pd.DataFrame) -> StepCorrection: ...
 
 
 @dataclass(eq=False)
