@@ -10,6 +10,7 @@ from perfmodel.core.units import samples_per_s
 from perfmodel.jobs.spec import JobSpec
 from perfmodel.placement.spec import PlacementSpec
 from perfmodel.predictor.memory import estimate_memory
+from perfmodel.regressors.base import Regressor
 
 # a step that takes over this many times its predicted device time is named host-bound likely: what bounds it is
 # not in the graph (an input pipeline, an environment stepped on the CPU, the host's dispatch), so a faster GPU will
@@ -88,7 +89,7 @@ def prediction_json(fields: dict[str, Any]) -> dict[str, Any]:
 class Predictor:
     """A loaded model plus what it was trained on. `Predictor.load()` reads the promoted model of the registry."""
 
-    def __init__(self, regressor: Any, model_version: str, domain: dict[str, Any]):
+    def __init__(self, regressor: Regressor, model_version: str, domain: dict[str, Any]):
         self.regressor = regressor
         self.model_version = model_version
         self.domain = domain
