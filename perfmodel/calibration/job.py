@@ -31,12 +31,18 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from functools import cached_property
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from perfmodel.core import cost
 from perfmodel.core.accuracy import mape_pct_or_none
 from perfmodel.core.errors import PerfmodelError
 from perfmodel.core.units import samples_per_s
+
+if TYPE_CHECKING:
+    from perfmodel.core.ir import Graph
+    from perfmodel.hardware.spec import HardwareSpec
+    from perfmodel.jobs.spec import JobSpec
+    from perfmodel.placement.spec import PlacementSpec
 
 HALF_LIFE_DAYS = 30.0
 OUTLIER_MADS = 3.5
@@ -99,14 +105,15 @@ class Excluded:
 
 # --- physics -----------------------------------------------------------------------------------------------------
 
-def flops_per_sample(spec: Any, graph: Any) -> float:
+def flops_per_sample(spec: JobSpec, graph: Graph) -> float:
     """FLOPs one sample costs: forward (and backward when training) of the graph, over the batch it was built for."""
     totals = graph.totals
     flops = totals.flops_fwd + (totals.flops_bwd if spec.mode.value == "train" else 0)
     return float(flops / spec.batch_size)
 
 
-def ceiling_samples_per_s(spec: Any, graph: Any, placement: Any, catalog: Mapping[str, Any]) -> float:
+def ceiling_samples_per_s(spec: JobSpec, graph: Graph, placement: PlacementSpec,
+                          catalog: Mapping[str, HardwareSpec]) -> float:
     """The most samples/s the placement could reach: every device at the peak of the fastest math the job's
     precision uses on it, doing nothing but the job's FLOPs. Infinite for a graph with no FLOPs."""
     from perfmodel.hardware.catalog import get_accelerator

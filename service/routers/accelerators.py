@@ -5,7 +5,7 @@ are flagged `extrapolated`."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, Request, Response
 from fastapi import Path as PathParam
@@ -23,6 +23,9 @@ from perfmodel.hardware.custom import (
 from perfmodel.hardware.spec import HardwareSpec
 from service.deps import Reader, Writer
 from service.errors import ApiError, NotFound, field_error
+
+if TYPE_CHECKING:
+    from perfmodel.engine.engine import PredictionEngine
 from service.routers.common import json_response
 from service.schemas import ErrorOut
 
@@ -68,7 +71,7 @@ async def accelerator(engine: Reader,
     return json_response({**spec.model_dump(mode="json"), "custom": is_custom(spec)})
 
 
-def _stored(engine: Any, name: str) -> HardwareSpec | None:
+def _stored(engine: PredictionEngine, name: str) -> HardwareSpec | None:
     """The custom accelerator `name` from the store (the engine's catalog learns it), or None."""
     from perfmodel.hardware.catalog import get_accelerator
     from perfmodel.store.accelerators import custom_accelerators
@@ -103,7 +106,7 @@ async def add_accelerator(request: Request, engine: Writer) -> Response:
     return json_response({**spec.model_dump(mode="json"), "custom": True}, status_code=201 if created else 200)
 
 
-def _add(engine: Any, data: dict[str, Any]) -> tuple[HardwareSpec, bool]:
+def _add(engine: PredictionEngine, data: dict[str, Any]) -> tuple[HardwareSpec, bool]:
     from perfmodel.hardware.custom import catalog_with
     from perfmodel.store.accelerators import add_accelerator as store_add
     from perfmodel.store.accelerators import custom_accelerators
