@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from pydantic import ValidationError
 from sqlalchemy.exc import SQLAlchemyError
@@ -62,7 +62,7 @@ from perfmodel.core.ir import Graph
 from perfmodel.core.lru import LRU
 from perfmodel.engine.errors import FieldError, Loc, NotFound, Refused
 from perfmodel.engine.graphs import GraphCache, batch_free_key
-from perfmodel.engine.models import LOAD_ERRORS, ModelLifecycle
+from perfmodel.engine.models import LOAD_ERRORS, ModelEvents, ModelLifecycle
 from perfmodel.hardware.custom import LiveCatalog
 from perfmodel.hardware.spec import HardwareSpec
 from perfmodel.jobs.spec import GraphSource, JobSpec, ZooSource
@@ -74,7 +74,7 @@ from perfmodel.records import utc_now
 
 if TYPE_CHECKING:  # for annotations only: the engine is handed its store and limits
     from perfmodel.jobs.limits import JobLimits
-    from perfmodel.store.jobs import JobRecord, ModelEvent, ObservationRecord
+    from perfmodel.store.jobs import JobRecord, ObservationRecord
 
 log = logging.getLogger("perfmodel.engine")
 
@@ -151,8 +151,9 @@ class Placements(Protocol):
     def use_catalog(self, catalog: Mapping[str, Any]) -> None: ...
 
 
-class Store(Protocol):
-    """What the engine asks of the job store (`perfmodel.store.jobs.JobStore`)."""
+class Store(ModelEvents, Protocol):
+    """What the engine asks of the job store (`perfmodel.store.jobs.JobStore`): its jobs and observations, and the
+    model events its lifecycle reads and writes (`ModelEvents`)."""
 
     def get_job(self, key: str, *, with_graph: bool = False) -> JobRecord | None: ...
 
@@ -180,11 +181,6 @@ class Store(Protocol):
     def observed_job_ids(self) -> list[str]: ...
 
     def last_observation_id(self) -> int: ...
-
-    def model_events(self, limit: int | None = None) -> list[ModelEvent]: ...
-
-    def add_model_event(self, action: Literal["promoted", "refused"], model_version: str,
-                        detail: str | None = None) -> ModelEvent: ...
 
 
 class PlacementTemplate(Protocol):

@@ -15,14 +15,14 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from perfmodel.core.errors import PerfmodelError, UnknownNameError
 from perfmodel.engine.errors import NotFound, Refused
 from perfmodel.registry.registry import ROLES, ModelRegistry, load_errors, role_of
 
 if TYPE_CHECKING:
-    from perfmodel.store.jobs import ModelEvent
+    from perfmodel.store.jobs import ModelAction, ModelEvent
 
 log = logging.getLogger("perfmodel.engine")
 
@@ -39,8 +39,7 @@ class ModelEvents(Protocol):
 
     def model_events(self, limit: int | None = None) -> list[ModelEvent]: ...
 
-    def add_model_event(self, action: Literal["promoted", "refused"], model_version: str,
-                        detail: str | None = None) -> ModelEvent: ...
+    def add_model_event(self, action: ModelAction, model_version: str, detail: str | None = None) -> ModelEvent: ...
 
 
 class ModelLifecycle:
@@ -129,7 +128,7 @@ class ModelLifecycle:
                           f"promotions of that role; restart it without PERFMODEL_MODEL_VERSION to follow them")
         return entry.ref, role, {**self.wanted(), role: entry.ref}
 
-    def record(self, action: Literal["promoted", "refused"], ref: str, detail: str | None = None) -> None:
+    def record(self, action: ModelAction, ref: str, detail: str | None = None) -> None:
         """A model event in the store (not marked seen: the next sync reads it with any other worker's)."""
         if self.store is not None:
             self.store.add_model_event(action, ref, detail)

@@ -201,7 +201,6 @@ def real_runs(frame: pd.DataFrame) -> list[RealRun]:
     return out
 
 
-# the placement model's replica jitters, all off (`composing`)
 class ReplicaJitters(TypedDict):
     """The placement model's replica jitters (`IterationParams`' fields of the same names)."""
 
@@ -210,6 +209,7 @@ class ReplicaJitters(TypedDict):
     dp_jitter_varying: float | None
 
 
+# the placement model's replica jitters, all off (`composing`)
 NO_JITTER = ReplicaJitters(dp_jitter=0.0, dp_jitter_steady=None, dp_jitter_varying=None)
 
 

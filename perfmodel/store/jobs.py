@@ -57,9 +57,13 @@ class ObservationRecord(_Record):
     sharing: str | None = Field(default=None, description="how the two shared them: time-slicing or mps")
 
 
+# what a model event records: a model promoted, or a promotion refused
+ModelAction = Literal["promoted", "refused"]
+
+
 class ModelEvent(_Record):
     id: int
-    action: Literal["promoted", "refused"]
+    action: ModelAction
     model_version: str
     detail: str | None = None
     created_at: datetime
@@ -226,7 +230,7 @@ class JobStore(ProfileStore):
 
     # --- model events ---
 
-    def add_model_event(self, action: Literal["promoted", "refused"], model_version: str,
+    def add_model_event(self, action: ModelAction, model_version: str,
                         detail: str | None = None) -> ModelEvent:
         created_at = utc_now()
         with write_transaction(self.engine) as connection:
