@@ -41,7 +41,11 @@ whole stays within what the measured GPUs got (each feature inside its range, a 
 add up past them); one below it on any feature (older or smaller than every measured GPU) gets no device effect
 (nor convolution math effect); a feature its spec sheet lacks (no TDP: no FLOP/s per watt) counts as the average
 GPU's (the predictor fills a missing TDP first, as the per-op model's features do: from another SKU of the die, else
-the nearest device).
+the nearest device). Gavel's 2019 runs on the P100 and K80 (below the range: less FLOP/s per watt than every
+measured GPU) bear the "no effect" out: given the nearest measured GPUs' effect instead (features clipped up to the
+range), their one-GPU answers went from 23 % to 66 % MAPE (P100) and from 62 % to 137 % (K80), all too fast
+(`bench/gavel.py` with that rule patched in; not kept). The same runs cannot say whether Gavel's scripts get the
+effect on a GPU inside the range (a V100): none of theirs ran there.
 
 The 80 % band is conformal on out-of-fold residuals: for a job without a level, of folds that hold out whole model
 families (the band of a family never seen); for a job with one, of folds that hold out GPUs. A GPU outside the
