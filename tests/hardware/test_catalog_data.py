@@ -28,6 +28,7 @@ DATASETS = get_settings().datasets_dir
 # torch.cuda.get_device_name() (CUDA / ROCm) and the datasets' folder-style names -> catalog id
 DEVICE_NAMES = {
     "Tesla M40": "m40",
+    "Tesla M60": "m60",
     "GeForce GTX TITAN X": "titan-x-maxwell",
     "Tesla P4": "p4",
     "Tesla P100-PCIE-12GB": "p100-pcie-12gb",
