@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -33,6 +33,11 @@ from perfmodel.evaluation.device_ops import chip_of
 from perfmodel.hardware.spec import HardwareSpec
 from perfmodel.jobs.spec import JobSpec
 from perfmodel.placement.spec import Parallelism, PlacementSpec
+
+if TYPE_CHECKING:
+    from perfmodel.placement.iteration import IterationParams
+    from perfmodel.predictor.gpu_iteration import DevicePredictor
+    from perfmodel.predictor.whole_step import WholeStepStage
 
 # adaptdl's BERT ran Hugging Face transformers of 2020: eager attention (no fused SDPA then)
 BERT_BASE = {"model_type": "bert", "hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12,
@@ -114,10 +119,12 @@ def vtrain_measurements(root: str | Path, max_rows: int | None = None) -> list[S
     return out
 
 
-def predict_measurements(measurements: Iterable[StepMeasurement], predictor_for_chip: Callable[[str], Any], *,
-                         params: Any = None, progress: Callable[[str], None] = lambda _: None,
-                         predictors: dict[str, Any] | None = None,
-                         host_ms_per_kernel: float | None = None, whole_step: Any = None) -> pd.DataFrame:
+def predict_measurements(measurements: Iterable[StepMeasurement],
+                         predictor_for_chip: Callable[[str], DevicePredictor], *,
+                         params: IterationParams | None = None, progress: Callable[[str], None] = lambda _: None,
+                         predictors: dict[str, DevicePredictor] | None = None,
+                         host_ms_per_kernel: float | None = None,
+                         whole_step: WholeStepStage | None = None) -> pd.DataFrame:
     """One row per measurement with `predicted_ms` and `ape`. `predictor_for_chip(chip)` gives the
     `DevicePredictor` fitted without that chip (called once per chip; `predictors` keeps them between calls).
     `host_ms_per_kernel`, when given, replaces the predictors' host dispatch cost; `whole_step` (a
