@@ -6,7 +6,7 @@ Measurements (`StepMeasurement`, one per measured configuration):
 | source | what is measured | GPUs | math | what is predicted |
 |---|---|---|---|---|
 | NeuSight labels (`neusight/label/<GPU>/*-train-*.json`) | forward + backward of HF BERT-Large, GPT2-Large, GPT3-XL, OPT-1.3B (eager attention, PyTorch 2.1, no optimizer) | V100, A100 PCIe, P100, T4, P4, MI100, MI210 | fp32 (no convolutions: fp32 = fp32-strict) | forward + backward |
-| adaptdl (Pollux) `placements.csv`, placement `1` | one T4's step (step − all-reduce time) of ResNet-50 ImageNet (SGD) and BERT-base SQuAD (seq 384, AdamW), per batch size | T4 | as the artifact's scripts run them (`benchmark/models/<app>/`): ResNet-50 in `amp` (its `main.py` wraps model and optimizer in apex's `amp.initialize` at the default opt level, O1: per-op casts), BERT in fp32 (`run_squad.py` without `--fp16`; Turing has no TF32, so fp32 = fp32-strict); both on NVIDIA's 20.10 container, PyTorch 1.7 | forward + backward + optimizer |
+| adaptdl (Pollux) `placements.csv`, placement `1` | one T4's step (step − all-reduce time) of ResNet-18 CIFAR-10 (SGD), ResNet-50 ImageNet (SGD) and BERT-base SQuAD (seq 384, AdamW), per batch size | T4 | as the artifact's scripts run them (`benchmark/models/<app>/`): ResNet-18 in fp32 (PyTorch 1.5), ResNet-50 in `amp` (its `main.py` wraps model and optimizer in apex's `amp.initialize` at the default opt level, O1: per-op casts), BERT in fp32 (`run_squad.py` without `--fp16`; Turing has no TF32, so fp32 = fp32-strict); both on NVIDIA's 20.10 container, PyTorch 1.7 | forward + backward + optimizer |
 | vTrain `ground_truth_single.csv`, data-parallel rows (tensor = pipeline = 1) | Megatron GPT iteration on 2, 4, 8 A100s (fp16, activation checkpointing) | A100 | fp16 | the placement model (`default` parameters) over the held-out device model's compute |
 
 Leave-one-GPU-out by *chip* (`chip_of`: a100-pcie-40gb and a100-sxm4-80gb are one chip): the device model that
@@ -46,8 +46,11 @@ BERT_BASE = {"model_type": "bert", "hidden_size": 768, "num_hidden_layers": 12, 
 # adaptdl apps with a model perfmodel can build as the artifact ran it (`benchmark/models/<app>/` of the
 # osdi21-artifact branch): the job options of one GPU's step; the batch is each measurement's. The ImageNet script
 # calls apex's `amp.initialize(model, optimizer)` with no opt level, so O1 (per-op casts: `amp`); the BERT job's
-# `run_squad.py` arguments have no `--fp16`, so fp32. Both images build on NVIDIA's 20.10 container (PyTorch 1.7)
+# `run_squad.py` arguments have no `--fp16`, so fp32; both images build on NVIDIA's 20.10 container (PyTorch 1.7).
+# CIFAR-10 trains kuangliu's ResNet-18 (the zoo's `gavel-resnet18`, as Gavel's copy of it) in fp32 with SGD, cuDNN's
+# autotuner on, on NVIDIA's 20.03 container (PyTorch 1.5)
 ADAPTDL_JOBS: dict[str, dict[str, Any]] = {
+    "cifar10": dict(zoo="gavel-resnet18", optimizer="sgd", precision="fp32", pytorch_version="1.5"),
     "imagenet": dict(zoo="resnet50", optimizer="sgd", precision="amp", pytorch_version="1.7"),
     "bert": dict(hf_config=BERT_BASE, task="question-answering", seq_len=384, optimizer="adamw", precision="fp32",
                  pytorch_version="1.7"),
