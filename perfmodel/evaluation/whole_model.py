@@ -6,7 +6,7 @@ Measurements (`StepMeasurement`, one per measured configuration):
 | source | what is measured | GPUs | math | what is predicted |
 |---|---|---|---|---|
 | NeuSight labels (`neusight/label/<GPU>/*-train-*.json`) | forward + backward of HF BERT-Large, GPT2-Large, GPT3-XL, OPT-1.3B (eager attention, PyTorch 2.1, no optimizer) | V100, A100 PCIe, P100, T4, P4, MI100, MI210 | fp32 (no convolutions: fp32 = fp32-strict) | forward + backward |
-| adaptdl (Pollux) `placements.csv`, placement `1` | one T4's step (step − all-reduce time) of ResNet-18 CIFAR-10 (SGD), ResNet-50 ImageNet (SGD) and BERT-base SQuAD (seq 384, AdamW), per batch size | T4 | as the artifact's scripts run them (`benchmark/models/<app>/`): ResNet-18 in fp32 (PyTorch 1.5), ResNet-50 in `amp` (its `main.py` wraps model and optimizer in apex's `amp.initialize` at the default opt level, O1: per-op casts), BERT in fp32 (`run_squad.py` without `--fp16`; Turing has no TF32, so fp32 = fp32-strict); both on NVIDIA's 20.10 container, PyTorch 1.7 | forward + backward + optimizer |
+| adaptdl (Pollux) `placements.csv`, placement `1` | one T4's step (step − all-reduce time) of ResNet-18 CIFAR-10 (SGD), ResNet-50 ImageNet (SGD) and BERT-base SQuAD (seq 384, AdamW), per batch size | T4 | as the artifact's scripts run them (`benchmark/models/<app>/`): ResNet-18 in fp32 (PyTorch 1.5), ResNet-50 in `amp` (its `main.py` wraps model and optimizer in apex's `amp.initialize` at the default opt level, O1: per-op casts), BERT in fp32 (`run_squad.py` without `--fp16`; Turing has no TF32, so fp32 = fp32-strict); ResNet-50 and BERT on NVIDIA's 20.10 container, PyTorch 1.7 | forward + backward + optimizer |
 | vTrain `ground_truth_single.csv`, data-parallel rows (tensor = pipeline = 1) | Megatron GPT iteration on 2, 4, 8 A100s (fp16, activation checkpointing) | A100 | fp16 | the placement model (`default` parameters) over the held-out device model's compute |
 
 Leave-one-GPU-out by *chip* (`chip_of`: a100-pcie-40gb and a100-sxm4-80gb are one chip): the device model that
@@ -136,7 +136,7 @@ def predict_measurements(measurements: Iterable[StepMeasurement],
     from perfmodel.predictor.batch_sweep import table_key
     from perfmodel.predictor.device_ops import BACKWARD, FORWARD
     from perfmodel.predictor.gpu_iteration import OPTIMIZER, job_rows
-    from perfmodel.predictor.placed import PlacementPredictor, level_key
+    from perfmodel.predictor.placed import PlacementPredictor
 
     graphs: dict[tuple[Any, ...], Graph] = {}
     job_rows_cache: dict[tuple[Any, ...], pd.DataFrame] = {}
@@ -164,12 +164,10 @@ def predict_measurements(measurements: Iterable[StepMeasurement],
                 record["predicted_ms"] = placed.predict(m.spec, m.placement, graph=graph).iter_time_ms
             else:
                 phases = (FORWARD, BACKWARD) + ((OPTIMIZER,) if m.includes_optimizer else ())
-                if whole_step is not None:  # the composed step and what it is made of, corrected as served:
-                    # the level of a measured model (none here) and the offset of the PyTorch the job ran on
+                if whole_step is not None:  # the composed step and what it is made of, corrected as served
                     single, features = device.predict_composed(m.spec, m.device, graph=graph, phases=phases)
-                    level = level_key(m.spec, device.catalog[m.device], whole_step.known_levels)
-                    record["predicted_ms"] = whole_step.correct(single, features, level,
-                                                                m.spec.pytorch_version).iter_time_ms
+                    record["predicted_ms"] = whole_step.correct_job(single, features, m.spec,
+                                                                    device.catalog[m.device]).iter_time_ms
                 else:
                     hardware = device.catalog[m.device]
                     key = (m.graph_key, table_key(m.spec.precision, hardware), m.spec.channels_last,

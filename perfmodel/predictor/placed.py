@@ -25,7 +25,7 @@ from __future__ import annotations
 import functools
 import inspect
 import math
-from collections.abc import Callable, Container, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -37,7 +37,7 @@ from perfmodel.core.lru import LRU
 from perfmodel.core.units import us_to_ms
 from perfmodel.graph.batch_affine import BatchAffine
 from perfmodel.hardware.spec import HardwareSpec
-from perfmodel.jobs.spec import JobSpec, Precision, ZooSource
+from perfmodel.jobs.spec import JobSpec, Precision
 from perfmodel.jobs.zoo import items_of
 from perfmodel.placement.comm import (
     DEFAULT_NODE_NETWORK_GBIT_S,
@@ -62,11 +62,10 @@ from perfmodel.placement.iteration import (
 )
 from perfmodel.placement.spec import PlacementSpec
 from perfmodel.predictor.batch_sweep import GraphLine, RowLine, Sweep, table_key
-from perfmodel.predictor.math_modes import FASTER_FLOAT32, FLOAT32_MATHS, faster_twins, maths_by_group
+from perfmodel.predictor.math_modes import FASTER_FLOAT32, FLOAT32_MATHS, faster_twins
 from perfmodel.predictor.memory import GraphBytes, bytes_per_param, estimate_memory, usable_memory_bytes
 from perfmodel.predictor.predict import Prediction
 from perfmodel.predictor.whole_step import WholeStepStage
-from perfmodel.regressors.whole_step_device import job_level_key
 
 if TYPE_CHECKING:
     from perfmodel.predictor.gpu_iteration import DevicePredictor
@@ -79,24 +78,6 @@ DEFAULT_CACHE_SIZE = 4096  # entries of each cache (computes, memory estimates, 
 # links per (accelerator, link, network bandwidth, devices on the smallest node): a fleet has a few networks, and a
 # stream of bodies naming new ones must not grow memory; a miss costs ~10 us
 LINKS_CACHE_SIZE = 1024
-
-
-def level_key(spec: JobSpec, hardware: HardwareSpec, known: Container[str] = frozenset()) -> str | None:
-    """The key a whole-step stage keeps a measured model's level under (zoo jobs; None for the others). A precision
-    whose math on `hardware` is TF32's (fp32 on a GPU without TF32: every op group the same math) takes the TF32
-    runs' level, the runs it is the same step as (the public runs' "FP32" is TF32 where the GPU has it); a mixed
-    precision whose own level the stage does not keep (`known`: the keys it keeps) takes its twin's
-    (`Precision.twin`, the other recipe: NVIDIA's Transformer-XL, GNMT and NCF run a half model with fp32 master
-    weights, its Mask R-CNN per-op casts) where the stage keeps that."""
-    if not isinstance(spec.source, ZooSource):
-        return None
-    precision = spec.precision
-    if precision in (Precision.fp32, Precision.fp32_strict) and (
-            maths_by_group(precision, hardware) == maths_by_group(Precision.tf32, hardware)):
-        precision = Precision.tf32
-    key = job_level_key(spec.source.name, precision.value)
-    twin = job_level_key(spec.source.name, precision.twin.value) if precision.twin is not None else None
-    return twin if key not in known and twin in known else key
 
 
 HOST_LINK = "host"  # the intra-node link a placement names when its GPUs have no peer-to-peer
@@ -334,9 +315,7 @@ class PlacementPredictor:
         if self.whole_step is None:
             return single
         return self._floored(spec, micro_spec.batch_size, hardware,
-                             self.whole_step.correct(single, features,
-                                                     level_key(spec, hardware, self.whole_step.known_levels),
-                                                     spec.pytorch_version), graph)
+                             self.whole_step.correct_job(single, features, spec, hardware), graph)
 
     def _floored(self, spec: JobSpec, micro: int, hardware: HardwareSpec, step: Prediction,
                  graph: Graph | None = None) -> Prediction:
@@ -455,10 +434,8 @@ class PlacementPredictor:
         if self.whole_step is not None and made:
             steps = list(made.values())
             devices = [self.hardware(step.accelerator) for _, (step, _) in steps]
-            corrected = self.whole_step.correct_many([step[0] for _, step in steps], [step[1] for _, step in steps],
-                                                     [level_key(spec, hw, self.whole_step.known_levels)
-                                                      for (spec, _), hw in zip(steps, devices)],
-                                                     [spec.pytorch_version for spec, _ in steps])
+            corrected = self.whole_step.correct_jobs([step[0] for _, step in steps], [step[1] for _, step in steps],
+                                                     [spec for spec, _ in steps], devices)
             # the faster maths first: a step is floored by its twins' steps, floored themselves
             keys = list(made)
             for i in sorted(range(len(keys)), key=lambda i: len(FASTER_FLOAT32.get(steps[i][0].precision, ()))):

@@ -15,19 +15,40 @@ stage never saw).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Container, Mapping, Sequence
 from functools import cached_property
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
+from perfmodel.hardware.spec import HardwareSpec
+from perfmodel.jobs.spec import JobSpec, Precision, ZooSource
+from perfmodel.predictor.math_modes import maths_by_group
 from perfmodel.predictor.predict import Prediction
 from perfmodel.regressors.whole_step import StepCorrector
-from perfmodel.regressors.whole_step_device import JOB
+from perfmodel.regressors.whole_step_device import JOB, job_level_key
 
 ROLE = "whole-step"
 CORRECTED_PARTS = ("forward", "backward", "optimizer", "overhead")
+
+
+def level_key(spec: JobSpec, hardware: HardwareSpec, known: Container[str] = frozenset()) -> str | None:
+    """The key a whole-step stage keeps a measured model's level under (zoo jobs; None for the others). A precision
+    whose math on `hardware` is TF32's (fp32 on a GPU without TF32: every op group the same math) takes the TF32
+    runs' level, the runs it is the same step as (the public runs' "FP32" is TF32 where the GPU has it); a mixed
+    precision whose own level the stage does not keep (`known`: the keys it keeps) takes its twin's
+    (`Precision.twin`, the other recipe: NVIDIA's Transformer-XL, GNMT and NCF run a half model with fp32 master
+    weights, its Mask R-CNN per-op casts) where the stage keeps that."""
+    if not isinstance(spec.source, ZooSource):
+        return None
+    precision = spec.precision
+    if precision in (Precision.fp32, Precision.fp32_strict) and (
+            maths_by_group(precision, hardware) == maths_by_group(Precision.tf32, hardware)):
+        precision = Precision.tf32
+    key = job_level_key(spec.source.name, precision.value)
+    twin = job_level_key(spec.source.name, precision.twin.value) if precision.twin is not None else None
+    return twin if key not in known and twin in known else key
 
 
 class WholeStepStage:
@@ -126,3 +147,16 @@ class WholeStepStage:
                 "model_version": f"{single.model_version}+{self.model_version}",
                 "composed_iter_time_ms": composed}))
         return out
+
+    def correct_job(self, single: Prediction, features: Mapping[str, float], spec: JobSpec,
+                    hardware: HardwareSpec) -> Prediction:
+        """`single`, the composed step of job `spec` on `hardware`, corrected as served (`correct_jobs`)."""
+        return self.correct_jobs([single], [features], [spec], [hardware])[0]
+
+    def correct_jobs(self, singles: Sequence[Prediction], features: Sequence[Mapping[str, float]],
+                     specs: Sequence[JobSpec], hardware: Sequence[HardwareSpec]) -> list[Prediction]:
+        """Each composed step corrected with its job's level (`level_key` on its device) and the offset of the
+        PyTorch the job trains with (`JobSpec.pytorch_version`)."""
+        return self.correct_many(singles, features,
+                                 [level_key(spec, hw, self.known_levels) for spec, hw in zip(specs, hardware)],
+                                 [spec.pytorch_version for spec in specs])

@@ -198,8 +198,8 @@ from hypothesis import strategies as st  # noqa: E402
 from perfmodel.hardware.catalog import get_accelerator, load_catalog  # noqa: E402
 from perfmodel.jobs.spec import JobSpec  # noqa: E402
 from perfmodel.placement.spec import Parallelism, PlacementSpec  # noqa: E402
-from perfmodel.predictor.placed import PlacementPredictor, level_key  # noqa: E402
-from perfmodel.predictor.whole_step import WholeStepStage  # noqa: E402
+from perfmodel.predictor.placed import PlacementPredictor  # noqa: E402
+from perfmodel.predictor.whole_step import WholeStepStage, level_key  # noqa: E402
 from perfmodel.regressors.whole_step_device import UNSEEN_FEATURES  # noqa: E402
 
 SERVED_LEVELS = {"resnet18:amp": -4.0, "resnet18:tf32": 2.0, "bert-small:amp": 0.7}  # absurd on purpose
