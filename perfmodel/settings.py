@@ -24,7 +24,7 @@ class Settings(BaseSettings):
                                   "sqlite:///$PERFMODEL_HOME/perfmodel.db")
     datasets_dir: Path = Field(default_factory=_default_datasets_dir, description="the public GPU measurements "
                                "(read in place, never copied); default: shared/datasets beside the checkout")
-    fleet_job_prior: float = Field(default=0.6, gt=0, le=5, allow_inf_nan=False,
+    fleet_job_prior: float = Field(default=0.3, gt=0, le=5, allow_inf_nan=False,
                                    description="fleet calibration: prior standard deviation (log) of a job's own "
                                    "error; smaller lets other jobs' observations move a job's answer further")
     fleet_chip_prior: float = Field(default=0.5, gt=0, le=5, allow_inf_nan=False,

@@ -41,17 +41,27 @@ def test_other_jobs_on_an_accelerator_correct_a_new_job_more_with_more_jobs_and_
         assert 1 / 1.5 < applied.throughput_factor < 1
         factors.append(applied.throughput_factor)
     assert factors == sorted(factors, reverse=True)  # more agreeing jobs: closer to what they show
-    # one other job moves the next less than half-way (a job's own error is wider than a device's) ...
-    assert factors[0] > 1 / math.sqrt(1.5)
-    # ... and sixteen that agree move it most of the way: a device the model is off on is learned
-    assert factors[-1] < 1 / 1.5 ** 0.75
+    # one other job moves the next about half-way, not all of it (a job's own error may be as wide as a device's) ...
+    assert 1 / 1.5 ** 0.7 < factors[0] < 1 / 1.5 ** 0.4
+    # ... and sixteen that agree move it nearly all the way: a device the model is off on is learned
+    assert factors[-1] < 1 / 1.5 ** 0.9
 
 
-def test_a_job_observed_elsewhere_carries_to_other_accelerators_more_than_other_jobs_do():
-    own = ask(fit_fleet(points(1.5, 1, V100, prefix="new")), "new0")
+def test_a_job_observed_elsewhere_carries_to_other_accelerators_most_where_other_jobs_pin_the_device():
+    """A job 1.5x slower than the model on one GPU: where other jobs ran as the model says there (the device is
+    pinned), its error is its own and carries to another GPU of the same generation further than one other job's
+    observation carries to a new job on that GPU; across generations less (it may be the job's on that generation);
+    alone on its GPU, it may be the device's, and carries least."""
     others = ask(fit_fleet(points(1.5, 1)))
-    assert own.level == "job" and own.sources == {"job": {"observations": 1, "jobs": 1}}
-    assert own.throughput_factor < 0.85 and own.throughput_factor < others.throughput_factor - 0.02
+    a10 = {**A100, "accelerator": "a10", "chip": "GA102"}
+    pinned = points(1.0, 3, a10, prefix="other") + points(1.5, 1, a10, prefix="new", start=100)
+    same_generation = ask(fit_fleet(pinned), "new0")
+    pinned = points(1.0, 3, V100, prefix="other") + points(1.5, 1, V100, prefix="new", start=100)
+    other_generation = ask(fit_fleet(pinned), "new0")
+    alone = ask(fit_fleet(points(1.5, 1, V100, prefix="new")), "new0")
+    assert alone.level == "job" and alone.sources == {"job": {"observations": 1, "jobs": 1}}
+    assert 1 / 1.5 < same_generation.throughput_factor < others.throughput_factor - 0.02
+    assert same_generation.throughput_factor < other_generation.throughput_factor < alone.throughput_factor < 0.95
 
 
 def test_sibling_skus_of_a_chip_share_evidence_weaker_than_the_same_sku():
@@ -148,7 +158,7 @@ def test_reference_steps_of_a_device_correct_it_nearly_fully_when_they_agree():
     assert applied.throughput_factor == pytest.approx(1 / 1.4, rel=0.06)
     # the same ratios from ordinary jobs say less: each may be the job's own error
     ordinary = [FleetPoint(p.id, p.job, **A100, log_ratio=p.log_ratio) for p in steps]
-    assert ask(fit_fleet(ordinary)).throughput_factor > applied.throughput_factor + 0.03
+    assert ask(fit_fleet(ordinary)).throughput_factor > applied.throughput_factor + 0.01
 
 
 def test_reference_steps_that_split_by_convolution_share_correct_each_mix_by_its_own():
