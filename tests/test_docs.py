@@ -354,3 +354,24 @@ def test_the_readme_is_a_short_guide_with_the_two_quickstart_commands():
     assert "make test   # set up .venv, then run the whole test suite (this is what .ci/run does)" in lines
     assert all((DOCS / name).is_file() for name in ("api.md", "accuracy.md", "placement.md", "hardware.md",
                                                     "calibration.md", "operations.md", "development.md"))
+
+
+def test_the_whole_step_weights_docs_quote_are_the_promoted_stages():
+    """docs/predictors.md quotes the served whole-step stage's convolution math and AMP weights: a promotion that
+    moves them must move the text (a copy from an earlier stage reads as the served one's)."""
+    promoted = json.loads((ROOT / "models" / "promoted.json").read_text())["whole-step"]
+    stage = json.loads((ROOT / "models" / promoted / "stage.json").read_text())
+    names = json.loads((ROOT / "models" / promoted / "manifest.json").read_text())["feature_names"]
+    weights = dict(zip(names, stage["params"]["weights"]))
+    extra = stage["extra"]
+
+    def signed(value: float, digits: int = 2) -> str:
+        return f"{'+' if value >= 0 else '−'}{abs(value):.{digits}f}"
+
+    text = (DOCS / "predictors.md").read_text()
+    quoted = [f"TF32 math: {signed(weights['share_conv_tf32'])} in log per unit share",
+              f"fewer multiplies: {signed(weights['share_conv_winograd'])};",
+              f"{signed(extra['amp'], 3)} in log for an AMP step",
+              f"{signed(extra['share_conv_amp'])} x `share_conv_amp`"]
+    missing = [phrase for phrase in quoted if " ".join(phrase.split()) not in " ".join(text.split())]
+    assert not missing, f"docs/predictors.md does not quote the promoted stage ({promoted}): {missing}"
