@@ -375,3 +375,15 @@ def test_the_whole_step_weights_docs_quote_are_the_promoted_stages():
               f"{signed(extra['share_conv_amp'])} x `share_conv_amp`"]
     missing = [phrase for phrase in quoted if " ".join(phrase.split()) not in " ".join(text.split())]
     assert not missing, f"docs/predictors.md does not quote the promoted stage ({promoted}): {missing}"
+
+
+def test_the_registry_readme_lists_every_shipped_model_and_marks_the_promoted_ones():
+    """models/README.md has a row for every `models/<name>/<version>/`, and the rows marked promoted are exactly the
+    models `promoted.json` names."""
+    models = ROOT / "models"
+    text = (models / "README.md").read_text()
+    rows = {m.group(1): m.group(2).strip() for m in re.finditer(r"^\| `([^`]+/v\d+)` \|.*\| ([^|]+) \|$", text, re.M)}
+    shipped = {f"{d.parent.name}/{d.name}" for d in models.glob("*/v*") if (d / "manifest.json").is_file()}
+    assert shipped <= set(rows), f"models/README.md has no row for {sorted(shipped - set(rows))}"
+    promoted = set(json.loads((models / "promoted.json").read_text()).values())
+    assert {name for name, status in rows.items() if status == "promoted"} == promoted
