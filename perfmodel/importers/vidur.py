@@ -29,7 +29,8 @@ LayerNorm otherwise: phi-2), attn_rope (q and k: width (n_head + n_kv_head) d / 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
@@ -119,6 +120,75 @@ def _latency(row: dict[str, Any], op: str) -> tuple[float | None, dict[str, Any]
     return latency, {f"{stat}_ms": value for stat, value in values.items()}
 
 
+@dataclass(frozen=True)
+class _MlpOp:
+    """What one of vidur's MLP-stage timings is as a kernel: its op class, shape, facts and (when not vidur's
+    own) the op's name."""
+
+    op_class: OpClass
+    shape: dict[str, Any]
+    detail: dict[str, Any] = field(default_factory=dict)
+    name: str | None = None
+
+
+def _embedding(d: dict[str, Any], norm: OpClass) -> _MlpOp:
+    return _MlpOp("embedding", {"batch": d["num_tokens"], "hidden": d["h"]},
+                  {"vocab_size": d["vocab"], "vocab_rows": d["vocab"] // d["tensor_parallel"]})
+
+
+def _norm(d: dict[str, Any], norm: OpClass) -> _MlpOp:
+    return _MlpOp(norm, {"batch": d["num_tokens"], "hidden": d["h"]})
+
+
+def _linear(m: str, k: str, n: str) -> Callable[[dict[str, Any], OpClass], _MlpOp]:
+    """A GEMM whose M, K and N are `_gemm_dims` of the row (`m` tokens by `k` in, `n` out)."""
+    def kernel(d: dict[str, Any], norm: OpClass) -> _MlpOp:
+        dims = _gemm_dims(d)
+        return _MlpOp("linear", {"batch": 1, "m": dims[m], "k": dims[k], "n": dims[n]})
+    return kernel
+
+
+def _gemm_dims(d: dict[str, Any]) -> dict[str, int]:
+    tp, h, hd, heads, kv, f = d["tensor_parallel"], d["h"], d["head_dim"], d["n_head"], d["n_kv_head"], d["f"]
+    return {"tokens": d["num_tokens"], "hidden": h, "qkv": (heads + 2 * kv) * hd // tp, "attn_out": heads * hd // tp,
+            "up": (2 if d["gated"] else 1) * f // tp, "ffn": f // tp}
+
+
+def _rope(d: dict[str, Any], norm: OpClass) -> _MlpOp:
+    return _MlpOp("rope", {"batch": d["num_tokens"], "hidden": (d["n_head"] + d["n_kv_head"]) * d["head_dim"]
+                           // d["tensor_parallel"]}, {"head_dim": d["head_dim"]})
+
+
+def _activation(d: dict[str, Any], norm: OpClass) -> _MlpOp:
+    """Named by the work it does (`ACTIVATION_OP`), vidur's name kept."""
+    f = d["f"] // d["tensor_parallel"]
+    activation = "silu_and_mul" if d["gated"] else "gelu"
+    return _MlpOp("elementwise", {"batch": d["num_tokens"], "hidden": f},
+                  {"activation": activation, UPSTREAM_OP: "mlp_act", **({"input_width": 2 * f} if d["gated"] else {})},
+                  name=ACTIVATION_OP[activation])
+
+
+def _residual_add(d: dict[str, Any], norm: OpClass) -> _MlpOp:
+    """The residual add (of attention and MLP outputs too, for a layer without a post-attention norm)."""
+    return _MlpOp("elementwise", {"batch": d["num_tokens"], "hidden": d["h"]},
+                  {"operands": 2 if norm == "rmsnorm" else 3})
+
+
+# each of `MLP_OPS` as a kernel, from the row's model dimensions (`_dims`) and the layer's norm kind
+MLP_OP_KERNELS: dict[str, Callable[[dict[str, Any], OpClass], _MlpOp]] = {
+    "emb": _embedding,
+    "input_layernorm": _norm,
+    "attn_pre_proj": _linear("tokens", "hidden", "qkv"),
+    "attn_rope": _rope,
+    "attn_post_proj": _linear("tokens", "attn_out", "hidden"),
+    "post_attention_layernorm": _norm,
+    "mlp_up_proj": _linear("tokens", "hidden", "up"),
+    "mlp_act": _activation,
+    "mlp_down_proj": _linear("tokens", "ffn", "hidden"),
+    "add": _residual_add,
+}
+
+
 def _mlp_records(frame: Any, common: dict[str, Any], facts: dict[str, Any],
                  stats: ImportStats) -> Iterator[OpMeasurement]:
     ops = [op for op in MLP_OPS if f"time_stats.{op}.median" in frame.columns]
@@ -129,47 +199,16 @@ def _mlp_records(frame: Any, common: dict[str, Any], facts: dict[str, Any],
         if dims is None:
             stats.skipped["vidur row without model dimensions"] += len(ops)
             continue
-        tokens, tp = dims["num_tokens"], dims["tensor_parallel"]
-        h, d, heads, kv, f = dims["h"], dims["head_dim"], dims["n_head"], dims["n_kv_head"], dims["f"]
-        gated = dims["gated"]
         for op in ops:
             latency, timing = _latency(row, op)
             if latency is None or latency <= 0:
                 stats.skipped["no latency"] += 1
                 continue
-            op_class: OpClass
-            shape: dict[str, Any]
-            detail: dict[str, Any] = {}
-            name = op
-            if op == "emb":
-                op_class, shape = "embedding", {"batch": tokens, "hidden": h}
-                detail = {"vocab_size": dims["vocab"], "vocab_rows": dims["vocab"] // tp}
-            elif op in ("input_layernorm", "post_attention_layernorm"):
-                op_class, shape = norm, {"batch": tokens, "hidden": h}
-            elif op == "attn_pre_proj":
-                op_class, shape = "linear", {"batch": 1, "m": tokens, "k": h, "n": (heads + 2 * kv) * d // tp}
-            elif op == "attn_rope":
-                op_class, shape = "rope", {"batch": tokens, "hidden": (heads + kv) * d // tp}
-                detail = {"head_dim": d}
-            elif op == "attn_post_proj":
-                op_class, shape = "linear", {"batch": 1, "m": tokens, "k": heads * d // tp, "n": h}
-            elif op == "mlp_up_proj":
-                op_class, shape = "linear", {"batch": 1, "m": tokens, "k": h, "n": (2 if gated else 1) * f // tp}
-            elif op == "mlp_act":  # named by the work it does (`ACTIVATION_OP`), vidur's name kept
-                op_class, shape = "elementwise", {"batch": tokens, "hidden": f // tp}
-                activation = "silu_and_mul" if gated else "gelu"
-                name = ACTIVATION_OP[activation]
-                detail = {"activation": activation, UPSTREAM_OP: op,
-                          **({"input_width": 2 * f // tp} if gated else {})}
-            elif op == "mlp_down_proj":
-                op_class, shape = "linear", {"batch": 1, "m": tokens, "k": f // tp, "n": h}
-            else:  # add: the residual add (of attention and MLP outputs too, for a layer without post-attn norm)
-                op_class, shape = "elementwise", {"batch": tokens, "hidden": h}
-                detail = {"operands": 2 if norm == "rmsnorm" else 3}
+            kernel = MLP_OP_KERNELS[op](dims, norm)
             yield OpMeasurement(
-                source=SOURCE, source_row=index, op_class=op_class, op_name=name, dtype="fp16", phase="forward",
-                num_tokens=tokens, tensor_parallel=tp, latency_ms=latency,
-                extra=compact({**facts, **detail, **timing}), **common, **shape,
+                source=SOURCE, source_row=index, op_class=kernel.op_class, op_name=kernel.name or op, dtype="fp16",
+                phase="forward", num_tokens=dims["num_tokens"], tensor_parallel=dims["tensor_parallel"],
+                latency_ms=latency, extra=compact({**facts, **kernel.detail, **timing}), **common, **kernel.shape,
             )
 
 
