@@ -155,42 +155,55 @@ def _gemm_sizes(gpu: bool) -> tuple[int, ...]:
     return (64, 128, 256, 512, 768, 1024, 2048, 4096) if gpu else (16, 64, 128, 256, 384, 512, 768, 1024, 2048)
 
 
+def _gemm_grid(op_class: OpClass, batches: tuple[int, ...]) -> Callable[[DType, bool], list[BenchShape]]:
+    """GEMMs of `op_class` (`bmm`, `linear`): every batch, M of the size ladder, N and K of alternate rungs."""
+    def grid(dtype: DType, gpu: bool) -> list[BenchShape]:
+        sizes = _gemm_sizes(gpu)
+        return [BenchShape(op_class, op_class, dtype, batch=b, m=m, n=n, k=k)
+                for b in batches for m in sizes for n in sizes[::2] for k in sizes[1::2]]
+    return grid
+
+
+def _conv2d_grid(dtype: DType, gpu: bool) -> list[BenchShape]:
+    """2-D convolutions: channel pairs of CNN stages, square inputs, and the 1 x 1, 3 x 3 (stride 1 and 2) and
+    7 x 7 stem kernels."""
+    return [BenchShape("conv2d", "conv2d", dtype, batch=b, in_channels=cin, out_channels=cout, input_size=size,
+                       kernel_size=kernel, stride=stride, padding=padding)
+            for b in ((1, 4, 16, 64) if gpu else (1, 2, 4, 8))
+            for cin, cout in ((3, 64), (16, 32), (64, 64), (64, 128), (128, 128), (256, 256), (512, 512))
+            for size in (7, 14, 28, 56, 112)
+            for kernel, stride, padding in ((1, 1, 0), (3, 1, 1), (3, 2, 1), (7, 2, 3))]
+
+
+def _rows_grid(op_class: OpClass, names: tuple[str, ...]) -> Callable[[DType, bool], list[BenchShape]]:
+    """Row-wise ops of `op_class`, each of `names`, over rows x hidden widths."""
+    def grid(dtype: DType, gpu: bool) -> list[BenchShape]:
+        return [BenchShape(op_class, name, dtype, batch=b, hidden=h)
+                for b in ((1, 8, 64, 512, 4096, 16384) if gpu else (1, 8, 64, 512, 2048))
+                for h in ((64, 256, 768, 1024, 2048, 4096, 8192) if gpu else (64, 256, 768, 1024, 2048, 4096))
+                for name in names]
+    return grid
+
+
+# the sweep's candidate shapes of each op class it benchmarks, by dtype and whether the device is a GPU
+GRIDS: dict[OpClass, Callable[[DType, bool], list[BenchShape]]] = {
+    "bmm": _gemm_grid("bmm", (1, 4, 16, 64)),
+    "linear": _gemm_grid("linear", (1, 8, 32)),
+    "conv2d": _conv2d_grid,
+    "elementwise": _rows_grid("elementwise", tuple(ELEMENTWISE_OPS)),
+    "softmax": _rows_grid("softmax", ("softmax",)),
+    "layernorm": _rows_grid("layernorm", ("ln",)),
+}
+
+
 def _grid(op_class: OpClass, dtype: DType, gpu: bool) -> list[BenchShape]:
-    sizes = _gemm_sizes(gpu)
-    out: list[BenchShape] = []
-    if op_class == "bmm":
-        for b in (1, 4, 16, 64):
-            for m in sizes:
-                for n in sizes[::2]:
-                    for k in sizes[1::2]:
-                        out.append(BenchShape("bmm", "bmm", dtype, batch=b, m=m, n=n, k=k))
-    elif op_class == "linear":
-        for b in (1, 8, 32):
-            for m in sizes:
-                for n in sizes[::2]:
-                    for k in sizes[1::2]:
-                        out.append(BenchShape("linear", "linear", dtype, batch=b, m=m, n=n, k=k))
-    elif op_class == "conv2d":
-        for b in ((1, 4, 16, 64) if gpu else (1, 2, 4, 8)):
-            for cin, cout in ((3, 64), (16, 32), (64, 64), (64, 128), (128, 128), (256, 256), (512, 512)):
-                for size in (7, 14, 28, 56, 112):
-                    for kernel, stride, padding in ((1, 1, 0), (3, 1, 1), (3, 2, 1), (7, 2, 3)):
-                        out.append(BenchShape("conv2d", "conv2d", dtype, batch=b, in_channels=cin,
-                                              out_channels=cout, input_size=size, kernel_size=kernel,
-                                              stride=stride, padding=padding))
-    elif op_class in ("elementwise", "softmax", "layernorm"):
-        names = tuple(ELEMENTWISE_OPS) if op_class == "elementwise" else (
-            "softmax" if op_class == "softmax" else "ln",)
-        for b in (1, 8, 64, 512, 4096, 16384) if gpu else (1, 8, 64, 512, 2048):
-            for h in (64, 256, 768, 1024, 2048, 4096, 8192) if gpu else (64, 256, 768, 1024, 2048, 4096):
-                for name in names:
-                    out.append(BenchShape(op_class, name, dtype, batch=b, hidden=h))
-    else:
+    grid = GRIDS.get(op_class)
+    if grid is None:
         raise PerfmodelError(f"no microbenchmark for op class {op_class!r}")
-    return out
+    return grid(dtype, gpu)
 
 
-BENCH_CLASSES: tuple[OpClass, ...] = ("bmm", "linear", "conv2d", "elementwise", "softmax", "layernorm")
+BENCH_CLASSES: tuple[OpClass, ...] = tuple(GRIDS)
 TENSOR_ONLY_CLASSES = ("bmm", "linear", "conv2d")  # TF32 is a GEMM / convolution math only
 
 
