@@ -102,7 +102,7 @@ class EngineConfig:
     fleet_priors: FleetPriors = field(default_factory=FleetPriors)  # the fleet's priors (`fleet_priors_from`)
 
     @classmethod
-    def from_settings(cls, settings: Any) -> EngineConfig:
+    def from_settings(cls, settings: object) -> EngineConfig:
         """From the service's settings (fields it lacks keep their defaults)."""
         names = {"models_dir": "models_dir", "model_version": "model_version", "max_cached_jobs": "max_cached_jobs",
                  "max_cached_computes": "max_cached_computes", "capture_timeout_s": "capture_timeout_s",
@@ -115,7 +115,7 @@ class EngineConfig:
                           isolated=self.isolate_captures, directory=self.graph_dir)
 
 
-def fleet_priors_from(settings: Any) -> FleetPriors:
+def fleet_priors_from(settings: object) -> FleetPriors:
     """The fleet's priors with the job's and the chip's standard deviations from `settings` (`fleet_job_prior`,
     `fleet_chip_prior`; fields it lacks keep the defaults)."""
     given = {name: getattr(settings, f"fleet_{name}_prior", None) for name in ("job", "chip")}
