@@ -44,7 +44,7 @@ whole-step stage took most of it out. The chip's prior is wider than the GPU par
 seen may be off on every job by more than the measured ones are, and a tighter prior left most of such an offset in
 place however many jobs showed it (with every measured step 1.3x longer than served, four other models observed
 removed about half of it at 0.25, nearly all at 0.5). One other job then moves the next about half-way. On the
-served answers with no common offset, 0.3 against 0.6 costs up to 1.7 points of MAPE with one other model observed;
+served answers with no common offset, 0.3 against 0.6 costs up to 1.6 points of MAPE with one other model observed;
 with a 1.3x offset it gains 2-4. They were chosen by looking at the same runs the fleet bench scores.
 """
 

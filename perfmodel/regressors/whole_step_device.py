@@ -31,10 +31,9 @@ So: log(measured / composed) = level[model, math] + w · clip(features - their m
 the device and convolution math features (`STAGE_FEATURES`, named columns of `COMPOSITION_FEATURES`) of every run
 less its (model, math) level, and each level the median of what the effect leaves. A job whose zoo model and math
 were measured gets its level; any other job gets no level of its own (the composed step is right on the average GPU of
-the data), the device effect, and what being AMP and its share of half-precision convolution cost: the weights of
-those features in a second fit over `UNSEEN_FEATURES` with one level per model (not per model and math), so that the
-AMP and TF32 runs of each measured model tell them (a TF32 step pays nothing for AMP, a step without half-precision
-convolutions nothing for them). The fit with a level per model and math gives `amp` no weight: it is the same on
+the data), the device effect, and what being AMP costs: the weight of `amp` in a second fit over `UNSEEN_FEATURES`
+with one level per model (not per model and math), so that the AMP and TF32 runs of each measured model tell it (a
+TF32 step pays nothing for AMP). The fit with a level per model and math gives `amp` no weight: it is the same on
 every run of a level, so any weight there would be arbitrary (`PER_JOB_FEATURES`). A GPU above the range the runs
 cover (a newer generation) gets the effect of the newest measured ones, not an extrapolated line, and the effect as a
 whole stays within what the measured GPUs got (each feature inside its range, a mix no measured GPU had can still
@@ -77,8 +76,11 @@ DEVICE_FEATURES: tuple[str, ...] = ("log_peak_tensor_tflops", "log_peak_per_watt
 # level holds both an A100's TF32 steps and a V100's fp32 ones), so every job's correction weighs them
 CONV_MATH_FEATURES: tuple[str, ...] = ("share_conv_tf32", "share_conv_winograd")
 STAGE_FEATURES: tuple[str, ...] = (*DEVICE_FEATURES, *CONV_MATH_FEATURES)
-# a model never measured: the stage's features and how much of its step is half-precision convolution
-UNSEEN_FEATURES: tuple[str, ...] = (*STAGE_FEATURES, "share_conv_amp")
+# a model never measured: the stage's features, whose `amp` the fit with one level per model weighs. How much of
+# the step is half-precision convolution (`share_conv_amp`) is not one of them: learned from SSD (AMP faster against
+# composed than its TF32) against Mask R-CNN (slower), it credited every AMP CNN never measured, and without it
+# the held-out figures were better on every source (`device-whole-step/v20` had it)
+UNSEEN_FEATURES: tuple[str, ...] = STAGE_FEATURES
 # device features that are the same on every run of a (model, math) level: the levels absorb them, so the fit with
 # levels gives them no weight (any weight there would be arbitrary), and a model never measured takes theirs from
 # the fit with one level per model, where each model's AMP runs against its TF32 runs tell it
@@ -230,8 +232,8 @@ class DeviceStepRegressor:
             y = y - self.software_offset(software)
         models = np.asarray([model_of(j) for j in jobs_], dtype=object)
         # a measured job: its own level (per model and math) and the device effect; a model never measured: the
-        # device effect and what its extra features (its share of half-precision convolution) cost, learned with one
-        # level per model so that the AMP and TF32 runs of one model tell what AMP convolutions cost
+        # device effect and what its extra features (`amp`, the unseen features that are per job) cost, learned with
+        # one level per model so that the AMP and TF32 runs of one model tell what AMP costs
         self.params_ = self._solve(x, y, jobs_, self._per_job)
         self.extra_weights_ = self._extra_weights(x_unseen, y, models)
         bands: dict[str, list[float]] = {}
@@ -278,8 +280,7 @@ class DeviceStepRegressor:
     def _unseen(self, params: dict[str, Any], extra: dict[str, float], x: np.ndarray,
                 frame: pd.DataFrame) -> np.ndarray:
         """Log factors of models never measured: the device effect, plus each extra feature times its weight (0
-        where the feature is 0: a step without half-precision convolutions pays nothing more, a TF32 step nothing
-        for being AMP)."""
+        where the feature is 0: a TF32 step pays nothing for being AMP)."""
         effect = self._apply(params, x, None)[0]
         for name, weight in extra.items():
             effect = effect + weight * np.nan_to_num(self._x(frame, [name])[:, 0])
