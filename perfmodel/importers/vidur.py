@@ -67,8 +67,6 @@ NETWORK_DEVICES: dict[str, tuple[str, bool]] = {
     "h100_pairwise_nvlink": ("NVIDIA H100 NVL", True),  # Azure NC H100 v5 pairs H100 NVL cards
 }
 
-MLP_OPS: tuple[str, ...] = ("emb", "input_layernorm", "attn_pre_proj", "attn_rope", "attn_post_proj",
-                            "post_attention_layernorm", "mlp_up_proj", "mlp_act", "mlp_down_proj", "add")
 # vidur's `mlp_act` is one of two kernels, named as the element-wise op whose work it does (the op name sets the
 # bytes and FLOPs the per-op model sees, `lowering.ops.ELEMENTWISE_READS`): a gated MLP's SiLU-and-mul reads the
 # gate and up halves and writes one (`mul`, as LLMServingSim's rows name it), phi-2's GELU reads one (`gelu`).
@@ -174,7 +172,8 @@ def _residual_add(d: dict[str, Any], norm: OpClass) -> _MlpOp:
                   {"operands": 2 if norm == "rmsnorm" else 3})
 
 
-# each of `MLP_OPS` as a kernel, from the row's model dimensions (`_dims`) and the layer's norm kind
+# each op of vidur's MLP-stage profile, in its column order, as a kernel, from the row's model dimensions (`_dims`)
+# and the layer's norm kind
 MLP_OP_KERNELS: dict[str, Callable[[dict[str, Any], OpClass], _MlpOp]] = {
     "emb": _embedding,
     "input_layernorm": _norm,
@@ -187,6 +186,7 @@ MLP_OP_KERNELS: dict[str, Callable[[dict[str, Any], OpClass], _MlpOp]] = {
     "mlp_down_proj": _linear("tokens", "ffn", "hidden"),
     "add": _residual_add,
 }
+MLP_OPS: tuple[str, ...] = tuple(MLP_OP_KERNELS)
 
 
 def _mlp_records(frame: Any, common: dict[str, Any], facts: dict[str, Any],

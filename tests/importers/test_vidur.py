@@ -116,9 +116,3 @@ def test_an_activation_keeps_the_identity_of_its_upstream_name(vidur_root, catal
                                       "extra": {k: v for k, v in act.extra.items() if k != UPSTREAM_OP}})
     assert act.op_name == "mul" and measurement_uid(act) == measurement_uid(upstream)
     assert measurement_uid(act) != measurement_uid(records[(LLAMA2_7B, index, "add")])
-
-
-def test_every_mlp_stage_op_has_a_kernel_in_the_table():
-    from perfmodel.importers.vidur import MLP_OP_KERNELS, MLP_OPS
-
-    assert tuple(MLP_OP_KERNELS) == MLP_OPS
