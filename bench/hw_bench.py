@@ -9,17 +9,27 @@ prediction engine as shipped, runs `perfmodel hw bench --device cpu` (op sweep +
 judgement of what to keep), predicts again with a new engine, and prints the MAPE and worst case before and after,
 per case and overall. The judged target: after, within 15 % and never worse than before. `--record [RUN]` records
 hw bench's held-out verdict and the MAPE before and after for docs/accuracy.md (bench/_figures.py).
+
+The host changes from machine to machine, and a change to the adaptation or the calibration can only be judged on
+hosts measured before. `--save-run FILE` writes what this run measured (the host's CPU, the op sweep's rows, the
+reference steps and the held-out cases, each with its measured ms) as JSON; `--replay FILE` measures nothing and
+runs the same judgement with the code as it is now on those measurements, in a fresh home: the reference steps'
+graphs are captured again (so the code that prices them is today's), the adaptation is fitted on the saved rows,
+and the held-out cases are predicted before and after. `profiles/hw-bench/` keeps runs of the hosts measured.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import platform
 import re
 import statistics
 import sys
 import tempfile
 import time
+from datetime import datetime, timezone
 from pathlib import Path
 
 from _figures import add_record_option, record_if_asked
@@ -30,6 +40,10 @@ VERDICT = {"as shipped": "as_shipped", "op-sweep adaptation": "adaptation",
 VERDICT_LINE = re.compile(r"^\s+(?P<way>.+?)\s+(?P<mape>[\d.]+) % MAPE on held-out steps(?P<applied>  <- applied)?$")
 # the most the model as shipped may miss the steps by on a device it answers within its own held-out error
 WITHIN_LINE = re.compile(r"within its own held-out error \(at most (?P<pct>[\d.]+) % MAPE over")
+# a reference step `perfmodel hw bench` timed (`perfmodel.evaluation.device_steps.time_steps`' progress line)
+STEP_LINE = re.compile(r"^steps: (?P<model>\S+) b=(?P<batch>\d+): (?P<ms>[\d.]+) ms \((?P<repeats>\d+) repeats, "
+                       r"cv (?P<cv>[\d.]+)\)$")
+SAVED_RUN_VERSION = 1
 
 HELD_OUT = (  # (zoo model, batch sizes, seq_len, optimizer): none of them in `device_steps.STEP_JOBS`
     ("squeezenet1_1", (4, 8), None, "sgd"),
@@ -68,37 +82,51 @@ def predict(cases: list) -> list[float]:
             for spec in cases]
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--budget-s", type=float, default=240.0, help="hw bench's op sweep budget")
-    parser.add_argument("--steps-budget-s", type=float, default=150.0, help="hw bench's whole-step budget")
-    parser.add_argument("--repeats", type=int, default=5, help="timed repeats of each held-out step")
-    parser.add_argument("--home", type=Path, help="PERFMODEL_HOME to bench in (default: a new temporary one)")
-    add_record_option(parser)
-    args = parser.parse_args(argv)
-    home = args.home or Path(tempfile.mkdtemp(prefix="perfmodel-hw-bench-"))
-    os.environ["PERFMODEL_HOME"] = str(home)
-    os.environ.pop("PERFMODEL_STORE_URL", None)
-    from typer.testing import CliRunner
+def host_cpu() -> dict[str, object]:
+    """What /proc/cpuinfo says of this host's CPU (model name, family, model, AVX-512), to name a saved run's host."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        text = ""
 
-    from perfmodel.cli.main import app
-    from perfmodel.jobs.spec import JobSpec
+    def field(key: str) -> str:
+        found = re.search(rf"^{key}\s*:\s*(.+)$", text, re.M)
+        return found.group(1).strip() if found else ""
 
-    cases = [JobSpec.from_options(zoo=model, batch_size=b, seq_len=seq_len, optimizer=optimizer)
-             for model, batches, seq_len, optimizer in HELD_OUT for b in batches]
-    print(f"home {home}; {len(cases)} held-out cases", flush=True)
-    measured = measure(cases, args.repeats)
-    before = predict(cases)
-    started = time.perf_counter()
-    result = CliRunner().invoke(app, ["hw", "bench", "--device", "cpu", "--budget-s", str(args.budget_s),
-                                      "--steps-budget-s", str(args.steps_budget_s),
-                                      "--store", f"sqlite:///{home / 'bench.db'}"])
-    print(result.output, flush=True)
-    if result.exit_code != 0:
-        print(f"hw bench failed ({result.exit_code})", file=sys.stderr)
-        return 1
-    print(f"hw bench took {time.perf_counter() - started:.0f} s")
-    after = predict(cases)
+    return {"model_name": field("model name"), "family": field("cpu family"), "model": field("model"),
+            "avx512f": "avx512f" in field("flags").split(), "machine": platform.machine(), "cores": os.cpu_count()}
+
+
+def timed_steps(output: str) -> list[dict]:
+    """The reference steps `perfmodel hw bench` printed it timed (`STEP_LINE`), each with its job spec."""
+    from perfmodel.evaluation.device_steps import STEP_JOBS
+
+    jobs = {job.model: job for job in STEP_JOBS}
+    out = []
+    for found in map(STEP_LINE.match, output.splitlines()):
+        if not found or found["model"] not in jobs:
+            continue
+        spec = jobs[found["model"]].spec("cpu")
+        if spec.batch_size != int(found["batch"]):
+            raise SystemExit(f"hw bench timed {found['model']} at batch {found['batch']}, not its reference batch")
+        out.append({"spec": json.loads(spec.model_dump_json()), "measured_ms": float(found["ms"]),
+                    "repeats": int(found["repeats"]), "cv": float(found["cv"])})
+    return out
+
+
+def swept_rows(store_url: str) -> list[dict]:
+    """The op sweep's rows of the CPU in the store, in the adaptation's columns."""
+    from perfmodel.evaluation.device_ops import training_rows
+    from perfmodel.regressors.adaptation import ROW_COLUMNS
+    from perfmodel.store import ProfileStore
+
+    with ProfileStore(store_url) as store:
+        rows = training_rows(store.op_measurements(device="cpu", extra=False))
+    return json.loads(rows[[c for c in ROW_COLUMNS if c in rows]].to_json(orient="records"))
+
+
+def report(cases: list, measured: list[float], before: list[float], after: list[float]) -> dict:
+    """Print each case's error before and after; the MAPE and worst case of each."""
     print(f"\n{'case':<34} {'measured ms':>12} {'before ms':>10} {'err %':>7} {'after ms':>10} {'err %':>7}")
     errors_before, errors_after = [], []
     for spec, m, b, a in zip(cases, measured, before, after):
@@ -109,6 +137,100 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{case:<34} {m:>12.1f} {b:>10.1f} {eb:>+7.1f} {a:>10.1f} {ea:>+7.1f}")
     print(f"\nMAPE before hw bench: {statistics.fmean(errors_before):.1f} % (worst {max(errors_before):.0f} %)")
     print(f"MAPE after hw bench:  {statistics.fmean(errors_after):.1f} % (worst {max(errors_after):.0f} %)")
+    return {"before": {"mape_pct": statistics.fmean(errors_before), "worst_pct": max(errors_before)},
+            "after": {"mape_pct": statistics.fmean(errors_after), "worst_pct": max(errors_after)}}
+
+
+def replay(path: Path) -> int:
+    """`hw bench`'s judgement, with the code as it is now, on a saved run's measurements (`--save-run`)."""
+    import pandas as pd
+
+    from perfmodel.engine.op_table import promoted_device_ops_model
+    from perfmodel.evaluation.device_steps import judge, own_held_out_mape_pct, predictors_for
+    from perfmodel.graph import graph_for_job
+    from perfmodel.hardware.catalog import load_catalog
+    from perfmodel.jobs.spec import JobSpec
+    from perfmodel.regressors.adaptation import DeviceAdaptation, adaptations_dir
+    from perfmodel.store.device_steps import DeviceStep, save_device_steps
+
+    run = json.loads(path.read_text())
+    if run.get("version") != SAVED_RUN_VERSION:
+        raise SystemExit(f"{path}: not a saved hw bench run of version {SAVED_RUN_VERSION}")
+    print(f"replaying {path} (host {run['host'].get('model_name')}, family {run['host'].get('family')} model "
+          f"{run['host'].get('model')}, measured {run['measured_at']}) in {os.environ['PERFMODEL_HOME']}", flush=True)
+    cases = [JobSpec.model_validate(case["spec"]) for case in run["held_out"]]
+    measured = [case["measured_ms"] for case in run["held_out"]]
+    before = predict(cases)
+    catalog = load_catalog()
+    model, ref = promoted_device_ops_model()
+    rows = pd.DataFrame(run["rows"])
+    rows = rows[rows["op_class"].isin(set(model.boosters_))]
+    adaptation = DeviceAdaptation.fit(model, rows, catalog, device="cpu")
+    steps = tuple(DeviceStep(accelerator="cpu", spec=spec, graph_json=graph_for_job(spec).to_json(),
+                             measured_ms=step["measured_ms"], repeats=step["repeats"], cv=step["cv"],
+                             measured_at=run["measured_at"], torch_version=run.get("torch_version", ""))
+                  for step, spec in ((step, JobSpec.model_validate(step["spec"])) for step in run["steps"]))
+    verdict = judge(steps, catalog["cpu"], predictors_for("cpu", adaptation, catalog), own_held_out_mape_pct("cpu"))
+    print(f"{len(steps)} reference steps, {len(rows)} swept rows ({ref} adapted), each step predicted without its own "
+          f"measurement:")
+    for line in verdict.lines():
+        print(line)
+    if verdict.adapt:
+        adaptation.save(adaptations_dir() / "cpu")
+    if verdict.calibrate:
+        save_device_steps("cpu", steps)
+    report(cases, measured, before, predict(cases))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--budget-s", type=float, default=240.0, help="hw bench's op sweep budget")
+    parser.add_argument("--steps-budget-s", type=float, default=150.0, help="hw bench's whole-step budget")
+    parser.add_argument("--repeats", type=int, default=5, help="timed repeats of each held-out step")
+    parser.add_argument("--home", type=Path, help="PERFMODEL_HOME to bench in (default: a new temporary one)")
+    parser.add_argument("--save-run", type=Path, metavar="FILE", help="write what this run measured as JSON")
+    parser.add_argument("--replay", type=Path, metavar="FILE",
+                        help="measure nothing: judge a saved run (--save-run) with the code as it is now")
+    add_record_option(parser)
+    args = parser.parse_args(argv)
+    home = args.home or Path(tempfile.mkdtemp(prefix="perfmodel-hw-bench-"))
+    os.environ["PERFMODEL_HOME"] = str(home)
+    os.environ.pop("PERFMODEL_STORE_URL", None)
+    if args.replay:
+        return replay(args.replay)
+    from typer.testing import CliRunner
+
+    from perfmodel.cli.main import app
+    from perfmodel.jobs.spec import JobSpec
+
+    cases = [JobSpec.from_options(zoo=model, batch_size=b, seq_len=seq_len, optimizer=optimizer)
+             for model, batches, seq_len, optimizer in HELD_OUT for b in batches]
+    print(f"home {home}; {len(cases)} held-out cases", flush=True)
+    measured_at = datetime.now(timezone.utc).isoformat()
+    measured = measure(cases, args.repeats)
+    before = predict(cases)
+    started = time.perf_counter()
+    store_url = f"sqlite:///{home / 'bench.db'}"
+    result = CliRunner().invoke(app, ["hw", "bench", "--device", "cpu", "--budget-s", str(args.budget_s),
+                                      "--steps-budget-s", str(args.steps_budget_s), "--store", store_url])
+    print(result.output, flush=True)
+    if result.exit_code != 0:
+        print(f"hw bench failed ({result.exit_code})", file=sys.stderr)
+        return 1
+    print(f"hw bench took {time.perf_counter() - started:.0f} s")
+    if args.save_run:
+        import torch
+
+        args.save_run.parent.mkdir(parents=True, exist_ok=True)
+        args.save_run.write_text(json.dumps({
+            "version": SAVED_RUN_VERSION, "host": host_cpu(), "measured_at": measured_at,
+            "torch_version": torch.__version__,
+            "held_out": [{"spec": json.loads(spec.model_dump_json()), "measured_ms": m}
+                         for spec, m in zip(cases, measured)],
+            "steps": timed_steps(result.output), "rows": swept_rows(store_url)}, indent=1) + "\n")
+        print(f"saved the run's measurements in {args.save_run} (`--replay` judges them again)")
+    figures = report(cases, measured, before, predict(cases))
     verdict = [m for m in map(VERDICT_LINE.match, result.output.splitlines()) if m and m["way"] in VERDICT]
     within = WITHIN_LINE.search(result.output)
     record_if_asked(args, "hw_bench", {
@@ -116,8 +238,7 @@ def main(argv: list[str] | None = None) -> int:
         "held_out_steps_mape_pct": {VERDICT[m["way"]]: float(m["mape"]) for m in verdict},
         "applied": next((VERDICT[m["way"]] for m in verdict if m["applied"]), None),
         "within_pct": float(within["pct"]) if within else None,
-        "before": {"mape_pct": statistics.fmean(errors_before), "worst_pct": max(errors_before)},
-        "after": {"mape_pct": statistics.fmean(errors_after), "worst_pct": max(errors_after)}})
+        **figures})
     return 0
 
 

@@ -151,3 +151,23 @@ def test_an_engine_calibrates_cpu_answers_by_the_kept_steps(timed, _isolated_hom
     assert answer["iter_time_ms"] > answer["uncalibrated_iter_time_ms"]
     elsewhere = engine.predict(spec, PlacementSpec(accelerator="t4", global_batch_size=2))
     assert elsewhere["calibration"]["level"] == "none"
+
+
+def test_the_hw_bench_script_reads_back_the_reference_steps_time_steps_reports(monkeypatch):
+    """`bench/hw_bench.py --save-run` keeps a run's reference steps from the lines `time_steps` prints: each line
+    parses back to the reference job and its measured step, so that `--replay` judges the same steps."""
+    from pathlib import Path
+
+    import torch
+
+    from perfmodel.evaluation.device_steps import STEP_JOBS
+
+    monkeypatch.syspath_prepend(str(Path(__file__).parents[2] / "bench"))
+    import hw_bench
+
+    lines: list[str] = []
+    steps = time_steps(torch.device("cpu"), "cpu", "cpu", budget_s=60, jobs=STEP_JOBS[:1], progress=lines.append)
+    read = hw_bench.timed_steps("\n".join(["a line of something else", *lines]))
+    assert [JobSpec.model_validate(r["spec"]) for r in read] == [s.spec for s in steps] and len(read) == 1
+    assert read[0]["measured_ms"] == pytest.approx(steps[0].measured_ms, abs=0.05)
+    assert read[0]["repeats"] == steps[0].repeats
