@@ -166,10 +166,14 @@ def replay(path: Path) -> int:
     rows = pd.DataFrame(run["rows"])
     rows = rows[rows["op_class"].isin(set(model.boosters_))]
     adaptation = DeviceAdaptation.fit(model, rows, catalog, device="cpu")
-    steps = tuple(DeviceStep(accelerator="cpu", spec=spec, graph_json=graph_for_job(spec).to_json(),
-                             measured_ms=step["measured_ms"], repeats=step["repeats"], cv=step["cv"],
-                             measured_at=run["measured_at"], torch_version=run.get("torch_version", ""))
-                  for step, spec in ((step, JobSpec.model_validate(step["spec"])) for step in run["steps"]))
+
+    def reference_step(saved: dict) -> DeviceStep:  # its graph captured again: the code that prices it is today's
+        spec = JobSpec.model_validate(saved["spec"])
+        return DeviceStep(accelerator="cpu", spec=spec, graph_json=graph_for_job(spec).to_json(),
+                          measured_ms=saved["measured_ms"], repeats=saved["repeats"], cv=saved["cv"],
+                          measured_at=run["measured_at"], torch_version=run.get("torch_version", ""))
+
+    steps = tuple(map(reference_step, run["steps"]))
     verdict = judge(steps, catalog["cpu"], predictors_for("cpu", adaptation, catalog), own_held_out_mape_pct("cpu"))
     print(f"{len(steps)} reference steps, {len(rows)} swept rows ({ref} adapted), each step predicted without its own "
           f"measurement:")
