@@ -163,9 +163,7 @@ def replay(path: Path) -> int:
     before = predict(cases)
     catalog = load_catalog()
     model, ref = promoted_device_ops_model()
-    rows = pd.DataFrame(run["rows"])
-    rows = rows[rows["op_class"].isin(set(model.boosters_))]
-    adaptation = DeviceAdaptation.fit(model, rows, catalog, device="cpu")
+    adaptation = DeviceAdaptation.fit(model, pd.DataFrame(run["rows"]), catalog, device="cpu")  # its classes only
 
     def reference_step(saved: dict) -> DeviceStep:  # its graph captured again: the code that prices it is today's
         spec = JobSpec.model_validate(saved["spec"])
@@ -175,8 +173,8 @@ def replay(path: Path) -> int:
 
     steps = tuple(map(reference_step, run["steps"]))
     verdict = judge(steps, catalog["cpu"], predictors_for("cpu", adaptation, catalog), own_held_out_mape_pct("cpu"))
-    print(f"{len(steps)} reference steps, {len(rows)} swept rows ({ref} adapted), each step predicted without its own "
-          f"measurement:")
+    print(f"{len(steps)} reference steps, {sum(adaptation.rows_per_class.values())} swept rows ({ref} adapted), each "
+          f"step predicted without its own measurement:")
     for line in verdict.lines():
         print(line)
     if verdict.adapt:
