@@ -15,7 +15,9 @@ hosts measured before. `--save-run FILE` writes what this run measured (the host
 reference steps and the held-out cases, each with its measured ms) as JSON; `--replay FILE` measures nothing and
 runs the same judgement with the code as it is now on those measurements, in a fresh home: the reference steps'
 graphs are captured again (so the code that prices them is today's), the adaptation is fitted on the saved rows,
-and the held-out cases are predicted before and after. `profiles/hw-bench/` keeps runs of the hosts measured.
+and the held-out cases are predicted before and after (`--without-real-ops`: the adaptation fitted without the rows
+of real ops, the sweep's depthwise convolutions and batch norms; `--record RUN` records a replay's figures too).
+`profiles/hw-bench/` keeps runs of the hosts measured.
 """
 
 from __future__ import annotations
@@ -115,14 +117,17 @@ def timed_steps(output: str) -> list[dict]:
 
 
 def swept_rows(store_url: str) -> list[dict]:
-    """The op sweep's rows of the CPU in the store, in the adaptation's columns."""
+    """The op sweep's rows of the CPU in the store, in the adaptation's columns, each with the real op it was
+    timed as (`real_op`: `perfmodel.profilers.lowered_ops`; null for the others)."""
     from perfmodel.evaluation.device_ops import training_rows
     from perfmodel.regressors.adaptation import ROW_COLUMNS
     from perfmodel.store import ProfileStore
 
     with ProfileStore(store_url) as store:
-        rows = training_rows(store.op_measurements(device="cpu", extra=False))
-    return json.loads(rows[[c for c in ROW_COLUMNS if c in rows]].to_json(orient="records"))
+        rows = training_rows(store.op_measurements(device="cpu"))
+    real_op = [e.get("real_op") if isinstance(e, dict) else None for e in rows["extra"]]
+    saved = rows[[c for c in ROW_COLUMNS if c in rows]].assign(real_op=real_op)
+    return json.loads(saved.to_json(orient="records"))
 
 
 def report(cases: list, measured: list[float], before: list[float], after: list[float]) -> dict:
@@ -141,8 +146,10 @@ def report(cases: list, measured: list[float], before: list[float], after: list[
             "after": {"mape_pct": statistics.fmean(errors_after), "worst_pct": max(errors_after)}}
 
 
-def replay(path: Path) -> int:
-    """`hw bench`'s judgement, with the code as it is now, on a saved run's measurements (`--save-run`)."""
+def replay(path: Path, without_real_ops: bool = False) -> dict:
+    """`hw bench`'s judgement, with the code as it is now, on a saved run's measurements (`--save-run`); with
+    `without_real_ops`, on its rows less those of the real ops (depthwise convolutions, batch norms): what the
+    judgement would be had the sweep not run them. Returns the figures `--record` keeps."""
     import pandas as pd
 
     from perfmodel.engine.op_table import promoted_device_ops_model
@@ -163,7 +170,13 @@ def replay(path: Path) -> int:
     before = predict(cases)
     catalog = load_catalog()
     model, ref = promoted_device_ops_model()
-    adaptation = DeviceAdaptation.fit(model, pd.DataFrame(run["rows"]), catalog, device="cpu")  # its classes only
+    rows = pd.DataFrame(run["rows"])
+    real = rows["real_op"].notna() if "real_op" in rows else pd.Series(False, index=rows.index)
+    if without_real_ops:
+        print(f"left out the {int(real.sum())} rows of real ops")
+    rows = rows[~real] if without_real_ops else rows
+    adaptation = DeviceAdaptation.fit(model, rows.drop(columns=["real_op"], errors="ignore"), catalog,
+                                      device="cpu")  # its classes only
 
     def reference_step(saved: dict) -> DeviceStep:  # its graph captured again: the code that prices it is today's
         spec = JobSpec.model_validate(saved["spec"])
@@ -181,8 +194,17 @@ def replay(path: Path) -> int:
         adaptation.save(adaptations_dir() / "cpu")
     if verdict.calibrate:
         save_device_steps("cpu", steps)
-    report(cases, measured, before, predict(cases))
-    return 0
+    return {"cases": len(cases), **verdict_figures("\n".join(verdict.lines())),
+            **report(cases, measured, before, predict(cases))}
+
+
+def verdict_figures(output: str) -> dict:
+    """The held-out verdict `hw bench` printed (`VERDICT_LINE`, `WITHIN_LINE`) as figures."""
+    verdict = [m for m in map(VERDICT_LINE.match, output.splitlines()) if m and m["way"] in VERDICT]
+    within = WITHIN_LINE.search(output)
+    return {"held_out_steps_mape_pct": {VERDICT[m["way"]]: float(m["mape"]) for m in verdict},
+            "applied": next((VERDICT[m["way"]] for m in verdict if m["applied"]), None),
+            "within_pct": float(within["pct"]) if within else None}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -194,13 +216,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--save-run", type=Path, metavar="FILE", help="write what this run measured as JSON")
     parser.add_argument("--replay", type=Path, metavar="FILE",
                         help="measure nothing: judge a saved run (--save-run) with the code as it is now")
+    parser.add_argument("--without-real-ops", action="store_true",
+                        help="with --replay: leave out the rows of real ops (depthwise convolutions, batch norms)")
     add_record_option(parser)
     args = parser.parse_args(argv)
     home = args.home or Path(tempfile.mkdtemp(prefix="perfmodel-hw-bench-"))
     os.environ["PERFMODEL_HOME"] = str(home)
     os.environ.pop("PERFMODEL_STORE_URL", None)
+    if args.without_real_ops and not args.replay:
+        parser.error("--without-real-ops goes with --replay")
     if args.replay:
-        return replay(args.replay)
+        record_if_asked(args, "hw_bench", replay(args.replay, args.without_real_ops))
+        return 0
     from typer.testing import CliRunner
 
     from perfmodel.cli.main import app
@@ -233,14 +260,7 @@ def main(argv: list[str] | None = None) -> int:
             "steps": timed_steps(result.output), "rows": swept_rows(store_url)}, indent=1) + "\n")
         print(f"saved the run's measurements in {args.save_run} (`--replay` judges them again)")
     figures = report(cases, measured, before, predict(cases))
-    verdict = [m for m in map(VERDICT_LINE.match, result.output.splitlines()) if m and m["way"] in VERDICT]
-    within = WITHIN_LINE.search(result.output)
-    record_if_asked(args, "hw_bench", {
-        "cases": len(cases),
-        "held_out_steps_mape_pct": {VERDICT[m["way"]]: float(m["mape"]) for m in verdict},
-        "applied": next((VERDICT[m["way"]] for m in verdict if m["applied"]), None),
-        "within_pct": float(within["pct"]) if within else None,
-        **figures})
+    record_if_asked(args, "hw_bench", {"cases": len(cases), **verdict_figures(result.output), **figures})
     return 0
 
 

@@ -3,10 +3,10 @@
 A row is an `OpMeasurement` of source `microbench`: `device` the catalog id, `source_file` the run
 (`microbench/<run id>/<device>`), `source_row` a stable number of the shape (from its key), the shape's fields, and
 `Timing.latency_ms` (median of CUDA events; fastest `perf_counter` call) as `latency_ms`. `extra` keeps the shape key
-(what a resumed run compares), every
-sample, the warm-up count, the timer, the software versions and the device's probed properties. The row's identity
-(`measurement_uid`: source, file, row, op, phase) is therefore fixed by run, device and shape: storing the same
-shape of the same run again adds nothing.
+(what a resumed run compares), every sample, the warm-up count, the timer, the software versions, the device's
+probed properties and, for a real op's row, the op, the row's part and the op's input (`real_op_extra`). The row's
+identity (`measurement_uid`: source, file, row, op, phase) is therefore fixed by run, device and shape: storing the
+same shape of the same run again adds nothing.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any
 import pandas as pd
 
 from perfmodel.profilers.external import OpMeasurement, Source
-from perfmodel.profilers.microbench import BENCH_FIELDS, Timing
+from perfmodel.profilers.microbench import BENCH_FIELDS, BenchShape, Timing
 
 SOURCE: Source = "microbench"
 
@@ -41,6 +41,14 @@ def software_versions() -> dict[str, str | None]:
             "perfmodel": perfmodel.__version__}
 
 
+def real_op_extra(shape: BenchShape) -> dict[str, Any]:
+    """What a row of a real op (`perfmodel.profilers.lowered_ops`) keeps of it: the op, the row's part and the
+    op's input; nothing for another row."""
+    if shape.real_op is None:
+        return {}
+    return {"real_op": shape.real_op, "part": shape.part, "tensor": list(shape.tensor or ())}
+
+
 def timing_rows(timings: Iterable[Timing], device: str, run_id: str, versions: Mapping[str, Any],
                 properties: Mapping[str, Any]) -> list[OpMeasurement]:
     """One `OpMeasurement` per timing (latency: `Timing.latency_ms`)."""
@@ -53,7 +61,8 @@ def timing_rows(timings: Iterable[Timing], device: str, run_id: str, versions: M
             op_class=shape.op_class, op_name=shape.op_name, dtype=shape.dtype, phase="forward", **dims,
             latency_ms=max(timing.latency_ms, 1e-6),
             extra={"shape_key": shape.key, "samples_ms": list(timing.samples_ms), "warmup": timing.warmup,
-                   "timer": timing.timer, "versions": dict(versions), "device_properties": dict(properties)}))
+                   "timer": timing.timer, "versions": dict(versions), "device_properties": dict(properties),
+                   **real_op_extra(shape)}))
     return out
 
 
@@ -66,4 +75,4 @@ def done_keys(stored: pd.DataFrame, run_id: str, device: str) -> set[str]:
     return {str(e["shape_key"]) for e in mine["extra"] if isinstance(e, dict) and e.get("shape_key") is not None}
 
 
-__all__ = ["SOURCE", "done_keys", "run_file", "shape_row", "software_versions", "timing_rows"]
+__all__ = ["SOURCE", "done_keys", "real_op_extra", "run_file", "shape_row", "software_versions", "timing_rows"]

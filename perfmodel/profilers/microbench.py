@@ -7,6 +7,9 @@ class's shapes in every math the device runs (`bench_maths`: fp32 everywhere; on
 entry has peaks for); `order_candidates` sorts them so a short budget is spent where the shipped model is least
 sure: classes interleaved, within a class the widest predicted 80 % interval first, ties spread over the shape space
 (farthest first in log FLOPs × log bytes), and shapes whose roofline on the device exceeds `max_op_ms` left out.
+The `conv2d` and `layernorm` candidates also hold the rows of real ops whose rows stand for another shape
+(`perfmodel.profilers.lowered_ops`: depthwise convolutions, training batch norms): each such shape is a job's row
+(captured and lowered), and what is timed is the op's own kernel (`BenchShape.real_op`, `part`, `tensor`).
 
 Running (`time_op`, `run_sweep`) is kept apart from turning timings into rows (`perfmodel.profilers.bench_rows`):
 each op is built once (`build_op`), called `warmup` times, then timed `repeats` times with CUDA events on a GPU
@@ -40,6 +43,7 @@ from perfmodel.hardware.math import has_tf32
 from perfmodel.hardware.spec import HardwareSpec
 from perfmodel.lowering.ops import op_roofline_ms, op_work
 from perfmodel.profilers.external import DType, OpClass
+from perfmodel.profilers.lowered_ops import REAL_OPS, build_kernel, lowered_rows, swept_tensors
 
 # shape fields a BenchShape may set: the kernel-row shape columns (`perfmodel.lowering.ops.SHAPE_COLUMNS`, the
 # OpMeasurement names), in the order of the shape keys earlier runs stored (`BenchShape.key`: do not reorder)
@@ -87,15 +91,25 @@ class BenchShape:
     kernel_size: int | None = None
     stride: int | None = None
     padding: int | None = None
+    # a row of a real op (`perfmodel.profilers.lowered_ops`): the op, the row's part and the op's NCHW input; the
+    # fields above are then the row's lowered shape, and the op's own kernel is what is timed
+    real_op: str | None = None
+    part: str | None = None
+    tensor: tuple[int, ...] | None = None
 
     @property
     def key(self) -> str:
-        """A stable identity of the shape (the same in every run): class, name, dtype and the set fields."""
+        """A stable identity of the shape (the same in every run): class, name, dtype and the set fields (and a
+        real op's name, part and input)."""
         dims = ",".join(f"{name}={getattr(self, name)}" for name in BENCH_FIELDS if getattr(self, name) is not None)
-        return f"{self.op_class}/{self.op_name}/{self.dtype}/{dims}"
+        key = f"{self.op_class}/{self.op_name}/{self.dtype}/{dims}"
+        if self.real_op is not None:
+            key += f"/{self.real_op}.{self.part}/{'x'.join(map(str, self.tensor or ()))}"
+        return key
 
     def fields(self) -> dict[str, Any]:
-        return asdict(self)
+        """The row's columns: class, name, dtype and the shape fields."""
+        return {name: value for name, value in asdict(self).items() if name not in ("real_op", "part", "tensor")}
 
     def dim(self, name: str) -> int:
         """The set size field `name` (an op's builder reads only the fields of its class): unset is an error."""
@@ -175,6 +189,30 @@ def _conv2d_grid(dtype: DType, gpu: bool) -> list[BenchShape]:
             for kernel, stride, padding in ((1, 1, 0), (3, 1, 1), (3, 2, 1), (7, 2, 3))]
 
 
+def lowered_shapes(op_class: OpClass, dtype: DType, gpu: bool) -> list[BenchShape]:
+    """The rows of class `op_class` of every real op (`perfmodel.profilers.lowered_ops`: depthwise convolutions,
+    training batch norms) on the inputs it is swept on, each with its lowered shape (captured: what a job's rows
+    are) and the op's own kernel to time. TF32 changes none of these kernels: none in `tf32`."""
+    if dtype == "tf32":
+        return []
+    out = []
+    for name in REAL_OPS:
+        for tensor in swept_tensors(name, gpu):
+            for row in lowered_rows(name, tensor):
+                if row.op_class == op_class:
+                    out.append(BenchShape(op_class, row.op_name, dtype, **dict(row.shape), real_op=name,
+                                          part=row.part, tensor=tensor))
+    return out
+
+
+def _with_lowered(op_class: OpClass, grid: Callable[[DType, bool], list[BenchShape]]
+                  ) -> Callable[[DType, bool], list[BenchShape]]:
+    """`grid`, then the real ops' rows of `op_class` (`lowered_shapes`)."""
+    def both(dtype: DType, gpu: bool) -> list[BenchShape]:
+        return grid(dtype, gpu) + lowered_shapes(op_class, dtype, gpu)
+    return both
+
+
 def _rows_grid(op_class: OpClass, names: tuple[str, ...]) -> Callable[[DType, bool], list[BenchShape]]:
     """Row-wise ops of `op_class`, each of `names`, over rows x hidden widths."""
     def grid(dtype: DType, gpu: bool) -> list[BenchShape]:
@@ -189,10 +227,10 @@ def _rows_grid(op_class: OpClass, names: tuple[str, ...]) -> Callable[[DType, bo
 GRIDS: dict[OpClass, Callable[[DType, bool], list[BenchShape]]] = {
     "bmm": _gemm_grid("bmm", (1, 4, 16, 64)),
     "linear": _gemm_grid("linear", (1, 8, 32)),
-    "conv2d": _conv2d_grid,
+    "conv2d": _with_lowered("conv2d", _conv2d_grid),  # + depthwise convolutions
     "elementwise": _rows_grid("elementwise", tuple(ELEMENTWISE_OPS)),
     "softmax": _rows_grid("softmax", ("softmax",)),
-    "layernorm": _rows_grid("layernorm", ("ln",)),
+    "layernorm": _with_lowered("layernorm", _rows_grid("layernorm", ("ln",))),  # + training batch norms
 }
 
 
@@ -305,6 +343,8 @@ def build_op(shape: BenchShape, device: str) -> Callable[[], Any]:
     def rand(*size: int) -> Any:
         return torch.randn(*size, generator=gen, dtype=torch.float32).to(device=device, dtype=dtype)
 
+    if shape.real_op is not None:
+        return build_kernel(shape.real_op, str(shape.part), tuple(shape.tensor or ()), dtype, device)
     d = shape.dim
     if shape.op_class == "bmm":
         a, b = rand(d("batch"), d("m"), d("k")), rand(d("batch"), d("k"), d("n"))
