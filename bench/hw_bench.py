@@ -16,7 +16,8 @@ reference steps and the held-out cases, each with its measured ms) as JSON; `--r
 runs the same judgement with the code as it is now on those measurements, in a fresh home: the reference steps'
 graphs are captured again (so the code that prices them is today's), the adaptation is fitted on the saved rows,
 and the held-out cases are predicted before and after (`--without-real-ops`: the adaptation fitted without the rows
-of real ops, the sweep's depthwise convolutions and batch norms; `--record RUN` records a replay's figures too).
+of real ops, the sweep's depthwise convolutions and batch norms; `--max-op-ms MS`: without the shapes a sweep capped
+at MS would not have run; `--record RUN` records a replay's figures too).
 `profiles/hw-bench/` keeps runs of the hosts measured.
 """
 
@@ -146,10 +147,11 @@ def report(cases: list, measured: list[float], before: list[float], after: list[
             "after": {"mape_pct": statistics.fmean(errors_after), "worst_pct": max(errors_after)}}
 
 
-def replay(path: Path, without_real_ops: bool = False) -> dict:
+def replay(path: Path, without_real_ops: bool = False, max_op_ms: float | None = None) -> dict:
     """`hw bench`'s judgement, with the code as it is now, on a saved run's measurements (`--save-run`); with
-    `without_real_ops`, on its rows less those of the real ops (depthwise convolutions, batch norms): what the
-    judgement would be had the sweep not run them. Returns the figures `--record` keeps."""
+    `without_real_ops`, on its rows less those of the real ops (depthwise convolutions, batch norms), with
+    `max_op_ms`, less the shapes whose roofline × `ROOFLINE_SAFETY` exceeds it: what the judgement would be had
+    the sweep not run them. Returns the figures `--record` keeps."""
     import pandas as pd
 
     from perfmodel.engine.op_table import promoted_device_ops_model
@@ -157,6 +159,8 @@ def replay(path: Path, without_real_ops: bool = False) -> dict:
     from perfmodel.graph import graph_for_job
     from perfmodel.hardware.catalog import load_catalog
     from perfmodel.jobs.spec import JobSpec
+    from perfmodel.lowering.ops import op_roofline_ms
+    from perfmodel.profilers.microbench import ROOFLINE_SAFETY
     from perfmodel.regressors.adaptation import DeviceAdaptation, adaptations_dir
     from perfmodel.store.device_steps import DeviceStep, save_device_steps
 
@@ -174,7 +178,11 @@ def replay(path: Path, without_real_ops: bool = False) -> dict:
     real = rows["real_op"].notna() if "real_op" in rows else pd.Series(False, index=rows.index)
     if without_real_ops:
         print(f"left out the {int(real.sum())} rows of real ops")
-    rows = rows[~real] if without_real_ops else rows
+        rows = rows[~real]
+    if max_op_ms is not None:
+        slow = op_roofline_ms(rows.assign(device="cpu"), catalog) * ROOFLINE_SAFETY > max_op_ms
+        print(f"left out the {int(slow.sum())} rows whose roofline x {ROOFLINE_SAFETY:g} exceeds {max_op_ms:g} ms")
+        rows = rows[~slow]
     adaptation = DeviceAdaptation.fit(model, rows.drop(columns=["real_op"], errors="ignore"), catalog,
                                       device="cpu")  # its classes only
 
@@ -218,15 +226,17 @@ def main(argv: list[str] | None = None) -> int:
                         help="measure nothing: judge a saved run (--save-run) with the code as it is now")
     parser.add_argument("--without-real-ops", action="store_true",
                         help="with --replay: leave out the rows of real ops (depthwise convolutions, batch norms)")
+    parser.add_argument("--max-op-ms", type=float,
+                        help="with --replay: leave out the rows whose roofline x 3 exceeds this (hw bench's cap)")
     add_record_option(parser)
     args = parser.parse_args(argv)
     home = args.home or Path(tempfile.mkdtemp(prefix="perfmodel-hw-bench-"))
     os.environ["PERFMODEL_HOME"] = str(home)
     os.environ.pop("PERFMODEL_STORE_URL", None)
-    if args.without_real_ops and not args.replay:
-        parser.error("--without-real-ops goes with --replay")
+    if (args.without_real_ops or args.max_op_ms is not None) and not args.replay:
+        parser.error("--without-real-ops and --max-op-ms go with --replay")
     if args.replay:
-        record_if_asked(args, "hw_bench", replay(args.replay, args.without_real_ops))
+        record_if_asked(args, "hw_bench", replay(args.replay, args.without_real_ops, args.max_op_ms))
         return 0
     from typer.testing import CliRunner
 

@@ -132,7 +132,7 @@ def hw_bench(
         "bmm,linear,conv2d,elementwise,softmax,layernorm",
     adapt: Annotated[bool, typer.Option(help="fit the device's adaptation from its rows afterwards")] = True,
     max_op_ms: Annotated[Optional[float], typer.Option(
-        help="leave out shapes whose roofline x 3 exceeds this [50 on a CPU and a GPU]")] = None,
+        help="leave out shapes whose roofline x 3 exceeds this [150 on a CPU, 50 on a GPU]")] = None,
     steps: Annotated[bool, typer.Option(help="also time whole training steps of reference zoo jobs, and keep what "
                                              "beats not keeping it on held-out steps")] = True,
     steps_budget_s: Annotated[Optional[float], typer.Option(

@@ -53,7 +53,11 @@ WARMUP = 3
 REPEATS = 10
 MIN_REPEATS = 3
 MAX_TIMED_S = 0.2  # stop timing an op after MIN_REPEATS calls once its calls took this long
-MAX_OP_MS_CPU = 50.0  # leave out shapes whose roofline on the device is longer than this (a CPU is slow)
+# leave out shapes whose roofline × `ROOFLINE_SAFETY` on the device is longer than this. A CPU is slow, but its
+# jobs' largest GEMMs (a language model's vocabulary head: ~10 GFLOP) are 10x the largest shape 50 ms would
+# let in, and the adaptation's trend extrapolated there (efficiency falling with size) priced a GRU language
+# model's step 1.4x its time; 150 ms times GEMMs and convolutions of up to ~3.5 GFLOP (about 80 s more here)
+MAX_OP_MS_CPU = 150.0
 MAX_OP_MS_GPU = 50.0
 STALL_FACTOR = 200.0  # a CPU op slower than this × its roofline (and STALL_FLOOR_MS) was stalled by the host
 STALL_FLOOR_MS = 1.0

@@ -95,3 +95,12 @@ def test_a_saved_run_names_the_real_op_of_each_row(sqlite_url, monkeypatch):
     assert [r["real_op"] for r in saved] == [None, "batch_norm", "batch_norm"]
     assert [r["latency_ms"] for r in saved] == [0.5, 1.5, 2.5]
     assert saved[1]["batch"] == 32 and saved[1]["hidden"] == 112 * 112  # the job's row: C rows over N·H·W
+
+
+def test_a_half_math_runs_as_mixed_precision_training_does():
+    """bf16 here (fp16 on a GPU): the op runs under autocast, its parameters and their gradients stay fp32."""
+    tensor = (2, 8, 10, 10)
+    assert build_kernel("dwconv3x3", "fwd", tensor, torch.bfloat16, "cpu")().dtype == torch.bfloat16
+    assert build_kernel("dwconv3x3", "dW", tensor, torch.bfloat16, "cpu")()[0].dtype == torch.float32
+    grads = build_kernel("batch_norm", "grad", tensor, torch.bfloat16, "cpu")()
+    assert [g.dtype for g in grads] == [torch.bfloat16, torch.float32, torch.float32]
