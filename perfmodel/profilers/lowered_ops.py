@@ -34,11 +34,18 @@ Tensor4 = tuple[int, int, int, int]  # N, C, H, W
 class RealOp:
     """An op on an NCHW tensor of C channels: `module(C)` builds it (a `torch.nn.Module`); `kind` is the IR kind
     of its node (the rows kept from its captured graph); `grads` the tensors each backward row's kernel computes
-    the gradient of ("input", or a parameter's name; "all": the input and every parameter)."""
+    the gradient of ("input", or a parameter's name; "all": the input and every parameter); `stages` the (C, H)
+    of the CNN stages that run it, its swept inputs."""
 
     kind: OpKind
     module: Callable[[int], Any]
     grads: Mapping[str, str]
+    stages: tuple[tuple[int, int], ...]
+
+
+# MobileNet-v2, EfficientNet-B0, ShuffleNet-v2 and ConvNeXt stages; ResNet, MobileNet and ShuffleNet batch norms
+DEPTHWISE_STAGES = ((32, 112), (144, 56), (240, 28), (116, 28), (480, 14), (232, 14), (960, 7))
+BATCH_NORM_STAGES = ((32, 112), (64, 56), (144, 56), (128, 28), (256, 14), (576, 14), (512, 7), (1024, 7))
 
 
 def _depthwise(kernel: int, stride: int) -> RealOp:
@@ -46,7 +53,7 @@ def _depthwise(kernel: int, stride: int) -> RealOp:
         import torch.nn as nn
 
         return nn.Conv2d(channels, channels, kernel, stride, kernel // 2, groups=channels, bias=False)
-    return RealOp(OpKind.conv, module, {"dX": "input", "dW": "weight"})
+    return RealOp(OpKind.conv, module, {"dX": "input", "dW": "weight"}, DEPTHWISE_STAGES)
 
 
 def _batch_norm(channels: int) -> Any:
@@ -63,17 +70,9 @@ REAL_OPS: dict[str, RealOp] = {
     "dwconv5x5": _depthwise(5, 1),
     "dwconv5x5s2": _depthwise(5, 2),
     "dwconv7x7": _depthwise(7, 1),
-    "batch_norm": RealOp(OpKind.batchnorm, _batch_norm, {"grad": "all"}),
+    "batch_norm": RealOp(OpKind.batchnorm, _batch_norm, {"grad": "all"}, BATCH_NORM_STAGES),
 }
-
-# the inputs swept (N from the sizes, C x H x H from the CNN stages that run the op)
-DEPTHWISE_STAGES = ((32, 112), (144, 56), (240, 28), (116, 28), (480, 14), (232, 14), (960, 7))
-BATCH_NORM_STAGES = ((32, 112), (64, 56), (144, 56), (128, 28), (256, 14), (576, 14), (512, 7), (1024, 7))
-STAGES: dict[str, tuple[tuple[int, int], ...]] = {
-    **{name: DEPTHWISE_STAGES for name in REAL_OPS if name.startswith("dwconv")},
-    "batch_norm": BATCH_NORM_STAGES,
-}
-CPU_BATCHES = (1, 2, 4, 8)
+CPU_BATCHES = (1, 2, 4, 8)  # the swept inputs' N
 GPU_BATCHES = (8, 32, 128)
 
 
@@ -86,7 +85,7 @@ def real_op(name: str) -> RealOp:
 
 def swept_tensors(name: str, gpu: bool) -> list[Tensor4]:
     """The NCHW inputs the sweep runs op `name` on."""
-    return [(n, c, h, h) for n in (GPU_BATCHES if gpu else CPU_BATCHES) for c, h in STAGES[name]]
+    return [(n, c, h, h) for n in (GPU_BATCHES if gpu else CPU_BATCHES) for c, h in real_op(name).stages]
 
 
 @dataclass(frozen=True)
