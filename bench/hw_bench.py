@@ -32,6 +32,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -147,9 +148,10 @@ def report(cases: list, measured: list[float], before: list[float], after: list[
             "after": {"mape_pct": statistics.fmean(errors_after), "worst_pct": max(errors_after)}}
 
 
-def replay(path: Path, without_real_ops: bool = False, max_op_ms: float | None = None) -> dict:
+def replay(path: Path, without_real_ops: Sequence[str] | None = None, max_op_ms: float | None = None) -> dict:
     """`hw bench`'s judgement, with the code as it is now, on a saved run's measurements (`--save-run`); with
-    `without_real_ops`, on its rows less those of the real ops (depthwise convolutions, batch norms), with
+    `without_real_ops`, on its rows less those of the real ops it names (depthwise convolutions, batch norms, max
+    pools: `perfmodel.profilers.lowered_ops.REAL_OPS`; every one when it names none), with
     `max_op_ms`, less the shapes whose roofline × `ROOFLINE_SAFETY` exceeds it: what the judgement would be had
     the sweep not run them. Returns the figures `--record` keeps."""
     import pandas as pd
@@ -176,8 +178,10 @@ def replay(path: Path, without_real_ops: bool = False, max_op_ms: float | None =
     model, ref = promoted_device_ops_model()
     rows = pd.DataFrame(run["rows"])
     real = rows["real_op"].notna() if "real_op" in rows else pd.Series(False, index=rows.index)
-    if without_real_ops:
-        print(f"left out the {int(real.sum())} rows of real ops")
+    if without_real_ops is not None:
+        if without_real_ops:
+            real &= rows["real_op"].isin(without_real_ops)
+        print(f"left out the {int(real.sum())} rows of real ops ({', '.join(without_real_ops) or 'all'})")
         rows = rows[~real]
     if max_op_ms is not None:
         slow = op_roofline_ms(rows.assign(device="cpu"), catalog) * ROOFLINE_SAFETY > max_op_ms
@@ -224,8 +228,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--save-run", type=Path, metavar="FILE", help="write what this run measured as JSON")
     parser.add_argument("--replay", type=Path, metavar="FILE",
                         help="measure nothing: judge a saved run (--save-run) with the code as it is now")
-    parser.add_argument("--without-real-ops", action="store_true",
-                        help="with --replay: leave out the rows of real ops (depthwise convolutions, batch norms)")
+    parser.add_argument("--without-real-ops", nargs="*", metavar="REAL_OP",
+                        help="with --replay: leave out the rows of these real ops (e.g. max_pool3x3s2; none named: "
+                             "every one: depthwise convolutions, batch norms, max pools)")
     parser.add_argument("--max-op-ms", type=float,
                         help="with --replay: leave out the rows whose roofline x 3 exceeds this (hw bench's cap)")
     add_record_option(parser)
@@ -233,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
     home = args.home or Path(tempfile.mkdtemp(prefix="perfmodel-hw-bench-"))
     os.environ["PERFMODEL_HOME"] = str(home)
     os.environ.pop("PERFMODEL_STORE_URL", None)
-    if (args.without_real_ops or args.max_op_ms is not None) and not args.replay:
+    if (args.without_real_ops is not None or args.max_op_ms is not None) and not args.replay:
         parser.error("--without-real-ops and --max-op-ms go with --replay")
     if args.replay:
         record_if_asked(args, "hw_bench", replay(args.replay, args.without_real_ops, args.max_op_ms))

@@ -46,7 +46,13 @@ NEUSIGHT_OP_CLASS: Mapping[str, RowOpClass] = {
 # element-wise ops by how many tensors of B·H elements they read, and FLOPs per element (NeuSight's op names;
 # the `u` suffix is the tensor-with-scalar variant)
 ELEMENTWISE_READS: dict[str, int] = {"add": 2, "mul": 2, "div": 2, "pow": 2, "sub": 2,
-                                     "addu": 1, "mulu": 1, "divu": 1, "powu": 1, "relu": 1, "gelu": 1, "tanh": 1}
+                                     "addu": 1, "mulu": 1, "divu": 1, "powu": 1, "relu": 1, "gelu": 1, "tanh": 1,
+                                     "maxpool": 2, "maxpoolu": 1,  # a max pool's memory rows, as `add` and `addu`
+                                     "silu": 1, "sigmoid": 1, "gelu_grad": 2}  # as `mulu`, `mulu` and `mul`
+MAX_POOL_ROWS = frozenset({"maxpool", "maxpoolu"})  # the names of a max pool's rows (`perfmodel.lowering.rows`)
+# the rows whose kernel evaluates an exponential, erf or tanh per element (a GPU's memory-bound passes all the same;
+# a CPU's take 4-14x an addition's time)
+TRANSCENDENTAL_ROWS = frozenset({"gelu", "tanh", "silu", "sigmoid", "gelu_grad"})
 ELEMENTWISE_FLOPS: dict[str, float] = {"pow": 10.0, "powu": 10.0, "gelu": 14.0, "tanh": 10.0}
 DEFAULT_ELEMENTWISE_READS = 1
 DEFAULT_ELEMENTWISE_FLOPS = 1.0

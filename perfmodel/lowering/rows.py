@@ -20,12 +20,12 @@ Mapping (B = batch dims folded, numel = elements of the node's output unless sai
 | softmax (softmax, log_softmax) | `softmax` batch = numel / last dim, hidden = last dim | `softmax` of the same shape (y·(g − Σ y·g): one read-reduce-write pass like the forward) |
 | layernorm (layer_norm, rms_norm) | `layernorm` hidden = normalised elements (the weight's numel, else the last dim) | `layernorm` of the same shape (the real kernel makes ~2 passes and reduces dγ/dβ) |
 | batchnorm | training: `layernorm` batch = C, hidden = numel / C; eval: `elementwise mulu` (a scale and a shift) | `layernorm` of the same shape |
-| activation | `elementwise` relu / gelu / tanh by name (relu6, leaky_relu, hardtanh, threshold → relu), else `mulu` | `elementwise mul` (grad × f'(x)) |
+| activation | `elementwise` relu / gelu / tanh / silu / sigmoid by name (relu6, leaky_relu, hardtanh, threshold → relu; mish, elu, softplus → silu; silu and sigmoid with the work of `mulu`), else `mulu` | `elementwise mul` (grad × f'(x)); `gelu_grad` (the work of `mul`) for GELU and the SiLU-like ones, whose f' needs the exponential again |
 | elementwise | `elementwise` add/mul/div/pow by op (sub, where, masked_fill, compare, logical, clamp, fill, arange, cumsum, ... → add; sqrt, rsqrt → pow; exp, log, erf, neg, ... → mulu); the binary name when two tensor inputs have the output's numel, else the `u` (tensor-with-scalar) name | add, sub, rsub: none (the gradient passes through, no kernel); mul, div, neg by a scalar: `mulu` (grad × constant); pow, sqrt, rsqrt: `pow`; others: `mul` (grad × local derivative) |
 | dropout | `elementwise mul` (x × mask), training only; eval dropout is the identity: no rows | `elementwise mul` (grad × mask) |
 | embedding | `elementwise addu` tokens × dim (a row gather: read and write tokens × dim) | `elementwise add` tokens × dim (scatter-add of the grad) + a memory row writing vocab × dim (zeroing the weight grad) |
 | copy (cat, clone, contiguous, to, index, gather, pad, ...) | memory row of the IR's bytes; none for a `to` that changes neither dtype nor shape (it returns its input) | clone, contiguous, cat, stack, copy: none (the gradient is passed on or viewed); others: memory row (read the output grad, write the input grad) |
-| reduction, pool, loss (not cross-entropy), optimizer, other | memory row of the IR's bytes | memory row of the IR's backward bytes (optimizer: none) |
+| reduction, pool, loss (not cross-entropy), optimizer, other | memory row of the IR's bytes (a max pool's named `maxpool` / `maxpoolu`, with the work of `add` / `addu`) | memory row of the IR's backward bytes (optimizer: none) |
 | loss (cross_entropy) | `softmax` over the logits (N × C) | `softmax` of the same shape |
 | rnn | one `linear` per weight matrix (m = tokens), `elementwise tanh` tokens × hidden for the gates | dX, dW `linear` per weight matrix, `elementwise mul` for the gates |
 | view | none | none |
@@ -191,6 +191,29 @@ def _memory_bwd(node: Node, ctx: Context) -> list[Row]:
     if read == 0 and written == 0:  # backward FLOPs but no bytes recorded: the forward's traffic
         read, written = node.bytes_read_fwd / size, node.bytes_written_fwd / size
     return [memory_row(read, written, _largest_last_dim(node), "grad")]
+
+
+# A max pool's memory rows carry names of their own, with the work of the memory rows they are (`maxpool` reads 2
+# and writes 1 as `add`, `maxpoolu` as `addu`: `perfmodel.lowering.ops`), so a GPU prices them exactly as before,
+# while a device adaptation can tell them from the additions and ReLUs over the same tensors: a CPU's NCHW max pool
+# compares a window per output and takes 20-60x their time per byte.
+MAX_POOL_OPS = frozenset({"max_pool1d", "max_pool2d", "max_pool3d", "max_pool2d_with_indices", "adaptive_max_pool2d",
+                          "mkldnn_max_pool2d", "onnx::MaxPool", "onnx::GlobalMaxPool"})
+MAX_POOL_ROW_NAMES: dict[str, str] = {"add": "maxpool", "addu": "maxpoolu"}  # `ops.MAX_POOL_ROWS`
+
+
+def _pool_rows(node: Node, rows: list[Row]) -> list[Row]:
+    if normalize_op_name(node.op) not in MAX_POOL_OPS:
+        return rows
+    return [replace(row, op_name=MAX_POOL_ROW_NAMES.get(row.op_name, row.op_name)) for row in rows]
+
+
+def _pool_fwd(node: Node, ctx: Context) -> list[Row]:
+    return _pool_rows(node, _memory_fwd(node, ctx))
+
+
+def _pool_bwd(node: Node, ctx: Context) -> list[Row]:
+    return _pool_rows(node, _memory_bwd(node, ctx))
 
 
 def _none(node: Node, ctx: Context) -> list[Row]:
@@ -588,17 +611,27 @@ ELEMENTWISE_NAMES: dict[str, str] = {
                      "isposinf", "nan_to_num"), "mulu"),
 }
 ELEMENTWISE_DEFAULT = "add"  # add, sub, rsub, where, masked_fill, compares, logical ops, clamp, fill, arange, ...
+# SiLU-like activations (an exponential per element: silu, mish, elu, softplus) and sigmoid are rows of their own
+# names with the work of `mulu` (`perfmodel.lowering.ops`): a GPU prices them as the memory-bound passes they are,
+# while a device adaptation can tell them from the cheap ones (on a CPU they take 6x a ReLU's time, as GELU does)
+EXP_ACTIVATIONS = ("silu", "mish", "elu", "selu", "celu", "softplus")
 ACTIVATION_NAMES: dict[str, str] = {
     **dict.fromkeys(("relu", "relu6", "leaky_relu", "hardtanh", "threshold", "prelu", "_prelu_kernel"), "relu"),
     "gelu": "gelu",
     "tanh": "tanh",
+    **dict.fromkeys(EXP_ACTIVATIONS, "silu"),
+    "sigmoid": "sigmoid",
 }
 ACTIVATION_DEFAULT = "mulu"
 # backward: no kernel (the gradient passes through unchanged)
 PASS_THROUGH_GRADIENT = frozenset({"add", "sub", "rsub", "add_scalar", "clone", "contiguous", "cat", "stack", "copy",
                                    "_copy_from", "lift_fresh_copy", "alias",
                                    "onnx::Add", "onnx::Sub", "onnx::Concat", "onnx::Identity"})
-BACKWARD_NAMES: dict[str, str] = dict.fromkeys(("pow", "sqrt", "rsqrt"), "pow")
+BACKWARD_NAMES: dict[str, str] = {
+    **dict.fromkeys(("pow", "sqrt", "rsqrt"), "pow"),
+    # grad × f'(x) where f' needs the exponential again (the work of `mul`); tanh's and sigmoid's come from the output
+    **dict.fromkeys(("gelu", *EXP_ACTIVATIONS), "gelu_grad"),
+}
 BACKWARD_DEFAULT = "mul"
 # linear in their one tensor input: the gradient is grad × a constant (one read), when the other operand is a scalar
 SCALAR_LINEAR = frozenset({"mul", "mul_scalar", "div", "neg"})
@@ -810,7 +843,7 @@ ROW_RULES: dict[OpKind, tuple[RowsFn, RowsFn]] = {
     OpKind.embedding: (_embedding_fwd, _embedding_bwd),
     OpKind.copy: (_copy_fwd, _copy_bwd),
     OpKind.reduction: (_memory_fwd, _memory_bwd),
-    OpKind.pool: (_memory_fwd, _memory_bwd),
+    OpKind.pool: (_pool_fwd, _pool_bwd),
     OpKind.loss: (_loss_fwd, _loss_bwd),
     OpKind.rnn: (_rnn_fwd, _rnn_bwd),
     OpKind.optimizer: (_memory_fwd, _none),

@@ -11,9 +11,10 @@ code) and times, for each of its rows, the kernel the row stands for (`build_ker
 every one the op's backward gives) through `torch.autograd.grad` over the recorded forward, which runs the op's
 backward kernel and nothing else.
 
-Pools are not swept: their rows are element-wise memory rows, which the adaptation cannot tell apart from the
-additions and ReLUs of the same tensors (its element-wise features are the bytes and the row shape), and a CNN
-runs many more of those than pools.
+A max pool is an element-wise memory row of its bytes, named `maxpool` (`perfmodel.lowering.rows`) so that the
+adaptation can tell it from the additions and ReLUs over the same tensors: the 3 x 3, stride 2 max pool of the CNN
+stems runs as itself too. Average pools stay memory rows like the others (a global average pool reads its input
+once, as they do).
 """
 
 from __future__ import annotations
@@ -46,6 +47,8 @@ class RealOp:
 # MobileNet-v2, EfficientNet-B0, ShuffleNet-v2 and ConvNeXt stages; ResNet, MobileNet and ShuffleNet batch norms
 DEPTHWISE_STAGES = ((32, 112), (144, 56), (240, 28), (116, 28), (480, 14), (232, 14), (960, 7))
 BATCH_NORM_STAGES = ((32, 112), (64, 56), (144, 56), (128, 28), (256, 14), (576, 14), (512, 7), (1024, 7))
+# ResNet, ShuffleNet and SqueezeNet max pools (their stems, SqueezeNet's later stages)
+MAX_POOL_STAGES = ((24, 112), (64, 112), (128, 56), (256, 28))
 
 
 def _depthwise(kernel: int, stride: int) -> RealOp:
@@ -62,8 +65,14 @@ def _batch_norm(channels: int) -> Any:
     return nn.BatchNorm2d(channels)
 
 
+def _max_pool(channels: int) -> Any:
+    import torch.nn as nn
+
+    return nn.MaxPool2d(3, 2, 1)
+
+
 # the ops the sweep runs as themselves, by name: depthwise convolutions of MobileNet, EfficientNet, ShuffleNet and
-# ConvNeXt (3 x 3 and 5 x 5, stride 1 and 2; 7 x 7), and the training batch norm
+# ConvNeXt (3 x 3 and 5 x 5, stride 1 and 2; 7 x 7), the training batch norm and the 3 x 3, stride 2 max pool
 REAL_OPS: dict[str, RealOp] = {
     "dwconv3x3": _depthwise(3, 1),
     "dwconv3x3s2": _depthwise(3, 2),
@@ -71,6 +80,7 @@ REAL_OPS: dict[str, RealOp] = {
     "dwconv5x5s2": _depthwise(5, 2),
     "dwconv7x7": _depthwise(7, 1),
     "batch_norm": RealOp(OpKind.batchnorm, _batch_norm, {"grad": "all"}, BATCH_NORM_STAGES),
+    "max_pool3x3s2": RealOp(OpKind.pool, _max_pool, {"grad": "input"}, MAX_POOL_STAGES),
 }
 CPU_BATCHES = (1, 2, 4, 8)  # the swept inputs' N
 GPU_BATCHES = (8, 32, 128)

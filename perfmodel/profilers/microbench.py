@@ -7,9 +7,10 @@ class's shapes in every math the device runs (`bench_maths`: fp32 everywhere; on
 entry has peaks for); `order_candidates` sorts them so a short budget is spent where the shipped model is least
 sure: classes interleaved, within a class the widest predicted 80 % interval first, ties spread over the shape space
 (farthest first in log FLOPs × log bytes), and shapes whose roofline on the device exceeds `max_op_ms` left out.
-The `conv2d` and `layernorm` candidates also hold the rows of real ops whose rows stand for another shape
-(`perfmodel.profilers.lowered_ops`: depthwise convolutions, training batch norms): each such shape is a job's row
-(captured and lowered), and what is timed is the op's own kernel (`BenchShape.real_op`, `part`, `tensor`).
+The `conv2d`, `layernorm` and `elementwise` candidates also hold the rows of real ops whose rows stand for another
+shape (`perfmodel.profilers.lowered_ops`: depthwise convolutions, training batch norms, max pools): each such shape
+is a job's row (captured and lowered), and what is timed is the op's own kernel (`BenchShape.real_op`, `part`,
+`tensor`).
 
 Running (`time_op`, `run_sweep`) is kept apart from turning timings into rows (`perfmodel.profilers.bench_rows`):
 each op is built once (`build_op`), called `warmup` times, then timed `repeats` times with CUDA events on a GPU
@@ -74,6 +75,8 @@ ELEMENTWISE_OPS: dict[str, Callable[[Any, Any], Any]] = {
     "relu": lambda a, b: a.relu(),
     "gelu": lambda a, b: __import__("torch").nn.functional.gelu(a),
     "tanh": lambda a, b: a.tanh(),
+    "silu": lambda a, b: __import__("torch").nn.functional.silu(a),
+    "sigmoid": lambda a, b: a.sigmoid(),
 }
 
 
@@ -195,8 +198,8 @@ def _conv2d_grid(dtype: DType, gpu: bool) -> list[BenchShape]:
 
 def lowered_shapes(op_class: OpClass, dtype: DType, gpu: bool) -> list[BenchShape]:
     """The rows of class `op_class` of every real op (`perfmodel.profilers.lowered_ops`: depthwise convolutions,
-    training batch norms) on the inputs it is swept on, each with its lowered shape (captured: what a job's rows
-    are) and the op's own kernel to time. TF32 changes none of these kernels: none in `tf32`."""
+    training batch norms, max pools) on the inputs it is swept on, each with its lowered shape (captured: what a
+    job's rows are) and the op's own kernel to time. TF32 changes none of these kernels: none in `tf32`."""
     if dtype == "tf32":
         return []
     out = []
@@ -232,7 +235,7 @@ GRIDS: dict[OpClass, Callable[[DType, bool], list[BenchShape]]] = {
     "bmm": _gemm_grid("bmm", (1, 4, 16, 64)),
     "linear": _gemm_grid("linear", (1, 8, 32)),
     "conv2d": _with_lowered("conv2d", _conv2d_grid),  # + depthwise convolutions
-    "elementwise": _rows_grid("elementwise", tuple(ELEMENTWISE_OPS)),
+    "elementwise": _with_lowered("elementwise", _rows_grid("elementwise", tuple(ELEMENTWISE_OPS))),  # + max pools
     "softmax": _rows_grid("softmax", ("softmax",)),
     "layernorm": _with_lowered("layernorm", _rows_grid("layernorm", ("ln",))),  # + training batch norms
 }

@@ -55,7 +55,10 @@ ADAPT_FEATURES: dict[str, tuple[str, ...]] = {
     "bmm": (*GEMM_FEATURES, "log_batch"),
     "linear": (*GEMM_FEATURES, "log_batch"),
     "conv2d": (*GEMM_FEATURES, "log_batch", "log_hidden"),  # log_m/n/k/hidden: channels in/out, size, kernel
-    "elementwise": ("log_predicted_ms", "log_bytes", "log_batch", "log_hidden"),
+    # max_pool (1 for a max pool's rows) and transcendental (1 for GELU, SiLU, tanh, sigmoid): on a CPU an NCHW max
+    # pool takes 20-60x the time per byte of the additions and ReLUs over the same tensors, a transcendental op 4-14x,
+    # which share their bytes and shape
+    "elementwise": ("log_predicted_ms", "log_bytes", "log_batch", "log_hidden", "max_pool", "transcendental"),
     "softmax": ("log_predicted_ms", "log_bytes", "log_batch", "log_hidden"),
     "layernorm": ("log_predicted_ms", "log_bytes", "log_batch", "log_hidden"),
 }
@@ -219,9 +222,13 @@ def adapt_features(model: Any, ops: pd.DataFrame, catalog: Mapping[str, Hardware
     """The device-op features of `ops` plus `log_predicted_ms` (log2 of the base model's median), and the base
     model's prediction."""
     from perfmodel.features.device_ops import device_op_features
+    from perfmodel.lowering.ops import MAX_POOL_ROWS, TRANSCENDENTAL_ROWS
 
     base = base if base is not None else model.predict(ops, catalog)
-    features = device_op_features(ops, catalog).assign(log_predicted_ms=np.log2(base.latency_ms))
+    names = ops["op_name"] if "op_name" in ops else pd.Series("", index=ops.index)
+    features = device_op_features(ops, catalog).assign(
+        log_predicted_ms=np.log2(base.latency_ms), max_pool=names.isin(MAX_POOL_ROWS).to_numpy(dtype=float),
+        transcendental=names.isin(TRANSCENDENTAL_ROWS).to_numpy(dtype=float))
     return features, base
 
 

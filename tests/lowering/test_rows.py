@@ -249,9 +249,13 @@ def test_elementwise_names_and_backward(bert_eager):
             assert row["op_name"] == ("add" if len(shapes) == 1 else "addu")
         elif op == "aten.dropout.default":
             assert row["op_name"] == "mul"
-    # add passes its gradient through: no backward rows; gelu's is grad × gelu'(x)
+    # add passes its gradient through: no backward rows; gelu's is grad × gelu'(x), with the work of a `mul`
     assert not bwd["node_op"].eq("aten.add.Tensor").any()
-    assert set(bwd.loc[bwd["node_op"] == "aten.gelu.default", "op_name"]) == {"mul"}
+    gelu_grad = bwd[bwd["node_op"] == "aten.gelu.default"]
+    assert set(gelu_grad["op_name"]) == {"gelu_grad"}
+    for field in ("flops", "bytes_read", "bytes_written"):
+        np.testing.assert_array_equal(getattr(op_work(gelu_grad), field),
+                                      getattr(op_work(gelu_grad.assign(op_name="mul")), field))
     assert set(bwd.loc[bwd["node_op"] == "aten.mul.Tensor", "op_name"]) == {"mulu"}  # the scale, by a scalar
 
 
@@ -299,6 +303,39 @@ def test_conv_net_rows(convnet):
     assert {"batchnorm", "pool", "loss", "activation", "conv", "linear"} <= kinds
     assert rows.loc[rows["kind"] == "loss", "op_class"].iloc[0] == "softmax"
     assert rows.loc[rows["kind"] == "batchnorm", "op_class"].iloc[0] == "layernorm"
+
+
+def test_silu_and_sigmoid_rows_are_named_apart_with_the_work_of_the_cheap_rows_they_were(convnet):
+    """The convnet's sigmoid is a `sigmoid` row with a `mulu`'s work (its gradient, from the output, a `mul`); a SiLU
+    a `silu` row, its gradient a `gelu_grad`: the names tell a CPU's exponentials apart, a GPU prices the same work."""
+    rows = graph_op_rows(convnet)
+    sigmoid = rows[rows["node_op"].str.contains("sigmoid")]
+    assert list(sigmoid["op_name"]) == ["sigmoid", "mul"]
+    with torch.device("meta"):
+        module, x = nn.Sequential(nn.Linear(16, 16), nn.SiLU()), torch.randn(2, 8, 16, 16)
+    silu = graph_op_rows(graph_from_module(module.train(), (x,), name="silu", mode="train"))
+    silu = silu[silu["kind"] == "activation"]
+    assert list(silu["op_name"]) == ["silu", "gelu_grad"]
+    as_before = silu.assign(op_name=["mulu", "mul"])
+    for field in ("flops", "bytes_read", "bytes_written", "elements_written"):
+        np.testing.assert_array_equal(getattr(op_work(silu), field), getattr(op_work(as_before), field))
+
+
+def test_a_max_pools_rows_are_named_apart_and_priced_as_the_memory_rows_they_are(convnet):
+    """A max pool's rows carry `maxpool` names (a device adaptation tells them from an addition's) and exactly the
+    FLOPs and bytes of the `add` / `addu` memory rows of its bytes, so a GPU model prices them as before."""
+    from perfmodel.lowering.rows import MAX_POOL_ROW_NAMES
+
+    rows = graph_op_rows(convnet)
+    pool = rows[rows["kind"] == "pool"]
+    assert list(pool["op_name"]) == ["maxpool", "maxpoolu"]
+    as_memory = pool.assign(op_name=pool["op_name"].map({v: k for k, v in MAX_POOL_ROW_NAMES.items()}))
+    for field in ("flops", "bytes_read", "bytes_written", "elements_written"):
+        np.testing.assert_array_equal(getattr(op_work(pool), field), getattr(op_work(as_memory), field))
+    with torch.device("meta"):
+        x = torch.randn(2, 8, 16, 16)
+    avg = graph_op_rows(graph_from_module(nn.AvgPool2d(2).train(), (x,), name="avg", mode="train"))
+    assert set(avg.loc[avg["kind"] == "pool", "op_name"]) <= {"add", "addu"}  # other pools: plain memory rows
 
 
 def test_rows_of_every_class_pass_through_op_work(bert_sdpa, bert_eager, convnet):

@@ -30,18 +30,26 @@ def test_a_batch_norm_is_channels_rows_over_the_rest():
     assert all(dict(r.shape)["batch"] == 64 and dict(r.shape)["hidden"] == 4 * 7 * 7 for r in rows)
 
 
-@pytest.mark.parametrize("name", ["dwconv5x5", "batch_norm"])
+def test_a_max_pool_is_its_memory_rows_under_its_own_names():
+    rows = lowered_rows("max_pool3x3s2", (2, 16, 28, 28))
+    assert [(r.op_class, r.op_name, r.part) for r in rows] == [("elementwise", "maxpool", "fwd"),
+                                                                ("elementwise", "maxpoolu", "grad")]
+
+
+@pytest.mark.parametrize("name", ["dwconv5x5", "batch_norm", "max_pool3x3s2"])
 def test_every_row_of_a_real_op_has_a_kernel_that_runs_here(name):
     tensor = (2, 8, 10, 10)
     for row in lowered_rows(name, tensor):
         run = build_kernel(name, row.part, tensor, torch.float32, "cpu")
         out = run()
         if row.part == "fwd":
+            out = out[0] if isinstance(out, tuple) else out
             assert out.shape[:2] == tensor[:2] and out.requires_grad  # recorded for autograd, as in training
         else:
             grads = out
             assert all(g is not None and torch.isfinite(g).all() for g in grads)
-            expected = {"dX": [tensor], "dW": [(8, 1, 5, 5)], "grad": [tensor, (8,), (8,)]}[row.part]
+            expected = {"dX": [tensor], "dW": [(8, 1, 5, 5)],
+                        "grad": [tensor, (8,), (8,)] if name == "batch_norm" else [tensor]}[row.part]
             assert [tuple(g.shape) for g in grads] == expected
         assert run() is not None  # the kept graph runs again
 
@@ -50,7 +58,7 @@ def test_real_op_rows_join_their_class_in_the_grid_and_time_on_this_cpu():
     catalog = load_catalog()
     grid = candidate_grid(catalog["cpu"])
     real = [s for s in grid if s.real_op is not None]
-    assert {s.op_class for s in real} == {"conv2d", "layernorm"}
+    assert {s.op_class for s in real} == {"conv2d", "layernorm", "elementwise"}
     assert {s.real_op for s in real} == set(REAL_OPS)
     assert len({s.key for s in grid}) == len(grid)  # a real op's parts and inputs are in the key
     assert all(set(s.fields()) == set(grid[0].fields()) for s in real)  # rows: no real-op columns

@@ -148,3 +148,26 @@ def test_a_class_that_did_not_beat_the_base_on_its_own_rows_is_left_out(model, c
     out = inactive.predict(model, test, catalog)
     np.testing.assert_allclose(out.latency_ms, base.latency_ms)
     np.testing.assert_allclose(out.p90_ms, base.p90_ms)
+
+
+def test_max_pools_and_transcendental_ops_are_told_apart_from_the_cheap_rows_of_the_same_bytes(model, catalog):
+    """A CPU that runs its max pools 30x and its exponentials 5x the model's price, its additions and ReLUs at 0.6x:
+    rows of the same shapes and bytes, told apart by their names (`max_pool`, `transcendental`): each kind held out
+    is answered within 25 % of its own factor (the factors are 50x apart)."""
+    rng = np.random.default_rng(0)
+    names = {"add": 0.6, "relu": 0.6, "maxpool": 30.0, "gelu": 5.0, "silu": 5.0}
+
+    def rows(n: int, seed: int) -> pd.DataFrame:
+        r = np.random.default_rng(seed)
+        frame = pd.DataFrame({"op_class": "elementwise", "op_name": r.choice(list(names), n), "dtype": "fp32",
+                              "device": "cpu", "batch": 2 ** r.integers(6, 14, n), "hidden": 2 ** r.integers(4, 9, n)})
+        base = model.predict(frame, catalog).latency_ms
+        factor = frame["op_name"].map(names).to_numpy() * np.exp(rng.normal(0, 0.05, n))
+        return frame.assign(latency_ms=base * factor)
+
+    fitted = DeviceAdaptation.fit(model, rows(300, 1), catalog)
+    assert fitted.classes["elementwise"].active
+    test = rows(200, 2)
+    ratio = test["latency_ms"] / fitted.predict(model, test, catalog).latency_ms
+    for name in names:
+        assert 0.75 < float(np.median(ratio[test["op_name"] == name])) < 1.25, name  # factors 0.6-30 apart
