@@ -15,9 +15,10 @@ hosts measured before. `--save-run FILE` writes what this run measured (the host
 reference steps and the held-out cases, each with its measured ms) as JSON; `--replay FILE` measures nothing and
 runs the same judgement with the code as it is now on those measurements, in a fresh home: the reference steps'
 graphs are captured again (so the code that prices them is today's), the adaptation is fitted on the saved rows,
-and the held-out cases are predicted before and after (`--without-real-ops`: the adaptation fitted without the rows
-of real ops, the sweep's depthwise convolutions and batch norms; `--max-op-ms MS`: without the shapes a sweep capped
-at MS would not have run; `--record RUN` records a replay's figures too).
+and the held-out cases are predicted before and after (`--without-real-ops [REAL_OP ...]`: the adaptation fitted
+without the rows of those real ops, or of all: the sweep's depthwise convolutions, batch norms and max pools;
+`--max-op-ms MS`: without the shapes a sweep capped at MS would not have run; `--record RUN` records a replay's
+figures too).
 `profiles/hw-bench/` keeps runs of the hosts measured.
 """
 

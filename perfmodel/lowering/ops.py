@@ -49,7 +49,9 @@ ELEMENTWISE_READS: dict[str, int] = {"add": 2, "mul": 2, "div": 2, "pow": 2, "su
                                      "addu": 1, "mulu": 1, "divu": 1, "powu": 1, "relu": 1, "gelu": 1, "tanh": 1,
                                      "maxpool": 2, "maxpoolu": 1,  # a max pool's memory rows, as `add` and `addu`
                                      "silu": 1, "sigmoid": 1, "gelu_grad": 2}  # as `mulu`, `mulu` and `mul`
-MAX_POOL_ROWS = frozenset({"maxpool", "maxpoolu"})  # the names of a max pool's rows (`perfmodel.lowering.rows`)
+# a max pool's rows (`perfmodel.lowering.rows`): the memory row it is priced as -> its own name, of the same work
+MAX_POOL_ROW_NAMES: dict[str, str] = {"add": "maxpool", "addu": "maxpoolu"}
+MAX_POOL_ROWS = frozenset(MAX_POOL_ROW_NAMES.values())
 # the rows whose kernel evaluates an exponential, erf or tanh per element (a GPU's memory-bound passes all the same;
 # a CPU's take 4-14x an addition's time)
 TRANSCENDENTAL_ROWS = frozenset({"gelu", "tanh", "silu", "sigmoid", "gelu_grad"})

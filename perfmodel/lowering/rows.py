@@ -66,7 +66,7 @@ import pandas as pd
 from perfmodel.core.errors import PerfmodelError
 from perfmodel.core.ir import Graph, Node, TensorMeta
 from perfmodel.core.opkinds import OpKind, normalize_op_name
-from perfmodel.lowering.ops import EAGER, FUSED, LIBRARY, SHAPE_COLUMNS
+from perfmodel.lowering.ops import EAGER, FUSED, LIBRARY, MAX_POOL_ROW_NAMES, SHAPE_COLUMNS
 
 FORWARD = "forward"
 BACKWARD = "backward"
@@ -199,7 +199,6 @@ def _memory_bwd(node: Node, ctx: Context) -> list[Row]:
 # compares a window per output and takes 20-60x their time per byte.
 MAX_POOL_OPS = frozenset({"max_pool1d", "max_pool2d", "max_pool3d", "max_pool2d_with_indices", "adaptive_max_pool2d",
                           "mkldnn_max_pool2d", "onnx::MaxPool", "onnx::GlobalMaxPool"})
-MAX_POOL_ROW_NAMES: dict[str, str] = {"add": "maxpool", "addu": "maxpoolu"}  # `ops.MAX_POOL_ROWS`
 
 
 def _pool_rows(node: Node, rows: list[Row]) -> list[Row]:

@@ -324,7 +324,7 @@ def test_silu_and_sigmoid_rows_are_named_apart_with_the_work_of_the_cheap_rows_t
 def test_a_max_pools_rows_are_named_apart_and_priced_as_the_memory_rows_they_are(convnet):
     """A max pool's rows carry `maxpool` names (a device adaptation tells them from an addition's) and exactly the
     FLOPs and bytes of the `add` / `addu` memory rows of its bytes, so a GPU model prices them as before."""
-    from perfmodel.lowering.rows import MAX_POOL_ROW_NAMES
+    from perfmodel.lowering.ops import MAX_POOL_ROW_NAMES
 
     rows = graph_op_rows(convnet)
     pool = rows[rows["kind"] == "pool"]
