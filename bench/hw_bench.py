@@ -88,7 +88,10 @@ def predict(cases: list) -> list[float]:
 
 
 def host_cpu() -> dict[str, object]:
-    """What /proc/cpuinfo says of this host's CPU (model name, family, model, AVX-512), to name a saved run's host."""
+    """What /proc/cpuinfo says of this host's CPU (model name, family, model, AVX-512), to name a saved run's host,
+    and the rate at which it faults in a new large tensor's pages (`probe.first_touch_gb_s`; None: free)."""
+    from perfmodel.hardware.probe import first_touch_gb_s
+
     try:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
@@ -99,7 +102,8 @@ def host_cpu() -> dict[str, object]:
         return found.group(1).strip() if found else ""
 
     return {"model_name": field("model name"), "family": field("cpu family"), "model": field("model"),
-            "avx512f": "avx512f" in field("flags").split(), "machine": platform.machine(), "cores": os.cpu_count()}
+            "avx512f": "avx512f" in field("flags").split(), "machine": platform.machine(), "cores": os.cpu_count(),
+            "first_touch_gb_s": first_touch_gb_s()}
 
 
 def timed_steps(output: str) -> list[dict]:

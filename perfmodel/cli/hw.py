@@ -119,6 +119,25 @@ def hw_add(
                    f"store predict for it (flagged extrapolated: a spec sheet, no measurements)")
 
 
+# below this rate (GB/s) at which new pages are faulted in, `hw bench` says what its sweep does not see
+SLOW_FIRST_TOUCH_GB_S = 10.0
+
+
+def first_touch_notice(rate_gb_s: float | None) -> str | None:
+    """What `hw bench` tells a user whose host faults in the pages of new large tensors slowly (`rate_gb_s`, from
+    `probe.first_touch_gb_s`; None: free): nothing at or above `SLOW_FIRST_TOUCH_GB_S`."""
+    from perfmodel.hardware.probe import FIRST_TOUCH_MIB, FRESH_MAP_BYTES
+
+    if rate_gb_s is None or rate_gb_s >= SLOW_FIRST_TOUCH_GB_S:
+        return None
+    ms = FIRST_TOUCH_MIB * 2**20 / (rate_gb_s * 1e9) * 1e3
+    return (f"new memory: this host faults in the pages of a new tensor of {FRESH_MAP_BYTES // 2**20} MiB or more "
+            f"at {rate_gb_s:.1f} GB/s ({ms:.0f} ms for {FIRST_TOUCH_MIB} MiB before its kernel runs). The op sweep "
+            f"does not see this cost: jobs that make such tensors every step (a large vocabulary's embedding and its "
+            f"gradient, Adam's temporaries of it, large activations) are answered fast here; post their measured "
+            f"throughput (POST /v1/observations) to calibrate them (docs/hardware.md)")
+
+
 @hw_app.command("bench")
 @user_errors
 def hw_bench(
@@ -161,6 +180,12 @@ def hw_bench(
     run = bench_device(device, store, classes.split(","), budget_s=budget_s, run_id=run_id, max_op_ms=max_op_ms,
                        progress=typer.echo)
     typer.echo(run.summary())
+    if run.catalog[run.device].kind == "cpu":
+        from perfmodel.hardware.probe import first_touch_gb_s
+
+        notice = first_touch_notice(first_touch_gb_s())
+        if notice:
+            typer.echo(notice)
     # with --steps, whole steps decide whether the adaptation stays: its "adapted ...: FOLDER" line waits for them
     fitted: list[str] = []
     adaptation = (fit_adaptation(run.device, store, run.catalog, fitted.append if steps else typer.echo)

@@ -182,6 +182,42 @@ def copy_bandwidth_gb_s(mib: int = COPY_MIB, repeats: int = REPEATS) -> float:
     return 2 * numel * FP32_BYTES / seconds / GIGA
 
 
+# glibc's allocator maps a block of at least this many bytes afresh on every allocation (its dynamic mmap threshold
+# stops growing at 32 MiB on 64-bit hosts), and PyTorch keeps no cache of CPU memory: a CPU tensor this large faults
+# its pages in each time it is created; smaller ones reuse freed heap
+FRESH_MAP_BYTES = 32 * BYTES_PER_MIB
+FIRST_TOUCH_MIB = 64
+# a new tensor whose pages cost less than this share of filling an existing one is taken as free
+FIRST_TOUCH_FLOOR_SHARE = 0.1
+
+
+def first_touch_gb_s(mib: int = FIRST_TOUCH_MIB, repeats: int = REPEATS) -> float | None:
+    """The rate (GB/s) at which this host faults in the pages of a new tensor of `mib` MiB (at least
+    `FRESH_MAP_BYTES`: mapped afresh every time), from the median over `repeats` of the time to create and fill
+    one less the time to fill an existing one. None when the difference is under `FIRST_TOUCH_FLOOR_SHARE` of the
+    fill (new memory costs nothing measurable here)."""
+    import statistics
+
+    import torch
+
+    numel = mib * BYTES_PER_MIB // FP32_BYTES
+    existing = torch.zeros(numel)
+    extra_s, fill_s = [], []
+    for _ in range(max(1, repeats)):
+        start = time.perf_counter()
+        torch.empty(numel).fill_(1.0)
+        fresh = time.perf_counter() - start
+        start = time.perf_counter()
+        existing.fill_(1.0)
+        filled = time.perf_counter() - start
+        extra_s.append(fresh - filled)
+        fill_s.append(filled)
+    extra, fill = statistics.median(extra_s), statistics.median(fill_s)
+    if extra <= FIRST_TOUCH_FLOOR_SHARE * fill:
+        return None
+    return numel * FP32_BYTES / extra / GIGA
+
+
 def host_memory_gb() -> float:
     """Host RAM in binary GB (GiB), as `HardwareSpec.memory_gb` counts memory."""
     try:

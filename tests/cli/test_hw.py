@@ -116,3 +116,22 @@ def test_hw_bench_says_when_the_model_as_shipped_is_within_its_own_error(monkeyp
            "error)" in result.output
     assert "dropped the steps kept before for cpu: the model as shipped answers them within its own held-out " \
            "error" in result.output
+
+
+def test_hw_bench_says_when_new_memory_is_slow_on_this_host(monkeypatch):
+    """A CPU host that faults in new large tensors' pages slowly is told so after the sweep, with the rate and what it
+    costs; a fast or free one is not (the sweep and the rate are stand-ins, no whole steps)."""
+    from perfmodel.cli.hw import SLOW_FIRST_TOUCH_GB_S, first_touch_notice
+    from perfmodel.evaluation import bench
+    from perfmodel.hardware import probe
+
+    assert first_touch_notice(None) is None and first_touch_notice(SLOW_FIRST_TOUCH_GB_S) is None
+    notice = first_touch_notice(2.0)
+    assert notice is not None and "32 MiB or more at 2.0 GB/s (34 ms for 64 MiB" in notice
+    monkeypatch.setattr(bench, "bench_device", lambda *args, **kwargs: SimpleNamespace(
+        summary=lambda: "timed 3 shapes", device="cpu", catalog={"cpu": SimpleNamespace(kind="cpu")}))
+    for rate, shown in ((2.0, True), (None, False), (40.0, False)):
+        monkeypatch.setattr(probe, "first_touch_gb_s", lambda rate=rate: rate)
+        result = run("hw", "bench", "--device", "cpu", "--no-adapt", "--no-steps")
+        assert result.exit_code == 0, result.output
+        assert ("new memory: this host faults in" in result.output) is shown, (rate, result.output)

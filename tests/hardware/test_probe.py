@@ -1,7 +1,9 @@
 import torch
 
 from perfmodel.hardware.probe import (
+    FRESH_MAP_BYTES,
     CpuIdentity,
+    first_touch_gb_s,
     l2_cache_mib,
     parse_cpuinfo,
     parse_lscpu,
@@ -116,3 +118,14 @@ def test_the_shipped_cpu_entry_says_it_is_the_corpus_host():
 
     shipped = {spec.name: spec for spec in shipped_specs()}["cpu"]
     assert "corpus host" in shipped.source and "not necessarily the machine perfmodel runs on" in shipped.source
+
+
+def test_new_memory_is_timed_on_tensors_the_allocator_maps_afresh():
+    """The first-touch rate is measured on tensors past glibc's largest mmap threshold (mapped anew each time): on
+    this host either free (None) or a positive rate no faster than a few hundred GB/s; a tensor under the threshold
+    is never what it times."""
+    from perfmodel.hardware.probe import FIRST_TOUCH_MIB
+
+    assert FIRST_TOUCH_MIB * 2**20 > FRESH_MAP_BYTES == 32 * 2**20
+    rate = first_touch_gb_s(repeats=3)
+    assert rate is None or 0 < rate < 500
