@@ -153,18 +153,22 @@ def report(cases: list, measured: list[float], before: list[float], after: list[
             "after": {"mape_pct": statistics.fmean(errors_after), "worst_pct": max(errors_after)}}
 
 
-def replay(path: Path, without_real_ops: Sequence[str] | None = None, max_op_ms: float | None = None) -> dict:
+def replay(path: Path, without_real_ops: Sequence[str] | None = None, max_op_ms: float | None = None,
+           first_touch_gb_s: float | None = None) -> dict:
     """`hw bench`'s judgement, with the code as it is now, on a saved run's measurements (`--save-run`); with
     `without_real_ops`, on its rows less those of the real ops it names (depthwise convolutions, batch norms, max
     pools: `perfmodel.profilers.lowered_ops.REAL_OPS`; every one when it names none), with
     `max_op_ms`, less the shapes whose roofline × `ROOFLINE_SAFETY` exceeds it: what the judgement would be had
-    the sweep not run them. Returns the figures `--record` keeps."""
+    the sweep not run them. The host's rate of new memory (`first_touch_gb_s`, as `hw bench` records it in the
+    CPU's catalog entry) is the saved run's, else `first_touch_gb_s` when given (a run saved before runs recorded
+    it, measured on its host since). Returns the figures `--record` keeps."""
     import pandas as pd
 
     from perfmodel.engine.op_table import promoted_device_ops_model
     from perfmodel.evaluation.device_steps import judge, own_held_out_mape_pct, predictors_for
     from perfmodel.graph import graph_for_job
-    from perfmodel.hardware.catalog import load_catalog
+    from perfmodel.hardware.catalog import load_catalog, save_local
+    from perfmodel.hardware.spec import FRESH_MAP_BYTES
     from perfmodel.jobs.spec import JobSpec
     from perfmodel.lowering.ops import op_roofline_ms
     from perfmodel.profilers.microbench import ROOFLINE_SAFETY
@@ -176,6 +180,10 @@ def replay(path: Path, without_real_ops: Sequence[str] | None = None, max_op_ms:
         raise SystemExit(f"{path}: not a saved hw bench run of version {SAVED_RUN_VERSION}")
     print(f"replaying {path} (host {run['host'].get('model_name')}, family {run['host'].get('family')} model "
           f"{run['host'].get('model')}, measured {run['measured_at']}) in {os.environ['PERFMODEL_HOME']}", flush=True)
+    rate = run["host"].get("first_touch_gb_s", first_touch_gb_s)
+    if rate is not None:
+        save_local(load_catalog()["cpu"].model_copy(update={"first_touch_gb_s": rate}))
+        print(f"new memory at {rate:g} GB/s (tensors of {FRESH_MAP_BYTES // 2**20} MiB or more)", flush=True)
     cases = [JobSpec.model_validate(case["spec"]) for case in run["held_out"]]
     measured = [case["measured_ms"] for case in run["held_out"]]
     before = predict(cases)
@@ -238,15 +246,20 @@ def main(argv: list[str] | None = None) -> int:
                              "every one: depthwise convolutions, batch norms, max pools)")
     parser.add_argument("--max-op-ms", type=float,
                         help="with --replay: leave out the rows whose roofline x 3 exceeds this (hw bench's cap)")
+    parser.add_argument("--first-touch-gb-s", type=float,
+                        help="with --replay of a run saved without it: the rate its host faults in new 64 MiB "
+                             "tensors (`perfmodel hw probe --json`, on that host)")
     add_record_option(parser)
     args = parser.parse_args(argv)
     home = args.home or Path(tempfile.mkdtemp(prefix="perfmodel-hw-bench-"))
     os.environ["PERFMODEL_HOME"] = str(home)
     os.environ.pop("PERFMODEL_STORE_URL", None)
-    if (args.without_real_ops is not None or args.max_op_ms is not None) and not args.replay:
-        parser.error("--without-real-ops and --max-op-ms go with --replay")
+    if (args.without_real_ops is not None or args.max_op_ms is not None or args.first_touch_gb_s is not None) \
+            and not args.replay:
+        parser.error("--without-real-ops, --max-op-ms and --first-touch-gb-s go with --replay")
     if args.replay:
-        record_if_asked(args, "hw_bench", replay(args.replay, args.without_real_ops, args.max_op_ms))
+        record_if_asked(args, "hw_bench", replay(args.replay, args.without_real_ops, args.max_op_ms,
+                                                 args.first_touch_gb_s))
         return 0
     from typer.testing import CliRunner
 

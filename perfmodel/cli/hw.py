@@ -132,10 +132,29 @@ def first_touch_notice(rate_gb_s: float | None) -> str | None:
         return None
     ms = FIRST_TOUCH_MIB * 2**20 / (rate_gb_s * 1e9) * 1e3
     return (f"new memory: this host faults in the pages of a new tensor of {FRESH_MAP_BYTES // 2**20} MiB or more "
-            f"at {rate_gb_s:.1f} GB/s ({ms:.0f} ms for {FIRST_TOUCH_MIB} MiB before its kernel runs). The op sweep "
-            f"does not see this cost: jobs that make such tensors every step (a large vocabulary's embedding and its "
-            f"gradient, Adam's temporaries of it, large activations) are answered fast here; post their measured "
-            f"throughput (POST /v1/observations) to calibrate them (docs/hardware.md)")
+            f"at {rate_gb_s:.1f} GB/s ({ms:.0f} ms for {FIRST_TOUCH_MIB} MiB before its kernel runs); predictions "
+            f"for this CPU now charge the tensors that large a job makes each step (a large vocabulary's embedding "
+            f"and its gradient, Adam's temporaries of it, large activations), which the op sweep does not see "
+            f"(docs/hardware.md)")
+
+
+def _with_first_touch(hardware: Any) -> Any:
+    """The CPU's catalog entry with the rate at which this host faults in new large tensors' pages
+    (`probe.first_touch_gb_s`), saved as its local entry when that rate changed (every later prediction for the CPU
+    then charges such tensors: `gpu_iteration.fresh_tensor_ms`); says so when the rate is slow."""
+    from perfmodel.hardware.catalog import save_local
+    from perfmodel.hardware.probe import first_touch_gb_s
+
+    rate = first_touch_gb_s()
+    rate = round(rate, 2) if rate is not None else None
+    notice = first_touch_notice(rate)
+    if notice:
+        typer.echo(notice)
+    if rate == hardware.first_touch_gb_s:
+        return hardware
+    updated = hardware.model_copy(update={"first_touch_gb_s": rate})
+    save_local(updated)
+    return updated
 
 
 @hw_app.command("bench")
@@ -180,15 +199,12 @@ def hw_bench(
     run = bench_device(device, store, classes.split(","), budget_s=budget_s, run_id=run_id, max_op_ms=max_op_ms,
                        progress=typer.echo)
     typer.echo(run.summary())
-    if run.catalog[run.device].kind == "cpu":
-        from perfmodel.hardware.probe import first_touch_gb_s
-
-        notice = first_touch_notice(first_touch_gb_s())
-        if notice:
-            typer.echo(notice)
+    catalog = run.catalog
+    if catalog[run.device].kind == "cpu":
+        catalog = {**catalog, run.device: _with_first_touch(catalog[run.device])}
     # with --steps, whole steps decide whether the adaptation stays: its "adapted ...: FOLDER" line waits for them
     fitted: list[str] = []
-    adaptation = (fit_adaptation(run.device, store, run.catalog, fitted.append if steps else typer.echo)
+    adaptation = (fit_adaptation(run.device, store, catalog, fitted.append if steps else typer.echo)
                   if adapt else None)
     if not steps:
         return
@@ -196,7 +212,7 @@ def hw_bench(
         rows = sum(adaptation.rows_per_class.values())
         typer.echo(f"fitted the op-sweep adaptation to {run.device} ({rows} rows); whole training steps decide "
                    f"whether it is applied")
-    hardware = run.catalog[run.device]
+    hardware = catalog[run.device]
     timed = time_steps(resolve_device(device), run.device, hardware.kind,
                        steps_budget_s or DEFAULT_STEPS_BUDGET_S[hardware.kind], typer.echo)
     if len(timed) < 2:
@@ -207,7 +223,7 @@ def hw_bench(
             for line in fitted:
                 typer.echo(line)
         return
-    verdict = judge(timed, hardware, predictors_for(run.device, adaptation, run.catalog),
+    verdict = judge(timed, hardware, predictors_for(run.device, adaptation, catalog),
                     own_held_out_mape_pct(hardware.kind))
     typer.echo(f"{len(timed)} whole steps on {run.device}, each predicted without its own measurement:")
     for line in verdict.lines():

@@ -33,7 +33,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from perfmodel.core.units import BYTES_PER_GIB, GIGA
-from perfmodel.hardware.spec import HardwareSpec
+from perfmodel.hardware.spec import FRESH_MAP_BYTES, HardwareSpec
 
 GEMM_SIZES = (2048,)
 GEMM_BATCH_FLOPS = 2 * 2048**3  # FLOPs per timed batch, whatever the size
@@ -123,6 +123,7 @@ def probe_host(threads: int | None = None, *, gemm_sizes: tuple[int, ...] = GEMM
         used_threads = torch.get_num_threads()
         gflops = max(gemm_gflops(n, repeats) for n in gemm_sizes)
         bandwidth = copy_bandwidth_gb_s(copy_mib, repeats)
+        first_touch = first_touch_gb_s(repeats=repeats)
     finally:
         torch.set_num_threads(previous_threads)
     cpu = read_cpu_identity()
@@ -137,6 +138,7 @@ def probe_host(threads: int | None = None, *, gemm_sizes: tuple[int, ...] = GEMM
         memory_gb=round(host_memory_gb(), 2),
         compute_units=physical_cores(),
         threads=used_threads,
+        first_touch_gb_s=round(first_touch, 2) if first_touch is not None else None,
         l2_cache_mb=l2_cache_mib(),
         source=f"perfmodel hw probe on {socket.gethostname()} {date}, torch {torch.__version__}",
     )
@@ -182,11 +184,7 @@ def copy_bandwidth_gb_s(mib: int = COPY_MIB, repeats: int = REPEATS) -> float:
     return 2 * numel * FP32_BYTES / seconds / GIGA
 
 
-# glibc's allocator maps a block of at least this many bytes afresh on every allocation (its dynamic mmap threshold
-# stops growing at 32 MiB on 64-bit hosts), and PyTorch keeps no cache of CPU memory: a CPU tensor this large faults
-# its pages in each time it is created; smaller ones reuse freed heap
-FRESH_MAP_BYTES = 32 * BYTES_PER_MIB
-FIRST_TOUCH_MIB = 64
+FIRST_TOUCH_MIB = 64  # the new tensor `first_touch_gb_s` times: past `FRESH_MAP_BYTES`, so mapped afresh each time
 # a new tensor whose pages cost less than this share of filling an existing one is taken as free
 FIRST_TOUCH_FLOOR_SHARE = 0.1
 
@@ -200,6 +198,8 @@ def first_touch_gb_s(mib: int = FIRST_TOUCH_MIB, repeats: int = REPEATS) -> floa
 
     import torch
 
+    if mib * BYTES_PER_MIB <= FRESH_MAP_BYTES:
+        raise ValueError(f"a tensor of {mib} MiB may reuse freed heap: time one above {FRESH_MAP_BYTES} bytes")
     numel = mib * BYTES_PER_MIB // FP32_BYTES
     existing = torch.zeros(numel)
     extra_s, fill_s = [], []

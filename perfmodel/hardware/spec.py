@@ -18,6 +18,11 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from perfmodel.core.renamed import upgrade_names
 from perfmodel.core.units import gib_to_bytes
 
+# glibc's allocator maps a block of at least this many bytes afresh on every allocation (its dynamic mmap threshold
+# stops growing at 32 MiB on 64-bit hosts), and PyTorch keeps no cache of CPU memory: a CPU tensor this large faults
+# its pages in each time it is created (`HardwareSpec.first_touch_gb_s`); smaller ones reuse freed heap
+FRESH_MAP_BYTES = 32 * 2**20
+
 
 class HardwareSpec(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -61,6 +66,11 @@ class HardwareSpec(BaseModel):
     fp32_cores_per_cu: int | None = Field(default=None, gt=0, description="fp32 lanes per compute unit: CUDA cores "
                                                                           "per SM, stream processors per CU")
     threads: int | None = Field(default=None, gt=0, description="CPU threads torch uses (CPU entries)")
+    first_touch_gb_s: float | None = Field(
+        default=None, gt=0, exclude_if=lambda rate: rate is None,
+        description="GB/s at which the host faults in the pages of a new tensor of `FRESH_MAP_BYTES` or more "
+                    "(CPU entries, measured by `hw bench` and `hw probe`): what such a tensor costs beside its "
+                    "kernel's time; None: nothing measurable")
     boost_clock_mhz: float | None = Field(default=None, gt=0, description="boost / peak engine clock, MHz (the "
                                                                           "clock the datasheet peaks assume)")
     base_clock_mhz: float | None = Field(default=None, gt=0, description="base clock, MHz")

@@ -35,6 +35,14 @@ runs, which the stage does not correct, P100 23 -> 32 % and K80 62 -> 68 %, all 
 stands in for the per-op host cost `HOST_MS_PER_KERNEL` does not reach. Subtracting it whole was worse on both (Lambda
 20.9 -> 22.6 %). Kept as is.
 
+On a CPU whose catalog entry has a rate of new memory (`HardwareSpec.first_touch_gb_s`, timed by `hw bench`), each
+new tensor of `FRESH_MAP_BYTES` or more that the step makes is charged its bytes at that rate on top of its row
+(`fresh_tensor_ms`): glibc maps a block that large afresh on every allocation and PyTorch keeps no CPU memory cache,
+so its pages are faulted in every step, which the op sweep's shapes (up to 32 MiB) never show. Those tensors are a
+forward or backward row's output that large, an embedding's weight gradient (`embedding_gradient_bytes`) and the
+default Adam step's temporaries of each parameter that large (`optimizer_fresh_bytes`). A GPU's caching allocator
+reuses its memory: no charge there.
+
 Physically possible by construction: no row faster than its roofline (`ROOFLINE_BOUNDED`, in the regressor), no
 convolution slower than im2col + its GEMM (`IM2COL_PASSES`), and no node whose backward does at least its forward's
 FLOPs has a backward faster than its forward (`backward_at_least_forward`).
@@ -57,11 +65,12 @@ import pandas as pd
 from perfmodel.core import cost
 from perfmodel.core.errors import PerfmodelError
 from perfmodel.core.ir import Graph, Node
+from perfmodel.core.opkinds import OpKind
 from perfmodel.core.units import samples_per_s
 from perfmodel.features.whole_graph import OPTIMIZER_TENSOR_PASSES
 from perfmodel.hardware.impute import imputed
 from perfmodel.hardware.math import has_tensor_cores, on_tensor_cores
-from perfmodel.hardware.spec import HardwareSpec
+from perfmodel.hardware.spec import FRESH_MAP_BYTES, HardwareSpec
 from perfmodel.jobs.spec import JobSpec, Precision
 from perfmodel.lowering.ops import fused_rows
 from perfmodel.lowering.rows import BACKWARD, EAGER, FORWARD, depthwise, graph_op_rows, memory_row
@@ -99,6 +108,10 @@ MASTER_COPY_PASSES = 3
 # bf16-master (`Precision.fp32_gradients`): each half gradient added into its fp32 buffer as backward produces it
 # (read 2 B, read and write 4 B: 2.5 fp32 passes) and the fp32 weights copied back to the half model (1.5)
 FP32_GRADIENT_PASSES = 4
+# new tensors a default (not fused) optimizer step allocates per parameter: Adam's and AdamW's `sqrt` and `div` of
+# the second moment (torch's single-tensor step, a CPU's: its foreach step is for GPUs); SGD updates in place. On a
+# CPU, those of a parameter of `FRESH_MAP_BYTES` or more fault their pages in every step (`fresh_tensor_ms`)
+FRESH_OPTIMIZER_TEMPORARIES = {"sgd": 0, "adam": 2, "adamw": 2}
 PASSES_PER_ADD_KERNEL = 3  # an `add` row reads 2 tensors and writes 1
 ROW_HIDDEN = 4096  # width of the rows standing for passes over parameters
 GEMM_KINDS = MATMUL_KINDS | CONV_KINDS
@@ -181,6 +194,53 @@ def _copy_record(read_elements: float, written_elements: float, dtype: str, phas
     row = memory_row(read_elements, written_elements, ROW_HIDDEN, part)
     return {"op_class": row.op_class, "op_name": row.op_name, "dtype": dtype, "math": dtype, "phase": phase,
             "part": row.part, "kind": "copy", "launch": row.launch, **extra, **row.shape}
+
+
+def optimizer_fresh_bytes(graph: Graph, spec: JobSpec) -> float:
+    """Bytes of the new tensors of `FRESH_MAP_BYTES` or more that one optimizer step allocates: the temporaries
+    (`FRESH_OPTIMIZER_TEMPORARIES`) of each parameter that large, in the weights' dtype (0 for inference and for
+    a fused step, which updates in place). A parameter two nodes share (tied embeddings) counts once per node: its
+    two gradients are summed into a new tensor as large."""
+    temporaries = FRESH_OPTIMIZER_TEMPORARIES[spec.optimizer.value]
+    if spec.mode.value != "train" or spec.fused_optimizer or not temporaries:
+        return 0.0
+    precision = spec.precision
+    element = 2 if precision.half_state and precision.half_dtype else 4
+    sizes = [node.params * element for node in graph.nodes if node.params * element >= FRESH_MAP_BYTES]
+    return float(temporaries * sum(sizes))
+
+
+def embedding_gradient_bytes(graph: Graph, spec: JobSpec) -> float:
+    """Bytes of the weight gradients of `FRESH_MAP_BYTES` or more that a training step's embeddings make: each a new
+    tensor, zeroed, then scattered into. Their rows are memory rows of equal bytes, which read as much as they write
+    (`lowering.rows.memory_row`), so their written bytes say half of it."""
+    if spec.mode.value != "train":
+        return 0.0
+    sizes = [node.params * 4 for node in graph.nodes
+             if node.kind == OpKind.embedding and node.params * 4 >= FRESH_MAP_BYTES]
+    return float(sum(sizes))
+
+
+def fresh_tensor_ms(bytes_written: np.ndarray, phase: np.ndarray, kind: np.ndarray, hardware: HardwareSpec,
+                    optimizer_bytes: float, embedding_bytes: float = 0.0) -> np.ndarray:
+    """Per row (the last axis of `bytes_written`; each row's `phase` and `kind`), what the new tensors of
+    `FRESH_MAP_BYTES` or more it makes cost beyond its kernel on `hardware`, at the rate the host faults their pages
+    in (`first_touch_gb_s`): a forward or backward row's output that large (an embedding's: by
+    `embedding_gradient_bytes`), the optimizer's temporaries (`optimizer_bytes`, spread over its rows) and the
+    embeddings' weight gradients (`embedding_bytes`, over the backward rows). Zeros on a device without that rate:
+    a GPU (its caching allocator reuses memory), or a CPU whose new pages cost nothing measurable."""
+    written = np.asarray(bytes_written, dtype=np.float64)
+    rate = hardware.first_touch_gb_s
+    if rate is None:
+        return np.zeros_like(written)
+    phase = np.asarray(phase)
+    optimizer, backward = phase == OPTIMIZER, phase == BACKWARD
+    own = ~optimizer & (np.asarray(kind) != OpKind.embedding.value)
+    fresh = np.where(own & (written >= FRESH_MAP_BYTES), written, 0.0)
+    for rows, total in ((optimizer, optimizer_bytes), (backward, embedding_bytes)):
+        if rows.any() and total:
+            fresh = fresh + np.where(rows, total / rows.sum(), 0.0)
+    return cost.memory_ms(fresh, rate)
 
 
 def weight_cast_rows(graph: Graph, precision: Precision, training: bool) -> pd.DataFrame:
@@ -480,9 +540,21 @@ class DevicePredictor:
         `job_rows(spec, graph, hardware)` computed once for devices with the same math."""
         rows = (job_rows(spec, graph, hardware) if rows is None else rows).assign(device=hardware.name)
         out = self._priced(rows, np.full(len(rows), spec.mode.value == "train"))
+        return rows, self._finished(spec, hardware, graph, rows, out)
+
+    @staticmethod
+    def _finished(spec: JobSpec, hardware: HardwareSpec, graph: Graph, rows: pd.DataFrame, out: Any) -> Any:
+        """The regressor's prices of a job's rows, each backward raised to its forward node by node, plus what the
+        new large tensors each row makes cost on a CPU (`fresh_tensor_ms`)."""
+        from perfmodel.lowering.ops import op_work
+
         factor = backward_at_least_forward(rows, out.latency_ms, graph)
-        out = type(out)(out.latency_ms * factor, out.p10_ms * factor, out.p90_ms * factor, out.extrapolated)
-        return rows, out
+        fresh = (fresh_tensor_ms(op_work(rows).bytes_written, rows["phase"].to_numpy(), rows["kind"].to_numpy(),
+                                 hardware,
+                                 optimizer_fresh_bytes(graph, spec), embedding_gradient_bytes(graph, spec))
+                 if hardware.first_touch_gb_s is not None else 0.0)
+        return type(out)(out.latency_ms * factor + fresh, out.p10_ms * factor + fresh, out.p90_ms * factor + fresh,
+                         out.extrapolated)
 
     def _priced_once(self, rows: pd.DataFrame, training: np.ndarray) -> OpPrediction:
         """`_priced` of `rows`, each distinct (row, training) priced once: the rows of a float32 job and of its
@@ -541,9 +613,8 @@ class DevicePredictor:
         for (spec, _, graph), hw, rows in zip(items, hardware, frames):
             part = slice(start, start + len(rows))
             start += len(rows)
-            factor = backward_at_least_forward(rows, out.latency_ms[part], graph)
-            mine = type(out)(out.latency_ms[part] * factor, out.p10_ms[part] * factor, out.p90_ms[part] * factor,
-                             out.extrapolated[part])
+            mine = self._finished(spec, hw, graph, rows, type(out)(
+                out.latency_ms[part], out.p10_ms[part], out.p90_ms[part], out.extrapolated[part]))
             results.append(self._composed(spec, hw, graph, rows, mine, (FORWARD, BACKWARD, OPTIMIZER)))
         return results
 
@@ -585,8 +656,13 @@ class DevicePredictor:
             memory = per_row(cost.memory_ms(moved[part], hw.memory_bandwidth_gb_s))
             ms = per_row(out.latency_ms[part])
             factor = backward_factors(s.rows.nodes, s.rows.rows["phase"].to_numpy(), ms, s.graphs.heavy(s.batches))
-            results.append(self._composed_steps(s, hw, ms * factor, per_row(out.p10_ms[part]) * factor,
-                                                per_row(out.p90_ms[part]) * factor,
+            fresh = (fresh_tensor_ms(per_row(work.bytes_written[part]), s.rows.rows["phase"].to_numpy(),
+                                     s.rows.rows["kind"].to_numpy(), hw,
+                                     optimizer_fresh_bytes(s.graphs.first, s.specs[0]),
+                                     embedding_gradient_bytes(s.graphs.first, s.specs[0]))
+                     if hw.first_touch_gb_s is not None else 0.0)
+            results.append(self._composed_steps(s, hw, ms * factor + fresh, per_row(out.p10_ms[part]) * factor + fresh,
+                                                per_row(out.p90_ms[part]) * factor + fresh,
                                                 per_row(out.extrapolated[part]), compute, memory,
                                                 per_row(fill[part])))
         return results

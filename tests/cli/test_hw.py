@@ -7,8 +7,17 @@ import pytest
 from typer.testing import CliRunner
 
 from perfmodel.cli.main import app
+from perfmodel.hardware.catalog import load_catalog
 
 runner = CliRunner()
+
+
+@pytest.fixture(autouse=True)
+def _free_new_memory(monkeypatch):
+    """`hw bench` on a CPU times how fast new memory is; here it is free unless a test says otherwise."""
+    from perfmodel.hardware import probe
+
+    monkeypatch.setattr(probe, "first_touch_gb_s", lambda: None)
 
 
 def run(*args):
@@ -65,7 +74,7 @@ def test_hw_bench_says_once_whether_the_adaptation_is_applied(monkeypatch, adapt
 
     mape = {(False, False): 20.0, (True, False): 12.5 if adapt else 160.0, (False, True): 18.0, (True, True): 15.0}
     monkeypatch.setattr(bench, "bench_device", lambda *args, **kwargs: SimpleNamespace(
-        summary=lambda: "timed 3 shapes", device="cpu", catalog={"cpu": SimpleNamespace(kind="cpu")}))
+        summary=lambda: "timed 3 shapes", device="cpu", catalog={"cpu": load_catalog()["cpu"]}))
     monkeypatch.setattr(training, "fit_adaptation", fit_adaptation)
     monkeypatch.setattr(device_steps, "time_steps", lambda *args: ["step"] * 3)
     monkeypatch.setattr(device_steps, "predictors_for", lambda *args: {})
@@ -93,7 +102,7 @@ def test_hw_bench_says_when_the_model_as_shipped_is_within_its_own_error(monkeyp
 
     mape = {(False, False): 11.0, (True, False): 99.1, (False, True): 8.7, (True, True): 25.9}
     monkeypatch.setattr(bench, "bench_device", lambda *args, **kwargs: SimpleNamespace(
-        summary=lambda: "timed 3 shapes", device="cpu", catalog={"cpu": SimpleNamespace(kind="cpu")}))
+        summary=lambda: "timed 3 shapes", device="cpu", catalog={"cpu": load_catalog()["cpu"]}))
     monkeypatch.setattr(training, "fit_adaptation", lambda *args: SimpleNamespace(rows_per_class={"linear": 3}))
     monkeypatch.setattr(device_steps, "time_steps", lambda *args: ["step"] * 8)
     monkeypatch.setattr(device_steps, "predictors_for", lambda *args: {})
@@ -118,9 +127,10 @@ def test_hw_bench_says_when_the_model_as_shipped_is_within_its_own_error(monkeyp
            "error" in result.output
 
 
-def test_hw_bench_says_when_new_memory_is_slow_on_this_host(monkeypatch):
-    """A CPU host that faults in new large tensors' pages slowly is told so after the sweep, with the rate and what it
-    costs; a fast or free one is not (the sweep and the rate are stand-ins, no whole steps)."""
+def test_hw_bench_records_how_fast_new_memory_is_and_says_when_it_is_slow(monkeypatch):
+    """`hw bench` on a CPU records the rate at which the host faults in new large tensors' pages in its catalog entry
+    (every later prediction charges them) and says so when it is slow; a fast or free one is recorded silently (the
+    sweep and the rate are stand-ins, no whole steps)."""
     from perfmodel.cli.hw import SLOW_FIRST_TOUCH_GB_S, first_touch_notice
     from perfmodel.evaluation import bench
     from perfmodel.hardware import probe
@@ -129,9 +139,10 @@ def test_hw_bench_says_when_new_memory_is_slow_on_this_host(monkeypatch):
     notice = first_touch_notice(2.0)
     assert notice is not None and "32 MiB or more at 2.0 GB/s (34 ms for 64 MiB" in notice
     monkeypatch.setattr(bench, "bench_device", lambda *args, **kwargs: SimpleNamespace(
-        summary=lambda: "timed 3 shapes", device="cpu", catalog={"cpu": SimpleNamespace(kind="cpu")}))
+        summary=lambda: "timed 3 shapes", device="cpu", catalog={"cpu": load_catalog()["cpu"]}))
     for rate, shown in ((2.0, True), (None, False), (40.0, False)):
         monkeypatch.setattr(probe, "first_touch_gb_s", lambda rate=rate: rate)
         result = run("hw", "bench", "--device", "cpu", "--no-adapt", "--no-steps")
         assert result.exit_code == 0, result.output
         assert ("new memory: this host faults in" in result.output) is shown, (rate, result.output)
+        assert load_catalog()["cpu"].first_touch_gb_s == rate

@@ -417,3 +417,56 @@ def test_a_master_weight_step_runs_the_half_models_kernels_and_steps_fp32_weight
     # the fp32 step moves twice the bytes of the half one per pass, and makes the copies' passes more
     copies = FP32_GRADIENT_PASSES if specs[master].precision.fp32_gradients else MASTER_COPY_PASSES
     assert moved[master] / moved[half] == pytest.approx(2 * (passes + copies) / passes, rel=0.1)
+
+
+def test_a_cpu_that_faults_in_new_memory_slowly_pays_for_each_new_tensor_of_32_mib_or_more():
+    """On a CPU entry with a rate of new memory (`first_touch_gb_s`, what `hw bench` measures), each row that makes
+    a new tensor of `FRESH_MAP_BYTES` or more, and Adam's temporaries of each parameter that large, cost their bytes
+    at that rate on top of the kernels; SGD's in-place step adds nothing, nor does a GPU. The batch sweep (a matrix
+    of new batches) charges as one step at a time does."""
+    from perfmodel.graph import graph_for_job
+    from perfmodel.hardware.spec import FRESH_MAP_BYTES
+    from perfmodel.lowering.ops import op_work
+    from perfmodel.placement.spec import PlacementSpec
+    from perfmodel.predictor.gpu_iteration import embedding_gradient_bytes, job_rows, optimizer_fresh_bytes
+    from perfmodel.predictor.placed import PlacementPredictor
+    from perfmodel.regressors.adaptation import AdaptedRegressor, DeviceAdaptation
+
+    catalog = load_catalog()
+    slow = catalog["cpu"].model_copy(update={"first_touch_gb_s": 2.0})
+    shipped = DevicePredictor.load()
+    # a CPU with its own measurements (as after `hw bench`): the device model answers it
+    rng = np.random.default_rng(0)
+    swept = pd.DataFrame({"op_class": "linear", "op_name": "linear", "dtype": "fp32", "device": "cpu", "batch": 1,
+                          "m": 2 ** rng.integers(4, 10, 30), "n": 2 ** rng.integers(4, 10, 30),
+                          "k": 2 ** rng.integers(4, 10, 30)})
+    swept["latency_ms"] = 1.5 * shipped.regressor.predict(swept, catalog).latency_ms
+    regressor = AdaptedRegressor(shipped.regressor, {"cpu": DeviceAdaptation.fit(shipped.regressor, swept, catalog)},
+                                 catalog)
+    device = DevicePredictor(regressor, shipped.model_version, {**catalog, "cpu": slow})
+    plain = DevicePredictor(regressor, shipped.model_version, catalog)
+    # GPT-2 (no head in the graph) with a 70,000-word embedding of 68 MiB in fp32, at a batch whose hidden states
+    # are 32 MiB: a new tensor as large from every row that writes them
+    config = {**TINY_GPT2, "n_embd": 256, "vocab_size": 70_000, "n_positions": 512}
+    phases = ("forward", "backward", "optimizer")
+    for optimizer, temporaries in (("adamw", 2), ("sgd", 0)):
+        spec = JobSpec.from_options(hf_config=config, batch_size=64, seq_len=512, optimizer=optimizer)
+        graph = graph_for_job(spec)
+        rows = job_rows(spec, graph, slow).assign(device="cpu")
+        written = op_work(rows).bytes_written
+        large = ((written >= FRESH_MAP_BYTES) & (rows["phase"] != "optimizer").to_numpy()
+                 & (rows["kind"] != "embedding").to_numpy())
+        assert large.sum() >= 2
+        params = sum(node.params * 4 for node in graph.nodes if node.params * 4 >= FRESH_MAP_BYTES)
+        assert params == 70_000 * 256 * 4 and optimizer_fresh_bytes(graph, spec) == temporaries * params
+        assert embedding_gradient_bytes(graph, spec) == params
+        expected_ms = (written[large].sum() + (temporaries + 1) * params) / 2.0e9 * 1e3
+        charged, as_before = (p.predict(spec, "cpu", graph=graph).breakdown_ms for p in (device, plain))
+        assert sum(charged[k] - as_before[k] for k in phases) == pytest.approx(expected_ms, rel=1e-6)
+        assert charged["optimizer"] - as_before["optimizer"] == pytest.approx(temporaries * params / 2.0e6)
+        assert device.predict(spec, "t4", graph=graph) == plain.predict(spec, "t4", graph=graph)
+    placements = [PlacementSpec(accelerator="cpu", global_batch_size=b) for b in (48, 80)]
+    matrix = PlacementPredictor(None, device).matrix_arrays([spec], placements)
+    for j, placement in enumerate(placements):
+        alone = PlacementPredictor(None, device).predict(spec, placement).iter_time_ms
+        assert matrix["iter_time_ms"][0, j] == pytest.approx(alone, rel=1e-9)
