@@ -187,19 +187,36 @@ def copy_bandwidth_gb_s(mib: int = COPY_MIB, repeats: int = REPEATS) -> float:
 FIRST_TOUCH_MIB = 64  # the new tensor `first_touch_gb_s` times: past `FRESH_MAP_BYTES`, so mapped afresh each time
 # a new tensor whose pages cost less than this share of filling an existing one is taken as free
 FIRST_TOUCH_FLOOR_SHARE = 0.1
+FIRST_TOUCH_TIMEOUT_S = 120.0  # the child interpreter: importing torch and timing a few tensors
 
 
 def first_touch_gb_s(mib: int = FIRST_TOUCH_MIB, repeats: int = REPEATS) -> float | None:
-    """The rate (GB/s) at which this host faults in the pages of a new tensor of `mib` MiB (at least
-    `FRESH_MAP_BYTES`: mapped afresh every time), from the median over `repeats` of the time to create and fill
-    one less the time to fill an existing one. None when the difference is under `FIRST_TOUCH_FLOOR_SHARE` of the
-    fill (new memory costs nothing measurable here)."""
-    import statistics
-
-    import torch
+    """The rate (GB/s) at which a new process on this host faults in the pages of a new tensor of `mib` MiB (past
+    `FRESH_MAP_BYTES`: mapped afresh every time; `first_touch_rate` of `time_first_touch` in a child interpreter).
+    A fresh process, because a long-running one may serve such a tensor from heap it grew earlier (in `hw bench`
+    after its sweep: 97 GB/s, where a new process met 2.4-3.1 GB/s on the same host), while a training process
+    faults them in (T5-small's step did). None when new memory costs nothing measurable, or the child failed."""
+    import json
+    import sys
 
     if mib * BYTES_PER_MIB <= FRESH_MAP_BYTES:
         raise ValueError(f"a tensor of {mib} MiB may reuse freed heap: time one above {FRESH_MAP_BYTES} bytes")
+    code = (f"import json; from perfmodel.hardware.probe import time_first_touch; "
+            f"print(json.dumps(time_first_touch({int(mib)}, {int(repeats)})))")
+    try:
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                              timeout=FIRST_TOUCH_TIMEOUT_S, check=True)
+        extra_s, fill_s = json.loads(done.stdout.strip().splitlines()[-1])
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        return None
+    return first_touch_rate(extra_s, fill_s, mib * BYTES_PER_MIB)
+
+
+def time_first_touch(mib: int, repeats: int) -> tuple[list[float], list[float]]:
+    """(seconds each new `mib` MiB fp32 tensor took to create and fill beyond filling an existing one, seconds of
+    that fill), `repeats` times, in this process."""
+    import torch
+
     numel = mib * BYTES_PER_MIB // FP32_BYTES
     existing = torch.zeros(numel)
     extra_s, fill_s = [], []
@@ -212,10 +229,18 @@ def first_touch_gb_s(mib: int = FIRST_TOUCH_MIB, repeats: int = REPEATS) -> floa
         filled = time.perf_counter() - start
         extra_s.append(fresh - filled)
         fill_s.append(filled)
+    return extra_s, fill_s
+
+
+def first_touch_rate(extra_s: list[float], fill_s: list[float], tensor_bytes: int) -> float | None:
+    """GB/s of new memory from `time_first_touch`'s timings: the tensor's bytes over the median extra time; None
+    when that is under `FIRST_TOUCH_FLOOR_SHARE` of the median fill (nothing measurable)."""
+    import statistics
+
     extra, fill = statistics.median(extra_s), statistics.median(fill_s)
     if extra <= FIRST_TOUCH_FLOOR_SHARE * fill:
         return None
-    return numel * FP32_BYTES / extra / GIGA
+    return tensor_bytes / extra / GIGA
 
 
 def host_memory_gb() -> float:

@@ -1,3 +1,4 @@
+import pytest
 import torch
 
 from perfmodel.hardware.probe import (
@@ -127,5 +128,15 @@ def test_new_memory_is_timed_on_tensors_the_allocator_maps_afresh():
     from perfmodel.hardware.probe import FIRST_TOUCH_MIB
 
     assert FIRST_TOUCH_MIB * 2**20 > FRESH_MAP_BYTES == 32 * 2**20
-    rate = first_touch_gb_s(repeats=3)
+    rate = first_touch_gb_s(repeats=3)  # in a new interpreter: what a new training process meets
     assert rate is None or 0 < rate < 500
+
+
+def test_the_rate_of_new_memory_is_the_tensors_bytes_over_the_median_extra_time():
+    from perfmodel.hardware.probe import first_touch_rate
+
+    mib64 = 64 * 2**20
+    assert first_touch_rate([0.030, 0.020, 0.025], [0.004, 0.005, 0.004], mib64) == pytest.approx(mib64 / 0.025 / 1e9)
+    assert first_touch_rate([0.0003, 0.0001, -0.0002], [0.004, 0.005, 0.004], mib64) is None  # nothing measurable
+    with pytest.raises(ValueError, match="reuse freed heap"):
+        first_touch_gb_s(mib=32)
