@@ -204,10 +204,16 @@ def optimizer_fresh_bytes(graph: Graph, spec: JobSpec) -> float:
     temporaries = FRESH_OPTIMIZER_TEMPORARIES[spec.optimizer.value]
     if spec.mode.value != "train" or spec.fused_optimizer or not temporaries:
         return 0.0
+    return float(temporaries * sum(_large_params_bytes(graph, spec)))
+
+
+def _large_params_bytes(graph: Graph, spec: JobSpec, kind: OpKind | None = None) -> list[int]:
+    """Bytes of each node's parameters (of nodes of `kind`, if given) that reach `FRESH_MAP_BYTES`, in the weights'
+    dtype (a half model's own, else fp32)."""
     precision = spec.precision
     element = 2 if precision.half_state and precision.half_dtype else 4
-    sizes = [node.params * element for node in graph.nodes if node.params * element >= FRESH_MAP_BYTES]
-    return float(temporaries * sum(sizes))
+    return [node.params * element for node in graph.nodes
+            if (kind is None or node.kind == kind) and node.params * element >= FRESH_MAP_BYTES]
 
 
 def embedding_gradient_bytes(graph: Graph, spec: JobSpec) -> float:
@@ -216,9 +222,7 @@ def embedding_gradient_bytes(graph: Graph, spec: JobSpec) -> float:
     (`lowering.rows.memory_row`), so their written bytes say half of it."""
     if spec.mode.value != "train":
         return 0.0
-    sizes = [node.params * 4 for node in graph.nodes
-             if node.kind == OpKind.embedding and node.params * 4 >= FRESH_MAP_BYTES]
-    return float(sum(sizes))
+    return float(sum(_large_params_bytes(graph, spec, OpKind.embedding)))
 
 
 def fresh_tensor_ms(bytes_written: np.ndarray, phase: np.ndarray, kind: np.ndarray, hardware: HardwareSpec,
