@@ -164,6 +164,7 @@ def replay(path: Path, without_real_ops: Sequence[str] | None = None, max_op_ms:
     it, measured on its host since). Returns the figures `--record` keeps."""
     import pandas as pd
 
+    from perfmodel.core.units import BYTES_PER_MIB
     from perfmodel.engine.op_table import promoted_device_ops_model
     from perfmodel.evaluation.device_steps import judge, own_held_out_mape_pct, predictors_for
     from perfmodel.graph import graph_for_job
@@ -183,7 +184,7 @@ def replay(path: Path, without_real_ops: Sequence[str] | None = None, max_op_ms:
     rate = run["host"].get("first_touch_gb_s", first_touch_gb_s)
     if rate is not None:
         save_local(load_catalog()["cpu"].model_copy(update={"first_touch_gb_s": rate}))
-        print(f"new memory at {rate:g} GB/s (tensors of {FRESH_MAP_BYTES // 2**20} MiB or more)", flush=True)
+        print(f"new memory at {rate:g} GB/s (tensors of {FRESH_MAP_BYTES // BYTES_PER_MIB} MiB or more)", flush=True)
     cases = [JobSpec.model_validate(case["spec"]) for case in run["held_out"]]
     measured = [case["measured_ms"] for case in run["held_out"]]
     before = predict(cases)

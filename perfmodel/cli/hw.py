@@ -15,12 +15,15 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 
 from perfmodel.cli.common import JsonOpt, StoreOpt, out, print_json, user_errors
 from perfmodel.core.errors import PerfmodelError
+
+if TYPE_CHECKING:
+    from perfmodel.hardware.spec import HardwareSpec
 
 hw_app = typer.Typer(no_args_is_help=True, help="The hardware catalog: list, show, probe this host, add a "
                                                 "spec sheet, bench this machine's device.")
@@ -126,19 +129,21 @@ SLOW_FIRST_TOUCH_GB_S = 10.0
 def first_touch_notice(rate_gb_s: float | None) -> str | None:
     """What `hw bench` tells a user whose host faults in the pages of new large tensors slowly (`rate_gb_s`, from
     `probe.first_touch_gb_s`; None: free): nothing at or above `SLOW_FIRST_TOUCH_GB_S`."""
+    from perfmodel.core.cost import memory_ms
+    from perfmodel.core.units import BYTES_PER_MIB
     from perfmodel.hardware.probe import FIRST_TOUCH_MIB, FRESH_MAP_BYTES
 
     if rate_gb_s is None or rate_gb_s >= SLOW_FIRST_TOUCH_GB_S:
         return None
-    ms = FIRST_TOUCH_MIB * 2**20 / (rate_gb_s * 1e9) * 1e3
-    return (f"new memory: this host faults in the pages of a new tensor of {FRESH_MAP_BYTES // 2**20} MiB or more "
+    ms, large_mib = memory_ms(FIRST_TOUCH_MIB * BYTES_PER_MIB, rate_gb_s), FRESH_MAP_BYTES // BYTES_PER_MIB
+    return (f"new memory: this host faults in the pages of a new tensor of {large_mib} MiB or more "
             f"at {rate_gb_s:.1f} GB/s ({ms:.0f} ms for {FIRST_TOUCH_MIB} MiB before its kernel runs); predictions "
             f"for this CPU now charge the tensors that large a job makes each step (a large vocabulary's embedding "
             f"and its gradient, Adam's temporaries of it, large activations), which the op sweep does not see "
             f"(docs/hardware.md)")
 
 
-def _with_first_touch(hardware: Any) -> Any:
+def _with_first_touch(hardware: HardwareSpec) -> HardwareSpec:
     """The CPU's catalog entry with the rate at which this host faults in new large tensors' pages
     (`probe.first_touch_gb_s`), saved as its local entry when that rate changed (every later prediction for the CPU
     then charges such tensors: `gpu_iteration.fresh_tensor_ms`); says so when the rate is slow."""

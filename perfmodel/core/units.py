@@ -25,6 +25,7 @@ BITS_PER_BYTE = 8
 GIGA = 1e9  # GFLOP/s, GB/s (1e9 bytes/s), Gb/s (1e9 bit/s) -> per second
 # device memory is counted in binary units: an "80GB" GPU holds 80 x 2^30 bytes (nvidia-smi: 81,920 MiB)
 BYTES_PER_GIB = 2**30
+BYTES_PER_MIB = 2**20
 
 
 def gib_to_bytes(gib: float) -> int:

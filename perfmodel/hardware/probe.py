@@ -32,14 +32,13 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from perfmodel.core.units import BYTES_PER_GIB, GIGA
+from perfmodel.core.units import BYTES_PER_GIB, BYTES_PER_MIB, GIGA
 from perfmodel.hardware.spec import FRESH_MAP_BYTES, HardwareSpec
 
 GEMM_SIZES = (2048,)
 GEMM_BATCH_FLOPS = 2 * 2048**3  # FLOPs per timed batch, whatever the size
 COPY_MIB = 256
 REPEATS = 5
-BYTES_PER_MIB = 2**20
 FP32_BYTES = 4
 
 LSCPU_TIMEOUT_S = 5.0

@@ -16,12 +16,12 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from perfmodel.core.renamed import upgrade_names
-from perfmodel.core.units import gib_to_bytes
+from perfmodel.core.units import BYTES_PER_MIB, gib_to_bytes
 
 # glibc's allocator maps a block of at least this many bytes afresh on every allocation (its dynamic mmap threshold
 # stops growing at 32 MiB on 64-bit hosts), and PyTorch keeps no cache of CPU memory: a CPU tensor this large faults
 # its pages in each time it is created (`HardwareSpec.first_touch_gb_s`); smaller ones reuse freed heap
-FRESH_MAP_BYTES = 32 * 2**20
+FRESH_MAP_BYTES = 32 * BYTES_PER_MIB
 
 
 class HardwareSpec(BaseModel):

@@ -225,25 +225,26 @@ def embedding_gradient_bytes(graph: Graph, spec: JobSpec) -> float:
     return float(sum(_large_params_bytes(graph, spec, OpKind.embedding)))
 
 
-def fresh_tensor_ms(bytes_written: np.ndarray, phase: np.ndarray, kind: np.ndarray, hardware: HardwareSpec,
-                    optimizer_bytes: float, embedding_bytes: float = 0.0) -> np.ndarray:
-    """Per row (the last axis of `bytes_written`; each row's `phase` and `kind`), what the new tensors of
+def fresh_tensor_ms(bytes_written: np.ndarray, rows: pd.DataFrame, hardware: HardwareSpec, graph: Graph,
+                    spec: JobSpec) -> np.ndarray:
+    """Per row of `rows` (the last axis of `bytes_written`, the rows' written bytes), what the new tensors of
     `FRESH_MAP_BYTES` or more it makes cost beyond its kernel on `hardware`, at the rate the host faults their pages
-    in (`first_touch_gb_s`): a forward or backward row's output that large (an embedding's: by
-    `embedding_gradient_bytes`), the optimizer's temporaries (`optimizer_bytes`, spread over its rows) and the
-    embeddings' weight gradients (`embedding_bytes`, over the backward rows). Zeros on a device without that rate:
-    a GPU (its caching allocator reuses memory), or a CPU whose new pages cost nothing measurable."""
+    in (`first_touch_gb_s`): a forward or backward row's output that large (but an embedding's), the optimizer's
+    temporaries (`optimizer_fresh_bytes`, spread over its rows) and the embeddings' weight gradients
+    (`embedding_gradient_bytes`, over the backward rows). Zeros on a device without that rate: a GPU (its caching
+    allocator reuses memory), or a CPU whose new pages cost nothing measurable."""
     written = np.asarray(bytes_written, dtype=np.float64)
     rate = hardware.first_touch_gb_s
     if rate is None:
         return np.zeros_like(written)
-    phase = np.asarray(phase)
+    phase = rows["phase"].to_numpy()
     optimizer, backward = phase == OPTIMIZER, phase == BACKWARD
-    own = ~optimizer & (np.asarray(kind) != OpKind.embedding.value)
+    own = ~optimizer & (rows["kind"].to_numpy() != OpKind.embedding.value)
     fresh = np.where(own & (written >= FRESH_MAP_BYTES), written, 0.0)
-    for rows, total in ((optimizer, optimizer_bytes), (backward, embedding_bytes)):
-        if rows.any() and total:
-            fresh = fresh + np.where(rows, total / rows.sum(), 0.0)
+    spread = ((optimizer, optimizer_fresh_bytes(graph, spec)), (backward, embedding_gradient_bytes(graph, spec)))
+    for mask, total in spread:
+        if mask.any() and total:
+            fresh = fresh + np.where(mask, total / mask.sum(), 0.0)
     return cost.memory_ms(fresh, rate)
 
 
@@ -553,10 +554,8 @@ class DevicePredictor:
         from perfmodel.lowering.ops import op_work
 
         factor = backward_at_least_forward(rows, out.latency_ms, graph)
-        fresh = (fresh_tensor_ms(op_work(rows).bytes_written, rows["phase"].to_numpy(), rows["kind"].to_numpy(),
-                                 hardware,
-                                 optimizer_fresh_bytes(graph, spec), embedding_gradient_bytes(graph, spec))
-                 if hardware.first_touch_gb_s is not None else 0.0)
+        fresh = (fresh_tensor_ms(op_work(rows).bytes_written, rows, hardware, graph, spec)
+                 if hardware.first_touch_gb_s is not None else 0.0)  # the rows' work only where it is charged
         return type(out)(out.latency_ms * factor + fresh, out.p10_ms * factor + fresh, out.p90_ms * factor + fresh,
                          out.extrapolated)
 
@@ -660,11 +659,7 @@ class DevicePredictor:
             memory = per_row(cost.memory_ms(moved[part], hw.memory_bandwidth_gb_s))
             ms = per_row(out.latency_ms[part])
             factor = backward_factors(s.rows.nodes, s.rows.rows["phase"].to_numpy(), ms, s.graphs.heavy(s.batches))
-            fresh = (fresh_tensor_ms(per_row(work.bytes_written[part]), s.rows.rows["phase"].to_numpy(),
-                                     s.rows.rows["kind"].to_numpy(), hw,
-                                     optimizer_fresh_bytes(s.graphs.first, s.specs[0]),
-                                     embedding_gradient_bytes(s.graphs.first, s.specs[0]))
-                     if hw.first_touch_gb_s is not None else 0.0)
+            fresh = fresh_tensor_ms(per_row(work.bytes_written[part]), s.rows.rows, hw, s.graphs.first, s.specs[0])
             results.append(self._composed_steps(s, hw, ms * factor + fresh, per_row(out.p10_ms[part]) * factor + fresh,
                                                 per_row(out.p90_ms[part]) * factor + fresh,
                                                 per_row(out.extrapolated[part]), compute, memory,

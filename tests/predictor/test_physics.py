@@ -215,3 +215,24 @@ def test_a_spec_sheet_without_its_architecture_is_priced_as_the_catalog_part(pre
     _, shipped = predictor.predict_rows(spec, hardware, graphs["tiny-bert"])
     _, custom = with_sheet.predict_rows(spec, sheet, graphs["tiny-bert"])
     assert custom.latency_ms.sum() == pytest.approx(shipped.latency_ms.sum(), rel=1e-9)
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(name=st.sampled_from(sorted(JOBS)), rate=st.floats(0.5, 50.0), slower=st.floats(0.1, 1.0),
+       large=st.booleans())
+def test_a_cpus_charge_for_new_memory_only_adds_time_and_never_less_at_a_slower_rate(predictor, graphs, name, rate,
+                                                                                       slower, large):
+    """On a CPU with a rate of new memory (`first_touch_gb_s`), no row is cheaper than without one, and none is
+    cheaper at a slower rate: less bandwidth for new pages never speeds a step up."""
+    job = JOBS[name]
+    if large:  # an embedding and hidden states past the 32 MiB a new tensor is mapped afresh at
+        job = dict(hf_config={**TINY_BERT, "vocab_size": 70_000, "hidden_size": 256, "max_position_embeddings": 512},
+                   task="question-answering", batch_size=64, seq_len=512, optimizer="adamw")
+    spec = JobSpec.from_options(**job)
+    graph = graphs[name] if not large else graph_for_job(spec)
+    cpu = predictor.catalog["cpu"]
+    times = [predictor.predict_rows(spec, cpu.model_copy(update={"first_touch_gb_s": r}), graph)[1].latency_ms
+             for r in (None, rate, rate * slower)]
+    assert np.all(times[1] >= times[0]) and np.all(times[2] >= times[1] * (1 - 1e-12))
+    if large:
+        assert times[1].sum() > times[0].sum()
