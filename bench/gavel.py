@@ -32,8 +32,10 @@ from perfmodel.evaluation.gavel import (
     GAVEL_FILE,
     GAVEL_INTRA_LINK,
     SAME_JOB_COMBINED,
+    UNMEASURED_WORKER,
     WORKERS,
     after_reports,
+    answered_speedups,
     error_band,
     family,
     fit_params,
@@ -124,6 +126,20 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\n## P100 / K80 speed-up per job type: Spearman {rho:.2f}, MAPE {mape:.1f} % ({len(ratio)} job types)")
     for job, r in ratio.iterrows():
         print(f"  {job:<34} measured {r.measured:5.2f}  predicted {r.predicted:5.2f}")
+    v100 = answered_speedups(engine, measured, predicted, *UNMEASURED_WORKER)
+    fast, p100 = engine.hardware(UNMEASURED_WORKER[1]), engine.hardware(WORKERS["p100"])
+    print(f"\n## {UNMEASURED_WORKER[0].upper()} ({UNMEASURED_WORKER[1]}; no Gavel run here): the answered one-GPU "
+          f"speed-up over each measured GPU, per job type (fp32 datasheet over the P100: "
+          f"{fast.peak_fp32_gflops / p100.peak_fp32_gflops:.2f} FLOP/s, "
+          f"{fast.memory_bandwidth_gb_s / p100.memory_bandwidth_gb_s:.2f} bandwidth)")
+    for job, r in v100.iterrows():
+        print(f"  {job:<34} {r[UNMEASURED_WORKER[0]]:9.2f} steps/s  over p100 {r.over_p100:5.2f}  "
+              f"over k80 {r.over_k80:5.2f}")
+    named = {"resnet18_b64": "ResNet-18 (batch size 64)", "cyclegan": "CycleGAN", "a3c": "A3C"}
+    recorded["answered_v100"] = {"over_p100_min": float(v100.over_p100.min()),
+                                 "over_p100_max": float(v100.over_p100.max()),
+                                 **{f"over_p100_{key}": float(v100.loc[job, "over_p100"]) for key, job in named.items()
+                                    if job in v100.index}}
     scaled = scaling(frame)
     scaled = scaled.assign(ape=(scaled.predicted / scaled.measured - 1).abs() * 100)
     print("\n## n-GPU / 1-GPU scaling ratio, MAPE %\n")

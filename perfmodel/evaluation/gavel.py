@@ -35,6 +35,7 @@ if TYPE_CHECKING:
 
 GAVEL_FILE = "physical_cluster_throughputs.k80_p100.json"
 WORKERS = {"k80": "k80", "p100": "p100-pcie-16gb"}
+UNMEASURED_WORKER = ("v100", "v100-sxm2-16gb")  # Gavel's third worker type: none of its runs are here
 INTER_NODE_GBIT_S = 10.0
 # Gavel's servers were cloud VMs (P100s on GCP; PROVENANCE.md), where GPUs behind PCIe passthrough usually have no
 # peer-to-peer: its consolidated runs scale as host-staged transfers do (at 8 P100s, LM 1.5-3.8x and Transformer
@@ -88,16 +89,18 @@ class Predicted:
 
 def predict_all(engine: PredictionEngine, measured: Mapping[str, Mapping[tuple[str, int], Any]],
                 progress: Callable[[str], None] = lambda _m: None, *,
-                intra_node_link: IntraNodeLink | None = GAVEL_INTRA_LINK) -> dict[tuple[str, str, int], Predicted]:
+                intra_node_link: IntraNodeLink | None = GAVEL_INTRA_LINK,
+                workers: Mapping[str, str] = WORKERS) -> dict[tuple[str, str, int], Predicted]:
     """Every (worker type incl. _unconsolidated, job type, scale factor) of the measured file, predicted on servers
-    whose intra-node link is `intra_node_link` (None: the catalog's)."""
+    whose intra-node link is `intra_node_link` (None: the catalog's); `workers` maps each worker type to its
+    accelerator."""
     from perfmodel.engine.gavel import GavelColumn
     from perfmodel.predictor.math_modes import conv_flop_share
 
     out: dict[tuple[str, str, int], Predicted] = {}
     for worker, table in measured.items():
         base = worker.removesuffix("_unconsolidated")
-        accelerator = engine.hardware(WORKERS[base]).name
+        accelerator = engine.hardware(workers[base]).name
         consolidated = worker == base
         for job_type, scale_factor in table:
             spec = spec_of(job_type)
@@ -148,6 +151,22 @@ def speedups(frame: pd.DataFrame, fast: str = "p100", slow: str = "k80") -> pd.D
     return pd.DataFrame({"measured": [one.loc[(fast, j), "measured"] / one.loc[(slow, j), "measured"] for j in jobs],
                          "predicted": [one.loc[(fast, j), "predicted"] / one.loc[(slow, j), "predicted"]
                                        for j in jobs]}, index=jobs)
+
+
+def answered_speedups(engine: PredictionEngine, measured: Mapping[str, Mapping[tuple[str, int], Any]],
+                      predicted: Mapping[tuple[str, str, int], Predicted], worker: str,
+                      accelerator: str) -> pd.DataFrame:
+    """Per job type of the measured one-GPU tables, the one-GPU steps/s answered on `accelerator` (Gavel's `worker`
+    type, of which no run is here) and its answered speed-up over each measured worker type: what a scheduler
+    reads from the table, with no measurement to score it."""
+    jobs = sorted({job for table in measured.values() for job, sf in table if sf == 1})
+    answers = predict_all(engine, {worker: {(job, 1): None for job in jobs}}, workers={worker: accelerator})
+    out = pd.DataFrame({worker: [answers[(worker, job, 1)].steps_per_s for job in jobs]}, index=jobs)
+    for base in WORKERS:
+        mine = [predicted.get((base, job, 1)) for job in jobs]
+        out[f"over_{base}"] = [out.loc[job, worker] / p.steps_per_s if p and p.steps_per_s else np.nan
+                               for job, p in zip(jobs, mine)]
+    return out
 
 
 def observed_on_the_gpu(frame: pd.DataFrame, catalog: Mapping[str, Any]) -> pd.DataFrame:

@@ -128,3 +128,23 @@ def test_pairs_are_scored_against_the_isolated_figure_the_jobs_same_job_pair_agr
     for worker in ("k80", "p100"):
         swapped = {job for job, (_, table) in pair_isolated(real, worker).items() if table != worker}
         assert swapped and all(job.startswith("Recommendation") for job in swapped)
+
+
+def test_a_worker_type_without_runs_is_answered_beside_the_measured_ones():
+    """Gavel's third worker type (no run of it here): each job type's one-GPU steps/s on it, and its speed-up over
+    each measured worker type's answer, as the table a scheduler reads holds them."""
+    from perfmodel.engine import EngineConfig, PredictionEngine
+    from perfmodel.evaluation.gavel import UNMEASURED_WORKER, Predicted, answered_speedups
+
+    engine = PredictionEngine.open(EngineConfig(isolate_captures=False))
+    jobs = ("LM (batch size 5)", "Recommendation (batch size 512)")
+    measured = {"p100": {(job, 1): 1.0 for job in jobs}, "k80": {(jobs[0], 1): 1.0}}
+    predicted = {("p100", jobs[0], 1): Predicted(10.0, 100.0, 0.0), ("p100", jobs[1], 1): Predicted(20.0, 50.0, 0.0),
+                 ("k80", jobs[0], 1): Predicted(5.0, 200.0, 0.0)}
+    out = answered_speedups(engine, measured, predicted, *UNMEASURED_WORKER)
+    worker = UNMEASURED_WORKER[0]
+    assert list(out.index) == sorted(jobs) and (out[worker] > 0).all()
+    assert out.loc[jobs[0], "over_p100"] == pytest.approx(out.loc[jobs[0], worker] / 10.0)
+    assert out.loc[jobs[1], "over_p100"] == pytest.approx(out.loc[jobs[1], worker] / 20.0)
+    assert out.loc[jobs[0], "over_k80"] == pytest.approx(out.loc[jobs[0], worker] / 5.0)
+    assert out.loc[jobs[1], "over_k80"] != out.loc[jobs[1], "over_k80"]  # no K80 answer: no speed-up (NaN)

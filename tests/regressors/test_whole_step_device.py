@@ -71,7 +71,8 @@ def test_a_gpu_outside_the_measured_ones_adds_an_unseen_gpus_error_to_the_band()
 
 def test_the_convolution_math_moves_the_factor_within_one_level_and_is_no_gpu_outside_the_measured_ones():
     """One model's TF32 level holds steps whose convolutions run in TF32 (slower than composed) and steps whose
-    convolutions run as fp32 Winograd (faster): the stage tells them apart by the step's shares of each."""
+    convolutions run as fp32 Winograd (faster): the stage tells them apart by the step's shares of each. A model never
+    measured pays for its TF32 share, and counts its fp32 3 x 3 share as none (`SEEN_ONLY_FEATURES`)."""
     from perfmodel.regressors.whole_step_device import CONV_MATH_FEATURES, STAGE_FEATURES
 
     rng = np.random.default_rng(3)
@@ -93,7 +94,13 @@ def test_the_convolution_math_moves_the_factor_within_one_level_and_is_no_gpu_ou
     out = model.predict(probe)
     for seen in (0, 3):  # a measured model and one never measured
         base, tf32, winograd = out.log_factor[seen:seen + 3]
-        assert tf32 - base == pytest.approx(0.4, abs=0.08) and winograd - base == pytest.approx(-0.3, abs=0.08)
+        assert tf32 - base == pytest.approx(0.4, abs=0.08)
+        assert winograd - base == (pytest.approx(-0.3, abs=0.08) if seen == 0 else 0.0)
+    # with no seen-only feature, a model never measured takes the fp32 share's credit too
+    kept = DeviceStepRegressor(ridge=0.01, seen_only=()).fit(frame, groups=list(frame.family), jobs=list(frame[JOB]),
+                                                             chips=list(frame.chip))
+    base, _, winograd = kept.predict(probe).log_factor[3:]
+    assert winograd - base == pytest.approx(-0.3, abs=0.08)
     # more TF32 convolution than any run had: the share is clipped to the measured range, and the band is no wider
     # (a step's mix is no GPU outside the measured ones)
     wide = model.predict(probe.assign(share_conv_tf32=0.99))
@@ -125,6 +132,24 @@ def test_save_load_predicts_the_same_and_the_manifest_says_what_it_is(tmp_path):
     np.testing.assert_array_equal(again.predict(frame).log_factor, model.predict(frame).log_factor)
     np.testing.assert_array_equal(again.predict(frame).log_high, model.predict(frame).log_high)
     assert again.metrics_["oof_mape_unseen"] > again.metrics_["oof_mape_seen"]
+
+
+def test_a_stage_saved_before_seen_only_features_answers_as_it_did(tmp_path):
+    """The settings round-trip; a manifest without `seen_only` (a stage saved before it was kept) loads with none, so
+    a shipped older version answers a model never measured as it always did."""
+    import json
+
+    model = DeviceStepRegressor(feature_names=FEATURES, ridge=0.01, unseen_features=None,
+                                seen_only=("log_ridge",)).fit(runs(), groups=list(runs().family))
+    model.save(tmp_path / "stage")
+    assert load_regressor(tmp_path / "stage").seen_only == ("log_ridge",)
+    manifest = json.loads((tmp_path / "stage" / "manifest.json").read_text())
+    del manifest["settings"]["seen_only"]
+    (tmp_path / "stage" / "manifest.json").write_text(json.dumps(manifest))
+    older = load_regressor(tmp_path / "stage")
+    assert older.seen_only == ()
+    probe = runs()[list(FEATURES)].head(3)  # no job: models never measured
+    assert not np.allclose(older.predict(probe).log_factor, model.predict(probe).log_factor)
 
 
 def test_bad_input_is_a_clear_error():
