@@ -12,7 +12,8 @@ hw bench's held-out verdict and the MAPE before and after for docs/accuracy.md (
 
 The host changes from machine to machine, and a change to the adaptation or the calibration can only be judged on
 hosts measured before. `--save-run FILE` writes what this run measured (the host's CPU, the op sweep's rows, the
-reference steps and the held-out cases, each with its measured ms) as JSON; `--replay FILE` measures nothing and
+reference steps and the held-out cases, each with its measured ms; each swept row with the real op and the part of the
+step it was timed as) as JSON; `--replay FILE` measures nothing and
 runs the same judgement with the code as it is now on those measurements, in a fresh home: the reference steps'
 graphs are captured again (so the code that prices them is today's), the adaptation is fitted on the saved rows,
 and the held-out cases are predicted before and after (`--without-real-ops [REAL_OP ...]`: the adaptation fitted
@@ -125,7 +126,8 @@ def timed_steps(output: str) -> list[dict]:
 
 def swept_rows(store_url: str) -> list[dict]:
     """The op sweep's rows of the CPU in the store, in the adaptation's columns, each with the real op it was
-    timed as (`real_op`: `perfmodel.profilers.lowered_ops`; null for the others)."""
+    timed as (`real_op`: `perfmodel.profilers.lowered_ops`; null for the others) and the part of its step that row is
+    (`part`: fwd, dX, dW, grad; null for the others)."""
     from perfmodel.evaluation.device_ops import training_rows
     from perfmodel.regressors.adaptation import ROW_COLUMNS
     from perfmodel.store import ProfileStore
@@ -133,7 +135,8 @@ def swept_rows(store_url: str) -> list[dict]:
     with ProfileStore(store_url) as store:
         rows = training_rows(store.op_measurements(device="cpu"))
     real_op = [e.get("real_op") if isinstance(e, dict) else None for e in rows["extra"]]
-    saved = rows[[c for c in ROW_COLUMNS if c in rows]].assign(real_op=real_op)
+    part = [e.get("part") if isinstance(e, dict) else None for e in rows["extra"]]
+    saved = rows[[c for c in ROW_COLUMNS if c in rows and c != "part"]].assign(real_op=real_op, part=part)
     return json.loads(saved.to_json(orient="records"))
 
 

@@ -113,7 +113,7 @@ def fit_adaptation(device: str, store_url: str | None, catalog: dict[str, Any], 
     if model is None:
         raise PerfmodelError("no promoted device-ops model to adapt (see `perfmodel models list`)")
     with ProfileStore(store_url) as store:
-        rows = training_rows(store.op_measurements(device=device, extra=False))
+        rows = training_rows(store.op_measurements(device=device))  # `extra`: the part a real op's row times
     rows = rows[rows["op_class"].isin(set(model.boosters_))]
     if rows.empty:
         raise PerfmodelError(f"the store holds no measured ops of {device!r}: run `perfmodel hw bench` first")

@@ -221,6 +221,32 @@ WINOGRAD_MATHS = frozenset({"fp32"})  # the maths a Winograd kernel runs in (the
 WINOGRAD_UNMEASURED = frozenset({"kepler"})
 
 
+# the parts of a step whose kernel is not the forward kernel of the row's shape: a depthwise convolution's input and
+# weight gradients (oneDNN's take 2-45x the forward on a CPU; `perfmodel.regressors.adaptation.PART_GROUPS`)
+OWN_KERNEL_PARTS = ("dX", "dW")
+
+
+def own_kernel_parts(ops: pd.DataFrame) -> np.ndarray:
+    """Each row's part where the row runs a kernel of its own (a depthwise convolution's gradient:
+    `OWN_KERNEL_PARTS`), None elsewhere: what tells such rows apart from the forward kernel of the same shape."""
+    out = np.full(len(ops), None, dtype=object)
+    if "part" in ops and len(ops):
+        parts = ops["part"].to_numpy(dtype=object)
+        own = depthwise_rows(ops) & np.isin(parts, OWN_KERNEL_PARTS)
+        out[own] = parts[own]
+    return out
+
+
+def depthwise_rows(ops: pd.DataFrame) -> np.ndarray:
+    """Which rows are depthwise convolutions: conv2d rows of one input and one output channel, as
+    `perfmodel.lowering.rows` lowers a depthwise convolution (its groups folded into the batch, a channel multiplier
+    of 1)."""
+    if not len(ops) or "in_channels" not in ops or "out_channels" not in ops:
+        return np.zeros(len(ops), dtype=bool)
+    return ((ops["op_class"] == "conv2d").to_numpy() & (_col(ops, "in_channels") == 1)
+            & (_col(ops, "out_channels") == 1))
+
+
 def winograd_rows(ops: pd.DataFrame, architectures: Sequence[str | None] | np.ndarray) -> np.ndarray:
     """Which rows are convolutions a library may run as Winograd: conv2d, 3 x 3, stride 1, in fp32 math, on a device
     whose architecture (`architectures`, one per row) is not `WINOGRAD_UNMEASURED` (a row carries no groups or

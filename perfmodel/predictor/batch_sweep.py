@@ -36,7 +36,7 @@ import pandas as pd
 from perfmodel.core.ir import Graph
 from perfmodel.hardware.spec import HardwareSpec
 from perfmodel.jobs.spec import JobSpec, Precision
-from perfmodel.lowering.ops import SHAPE_COLUMNS, op_work
+from perfmodel.lowering.ops import SHAPE_COLUMNS, op_work, own_kernel_parts
 from perfmodel.predictor.gpu_iteration import (
     cuda_core_conv_rows,
     fuses_attention,
@@ -130,7 +130,8 @@ class RowLine:
 
     rows: pd.DataFrame
     codes: np.ndarray  # each row's distinct kernel
-    kernels: pd.DataFrame  # the distinct kernels' priced columns (`_PRICED`)
+    kernels: pd.DataFrame  # the distinct kernels' priced columns (`_PRICED`, and `part` where the part runs a kernel
+    # of its own: `lowering.ops.own_kernel_parts`)
     first: np.ndarray  # (kernels, SHAPE_COLUMNS) at batch_first
     second: np.ndarray
     batch_first: int
@@ -169,13 +170,13 @@ class RowLine:
                  cuda_core: np.ndarray) -> RowLine:
         """The line of `rows` whose shapes are `s1` at `b1` and `s2` at `b2` (one per row), each distinct kernel
         once."""
-        keys = pd.MultiIndex.from_frame(pd.concat([rows[list(_PRICED)].astype(object).reset_index(drop=True),
-                                                   pd.DataFrame(np.hstack([s1, s2]))], axis=1))
+        priced = rows[list(_PRICED)].astype(object).reset_index(drop=True).assign(part=own_kernel_parts(rows))
+        keys = pd.MultiIndex.from_frame(pd.concat([priced, pd.DataFrame(np.hstack([s1, s2]))], axis=1))
         codes, unique = pd.factorize(keys)
         picks = np.zeros(len(unique), dtype=np.intp)
         picks[codes[::-1]] = np.arange(len(codes))[::-1]  # each kernel's first row
         return cls(rows=rows, codes=codes.astype(np.intp),
-                   kernels=rows[list(_PRICED)].iloc[picks].reset_index(drop=True), first=s1[picks],
+                   kernels=priced.iloc[picks].reset_index(drop=True), first=s1[picks],
                    second=s2[picks], batch_first=b1, batch_second=b2, nodes=nodes, cuda_core=cuda_core)
 
     def in_maths(self, precision: Precision, hardware: HardwareSpec) -> RowLine:
@@ -192,7 +193,8 @@ class RowLine:
         n = len(self.kernels)
         shapes = line(self.first, self.second, self.batch_first, self.batch_second, batches).reshape(-1, len(
             SHAPE_COLUMNS))
-        columns = {name: np.tile(self.kernels[name].to_numpy(dtype=object), len(batches)) for name in _PRICED}
+        columns = {name: np.tile(self.kernels[name].to_numpy(dtype=object), len(batches))
+                   for name in (*_PRICED, "part")}
         columns.update({name: shapes[:, i] for i, name in enumerate(SHAPE_COLUMNS)})
         columns["device"] = np.full(n * len(batches), device, dtype=object)
         return pd.DataFrame(columns)

@@ -163,7 +163,11 @@ MATH_ATTENTION_ARCHITECTURES = frozenset({"kepler", "gcn", "gcn5", "cdna", "rdna
 # channels x kernel area) priced by the per-op model, plus writing and reading the im2col matrix (M x K) at the
 # device's bandwidth. The conv model's training sweeps hold no feature map below 5 x 5; on 1-4 pixel maps (a
 # CIFAR-sized ResNet's last stages) it priced a 512 -> 512 3 x 3 convolution at batch 64 on a V100 at 3.5 ms on a 1 x 1
-# map against 0.6 ms on a 2 x 2 one with four times the work (a smaller input slower than a larger one).
+# map against 0.6 ms on a 2 x 2 one with four times the work (a smaller input slower than a larger one). Not where
+# the device's own kernel of the row was measured (`OpLatencyModel.measured_kernels`: a depthwise convolution's
+# gradients, which `hw bench` times as themselves): the bound is a library's choice of algorithm, and oneDNN runs a
+# depthwise convolution's gradients in kernels of their own, no GEMM among its choices (a 5 x 5 depthwise weight
+# gradient over 4 x 240 x 28 x 28 took 46 ms on a 2-core EPYC, several times its GEMM twin's bound).
 IM2COL_PASSES = 2  # the im2col matrix written once, read once by the GEMM
 _EMPTY = pd.DataFrame(columns=["op_class", "op_name", "dtype", "math", "batch", "hidden", "phase", "part", "kind",
                                "launch"])
@@ -444,6 +448,7 @@ def _priced_convs(regressor: OpLatencyModel, rows: pd.DataFrame, catalog: Mappin
                                   np.concatenate([training, training[conv]]))
     bandwidth = twins["device"].map(lambda name: catalog[name].memory_bandwidth_gb_s).to_numpy(dtype=np.float64)
     bound = np.maximum(both.latency_ms[n:] + im2col_bytes / (bandwidth * 1e6), conv_bytes / (bandwidth * 1e6))
+    bound[regressor.measured_kernels(rows[conv])] = np.inf
     scale = np.ones(n)
     scale[conv] = np.minimum(bound / both.latency_ms[:n][conv], 1.0)
     return type(both)(both.latency_ms[:n] * scale, both.p10_ms[:n] * scale, both.p90_ms[:n] * scale,

@@ -7,12 +7,14 @@ r = log(measured) - log(base prediction) of its rows,
     r ~ GP(0, c² + l² x·x' + s² exp(-|x - x'|² / 2ℓ²)) + N(0, σ²)
 
 over a few standardised features of the row (`ADAPT_FEATURES`: the base prediction itself and the op's shape and
-work). The prior mean is 0, so with few rows the correction shrinks toward the base model (no rows: exactly the
-base model); the constant term c² learns a device-wide scale, the linear term a trend with size, the RBF term
-regimes (small launch-bound ops vs large ones). The hyperparameters (c, l, s, ℓ, σ) are picked from a small grid
-by marginal likelihood on the device's rows (coordinate-wise over `GRIDS`). Residuals are winsorised per class first
-(a measurement stalled by another process must not drag the fit), and a class's correction is used only if its
-closed-form leave-one-out MAPE on the rows beats the base model's (`ClassAdaptation.active`).
+work), one GP per op class, and one per part of a step where the rows time a part as itself (`PART_GROUPS`: a
+depthwise convolution's input and weight gradients). The prior mean is 0, so with few rows the correction shrinks
+toward the base model (no rows: exactly the base model); the constant term c² learns a device-wide scale, the
+linear term a trend with size, the RBF term regimes (small launch-bound ops vs large ones). The hyperparameters
+(c, l, s, ℓ, σ) are picked from a small grid by marginal likelihood on the device's rows (coordinate-wise over
+`GRIDS`). Residuals are winsorised per class first (a measurement stalled by another process must not drag the
+fit), and a class's correction is used only if its closed-form leave-one-out MAPE on the rows beats the base
+model's (`ClassAdaptation.active`).
 
 Prediction: log median = base + posterior mean; the 80 % interval is the posterior predictive ± 1.28 sd, each
 half never wider than the base model's (so an interval never grows with rows, and shrinks as rows pin the residual
@@ -27,7 +29,7 @@ names, rows, data hash). JSON only, no pickle. Default home: `$PERFMODEL_HOME/ad
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cached_property
@@ -75,7 +77,19 @@ GRIDS: dict[str, tuple[float, ...]] = {
 START = {"constant": 0.3, "linear": 0.1, "rbf": 0.3, "length": 1.0, "noise": 0.2}
 COORDINATE_SWEEPS = 3
 ROW_COLUMNS = ("op_class", "op_name", "dtype", "batch", "m", "n", "k", "hidden", "in_channels", "out_channels",
-               "input_size", "kernel_size", "stride", "padding", "latency_ms")
+               "input_size", "kernel_size", "stride", "padding", "latency_ms", "part")
+# Rows corrected apart from the rest of their op class: a depthwise convolution's gradient kernels, by part. The
+# per-op model prices a backward row as the kernel of its shape (a row's features carry no part), right for GEMMs and
+# dense convolutions, whose gradients are GEMMs of the same work, but not for a depthwise convolution on a CPU: there
+# oneDNN's weight gradient and strided input gradient take 2-45x the forward (a 5 x 5 weight gradient over
+# 4 x 240 x 28 x 28 took 46 ms against a 1 ms forward on a 2-core EPYC), and one GP over forward and gradient rows of
+# the same features fits their geometric mean, far below their sum. The op sweep times each part of a real op as
+# itself (`perfmodel.profilers.lowered_ops`; the part is in the row's `extra`); rows without a part (every imported
+# row, a dense sweep's) and a device whose rows hold none of a group keep their class's GP.
+# a depthwise row's part (`perfmodel.lowering.ops.OWN_KERNEL_PARTS`) -> its group
+PART_GROUPS: dict[str, str] = {"dX": "conv2d:depthwise:dX", "dW": "conv2d:depthwise:dW"}
+GROUP_CLASS: dict[str, str] = {group: "conv2d" for group in PART_GROUPS.values()}
+MIN_GROUP_ROWS = 8  # fewer rows of a part group: they stay in their class's GP
 
 
 @contextmanager
@@ -111,6 +125,35 @@ def _log_marginal(k: Any, r: Any, noise: float) -> float:
     return float(-0.5 * (r @ alpha) - torch.log(torch.diagonal(chol)).sum())
 
 
+def class_of(group: str) -> str:
+    """The op class of an adaptation group (`PART_GROUPS`): a group's rows are rows of that class."""
+    return GROUP_CLASS.get(group, group)
+
+
+def row_parts(rows: pd.DataFrame) -> pd.Series:
+    """Each row's part of the step (fwd, dX, dW, grad) where it is known: the `part` column, else the part a real
+    op's row keeps in its `extra` (`perfmodel.profilers.bench_rows.real_op_extra`); None elsewhere."""
+    if "part" in rows:
+        return rows["part"].where(rows["part"].notna(), None)
+    extra = rows["extra"] if "extra" in rows else pd.Series(None, index=rows.index, dtype=object)
+    return pd.Series([e.get("part") if isinstance(e, dict) else None for e in extra], index=rows.index, dtype=object)
+
+
+def adaptation_groups(rows: pd.DataFrame, fitted: Collection[str] | None = None) -> np.ndarray:
+    """The GP that corrects each row: its op class, or its part's group (`PART_GROUPS`) for a depthwise
+    convolution's gradient row, where `fitted` (the groups an adaptation has; None: every group) holds that group."""
+    from perfmodel.lowering.ops import own_kernel_parts
+
+    groups = rows["op_class"].to_numpy(dtype=object).copy()
+    if not len(rows):
+        return groups
+    own = own_kernel_parts(rows.assign(part=row_parts(rows)))
+    for part, group in PART_GROUPS.items():
+        if fitted is None or group in fitted:
+            groups[own == part] = group
+    return groups
+
+
 @dataclass(frozen=True)
 class ClassAdaptation:
     """The GP of one op class: standardised training inputs, their residuals and the chosen hyperparameters."""
@@ -125,7 +168,8 @@ class ClassAdaptation:
 
     @classmethod
     def fit(cls, op_class: str, features: pd.DataFrame, residual: np.ndarray) -> ClassAdaptation:
-        names = ADAPT_FEATURES[op_class]
+        """The GP of the rows of `op_class`, an op class or a part group (`PART_GROUPS`)."""
+        names = ADAPT_FEATURES[class_of(op_class)]
         raw = features[list(names)].to_numpy(dtype=np.float64)
         center = raw.mean(axis=0)
         scale = np.maximum(raw.std(axis=0), MIN_FEATURE_SCALE)
@@ -233,7 +277,7 @@ def adapt_features(model: Any, ops: pd.DataFrame, catalog: Mapping[str, Hardware
 
 
 def _winsorised(residual: np.ndarray, classes: np.ndarray) -> np.ndarray:
-    """Residuals clipped, per op class, to median ± `OUTLIER_MADS` robust sds (1.4826 MAD, at least
+    """Residuals clipped, per op class (or group), to median ± `OUTLIER_MADS` robust sds (1.4826 MAD, at least
     `MIN_OUTLIER_SD`): a measurement stalled by another process must not drag the Gaussian fit."""
     out = residual.copy()
     for op_class in set(classes):
@@ -247,7 +291,8 @@ def _winsorised(residual: np.ndarray, classes: np.ndarray) -> np.ndarray:
 
 @dataclass(frozen=True)
 class DeviceAdaptation:
-    """Corrections of a base device-ops model on one device, one GP per op class that has rows."""
+    """Corrections of a base device-ops model on one device, one GP per op class that has rows (and per part group
+    with rows: `PART_GROUPS`), by group name in `classes`."""
 
     device: str
     base_model_hash: str | None
@@ -273,20 +318,27 @@ class DeviceAdaptation:
         latency = pd.to_numeric(rows["latency_ms"], errors="coerce")
         if rows.empty or not (latency > 0).all():
             raise PerfmodelError("adaptation rows need an op class the model knows and a positive latency_ms")
+        rows = rows.assign(part=row_parts(rows))
+        groups = adaptation_groups(rows)
+        sizes = pd.Series(groups).value_counts()
+        small = [g for g in PART_GROUPS.values() if 0 < sizes.get(g, 0) < MIN_GROUP_ROWS]
+        groups = adaptation_groups(rows, fitted=[g for g in PART_GROUPS.values() if g not in small])
         rng = np.random.default_rng(seed)
         kept = []
-        for _, class_rows in rows.groupby("op_class"):
-            if len(class_rows) > MAX_ROWS_PER_CLASS:
-                class_rows = class_rows.iloc[np.sort(rng.choice(len(class_rows), MAX_ROWS_PER_CLASS, replace=False))]
-            kept.append(class_rows)
-        rows = pd.concat(kept).reset_index(drop=True)
+        for group in sorted(set(groups)):
+            index = np.flatnonzero(groups == group)
+            if len(index) > MAX_ROWS_PER_CLASS:
+                index = np.sort(rng.choice(index, MAX_ROWS_PER_CLASS, replace=False))
+            kept.append(index)
+        order = np.concatenate(kept)
+        rows, groups = rows.iloc[order].reset_index(drop=True), groups[order]
         features, base = adapt_features(model, rows, catalog)
         residual = np.log(rows["latency_ms"].to_numpy(dtype=np.float64)) - np.log(base.latency_ms)
-        residual = _winsorised(residual, rows["op_class"].to_numpy())
+        residual = _winsorised(residual, groups)
         classes = {}
-        for op_class in sorted(set(rows["op_class"])):
-            mask = (rows["op_class"] == op_class).to_numpy()
-            classes[op_class] = ClassAdaptation.fit(op_class, features[mask], residual[mask])
+        for group in sorted(set(groups)):
+            mask = groups == group
+            classes[group] = ClassAdaptation.fit(group, features[mask], residual[mask])
         kept_columns = [c for c in ROW_COLUMNS if c in rows]
         return cls(device, getattr(model, "training_hash_", None), classes, rows[kept_columns].copy())
 
@@ -295,8 +347,9 @@ class DeviceAdaptation:
         median, low, high = np.log(base.latency_ms), np.log(base.p10_ms), np.log(base.p90_ms)
         median, low, high = median.copy(), low.copy(), high.copy()
         roofline = np.log(np.exp2(features["log_roofline_ms"].to_numpy()))
+        groups = adaptation_groups(ops, fitted=self.classes)
         for op_class, adaptation in self.classes.items():
-            mask = (ops["op_class"] == op_class).to_numpy()
+            mask = groups == op_class
             if not mask.any():
                 continue
             if not adaptation.active:
@@ -307,6 +360,12 @@ class DeviceAdaptation:
             half_high = np.minimum(Z80 * sd, high[mask] - median[mask])
             median[mask], low[mask], high[mask] = m, m - half_low, m + half_high
         return type(base)(np.exp(median), np.exp(low), np.exp(high), base.extrapolated)
+
+    def measured_kernels(self, ops: pd.DataFrame) -> np.ndarray:
+        """Which of `ops` (rows of this device) this adaptation prices from rows of their own kernel: those of a part
+        group (`PART_GROUPS`) it has fitted and applies."""
+        active = [g for g in PART_GROUPS.values() if g in self.classes and self.classes[g].active]
+        return np.isin(adaptation_groups(ops, fitted=active), active)
 
     def predict(self, model: Any, ops: pd.DataFrame, catalog: Mapping[str, HardwareSpec]) -> Any:
         """`model`'s prediction of `ops` (rows of this device) with this adaptation applied."""
@@ -345,7 +404,7 @@ class DeviceAdaptation:
         payload = json.loads((directory / ADAPTATION_FILE).read_text())
         rows = pd.DataFrame(json.loads((directory / ROWS_FILE).read_text()))
         classes = {c: ClassAdaptation.from_json(c, d) for c, d in payload["classes"].items()}
-        unknown = sorted(set(classes) - set(ADAPT_FEATURES))
+        unknown = sorted(c for c in classes if class_of(c) not in ADAPT_FEATURES)
         if unknown:
             raise PerfmodelError(f"{directory}: adaptation of op classes this perfmodel does not know: {unknown}")
         return cls(payload["device"], payload.get("base_model_hash"), classes, rows)
@@ -396,6 +455,15 @@ class AdaptedRegressor:
     def devices(self) -> tuple[str, ...]:
         return tuple(sorted(self.adaptations))
 
+    def measured_kernels(self, ops: pd.DataFrame) -> np.ndarray:
+        """Rows an adapted device prices from rows of their own kernel (`DeviceAdaptation.measured_kernels`)."""
+        out = np.zeros(len(ops), dtype=bool)
+        for device, adaptation in self.adaptations.items():
+            mask = (ops["device"] == device).to_numpy() if len(ops) else out
+            if mask.any():
+                out[mask] = adaptation.measured_kernels(ops[mask])
+        return out
+
     def predict(self, ops: pd.DataFrame, catalog: Mapping[str, HardwareSpec]) -> Any:
         out = self.base.predict(ops, catalog)
         adapted = [d for d in self.adaptations if (ops["device"] == d).any()] if len(ops) else []
@@ -418,5 +486,5 @@ def adapted(base: Any, catalog: Mapping[str, HardwareSpec], directory: Path | No
     return AdaptedRegressor(base, found, catalog) if found else base
 
 
-__all__ = ["ADAPT_FEATURES", "AdaptedRegressor", "ClassAdaptation", "DeviceAdaptation", "adapted",
-           "adaptations_dir", "load_adaptations"]
+__all__ = ["ADAPT_FEATURES", "PART_GROUPS", "AdaptedRegressor", "ClassAdaptation", "DeviceAdaptation",
+           "adaptation_groups", "adapted", "adaptations_dir", "load_adaptations", "row_parts"]

@@ -176,6 +176,12 @@ class OpLatencyModel(Protocol):
 
     def predict(self, ops: pd.DataFrame, catalog: Mapping[str, HardwareSpec]) -> OpPrediction: ...
 
+    def measured_kernels(self, ops: pd.DataFrame) -> np.ndarray:
+        """Which rows are priced from measurements of their own kernel on their device (a depthwise convolution's
+        gradient the device's op sweep timed as itself), where no bound from a library's choice of algorithm
+        applies."""
+        ...
+
 
 class DeviceOpRegressor:
     name = "xgb-device-ops"
@@ -280,6 +286,10 @@ class DeviceOpRegressor:
                       or not lo_peak <= spec.peak_fp32_gflops <= hi_peak
                       or not lo_bw <= spec.memory_bandwidth_gb_s <= hi_bw)
         return out
+
+    def measured_kernels(self, ops: pd.DataFrame) -> np.ndarray:
+        """None: this model prices every row from other devices' and shapes' measurements (`OpLatencyModel`)."""
+        return np.zeros(len(ops), dtype=bool)
 
     def predict(self, ops: pd.DataFrame, catalog: Mapping[str, HardwareSpec]) -> OpPrediction:
         """Latency of every row (op classes this model was fitted on), a memory-bound row in a narrower type never

@@ -215,6 +215,46 @@ def test_a_convolution_is_never_priced_above_its_im2col_gemm_nor_a_smaller_map_a
         assert one <= two, device
 
 
+def test_a_depthwise_gradient_measured_on_the_device_is_priced_as_adapted_not_capped_by_its_gemm_twin():
+    """oneDNN runs a depthwise convolution's gradients in kernels of its own, never as im2col + GEMM. On a CPU whose
+    depthwise weight gradients take 40x the model's price of their shape, an adaptation fitted on rows of that part
+    prices them as measured, past their GEMM twin's bound; its dense convolutions stay within theirs, and so do the
+    depthwise gradients of an adaptation whose rows name no part (their kernel was never measured as itself)."""
+    from perfmodel.predictor.gpu_iteration import conv_gemm_twins, priced
+    from perfmodel.regressors.adaptation import AdaptedRegressor, DeviceAdaptation
+
+    predictor = DevicePredictor.load()
+    catalog, base = predictor.catalog, predictor.regressor
+    rng = np.random.default_rng(0)
+    n = 40
+    depthwise = _conv_rows((4 * rng.choice([96, 240, 480], n)).tolist(), [1] * n, [1] * n,
+                           rng.choice([3, 5], n).tolist(), rng.choice([14, 28, 56], n).tolist(), [1] * n,
+                           "cpu").assign(part="dW")
+    dense = _conv_rows(rng.choice([2, 4, 8], n).tolist(), rng.choice([32, 64], n).tolist(),
+                       rng.choice([64, 128], n).tolist(), [3] * n, rng.choice([14, 28, 56], n).tolist(), [1] * n, "cpu")
+    measured = pd.concat([depthwise.assign(latency_ms=base.predict(depthwise, catalog).latency_ms * 40),
+                          dense.assign(latency_ms=base.predict(dense, catalog).latency_ms)], ignore_index=True)
+    adapted = AdaptedRegressor(base, {"cpu": DeviceAdaptation.fit(base, measured, catalog)}, catalog)
+    rows = pd.concat([depthwise, dense], ignore_index=True)
+    training = np.ones(len(rows), dtype=bool)
+    out = priced(adapted, rows, catalog, training).latency_ms
+    _, twins, im2col_bytes, conv_bytes = conv_gemm_twins(rows)
+    gemm = priced(adapted, twins.reset_index(drop=True), catalog, training).latency_ms
+    bandwidth_bytes_per_ms = catalog["cpu"].memory_bandwidth_gb_s * 1e6
+    bound = np.maximum(gemm + im2col_bytes / bandwidth_bytes_per_ms, conv_bytes / bandwidth_bytes_per_ms)
+    is_depthwise = np.arange(len(rows)) < n
+    np.testing.assert_allclose(out[is_depthwise], adapted.predict(depthwise, catalog).latency_ms)
+    assert np.median(out[is_depthwise] / bound[is_depthwise]) > 1  # the cap would have priced them lower
+    assert np.all(out[~is_depthwise] <= bound[~is_depthwise] * (1 + 1e-9))
+    unmeasured = AdaptedRegressor(base, {"cpu": DeviceAdaptation.fit(base, measured.drop(columns=["part"]), catalog)},
+                                  catalog)
+    assert not unmeasured.measured_kernels(rows).any()
+    capped = priced(unmeasured, rows, catalog, training).latency_ms
+    gemm = priced(unmeasured, twins.reset_index(drop=True), catalog, training).latency_ms
+    assert np.all(capped <= np.maximum(gemm + im2col_bytes / bandwidth_bytes_per_ms,
+                                       conv_bytes / bandwidth_bytes_per_ms) * (1 + 1e-9))
+
+
 def test_a_strided_1x1_convolution_bounded_by_its_gemm_stays_within_the_bandwidth():
     """A 1 x 1 stride-2 downsampling convolution (ResNet-18's, 64 -> 128 channels on a 56 x 56 map, batch 16) reads
     four times the map its GEMM twin's im2col matrix holds: bounded by that twin alone it was priced 4 % past an A10's

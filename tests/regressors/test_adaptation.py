@@ -171,3 +171,70 @@ def test_max_pools_and_transcendental_ops_are_told_apart_from_the_cheap_rows_of_
     ratio = test["latency_ms"] / fitted.predict(model, test, catalog).latency_ms
     for name in names:
         assert 0.75 < float(np.median(ratio[test["op_name"] == name])) < 1.25, name  # factors 0.6-30 apart
+
+
+def conv_rows(n: int, seed: int, depthwise: bool, part: str | None) -> pd.DataFrame:
+    """`n` conv2d rows on the CPU: depthwise ones as the lowering writes them (one input and one output channel,
+    the groups folded into the batch) or dense ones, each of `part` (None: a row that names none, as a dense
+    sweep's)."""
+    r = np.random.default_rng(seed)
+    channels = 1 if depthwise else 2 ** r.integers(4, 8, n)
+    return pd.DataFrame({"op_class": "conv2d", "op_name": "conv2d", "dtype": "fp32", "device": "cpu",
+                         "batch": 2 ** r.integers(5, 11, n) if depthwise else 2 ** r.integers(0, 4, n),
+                         "in_channels": channels, "out_channels": channels,
+                         "kernel_size": r.choice([3, 5], n), "input_size": r.choice([7, 14, 28, 56], n),
+                         "stride": r.choice([1, 2], n), "padding": 1, "part": part})
+
+
+def test_a_depthwise_convolutions_gradients_are_corrected_apart_from_its_forward_and_from_dense_ones(model, catalog,
+                                                                                                   tmp_path):
+    """A CPU whose depthwise weight gradients take 20x the model's price of their shape, its depthwise input
+    gradients 4x, its forwards and dense convolutions 1.5x (the model prices a backward row as the forward of its
+    shape). One GP for the class would fit their geometric mean; fitted apart, each part held out is answered within
+    25 % of its own factor, and a dense convolution's gradient row keeps the dense rows' correction."""
+    factors = {(True, "fwd"): 1.5, (True, "dX"): 4.0, (True, "dW"): 20.0, (False, None): 1.5}
+
+    def rows(seed: int, n: int = 60) -> pd.DataFrame:
+        frame = pd.concat([conv_rows(n, seed + i, depthwise, part) for i, (depthwise, part) in enumerate(factors)],
+                          ignore_index=True)
+        depthwise = frame["in_channels"] == 1
+        factor = np.array([factors[(bool(d), p if d else None)] for d, p in zip(depthwise, frame["part"])])
+        noise = np.exp(np.random.default_rng(seed).normal(0, 0.05, len(frame)))
+        return frame.assign(latency_ms=model.predict(frame, catalog).latency_ms * factor * noise)
+
+    fitted = DeviceAdaptation.fit(model, rows(1), catalog)
+    assert set(fitted.classes) == {"conv2d", "conv2d:depthwise:dX", "conv2d:depthwise:dW"}
+    assert all(a.active for a in fitted.classes.values())
+    test = rows(100)
+    ratio = test["latency_ms"] / fitted.predict(model, test, catalog).latency_ms
+    for depthwise, part in factors:
+        mask = (test["in_channels"] == 1) == depthwise
+        mask &= test["part"].eq(part) if part else test["part"].isna()
+        assert 0.75 < float(np.median(ratio[mask])) < 1.25, (depthwise, part)
+    dense_gradients = conv_rows(60, 7, depthwise=False, part="dW")
+    dense_ratio = fitted.predict(model, dense_gradients, catalog).latency_ms / model.predict(
+        dense_gradients, catalog).latency_ms
+    assert 1.2 < float(np.median(dense_ratio)) < 1.9  # the dense rows' 1.5x, not the depthwise weight gradient's 20x
+    # the part is kept with the rows: saved, reloaded and refitted for another model, the groups are the same
+    reloaded = DeviceAdaptation.load(fitted.save(tmp_path / "cpu").parent)
+    np.testing.assert_allclose(reloaded.predict(model, test, catalog).latency_ms,
+                               fitted.predict(model, test, catalog).latency_ms)
+    assert set(DeviceAdaptation.fit(model, reloaded.rows.assign(device="cpu"), catalog).classes) == set(fitted.classes)
+
+
+def test_rows_without_a_part_keep_one_gp_per_class_and_a_part_of_few_rows_stays_in_its_class(model, catalog):
+    """Imported rows and a dense sweep's name no part: one GP per class, as before part groups. A part group with
+    fewer rows than `MIN_GROUP_ROWS` is not fitted apart (its rows stay in the class's GP); a device's adaptation
+    without a group answers that group's rows with its class's GP."""
+    from perfmodel.regressors.adaptation import MIN_GROUP_ROWS
+
+    dense = conv_rows(40, 1, depthwise=False, part=None)
+    few = conv_rows(MIN_GROUP_ROWS - 1, 2, depthwise=True, part="dW")
+    frame = pd.concat([dense, few], ignore_index=True)
+    frame = frame.assign(latency_ms=model.predict(frame, catalog).latency_ms * 1.5)
+    assert set(DeviceAdaptation.fit(model, frame.drop(columns=["part"]), catalog).classes) == {"conv2d"}
+    fitted = DeviceAdaptation.fit(model, frame, catalog)
+    assert set(fitted.classes) == {"conv2d"}
+    gradients = conv_rows(20, 3, depthwise=True, part="dW")
+    as_class = fitted.predict(model, gradients.assign(part=None), catalog).latency_ms
+    np.testing.assert_allclose(fitted.predict(model, gradients, catalog).latency_ms, as_class)
