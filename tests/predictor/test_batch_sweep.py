@@ -165,3 +165,34 @@ def test_a_float32_twins_line_is_the_jobs_in_the_twins_maths(name, seq_len):
         pd.testing.assert_frame_equal(derived.kernels, made.kernels)
         for field in ("codes", "first", "second", "nodes", "cuda_core"):
             np.testing.assert_array_equal(getattr(derived, field), getattr(made, field))
+
+
+def test_a_cpu_adapted_from_its_own_depthwise_gradients_sweeps_as_each_batch_graph_would(device):
+    """A depthwise convolution's gradient rows are priced apart from the forward kernel of their shape on a device
+    adapted from rows of that part (`adaptation.PART_GROUPS`): the sweep keeps them apart as its distinct kernels
+    (`lowering.ops.own_kernel_parts`), so it composes what each batch's graph would."""
+    import pandas as pd
+
+    from perfmodel.regressors.adaptation import AdaptedRegressor, DeviceAdaptation
+
+    rng = np.random.default_rng(0)
+    n = 40
+    measured = pd.DataFrame({"op_class": "conv2d", "op_name": "conv2d", "dtype": "fp32", "device": "cpu",
+                             "batch": 4 * rng.choice([96, 240, 480], n), "in_channels": 1, "out_channels": 1,
+                             "kernel_size": rng.choice([3, 5], n), "input_size": rng.choice([14, 28, 56], n),
+                             "stride": 1, "padding": 1, "part": "dW"})
+    measured = measured.assign(latency_ms=device.regressor.predict(measured, device.catalog).latency_ms * 40)
+    adaptation = DeviceAdaptation.fit(device.regressor, measured, device.catalog)
+    adapted = DevicePredictor(AdaptedRegressor(device.regressor, {"cpu": adaptation}, device.catalog),
+                              device.model_version, device.catalog)
+    spec, model, graphs = _lines("mobilenet_v2", None, "fp32")
+    rows = RowLine.of(spec, graphs, get_accelerator("cpu"), model.at(7), 7)
+    assert rows is not None
+    assert adapted.regressor.measured_kernels(rows.kernels_at(np.array([3]), "cpu")).any()
+    specs = [spec.model_copy(update={"batch_size": b}) for b in BATCHES]
+    swept = adapted.predict_composed_sweeps([Sweep(specs, "cpu", rows, graphs)])[0]
+    for micro, (step, _) in zip(specs, swept):
+        want, _ = adapted.predict_composed(micro, "cpu", graph=model.at(micro.batch_size))
+        plain, _ = device.predict_composed(micro, "cpu", graph=model.at(micro.batch_size))
+        assert step.iter_time_ms == pytest.approx(want.iter_time_ms, rel=0.005)
+        assert want.iter_time_ms > 1.5 * plain.iter_time_ms  # the 40x gradients are priced as adapted
