@@ -320,9 +320,10 @@ class DeviceAdaptation:
             raise PerfmodelError("adaptation rows need an op class the model knows and a positive latency_ms")
         rows = rows.assign(part=row_parts(rows))
         groups = adaptation_groups(rows)
-        sizes = pd.Series(groups).value_counts()
-        small = [g for g in PART_GROUPS.values() if 0 < sizes.get(g, 0) < MIN_GROUP_ROWS]
-        groups = adaptation_groups(rows, fitted=[g for g in PART_GROUPS.values() if g not in small])
+        for group in PART_GROUPS.values():  # too few rows of a part: they stay in their class's process
+            few = groups == group
+            if few.sum() < MIN_GROUP_ROWS:
+                groups[few] = class_of(group)
         rng = np.random.default_rng(seed)
         kept = []
         for group in sorted(set(groups)):
