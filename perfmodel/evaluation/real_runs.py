@@ -354,22 +354,54 @@ def thrash_ratio(frame: pd.DataFrame) -> pd.Series:
     return pd.Series(ratio, index=frame.index)
 
 
+TWIN_KEYS = ("model", "accelerator", "precision", "batch_size", "suite")
+
+
+def slower_than_one_gpu(frame: pd.DataFrame) -> pd.Series:
+    """Per composed row: whether it is a data-parallel run on n GPUs whose whole job trained slower than one GPU of
+    the same configuration (`TWIN_KEYS`: model, GPU, math, per-GPU batch, suite) while its all-reduce, as the
+    placement model prices it over the run's links (`communication_ms`), is under (n - 1) one-GPU steps.
+
+    Each of n GPUs computes the one-GPU step on its own batch, so the job's throughput n B / (T1 + C) stays above one
+    GPU's, B / T1, unless the all-reduce takes C > (n - 1) T1: a run below one GPU without such an all-reduce did not
+    train in step (a stalled rank, a data loader or launcher far off its one-GPU speed), and its throughput is not
+    the job's on that placement. In Lambda's runs five are: GNMT on 2 and 4 A100 SXM4 40GB in the v1 suite (both
+    maths) and on 8 in TF32, at 0.11-0.27 of linear scaling over NVLink, where the v0 suite's runs of the same GPU
+    and model scale at 0.95-0.98; the all-reduce priced there is under 1.5 ms against one-GPU steps of 188-225 ms.
+    This rule was written after seeing those runs."""
+    out = pd.Series(False, index=frame.index)
+    synced = frame["gradient_sync"].astype(bool) if "gradient_sync" in frame.columns else pd.Series(True, frame.index)
+    ones = frame[frame.devices == 1]
+    one_ms = ones.groupby(list(TWIN_KEYS))["measured_ms"].min()
+    one_throughput = (ones.global_batch_size / ones.measured_ms).groupby([ones[k] for k in TWIN_KEYS]).max()
+    for index, row in frame[(frame.devices > 1) & synced].iterrows():
+        key = tuple(row[k] for k in TWIN_KEYS)
+        if key not in one_ms.index:
+            continue
+        below_one = row.global_batch_size / row.measured_ms < one_throughput[key]
+        out[index] = bool(below_one and row.communication_ms < (row.devices - 1) * one_ms[key])
+    return out
+
+
 def steady_steps(frame: pd.DataFrame) -> tuple[pd.Series, list[str]]:
-    """Which composed rows are steady training steps (`physically_possible`, and not `THRASH_ABOVE_SMALLER_BATCH`
-    times slower per sample than a smaller batch of the same job), and a note naming each row left out and why."""
+    """Which composed rows are steady training steps (`physically_possible`, not `THRASH_ABOVE_SMALLER_BATCH`
+    times slower per sample than a smaller batch of the same job, and not `slower_than_one_gpu`), and a note naming
+    each row left out and why."""
     possible = physically_possible(frame)
     ratio = thrash_ratio(frame)
     thrash = ratio > THRASH_ABOVE_SMALLER_BATCH
+    stalled = slower_than_one_gpu(frame) & possible & ~thrash
     notes = [f"left out: {r.model} on {r.devices} x {r.accelerator} ({r.precision}, batch {r.batch_size}): its "
              f"measured step, {r.measured_ms:.3g} ms, is under {IMPOSSIBLE_BELOW_ROOFLINE:g} of the roofline of its "
              f"work (a logging artefact, not a training step)" for r in frame[~possible].itertuples(index=False)]
     notes += [f"left out: {r.model} on {r.devices} x {r.accelerator} ({r.precision}, batch {r.batch_size}): "
               f"{ratio[r.Index]:.1f}x the time per sample of a smaller batch of it (a GPU at the edge of its memory, "
               f"not a steady training step)" for r in frame[thrash & possible].itertuples()]
-    return possible & ~thrash, notes
+    notes += [f"left out: {r.model} on {r.devices} x {r.accelerator} ({r.precision}, batch {r.batch_size}, suite "
+              f"{r.suite}): the whole job trained slower than one GPU of it, which its all-reduce does not explain "
+              f"(its GPUs did not train in step)" for r in frame[stalled].itertuples()]
+    return possible & ~thrash & ~stalled, notes
 
-
-TWIN_KEYS = ("model", "accelerator", "precision", "batch_size", "suite")
 
 
 def data_parallel_twins(frame: pd.DataFrame) -> Iterator[tuple[Any, pd.Series, dict[str, Any]]]:

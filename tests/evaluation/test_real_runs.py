@@ -22,6 +22,7 @@ from perfmodel.evaluation.real_runs import (
     recomposed_without_p2p,
     repeat_spread,
     scaling_ratio_errors,
+    slower_than_one_gpu,
     steady_steps,
     thrash_ratio,
     with_software,
@@ -137,7 +138,8 @@ def test_a_step_far_slower_per_sample_than_a_smaller_batch_of_the_same_job_is_no
         ("waveglow", "rtx-a4000", "amp", 1, 10, 1000.0),
         ("ncf", "a100-sxm4-80gb", "amp", 8, 1000, 0.001)]  # under the roofline
     frame = pd.DataFrame(rows, columns=["model", "accelerator", "precision", "devices", "batch_size", "measured_ms"])
-    frame = frame.assign(suite="v0", single_ms=100.0, roofline_over_composed=0.4)
+    frame = frame.assign(suite="v0", single_ms=100.0, roofline_over_composed=0.4, communication_ms=1.0,
+                         global_batch_size=frame.batch_size * frame.devices)
     ratio = thrash_ratio(frame)
     assert ratio[1] == pytest.approx(8.0) and ratio[2] == pytest.approx(1.5)
     assert ratio[[0, 3, 4, 5]].tolist() == [1.0, 1.0, 1.0, 1.0]
@@ -145,6 +147,26 @@ def test_a_step_far_slower_per_sample_than_a_smaller_batch_of_the_same_job_is_no
     steady, notes = steady_steps(frame)
     assert steady.tolist() == [True, False, True, True, True, False]
     assert len(notes) == 2 and "8.0x the time per sample" in " ".join(notes) and "roofline" in notes[0]
+
+
+def test_a_data_parallel_run_slower_than_one_gpu_is_left_out_unless_its_all_reduce_explains_it():
+    """One GPU steps in 200 ms at batch 8 (40 samples/s). On 4 GPUs: 800 ms (40 samples/s, not below one GPU) and
+    900 ms with a 1 ms all-reduce are at or above one GPU's throughput, or below it with nothing to explain it (left
+    out); 900 ms with a 700 ms all-reduce (over 3 x 200 ms) is a link too slow for the job (kept); a run in
+    another suite, one without a one-GPU twin, and one without gradient synchronisation are kept."""
+    rows = [  # devices, suite, measured_ms, communication_ms, gradient_sync, batch
+        (1, "v1", 200.0, 0.0, True, 8), (4, "v1", 800.0, 1.0, True, 8), (4, "v1", 900.0, 1.0, True, 8),
+        (4, "v1", 900.0, 700.0, True, 8), (4, "v0", 900.0, 1.0, True, 8), (2, "v1", 900.0, 1.0, True, 16),
+        (8, "v1", 1800.0, 1.0, False, 8)]
+    frame = pd.DataFrame(rows, columns=["devices", "suite", "measured_ms", "communication_ms", "gradient_sync",
+                                        "batch_size"])
+    frame = frame.assign(model="gnmt", accelerator="a100-sxm4-40gb", precision="tf32",
+                         global_batch_size=frame.batch_size * frame.devices, single_ms=200.0,
+                         roofline_over_composed=0.4)
+    assert slower_than_one_gpu(frame).tolist() == [False, False, True, False, False, False, False]
+    steady, notes = steady_steps(frame)
+    assert steady.tolist() == [True, True, False, True, True, True, True]
+    assert len(notes) == 1 and "slower than one GPU" in notes[0] and "4 x a100-sxm4-40gb" in notes[0]
 
 
 def test_a_suite_recomposed_without_peer_to_peer_pays_the_host_staged_all_reduce_and_nothing_else_changes():
