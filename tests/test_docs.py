@@ -246,12 +246,12 @@ def refreshed(block: str, documented: Any, real: Any) -> str:
                 if k in answered:
                     text = walk(v, answered[k], k, text)
             return text
+        if isinstance(doc, list) and isinstance(answered, list) and not _only_numbers(doc):  # a list of objects
+            for d, a in zip(doc, answered):
+                text = walk(d, a, None, text)
+            return text
         new = _four_digits(answered)
-        numbers = isinstance(doc, (float, list)) and _only_numbers(doc) and _only_numbers(new)
-        if key is None or not numbers or json.dumps(new) == json.dumps(doc) or _shape(new) != _shape(doc):
-            if isinstance(doc, list) and isinstance(answered, list) and not _only_numbers(doc):
-                for d, a in zip(doc, answered):
-                    text = walk(d, a, None, text)
+        if key is None or not isinstance(doc, (float, list)) or new == doc or _shape(new) != _shape(doc):
             return text
         written = re.compile(rf'("{re.escape(key)}":\s*){_literal_pattern(doc)}')
         return written.sub(lambda m: m.group(1) + json.dumps(new), text, count=1)

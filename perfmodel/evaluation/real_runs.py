@@ -369,18 +369,13 @@ def slower_than_one_gpu(frame: pd.DataFrame) -> pd.Series:
     maths) and on 8 in TF32, at 0.11-0.27 of linear scaling over NVLink, where the v0 suite's runs of the same GPU
     and model scale at 0.95-0.98; the all-reduce priced there is under 1.5 ms against one-GPU steps of 188-225 ms.
     This rule was written after seeing those runs."""
-    out = pd.Series(False, index=frame.index)
-    synced = frame["gradient_sync"].astype(bool) if "gradient_sync" in frame.columns else pd.Series(True, frame.index)
-    ones = frame[frame.devices == 1]
-    one_ms = ones.groupby(list(TWIN_KEYS))["measured_ms"].min()
-    one_throughput = (ones.global_batch_size / ones.measured_ms).groupby([ones[k] for k in TWIN_KEYS]).max()
-    for index, row in frame[(frame.devices > 1) & synced].iterrows():
-        key = tuple(row[k] for k in TWIN_KEYS)
-        if key not in one_ms.index:
-            continue
-        below_one = row.global_batch_size / row.measured_ms < one_throughput[key]
-        out[index] = bool(below_one and row.communication_ms < (row.devices - 1) * one_ms[key])
-    return out
+    keys = list(TWIN_KEYS)
+    ones = frame.loc[frame.devices == 1, [*keys, "measured_ms", "global_batch_size"]].drop_duplicates(keys)
+    twin = frame[keys].merge(ones, on=keys, how="left").set_index(frame.index)  # NaN: no one-GPU twin
+    synced = frame["gradient_sync"].astype(bool) if "gradient_sync" in frame.columns else True
+    below_one = frame.global_batch_size / frame.measured_ms < twin.global_batch_size / twin.measured_ms
+    unexplained = frame.communication_ms < (frame.devices - 1) * twin.measured_ms
+    return (frame.devices > 1) & synced & below_one & unexplained
 
 
 def steady_steps(frame: pd.DataFrame) -> tuple[pd.Series, list[str]]:
